@@ -1,0 +1,2 @@
+/* PLACEHOLDER until the checker lands. */
+#include "twin/tw_check.h"

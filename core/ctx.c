@@ -1,0 +1,147 @@
+/* The per-rank context: picks the backend table, owns the backend's state. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+
+/* Weak: a binary contains the backends it links. */
+extern const tw_backend_ops tw_ref_ops __attribute__((weak));
+extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
+
+static const tw_backend_ops *backend_table(tw_backend b) {
+  switch (b) {
+    case TW_BACKEND_REF: return &tw_ref_ops;
+    case TW_BACKEND_GPU: return &tw_gpu_ops;
+    default: return NULL;
+  }
+}
+
+const char *tw_backend_name(tw_backend b) {
+  switch (b) {
+    case TW_BACKEND_REF: return "ref";
+    case TW_BACKEND_GPU: return "gpu";
+    default: return "?";
+  }
+}
+
+int tw_backend_from_name(const char *name, tw_backend *out) {
+  if (!name) return -1;
+  if (strcmp(name, "ref") == 0) { *out = TW_BACKEND_REF; return 0; }
+  if (strcmp(name, "gpu") == 0) { *out = TW_BACKEND_GPU; return 0; }
+  return -1;
+}
+
+int tw_backend_available(tw_backend b) {
+  const tw_backend_ops *ops = backend_table(b);
+  return ops && (!ops->available || ops->available());
+}
+
+tw_status tw_ctx_create(tw_ctx **out, const tw_ctx_config *cfg) {
+  if (!out) return tw_error(TW_ERR_NULL, "ctx_create: out is NULL");
+  *out = NULL;
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  if (cfg) {
+    /* sizes of older, smaller versions of the struct stay valid; this is version 1 */
+    if (cfg->size != sizeof c)
+      return tw_error(TW_ERR_INVALID_ARG,
+                      "ctx_create: cfg->size is %zu; initialize with TW_CTX_CONFIG_INIT (%zu)",
+                      cfg->size, sizeof c);
+    memcpy(&c, cfg, cfg->size);
+    c.size = sizeof c;
+  }
+  if ((int)c.backend < 0 || c.backend >= TW_BACKEND_COUNT)
+    return tw_error(TW_ERR_INVALID_ARG, "ctx_create: unknown backend %d", (int)c.backend);
+  const tw_backend_ops *ops = backend_table(c.backend);
+  if (!ops)
+    return tw_error(TW_ERR_UNSUPPORTED, "ctx_create: backend '%s' is not built into this binary",
+                    tw_backend_name(c.backend));
+  if (ops->available && !ops->available())
+    return tw_error(TW_ERR_UNSUPPORTED, "ctx_create: backend '%s' has no usable device here",
+                    tw_backend_name(c.backend));
+  tw_ctx *ctx = (tw_ctx *)calloc(1, sizeof *ctx);
+  if (!ctx) return tw_error(TW_ERR_MEMORY, "ctx_create: out of host memory");
+  ctx->cfg = c;
+  ctx->ops = ops;
+  if (c.kernel) {
+    if (strlen(c.kernel) >= sizeof ctx->kernel) {
+      free(ctx);
+      return tw_error(TW_ERR_INVALID_ARG, "ctx_create: kernel name '%s' is too long", c.kernel);
+    }
+    strcpy(ctx->kernel, c.kernel);
+  }
+  ctx->cfg.kernel = NULL; /* not owned; use tw_ctx_kernel() */
+  if (ops->ctx_init) {
+    tw_status s = ops->ctx_init(ctx);
+    if (s != TW_OK) {
+      free(ctx);
+      return s;
+    }
+  }
+  *out = ctx;
+  return TW_OK;
+}
+
+tw_status tw_ctx_destroy(tw_ctx *ctx) {
+  if (!ctx) return TW_OK;
+  tw_status s = TW_OK;
+  if (ctx->ops->ctx_fini) s = ctx->ops->ctx_fini(ctx);
+  free(ctx);
+  return s;
+}
+
+tw_backend tw_ctx_backend(const tw_ctx *ctx) { return ctx ? ctx->cfg.backend : TW_BACKEND_REF; }
+tw_mem tw_ctx_mem(const tw_ctx *ctx) { return ctx ? ctx->ops->mem : TW_MEM_HOST; }
+tw_comm *tw_ctx_comm(const tw_ctx *ctx) { return ctx ? ctx->cfg.comm : NULL; }
+const char *tw_ctx_kernel(const tw_ctx *ctx) { return ctx && ctx->kernel[0] ? ctx->kernel : NULL; }
+
+tw_status tw_ctx_sync(tw_ctx *ctx) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "ctx_sync: ctx is NULL");
+  return ctx->ops->sync ? ctx->ops->sync(ctx) : TW_OK;
+}
+
+tw_status tw_ctx_check(tw_ctx *ctx) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "ctx_check: ctx is NULL");
+  TW_TRY(tw_ctx_sync(ctx));
+  return ctx->ops->check ? ctx->ops->check(ctx) : TW_OK;
+}
+
+tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out) {
+  if (!ctx || !out) return tw_error(TW_ERR_NULL, "alloc: NULL argument");
+  *out = NULL;
+  if (bytes == 0) return TW_OK;
+  return ctx->ops->alloc(ctx, bytes, out);
+}
+
+tw_status tw_free(tw_ctx *ctx, void *p) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "free: ctx is NULL");
+  if (!p) return TW_OK;
+  return ctx->ops->free(ctx, p);
+}
+
+tw_status tw_memset(tw_ctx *ctx, void *p, int byte, size_t bytes) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "memset: ctx is NULL");
+  if (bytes == 0) return TW_OK;
+  if (!p) return tw_error(TW_ERR_NULL, "memset: pointer is NULL for %zu bytes", bytes);
+  return ctx->ops->memset(ctx, p, byte, bytes);
+}
+
+tw_status tw_tensor_copy(tw_ctx *ctx, tw_tensor *dst, const tw_tensor *src) {
+  if (!ctx || !dst || !src) return tw_error(TW_ERR_NULL, "tensor_copy: NULL argument");
+  char a[96], b[96];
+  if (dst->dtype != src->dtype || dst->ndim != src->ndim ||
+      tw_tensor_numel(dst) != tw_tensor_numel(src))
+    return tw_error(TW_ERR_SHAPE, "tensor_copy: dst %s and src %s differ",
+                    tw_tensor_str(dst, a, sizeof a), tw_tensor_str(src, b, sizeof b));
+  for (int i = 0; i < dst->ndim; i++)
+    if (dst->shape[i] != src->shape[i])
+      return tw_error(TW_ERR_SHAPE, "tensor_copy: dst %s and src %s differ",
+                      tw_tensor_str(dst, a, sizeof a), tw_tensor_str(src, b, sizeof b));
+  size_t n = tw_tensor_bytes(src);
+  if (n == 0) return TW_OK;
+  if (!dst->data || !src->data) return tw_error(TW_ERR_NULL, "tensor_copy: data is NULL");
+  tw_mem m = ctx->ops->mem;
+  if ((dst->mem != TW_MEM_HOST && dst->mem != m) || (src->mem != TW_MEM_HOST && src->mem != m))
+    return tw_error(TW_ERR_MEMORY, "tensor_copy: a tensor lives in memory this '%s' context cannot reach",
+                    ctx->ops->name);
+  return ctx->ops->copy(ctx, dst->data, dst->mem, src->data, src->mem, n);
+}

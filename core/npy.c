@@ -1,0 +1,2 @@
+/* PLACEHOLDER until the .npy reader lands. */
+#include "twin/tw_npy.h"

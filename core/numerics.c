@@ -1,0 +1,2 @@
+/* PLACEHOLDER until the numerics work lands: scalar codecs. */
+#include "twin/tw_numerics.h"

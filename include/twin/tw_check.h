@@ -1,0 +1,60 @@
+/* twin's one checker: every comparison of two results (golden vs ref, gpu vs ref, sharded vs
+ * unsharded) goes through it, so every report has the same shape.
+ *
+ * Exact mode (quantized data, scales, amax, integer outputs): bitwise equality of each
+ * element's storage. Bound mode (GEMMs): |got - expected| <= bound[i] elementwise, where the
+ * bound comes from tw_gemm_error_bound(). NaN must meet NaN and +-inf the same inf in both
+ * modes. Outputs are poisoned with TW_POISON_BYTE before a run; an element of `got` whose
+ * bytes are all the poison byte while `expected` differs counts as unwritten.
+ */
+#ifndef TWIN_TW_CHECK_H
+#define TWIN_TW_CHECK_H
+
+#include "twin/tw_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TW_POISON_BYTE 0xA5
+
+typedef struct {
+  int64_t count;            /* elements compared */
+  int64_t mismatches;       /* elements out of bound (or not bit-equal) */
+  int64_t nan_mismatches;   /* NaN on exactly one side */
+  int64_t inf_mismatches;   /* inf on one side only, or of opposite sign */
+  int64_t unwritten;        /* poison in got where expected is not poison */
+  int64_t worst_index;      /* flat index of the worst element (-1 if none) */
+  int64_t worst_coord[TW_MAX_DIMS];
+  int ndim;
+  double worst_got, worst_expected;
+  double worst_err;         /* |got - expected| at the worst element */
+  double worst_bound;       /* its bound (0 in exact mode) */
+  double worst_ratio;       /* max err/bound over elements (exact mode: 0 or inf) */
+  int passed;
+} tw_check_report;
+
+/* Host tensors of equal shape; dtypes must match (exact) or be any float dtypes (bound). */
+tw_status tw_check_exact(const tw_tensor *got, const tw_tensor *expected, tw_check_report *r);
+/* bound: f64 or f32 tensor with got's element count. */
+tw_status tw_check_bound(const tw_tensor *got, const tw_tensor *expected,
+                         const tw_tensor *bound, tw_check_report *r);
+
+/* Per-element GEMM error bound for out[B?,M,N] = op(a) op(b), on host f64 inputs already
+ * dequantized (a [B?,M,K] logical, b [B?,K,N] logical, row-major, ops applied by caller):
+ *   bound[i,j] = gamma(K) * sum_k |a_ik||b_kj| + u_out * |ref_ij| + tiny
+ * with gamma(K) = K*u_acc / (1 - K*u_acc), u_acc the accumulator's unit roundoff (f32:
+ * 2^-24), u_out the output dtype's unit roundoff (f32 2^-24, bf16 2^-8, f16 2^-11) and
+ * tiny = the smallest normal f32 (a sum that underflows). abs_prod = sum |a||b|, ref = the
+ * exact (f64) result; both [count]. */
+void tw_gemm_error_bound(const double *abs_prod, const double *ref, int64_t count, int64_t K,
+                         double u_acc, tw_dtype out_dtype, double *bound);
+
+/* One line: "PASS 4096 elems, worst 1.2e-06 <= 3.1e-05 (ratio 0.04) at [3, 17]" or
+ * "FAIL 12/4096 out of bound, 2 NaN, 0 inf, 5 unwritten; worst got=.. exp=.. at [..]". */
+const char *tw_check_format(const tw_check_report *r, char *buf, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,168 @@
+/* twin grouped quantize / dequantize.
+ *
+ * Input x [M, K] (f32, bf16 or f16), split along M into G contiguous groups by
+ * group_sizes [G] (i32, in the context's memory): group g holds rows [o_g, o_g + m_g) with
+ * o_g = sum_{j<g} m_j. S = sum_g m_g may be less than M (the padded buffers of expert routing):
+ * rows S..M-1 ("the tail") are neither read nor written, in any output. Every output element
+ * that belongs to no group is left untouched, so callers (and twin's checker) see exactly
+ * which elements an operation wrote. m_g = 0 is allowed and writes nothing but its own
+ * per-group slots (amax, scale_inv of tensor scaling).
+ * Errors: G = 0, m_g < 0 or S > M are TW_ERR_INVALID_ARG (on gpu with sizes in device memory:
+ * the device error word; nothing is written out of bounds).
+ *
+ * All scale arithmetic is f32. fp8_max = 448 (e4m3) or 57344 (e5m2). sat(v) = RNE to the fp8
+ * format with satfinite (tw_numerics.h). amax is max |x| over the elements a scale covers;
+ * a NaN element makes that amax NaN (fmaxf would hide it; twin does not), +-inf makes it inf.
+ *
+ * Scaling modes
+ * -------------
+ * TENSOR_CURRENT (one scale per group, from this call's data):
+ *   amax_g = max_{rows of g, all k} |x|              (0 for an empty group)
+ *   scale_g = compute_scale(amax_g) where
+ *     compute_scale(a) = 1                       if a == 0 or a is not finite (inf/NaN)
+ *                      = fp8_max / a            (f32 division), FLT_MAX if that is inf
+ *                        then, if opts.pow2_scales, the mantissa bits are cleared.
+ *   q = sat(x * scale_g);  scale_inv[g] = 1 / scale_g;  amax[g] = amax_g
+ * TENSOR_DELAYED (one stored scale per group, from earlier steps):
+ *   q = sat(x * scale[g]) with scale = opts.scale [G] f32; scale_inv[g] = 1 / scale[g];
+ *   amax[g] = amax_g of this call's data (for the history). tw_delayed_scale_update() then
+ *   advances the history (TE's DelayedScaleQuantizer.update; formula below).
+ * MXFP8_1D (blocks of 32 along one axis, E8M0 scales):
+ *   rowwise: blocks of 32 consecutive k in one row; colwise: blocks of 32 consecutive rows of
+ *   one group in one column (blocks never cross a group). A block at the end of a row (K % 32)
+ *   or of a group (m_g % 32) is partial: it covers only the elements that exist.
+ *   e = tw_f32_to_e8m0_ceil(amax_block * (1/fp8_max))  [the reciprocal is the f32 constant]
+ *   q = sat(x * 2^(127-e)) computed in f32 (2^(127-e) is exact: e=254 gives 2^-127, a
+ *   subnormal; e=255 (NaN amax) gives NaN, so the block becomes NaN).
+ *   scale_inv byte = e.
+ * BLOCK_1x128 (DeepSeek-style fp8 block scaling, f32 scales):
+ *   rowwise: blocks of 128 consecutive k in one row; colwise: blocks of 128 consecutive rows
+ *   of one group in one column. Partial blocks as for MXFP8.
+ *   scale = compute_scale(amax_block) (pow2_scales honoured), q = sat(x * scale),
+ *   scale_inv = 1 / scale.
+ * BLOCK_128x128: one scale per 128x128 tile (128 rows of one group x 128 columns); tiles at
+ *   the end of a group or of K are partial. Same formula as 1x128. The colwise output reuses
+ *   the same per-tile scale (a tile is symmetric in the two orientations).
+ *
+ * Data layouts (q dtype e4m3 or e5m2, one byte per element)
+ * ------------
+ * rowwise data: [M, K], same layout as x.
+ * colwise data:
+ *   TENSOR_* and BLOCK_*: per-group transposed. Group g's block is [K, m_g] row-major at
+ *     element offset o_g*K (the "T" copy Hopper's fp8 GEMM needs for wgrad and dgrad).
+ *   MXFP8_1D: not transposed: [M, K] like x, only the scale orientation differs (TE's "NN").
+ *
+ * Scale layouts (scale_inv). "T" below is the number of 128-row tiles over all groups,
+ * T(g) = sum_{j<g} ceil(m_j/128); capacities use the worst case over group sizes,
+ * T_cap = floor((M + 127*G) / 128) (see tw_quantize_scale_shape()).
+ *   TENSOR_*:         [G] f32, rowwise and colwise share it (one buffer, written once).
+ *   MXFP8_1D rowwise: per group a [128*ceil(m_g/128), roundup(ceil(K/32), 4)] E8M0 block,
+ *                     blocks concatenated in group order (group g's block starts at
+ *                     128*T(g) rows). Capacity [128*T_cap, roundup(ceil(K/32),4)].
+ *            colwise: per group a [4*ceil(m_g/128), roundup(K, 128)] block (rows are the
+ *                     32-row blocks of the group, padded to 4), concatenated from row 4*T(g).
+ *                     Capacity [4*T_cap, roundup(K,128)].
+ *     Padding entries (rows/cols past the data) are written as 0x00 for every group; padding
+ *     that belongs to no group (past the last group's block) is untouched.
+ *     Two byte orders, chosen by opts.mxfp8_swizzled:
+ *       compact  (0): each group's padded block row-major.
+ *       swizzled (1): cuBLAS's 128x4 tiling, per group. For a group's rowwise block S[R, C]
+ *         (R % 128 == 0, C % 4 == 0) element (r, c), r = 128a + 32b + d, c = 4e + f, lands at
+ *         ((a*(C/4) + e)*32 + d)*16 + b*4 + f within the group's block. A colwise block
+ *         [Rc, Cc] is transposed to [Cc, Rc] (Cc % 128 == 0, Rc % 4 == 0) and swizzled the
+ *         same way. This is the layout the GEMMs read.
+ *   BLOCK_1x128 rowwise: [ceil(K/128), roundup(M, 4)] f32, element [kb][row]
+ *                       ("MN-major", the layout block-scaled GEMMs read). Tail rows untouched.
+ *               colwise: [T_cap, roundup(K, 4)] f32: group g's row-blocks start at T(g);
+ *                       element [T(g) + b][k] scales rows 128b.. of group g in column k.
+ *   BLOCK_128x128 rowwise: [T_cap, ceil(K/128)] f32, element [T(g) + b][kb].
+ *                 colwise: the transpose, [ceil(K/128), T_cap], element [kb][T(g) + b].
+ *
+ * Dequantize is the inverse map to f32 (or bf16/f16 by RNE of the f32 value):
+ *   x' = decode(q) * scale_inv   (f32 multiply; E8M0 decoded with tw_e8m0_to_f32)
+ * from either orientation; the output is always [M, K] and tail rows stay untouched.
+ *
+ * Alignment rules (enforced for both backends, so a program that passes on ref runs on gpu):
+ *   x, outputs: element-aligned (no further rule); K >= 1; M >= 0.
+ *   MXFP8 and BLOCK modes need no K or m_g multiple: partial blocks are defined above.
+ */
+#ifndef TWIN_TW_QUANTIZE_H
+#define TWIN_TW_QUANTIZE_H
+
+#include "twin/tw_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  TW_SCALE_NONE = 0,         /* not quantized */
+  TW_SCALE_TENSOR_CURRENT = 1,
+  TW_SCALE_TENSOR_DELAYED = 2,
+  TW_SCALE_MXFP8_1D = 3,
+  TW_SCALE_BLOCK_1x128 = 4,
+  TW_SCALE_BLOCK_128x128 = 5,
+  TW_SCALE_COUNT
+} tw_scaling;
+
+const char *tw_scaling_name(tw_scaling s); /* "none", "current", "delayed", "mxfp8", "block1x128", "block128x128" */
+int tw_scaling_from_name(const char *name, tw_scaling *out);
+
+typedef enum { TW_ROWWISE = 1, TW_COLWISE = 2, TW_ROWWISE_COLWISE = 3 } tw_qlayout;
+
+/* A quantized tensor: rowwise and/or colwise data with their scale_inv, per-group amax. */
+typedef struct {
+  tw_scaling mode;
+  tw_dtype qdtype;         /* TW_E4M3 or TW_E5M2 */
+  int64_t rows, cols;      /* logical M, K of the source */
+  int mxfp8_swizzled;      /* MXFP8 only: scale_inv bytes in the swizzled (GEMM) order */
+  tw_tensor row_data;      /* [M, K] qdtype, or none */
+  tw_tensor row_scale_inv; /* see the layouts above, or none */
+  tw_tensor col_data;      /* colwise layout above, or none */
+  tw_tensor col_scale_inv; /* TENSOR_*: the same buffer as row_scale_inv */
+  tw_tensor amax;          /* [G] f32 per-group amax (TENSOR_*; optional for block modes) */
+} tw_qtensor;
+
+typedef struct {
+  size_t size;                /* sizeof(tw_quantize_opts) */
+  tw_scaling mode;
+  tw_dtype qdtype;            /* TW_E4M3 or TW_E5M2 */
+  tw_qlayout layout;
+  int pow2_scales;            /* TENSOR_CURRENT and BLOCK_*: truncate scales to powers of 2 */
+  int mxfp8_swizzled;         /* MXFP8: write scales swizzled (1) or compact (0) */
+  tw_tensor scale;            /* TENSOR_DELAYED: [G] f32 stored scales */
+} tw_quantize_opts;
+
+#define TW_QUANTIZE_OPTS_INIT \
+  {sizeof(tw_quantize_opts), TW_SCALE_TENSOR_CURRENT, TW_E4M3, TW_ROWWISE, 0, 1, {0, TW_F32, -1, {0, 0, 0, 0}, TW_MEM_HOST}}
+
+/* Shapes of the outputs for (mode, layout, M, K, G); a component not produced has ndim -1.
+ * Fills the dtypes and shapes of *q (data pointers NULL) so the caller can allocate. */
+tw_status tw_quantize_output_shapes(const tw_quantize_opts *opts, int64_t M, int64_t K,
+                                    int64_t G, tw_qtensor *q);
+
+/* Quantizes x [M, K] by groups. q's buffers must have the shapes from
+ * tw_quantize_output_shapes (amax may be none for BLOCK/MXFP8 modes). */
+tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
+                              const tw_quantize_opts *opts, tw_qtensor *q);
+
+/* out [M, K] (f32/bf16/f16) = dequantize of q's rowwise (colwise=0) or colwise (1) data. */
+tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *group_sizes,
+                                int colwise, tw_tensor *out);
+
+typedef enum { TW_AMAX_MAX = 0, TW_AMAX_MOST_RECENT = 1 } tw_amax_algo;
+
+/* Delayed scaling update, per group g (TE's DelayedScaleQuantizer.update):
+ *   hist[g][0] = amax[g]
+ *   a = max_h hist[g][h] (MAX) or hist[g][0] (MOST_RECENT)
+ *   scale[g] = (fp8_max / a) / 2^margin    if a > 0 and finite, else unchanged
+ *   hist[g] = roll(hist[g], -1); hist[g][0] = 0
+ * amax_history [G, H] f32, scale [G] f32 (in/out), amax [G] f32. */
+tw_status tw_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tensor *scale,
+                                  const tw_tensor *amax, tw_dtype qdtype, tw_amax_algo algo,
+                                  float margin);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

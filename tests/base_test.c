@@ -1,0 +1,66 @@
+/* The interface's own contract: statuses, messages, dtypes, contexts. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "twin/tw_base.h"
+
+Test(base, status_names_cover_every_code) {
+  for (int s = 0; s < TW_STATUS_COUNT; s++) cr_assert(strncmp(tw_status_name((tw_status)s), "TW_", 3) == 0);
+  cr_assert_str_eq(tw_status_name(TW_ERR_SHAPE), "TW_ERR_SHAPE");
+}
+
+Test(base, error_message_is_thread_local_and_formatted) {
+  tw_status s = tw_error(TW_ERR_SHAPE, "op: %d rows", 7);
+  cr_assert_eq(s, TW_ERR_SHAPE);
+  cr_assert_str_eq(tw_last_error(), "op: 7 rows");
+}
+
+Test(base, dtype_names_round_trip) {
+  for (int t = 0; t < TW_DTYPE_COUNT; t++) {
+    tw_dtype back;
+    cr_assert_eq(tw_dtype_from_name(tw_dtype_name((tw_dtype)t), &back), 0);
+    cr_assert_eq(back, t);
+  }
+  tw_dtype d;
+  cr_assert_eq(tw_dtype_from_name("nope", &d), -1);
+  cr_assert_eq(tw_dtype_storage_bytes(TW_E2M1, 5), 3);
+  cr_assert_eq(tw_dtype_storage_bytes(TW_BF16, 5), 10);
+}
+
+Test(base, ctx_create_ref_and_reject_bad_config) {
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ctx, &cfg), TW_OK);
+  cr_assert_eq(tw_ctx_backend(ctx), TW_BACKEND_REF);
+  cr_assert_eq(tw_ctx_mem(ctx), TW_MEM_HOST);
+  tw_ctx_destroy(ctx);
+  cfg.size = 3;
+  cr_assert_eq(tw_ctx_create(&ctx, &cfg), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "TW_CTX_CONFIG_INIT") != NULL);
+  cfg = (tw_ctx_config)TW_CTX_CONFIG_INIT;
+  cfg.backend = (tw_backend)7;
+  cr_assert_eq(tw_ctx_create(&ctx, &cfg), TW_ERR_INVALID_ARG);
+  cr_assert_eq(tw_ctx_create(NULL, &cfg), TW_ERR_NULL);
+}
+
+Test(base, gpu_backend_absent_from_cpu_binary_is_a_clear_error) {
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cr_assert_eq(tw_ctx_create(&ctx, &cfg), TW_ERR_UNSUPPORTED);
+  cr_assert(strstr(tw_last_error(), "gpu") != NULL);
+}
+
+Test(base, tensor_copy_checks_shapes) {
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ctx, &cfg), TW_OK);
+  float a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {0};
+  tw_tensor ta = tw_tensor_2d(a, TW_F32, 2, 3, TW_MEM_HOST), tb = tw_tensor_2d(b, TW_F32, 2, 3, TW_MEM_HOST);
+  cr_assert_eq(tw_tensor_copy(ctx, &tb, &ta), TW_OK);
+  cr_assert_eq(b[5], 6.0f);
+  tw_tensor tc = tw_tensor_2d(b, TW_F32, 3, 2, TW_MEM_HOST);
+  cr_assert_eq(tw_tensor_copy(ctx, &tc, &ta), TW_ERR_SHAPE);
+  cr_assert(strstr(tw_last_error(), "[3, 2] f32") != NULL);
+  tw_ctx_destroy(ctx);
+}
