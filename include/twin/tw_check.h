@@ -36,7 +36,9 @@ typedef struct {
 
 /* Host tensors of equal shape; dtypes must match (exact) or be any float dtypes (bound). */
 tw_status tw_check_exact(const tw_tensor *got, const tw_tensor *expected, tw_check_report *r);
-/* bound: f64 or f32 tensor with got's element count. */
+/* bound: f64 or f32 tensor with got's element count. A negative bound[i] demands exact
+ * equality of the decoded values (elements the operation must leave untouched, whose expected
+ * value is their initial content). */
 tw_status tw_check_bound(const tw_tensor *got, const tw_tensor *expected,
                          const tw_tensor *bound, tw_check_report *r);
 
