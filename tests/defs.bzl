@@ -12,6 +12,7 @@ def twin_test(name, srcs, deps = [], data = [], gpu = False, tags = [], size = "
             "//core",
             "//ref",
             "//tests:test_util",
+            "//golden:runner",
             "@criterion",
         ] + (["//gpu"] if gpu else []),
         data = data,
