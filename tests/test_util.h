@@ -1,5 +1,49 @@
-/* Helpers shared by the Criterion tests. */
+/* Helpers shared by the Criterion tests: a ref context, seeded random data, temp dirs, the
+ * stored goldens' location, and assertions that print the checker's one-line report. */
 #ifndef TWIN_TESTS_TEST_UTIL_H
 #define TWIN_TESTS_TEST_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+
 #include "twin/tw_base.h"
+#include "twin/tw_check.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A ref-backend context; the test fails if it cannot be made. */
+tw_ctx *tt_ref_ctx(void);
+
+/* splitmix64: tiny, seeded, the same on every machine. */
+uint64_t tt_rand_u64(uint64_t *state);
+double tt_rand_uniform(uint64_t *state, double lo, double hi); /* [lo, hi) */
+void tt_fill_uniform_f32(float *x, int64_t n, uint64_t seed, float lo, float hi);
+
+/* A fresh directory under $TEST_TMPDIR (or /tmp); the path is malloc'd. */
+char *tt_make_tmpdir(const char *tag);
+/* path = dir + "/" + name into buf; returns buf. */
+const char *tt_path(char *buf, size_t n, const char *dir, const char *name);
+/* Writes raw bytes to a file (for hand-made, possibly broken, .npy files). */
+void tt_write_file(const char *path, const void *bytes, size_t n);
+
+/* The stored goldens: "$TEST_SRCDIR/twin/golden/data" under Bazel, else "golden/data". */
+const char *tt_golden_root(void);
+
+/* Asserts s == want and, when substr is not NULL, that tw_last_error() contains it. */
+#define tt_expect_status(s, want, substr) tt_expect_status_at((s), (want), (substr), __FILE__, __LINE__)
+void tt_expect_status_at(tw_status s, tw_status want, const char *substr, const char *file, int line);
+
+/* Asserts bit equality / the bound, printing the checker's report on failure. */
+#define tt_expect_exact(got, expected, what) tt_expect_exact_at((got), (expected), (what), __FILE__, __LINE__)
+void tt_expect_exact_at(const tw_tensor *got, const tw_tensor *expected, const char *what,
+                        const char *file, int line);
+#define tt_expect_bound(got, expected, bound, what) \
+  tt_expect_bound_at((got), (expected), (bound), (what), __FILE__, __LINE__)
+void tt_expect_bound_at(const tw_tensor *got, const tw_tensor *expected, const tw_tensor *bound,
+                        const char *what, const char *file, int line);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

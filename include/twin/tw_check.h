@@ -44,11 +44,15 @@ tw_status tw_check_bound(const tw_tensor *got, const tw_tensor *expected,
 
 /* Per-element GEMM error bound for out[B?,M,N] = op(a) op(b), on host f64 inputs already
  * dequantized (a [B?,M,K] logical, b [B?,K,N] logical, row-major, ops applied by caller):
- *   bound[i,j] = gamma(K) * sum_k |a_ik||b_kj| + u_out * |ref_ij| + tiny
- * with gamma(K) = K*u_acc / (1 - K*u_acc), u_acc the accumulator's unit roundoff (f32:
- * 2^-24), u_out the output dtype's unit roundoff (f32 2^-24, bf16 2^-8, f16 2^-11) and
- * tiny = the smallest normal f32 (a sum that underflows). abs_prod = sum |a||b|, ref = the
- * exact (f64) result; both [count]. */
+ *   e_acc      = gamma(K) * sum_k |a_ik||b_kj|
+ *   bound[i,j] = e_acc + u_out * (|ref_ij| + e_acc) + tiny
+ * with gamma(K) = K*u_acc / (1 - K*u_acc) (inf when K*u_acc >= 1), u_acc the accumulator's
+ * unit roundoff (f32: 2^-24), u_out the output dtype's unit roundoff (f32 2^-24, bf16 2^-8,
+ * f16 2^-11): rounding the accumulated value (off by at most e_acc) to the output, and tiny =
+ * max(smallest normal f32, half the output's subnormal spacing) (a sum that underflows; f16:
+ * 2^-25). abs_prod = sum |a||b| (+ |out_init| when accumulating), ref = the exact (f64)
+ * result; both [count]. abs_prod[i] < 0 marks an element the operation must not write: its
+ * bound is -1 (exact, see tw_check_bound). */
 void tw_gemm_error_bound(const double *abs_prod, const double *ref, int64_t count, int64_t K,
                          double u_acc, tw_dtype out_dtype, double *bound);
 
