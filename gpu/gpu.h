@@ -20,6 +20,13 @@ typedef struct gpu_state {
   size_t workspace_bytes;
   long long *err_word;     // device: GPU_ERR_WORDS words, first error wins (see below)
   void *lt;                // cublasLtHandle_t, created on first GEMM (gpu/gemm.cu)
+  // Per-operation scratch (gpu_scratch), separate from the workspace so a GEMM may hand the
+  // whole workspace to cuBLASLt while its group offsets live here.
+  void *scratch;
+  size_t scratch_bytes, scratch_used;
+#define GPU_SCRATCH_EXTRA 8
+  void *extra[GPU_SCRATCH_EXTRA];  // overflow buffers of the current operation (stream-ordered)
+  int n_extra;
 } gpu_state;
 
 // Device error word: [0] code (0 = none), [1] op id, [2] a, [3] b. The first error of a
@@ -57,6 +64,8 @@ static inline gpu_state *gpu_of(tw_ctx *ctx) { return (gpu_state *)ctx->state; }
 
 // Maps a CUDA error to TW_ERR_CUDA with "<what>: <cuda error string>"; TW_OK on success.
 tw_status gpu_cuda_status(cudaError_t e, const char *what);
+// TW_OK for an all-zero error word, else TW_ERR_DEVICE with "<op>: <what> (seen on the device)".
+tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]);
 #define GPU_TRY_CUDA(call, what)                                  \
   do {                                                            \
     cudaError_t gpu_e_ = (call);                                  \
@@ -71,8 +80,9 @@ tw_status gpu_cuda_status(cudaError_t e, const char *what);
 tw_status gpu_group_prefix(tw_ctx *ctx, const int32_t *group_sizes, int64_t G, int64_t rows,
                            int align, int op_id, int64_t *offsets, int64_t *tiles);
 
-// Scratch from the context workspace, bump-allocated per call (256-byte aligned); callers
-// reset it with gpu_scratch_reset at the start of an operation.
+// Scratch (not the workspace), bump-allocated per call (256-byte aligned); callers reset it
+// with gpu_scratch_reset at the start of an operation. Requests past its size get a
+// stream-ordered cudaMallocAsync buffer, freed (stream-ordered) by the next reset.
 void gpu_scratch_reset(tw_ctx *ctx);
 tw_status gpu_scratch(tw_ctx *ctx, size_t bytes, void **out);
 
