@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/test_util.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
 
@@ -374,4 +375,138 @@ Test(numerics, integer_stores_truncate_and_saturate) {
   cr_assert_eq(tw_load_as_f64(&raw, TW_U16, 0), 65535.0);
   uint8_t rawb = 0xC8;
   cr_assert_eq(tw_load_as_f64(&rawb, TW_U8, 0), 200.0);
+}
+
+/* ---- golden tables (golden/gen_numerics.py: NumPy + ml_dtypes) ------------------------------ */
+
+/* Loads golden/data/numerics/<name>.npy; the caller frees t.data. */
+static tw_tensor load_table(const char *name, tw_dtype want) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/numerics/%s.npy", tt_golden_root(), name);
+  tw_tensor t;
+  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(t.ndim, 1, "%s: %d dims", path, t.ndim);
+  cr_assert_eq(t.dtype, want, "%s: dtype %s, want %s", path, tw_dtype_name(t.dtype), tw_dtype_name(want));
+  return t;
+}
+
+typedef float (*decode_fn)(unsigned code);
+static float dec_bf16(unsigned c) { return tw_bf16_to_f32((uint16_t)c); }
+static float dec_f16(unsigned c) { return tw_f16_to_f32((uint16_t)c); }
+static float dec_e4m3(unsigned c) { return tw_e4m3_to_f32((uint8_t)c); }
+static float dec_e5m2(unsigned c) { return tw_e5m2_to_f32((uint8_t)c); }
+static float dec_e2m1(unsigned c) { return tw_e2m1_to_f32((uint8_t)c); }
+static float dec_e8m0(unsigned c) { return tw_e8m0_to_f32((uint8_t)c); }
+
+Test(numerics_golden, decode_tables_match_ml_dtypes_bit_for_bit) {
+  const struct { const char *name; decode_fn fn; int64_t n; } f[] = {
+      {"decode_bf16", dec_bf16, 65536}, {"decode_f16", dec_f16, 65536},
+      {"decode_e4m3", dec_e4m3, 256},   {"decode_e5m2", dec_e5m2, 256},
+      {"decode_e2m1", dec_e2m1, 16},    {"decode_e8m0", dec_e8m0, 256}};
+  for (size_t k = 0; k < sizeof f / sizeof f[0]; k++) {
+    tw_tensor t = load_table(f[k].name, TW_I32);
+    cr_assert_eq(t.shape[0], f[k].n, "%s has %lld codes", f[k].name, (long long)t.shape[0]);
+    const uint32_t *want = (const uint32_t *)t.data;
+    for (int64_t c = 0; c < f[k].n; c++)
+      cr_assert_eq(bits_of(f[k].fn((unsigned)c)), want[c], "%s: code %llx decodes to %08x, ml_dtypes %08x",
+                   f[k].name, (long long)c, bits_of(f[k].fn((unsigned)c)), want[c]);
+    free(t.data);
+  }
+}
+
+typedef unsigned (*encode_fn)(float x);
+static unsigned enc_bf16(float x) { return tw_f32_to_bf16(x); }
+static unsigned enc_f16(float x) { return tw_f32_to_f16(x); }
+static unsigned enc_e4m3(float x) { return tw_f32_to_e4m3(x, 0); }
+static unsigned enc_e4m3_sat(float x) { return tw_f32_to_e4m3(x, 1); }
+static unsigned enc_e5m2(float x) { return tw_f32_to_e5m2(x, 0); }
+static unsigned enc_e5m2_sat(float x) { return tw_f32_to_e5m2(x, 1); }
+static unsigned enc_e2m1(float x) { return tw_f32_to_e2m1(x); }
+static unsigned enc_e8m0_ceil(float x) { return tw_f32_to_e8m0_ceil(x); }
+
+/* Compares one encoder with its table on every stored input. nan_rule >= 0: for NaN inputs
+ * the table (NumPy / ml_dtypes) is known to differ from tw_numerics.h, so the code must be
+ * nan_rule | (sign << sign_shift) (sign_shift < 0: no sign) and the table must hold what
+ * ml_dtypes is known to write, table_nan | (sign' << sign_shift) — so a change on either side
+ * is seen. Returns the number of NaN inputs. */
+static int64_t check_encoder(const char *table, tw_dtype code_dtype, encode_fn fn, int nan_rule,
+                             int sign_shift, int table_nan_check) {
+  tw_tensor in = load_table("encode_inputs", TW_I32);
+  tw_tensor out = load_table(table, code_dtype);
+  cr_assert_eq(out.shape[0], in.shape[0], "%s: %lld codes for %lld inputs", table,
+               (long long)out.shape[0], (long long)in.shape[0]);
+  const uint32_t *x = (const uint32_t *)in.data;
+  int64_t mismatches = 0, nans = 0;
+  for (int64_t i = 0; i < in.shape[0]; i++) {
+    float v = from_bits(x[i]);
+    unsigned want = code_dtype == TW_U16 ? ((const uint16_t *)out.data)[i] : ((const uint8_t *)out.data)[i];
+    unsigned got = fn(v);
+    if (isnan(v) && nan_rule >= 0) {
+      unsigned sign = x[i] >> 31;
+      nans++;
+      unsigned rule = (unsigned)nan_rule | (sign_shift >= 0 ? sign << sign_shift : 0);
+      if (got != rule && mismatches++ < 8)
+        cr_log_error("%s: NaN %08x -> %x, tw_numerics.h says %x", table, x[i], got, rule);
+      if (table_nan_check >= 0 && want != ((unsigned)table_nan_check ^ (sign << 3)) && mismatches++ < 8)
+        cr_log_error("%s: ml_dtypes now writes %x for NaN %08x (was %x): revisit tw_numerics.h",
+                     table, want, x[i], (unsigned)table_nan_check ^ (sign << 3));
+      continue;
+    }
+    if (got != want && mismatches++ < 8)
+      cr_log_error("%s: input %08x (%g) -> %x, ml_dtypes %x", table, x[i], v, got, want);
+  }
+  cr_assert_eq(mismatches, 0, "%s: %lld of %lld inputs differ", table, (long long)mismatches,
+               (long long)in.shape[0]);
+  free(in.data);
+  free(out.data);
+  return nans;
+}
+
+Test(numerics_golden, inputs_cover_the_promised_sets) {
+  tw_tensor in = load_table("encode_inputs", TW_I32);
+  cr_assert_gt(in.shape[0], 300000);
+  const uint32_t *x = (const uint32_t *)in.data;
+  int64_t nan = 0, inf = 0, sub = 0, bf16_exact = 0;
+  for (int64_t i = 0; i < in.shape[0]; i++) {
+    uint32_t a = x[i] & 0x7FFFFFFFu;
+    nan += a > 0x7F800000u;
+    inf += a == 0x7F800000u;
+    sub += a != 0 && a < 0x00800000u;
+    bf16_exact += (x[i] & 0xFFFF) == 0;
+  }
+  cr_assert_eq(inf, 2);
+  cr_assert_gt(nan, 500);
+  cr_assert_gt(sub, 100);
+  cr_assert_geq(bf16_exact, 65536);
+  free(in.data);
+}
+
+Test(numerics_golden, bf16_encode_matches_ml_dtypes) {
+  check_encoder("encode_bf16", TW_U16, enc_bf16, -1, -1, -1);
+}
+
+Test(numerics_golden, f16_encode_matches_numpy_except_nan_payloads) {
+  /* NumPy keeps NaN payload bits (0x7FA00000 -> 0x7D00); twin writes the canonical 0x7E00|sign */
+  int64_t nans = check_encoder("encode_f16", TW_U16, enc_f16, 0x7E00, 15, -1);
+  cr_assert_gt(nans, 500);
+}
+
+Test(numerics_golden, e4m3_encode_matches_ml_dtypes_in_both_modes) {
+  check_encoder("encode_e4m3", TW_U8, enc_e4m3, -1, -1, -1);
+  check_encoder("encode_e4m3_sat", TW_U8, enc_e4m3_sat, -1, -1, -1);
+}
+
+Test(numerics_golden, e5m2_encode_matches_ml_dtypes_in_both_modes) {
+  check_encoder("encode_e5m2", TW_U8, enc_e5m2, -1, -1, -1);
+  check_encoder("encode_e5m2_sat", TW_U8, enc_e5m2_sat, -1, -1, -1);
+}
+
+Test(numerics_golden, e2m1_encode_matches_ml_dtypes_except_nan) {
+  /* ml_dtypes: +NaN -> 0x8, -NaN -> 0x0 (a zero of flipped sign); twin and CUDA: +6 (0x7) */
+  int64_t nans = check_encoder("encode_e2m1", TW_U8, enc_e2m1, 0x7, -1, 0x8);
+  cr_assert_gt(nans, 500);
+}
+
+Test(numerics_golden, e8m0_ceil_matches_the_frexp_formula) {
+  check_encoder("encode_e8m0_ceil", TW_U8, enc_e8m0_ceil, -1, -1, -1);
 }
