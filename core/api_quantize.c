@@ -1,4 +1,5 @@
 /* Public entry points of tw_quantize.h: output shapes, argument validation, dispatch. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -39,6 +40,11 @@ static tw_status check_opts(const char *op, const tw_quantize_opts *opts) {
   if (opts->layout != TW_ROWWISE && opts->layout != TW_COLWISE && opts->layout != TW_ROWWISE_COLWISE)
     return tw_error(TW_ERR_INVALID_ARG, "%s: layout %d is not rowwise(1), colwise(2) or both(3)", op,
                     (int)opts->layout);
+  if (opts->pow2_scales != 0 && opts->pow2_scales != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: opts->pow2_scales is %d, expected 0 or 1", op, opts->pow2_scales);
+  if (opts->mxfp8_swizzled != 0 && opts->mxfp8_swizzled != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: opts->mxfp8_swizzled is %d, expected 0 or 1", op,
+                    opts->mxfp8_swizzled);
   return TW_OK;
 }
 
@@ -47,8 +53,8 @@ tw_status tw_quantize_output_shapes(const tw_quantize_opts *opts, int64_t M, int
   const char *op = "quantize_output_shapes";
   TW_TRY(check_opts(op, opts));
   if (!q) return tw_error(TW_ERR_NULL, "%s: q is NULL", op);
-  if (M < 0 || K < 0 || G < 1)
-    return tw_error(TW_ERR_INVALID_ARG, "%s: M = %lld, K = %lld, G = %lld (need M >= 0, K >= 0, G >= 1)",
+  if (M < 0 || K < 1 || G < 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: M = %lld, K = %lld, G = %lld (need M >= 0, K >= 1, G >= 1)",
                     op, (long long)M, (long long)K, (long long)G);
   memset(q, 0, sizeof *q);
   q->mode = opts->mode;
@@ -59,7 +65,7 @@ tw_status tw_quantize_output_shapes(const tw_quantize_opts *opts, int64_t M, int
   q->row_data = q->row_scale_inv = q->col_data = q->col_scale_inv = tw_tensor_none();
   int row = opts->layout & TW_ROWWISE, col = opts->layout & TW_COLWISE;
   int64_t Gn = G < M ? G : M; /* at most min(G, M) groups are non-empty */
-  int64_t T = (M + 127 * Gn) / 128;
+  int64_t T = (M + 127 * Gn) / 128; /* T_cap */
   tw_tensor rd = shape_only(opts->qdtype, 2, M, K), rs, cd, cs;
   switch (opts->mode) {
     case TW_SCALE_TENSOR_CURRENT:
@@ -111,6 +117,7 @@ tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *
   TW_TRY(tw_v_tensor(op, "x", x, ctx->ops->mem, 2));
   TW_TRY(tw_v_dtype_in(op, "x", x, x_dtypes, 3));
   int64_t M = x->shape[0], K = x->shape[1], G;
+  if (K < 1) return tw_error(TW_ERR_SHAPE, "%s: x is [%lld, 0]; K must be >= 1", op, (long long)M);
   TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, "x", &G, NULL));
   tw_qtensor want;
   TW_TRY(tw_quantize_output_shapes(opts, M, K, G, &want));
@@ -160,6 +167,7 @@ tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tenso
   int64_t M = q->rows, K = q->cols, G;
   int64_t oshape[2] = {M, K};
   TW_TRY(tw_v_shape_is(op, "out", out, 2, oshape));
+  if (K < 1) return tw_error(TW_ERR_SHAPE, "%s: q describes [%lld, 0]; K must be >= 1", op, (long long)M);
   TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, "q", &G, NULL));
   tw_qtensor want;
   TW_TRY(tw_quantize_output_shapes(&o, M, K, G, &want));
@@ -201,8 +209,9 @@ tw_status tw_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tenso
     return tw_error(TW_ERR_DTYPE, "%s: qdtype must be e4m3 or e5m2", op);
   if (algo != TW_AMAX_MAX && algo != TW_AMAX_MOST_RECENT)
     return tw_error(TW_ERR_INVALID_ARG, "%s: amax algo %d is not max(0) or most_recent(1)", op, (int)algo);
-  if (!(margin >= 0.0f && margin < 128.0f))
-    return tw_error(TW_ERR_INVALID_ARG, "%s: margin %g is outside [0, 128)", op, (double)margin);
+  /* an integer margin keeps 2^margin exact, so every backend gets the same bits */
+  if (!(margin >= 0.0f && margin <= 127.0f) || margin != floorf(margin))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: margin %g is not an integer in [0, 127]", op, (double)margin);
   if (!ctx->ops->delayed_scale_update)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->delayed_scale_update(ctx, amax_history, scale, amax, qdtype, algo, margin);

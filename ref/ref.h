@@ -14,6 +14,12 @@ tw_status ref_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tens
 tw_status ref_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tensor *scale,
                                    const tw_tensor *amax, tw_dtype qdtype, tw_amax_algo algo,
                                    float margin);
+/* The values of one GEMM operand as stored: out[i] = decode(data[i]) * scale_inv of element i's
+ * block (f32), same element order as o->data; plain operands are just widened to f32.
+ * Groups: group_sizes [G] on the host, or NULL for G equal groups of o->src_rows / G rows
+ * (the uniform form). Elements of rows past the groups are left untouched. */
+tw_status ref_dequantize_operand(const tw_operand *o, const int32_t *group_sizes, int64_t G,
+                                 float *out);
 tw_status ref_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
                    tw_tensor *out, int accumulate);
 tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs,

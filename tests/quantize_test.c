@@ -1,0 +1,508 @@
+/* Grouped quantize / dequantize / delayed update on the ref backend: every stored golden case
+ * (golden/data/quantize, written by golden/gen_quantize.py without twin's code), then
+ * properties that hold for any input: the round-trip error bound per block, power-of-two
+ * scales, the MXFP8 swizzle as a permutation, untouched tails, and ref_dequantize_operand. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref/quantize_layout.h"
+#include "ref/ref.h"
+#include "tests/test_util.h"
+#include "twin/tw_check.h"
+#include "twin/tw_npy.h"
+#include "twin/tw_quantize.h"
+
+/* ---- golden cases ----------------------------------------------------------------------- */
+
+typedef struct {
+  char key[32][32];
+  char val[32][64];
+  int n;
+} kv;
+
+static void kv_read(const char *dir, kv *c) {
+  char path[2048], line[256];
+  snprintf(path, sizeof path, "%s/case.txt", dir);
+  FILE *f = fopen(path, "r");
+  cr_assert_not_null(f, "cannot open %s", path);
+  c->n = 0;
+  while (fgets(line, sizeof line, f) && c->n < 32) {
+    if (line[0] == '#') continue;
+    if (sscanf(line, " %31s = %63s", c->key[c->n], c->val[c->n]) == 2) c->n++;
+  }
+  fclose(f);
+}
+
+static const char *kv_get(const kv *c, const char *key) {
+  for (int i = 0; i < c->n; i++)
+    if (strcmp(c->key[i], key) == 0) return c->val[i];
+  cr_assert_fail("case.txt has no key %s", key);
+  return NULL;
+}
+
+static int file_exists(const char *dir, const char *name) {
+  char p[2048];
+  snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+  FILE *f = fopen(p, "rb");
+  if (f) fclose(f);
+  return f != NULL;
+}
+
+static tw_tensor load(const char *dir, const char *name, tw_dtype as) {
+  char p[2048];
+  tw_tensor t;
+  snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+  cr_assert_eq(tw_npy_load(p, &t), TW_OK, "%s: %s", p, tw_last_error());
+  if (as != t.dtype) {
+    tw_tensor v;
+    cr_assert_eq(tw_tensor_view_as(&t, as, &v), TW_OK, "%s: %s", p, tw_last_error());
+    t = v;
+  }
+  return t;
+}
+
+/* An output buffer of t's dtype and shape, filled with the poison byte. */
+static void poison_alloc(tw_tensor *t) {
+  if (tw_tensor_is_none(t)) return;
+  size_t n = tw_tensor_bytes(t);
+  t->data = malloc(n ? n : 1);
+  cr_assert_not_null(t->data);
+  memset(t->data, TW_POISON_BYTE, n);
+}
+
+static void expect_output(const char *dir, const char *name, const tw_tensor *got) {
+  tw_dtype file_dtype = got->dtype == TW_F32 ? TW_F32 : got->dtype == TW_BF16 || got->dtype == TW_F16 ? TW_U16 : TW_U8;
+  tw_tensor want = load(dir, name, file_dtype), got_raw = *got;
+  if (got->dtype != file_dtype) cr_assert_eq(tw_tensor_view_as(got, file_dtype, &got_raw), TW_OK);
+  /* .npy cannot hold the [G] vs [M*K] 1-D distinction differently: shapes must match */
+  char what[1100];
+  snprintf(what, sizeof what, "%s/%s", dir, name);
+  tt_expect_exact(&got_raw, &want, what);
+  free(want.data);
+}
+
+static tw_dtype dtype_named(const char *s) {
+  tw_dtype t;
+  cr_assert_eq(tw_dtype_from_name(s, &t), 0, "unknown dtype %s", s);
+  return t;
+}
+
+static tw_scaling mode_named(const char *s) {
+  tw_scaling m;
+  cr_assert_eq(tw_scaling_from_name(s, &m), 0, "unknown mode %s", s);
+  return m;
+}
+
+static tw_qlayout layout_named(const char *s) {
+  if (strcmp(s, "rowwise") == 0) return TW_ROWWISE;
+  if (strcmp(s, "colwise") == 0) return TW_COLWISE;
+  cr_assert_str_eq(s, "rowwise_colwise");
+  return TW_ROWWISE_COLWISE;
+}
+
+static void run_quantize_case(tw_ctx *ctx, const char *dir, const kv *c) {
+  tw_quantize_opts opts = TW_QUANTIZE_OPTS_INIT;
+  opts.mode = mode_named(kv_get(c, "mode"));
+  opts.qdtype = dtype_named(kv_get(c, "qdtype"));
+  opts.layout = layout_named(kv_get(c, "layout"));
+  opts.pow2_scales = atoi(kv_get(c, "pow2_scales"));
+  opts.mxfp8_swizzled = atoi(kv_get(c, "swizzled"));
+  tw_dtype x_dtype = dtype_named(kv_get(c, "x_dtype"));
+  tw_tensor x = load(dir, "x", x_dtype), gs = load(dir, "group_sizes", TW_I32);
+  if (opts.mode == TW_SCALE_TENSOR_DELAYED) opts.scale = load(dir, "scale", TW_F32);
+  tw_qtensor q;
+  cr_assert_eq(tw_quantize_output_shapes(&opts, x.shape[0], x.shape[1], gs.shape[0], &q), TW_OK, "%s",
+               tw_last_error());
+  tw_tensor *outs[] = {&q.row_data, &q.row_scale_inv, &q.col_data, &q.col_scale_inv, &q.amax};
+  const char *names[] = {"row_data", "row_scale_inv", "col_data", "col_scale_inv", "amax"};
+  for (int i = 0; i < 5; i++) poison_alloc(outs[i]);
+  tw_status s = tw_grouped_quantize(ctx, &x, &gs, &opts, &q);
+  cr_assert_eq(s, TW_OK, "%s: %s", dir, tw_last_error());
+  for (int i = 0; i < 5; i++) {
+    cr_assert_eq(file_exists(dir, names[i]), !tw_tensor_is_none(outs[i]), "%s: %s presence", dir, names[i]);
+    if (!tw_tensor_is_none(outs[i])) expect_output(dir, names[i], outs[i]);
+    free(outs[i]->data);
+  }
+  free(x.data);
+  free(gs.data);
+  if (opts.mode == TW_SCALE_TENSOR_DELAYED) free(opts.scale.data);
+}
+
+static void run_dequantize_case(tw_ctx *ctx, const char *dir, const kv *c) {
+  tw_quantize_opts opts = TW_QUANTIZE_OPTS_INIT;
+  opts.mode = mode_named(kv_get(c, "mode"));
+  opts.qdtype = dtype_named(kv_get(c, "qdtype"));
+  int colwise = atoi(kv_get(c, "colwise"));
+  opts.layout = colwise ? TW_COLWISE : TW_ROWWISE;
+  opts.mxfp8_swizzled = atoi(kv_get(c, "swizzled"));
+  int64_t M = atoll(kv_get(c, "rows")), K = atoll(kv_get(c, "cols"));
+  tw_tensor gs = load(dir, "group_sizes", TW_I32);
+  tw_qtensor q;
+  cr_assert_eq(tw_quantize_output_shapes(&opts, M, K, gs.shape[0], &q), TW_OK, "%s", tw_last_error());
+  tw_tensor *data = colwise ? &q.col_data : &q.row_data, *si = colwise ? &q.col_scale_inv : &q.row_scale_inv;
+  tw_tensor d = load(dir, "data", opts.qdtype), s = load(dir, "scale_inv", si->dtype);
+  data->data = d.data;
+  si->data = s.data;
+  tw_tensor out = tw_tensor_2d(NULL, dtype_named(kv_get(c, "out_dtype")), M, K, TW_MEM_HOST);
+  poison_alloc(&out);
+  cr_assert_eq(tw_grouped_dequantize(ctx, &q, &gs, colwise, &out), TW_OK, "%s: %s", dir, tw_last_error());
+  expect_output(dir, "out", &out);
+  free(out.data);
+  free(d.data);
+  free(s.data);
+  free(gs.data);
+}
+
+static void run_delayed_case(tw_ctx *ctx, const char *dir, const kv *c) {
+  tw_tensor hist = load(dir, "amax_history", TW_F32), scale = load(dir, "scale", TW_F32),
+            amax = load(dir, "amax", TW_F32);
+  tw_amax_algo algo = strcmp(kv_get(c, "algo"), "max") == 0 ? TW_AMAX_MAX : TW_AMAX_MOST_RECENT;
+  cr_assert_eq(tw_delayed_scale_update(ctx, &hist, &scale, &amax, dtype_named(kv_get(c, "qdtype")), algo,
+                                       (float)atof(kv_get(c, "margin"))),
+               TW_OK, "%s: %s", dir, tw_last_error());
+  expect_output(dir, "amax_history_out", &hist);
+  expect_output(dir, "scale_out", &scale);
+  free(hist.data);
+  free(scale.data);
+  free(amax.data);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+Test(quantize_golden, every_stored_case_matches_bit_for_bit) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s/quantize", tt_golden_root());
+  DIR *d = opendir(root);
+  cr_assert_not_null(d, "no goldens at %s (run golden/gen_quantize.py)", root);
+  char **names = NULL;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.') {
+      names = realloc(names, sizeof(char *) * (size_t)(n + 1));
+      names[n++] = strdup(e->d_name);
+    }
+  closedir(d);
+  qsort(names, (size_t)n, sizeof(char *), cmp_str);
+  cr_assert_geq(n, 100, "only %d quantize cases under %s", n, root);
+  tw_ctx *ctx = tt_ref_ctx();
+  int per_op[3] = {0, 0, 0};
+  for (int i = 0; i < n; i++) {
+    char dir[1100];
+    kv c;
+    snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+    kv_read(dir, &c);
+    const char *op = kv_get(&c, "op");
+    if (strcmp(op, "grouped_quantize") == 0) run_quantize_case(ctx, dir, &c), per_op[0]++;
+    else if (strcmp(op, "grouped_dequantize") == 0) run_dequantize_case(ctx, dir, &c), per_op[1]++;
+    else if (strcmp(op, "delayed_scale_update") == 0) run_delayed_case(ctx, dir, &c), per_op[2]++;
+    else cr_assert_fail("%s: unknown op %s", dir, op);
+    free(names[i]);
+  }
+  free(names);
+  cr_assert(per_op[0] > 0 && per_op[1] > 0 && per_op[2] > 0);
+  tw_ctx_destroy(ctx);
+}
+
+/* ---- properties ------------------------------------------------------------------------- */
+
+static const tw_scaling all_modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_MXFP8_1D,
+                                       TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
+
+enum { PM = 301, PK = 130, PG = 5 };
+static const int32_t prop_sizes[PG] = {129, 0, 1, 100, 40}; /* sum 270: a tail of 31 rows */
+
+/* x of varying magnitude per row (so blocks get different scales) */
+static void prop_input(float *x, uint64_t seed) {
+  uint64_t st = seed;
+  for (int64_t r = 0; r < PM; r++) {
+    double mag = ldexp(1.0, (int)tt_rand_uniform(&st, -20, 20));
+    for (int64_t k = 0; k < PK; k++) x[r * PK + k] = (float)(tt_rand_uniform(&st, -1, 1) * mag);
+  }
+}
+
+typedef struct {
+  tw_qtensor q;
+  float scale[PG];
+} prop_q;
+
+static void prop_quantize(tw_ctx *ctx, const float *x, tw_scaling mode, tw_dtype qd, int pow2, int swizzled,
+                          prop_q *pq) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.qdtype = qd;
+  o.layout = TW_ROWWISE_COLWISE;
+  o.pow2_scales = pow2;
+  o.mxfp8_swizzled = swizzled;
+  if (mode == TW_SCALE_TENSOR_DELAYED) { /* a stored scale that fits each group's range */
+    int64_t r0 = 0;
+    for (int g = 0; g < PG; g++) {
+      float amax = 0;
+      for (int64_t i = r0 * PK; i < (r0 + prop_sizes[g]) * PK; i++) amax = fmaxf(amax, fabsf(x[i]));
+      pq->scale[g] = amax > 0 ? (qd == TW_E4M3 ? 448.0f : 57344.0f) / amax : 1.0f;
+      r0 += prop_sizes[g];
+    }
+    o.scale = tw_tensor_1d(pq->scale, TW_F32, PG, TW_MEM_HOST);
+  }
+  tw_tensor xt = tw_tensor_2d((void *)x, TW_F32, PM, PK, TW_MEM_HOST);
+  tw_tensor gs = tw_tensor_1d((void *)prop_sizes, TW_I32, PG, TW_MEM_HOST);
+  cr_assert_eq(tw_quantize_output_shapes(&o, PM, PK, PG, &pq->q), TW_OK);
+  poison_alloc(&pq->q.row_data);
+  poison_alloc(&pq->q.row_scale_inv);
+  poison_alloc(&pq->q.col_data);
+  poison_alloc(&pq->q.col_scale_inv);
+  poison_alloc(&pq->q.amax);
+  cr_assert_eq(tw_grouped_quantize(ctx, &xt, &gs, &o, &pq->q), TW_OK, "%s", tw_last_error());
+}
+
+static void prop_free(prop_q *pq) {
+  free(pq->q.row_data.data);
+  free(pq->q.row_scale_inv.data);
+  free(pq->q.col_data.data);
+  free(pq->q.col_scale_inv.data);
+  free(pq->q.amax.data);
+}
+
+static void dequantize(tw_ctx *ctx, const tw_qtensor *q, int colwise, float *out) {
+  tw_tensor gs = tw_tensor_1d((void *)prop_sizes, TW_I32, PG, TW_MEM_HOST);
+  tw_tensor o = tw_tensor_2d(out, TW_F32, PM, PK, TW_MEM_HOST);
+  memset(out, TW_POISON_BYTE, sizeof(float) * PM * PK);
+  cr_assert_eq(tw_grouped_dequantize(ctx, q, &gs, colwise, &o), TW_OK, "%s", tw_last_error());
+}
+
+static int is_poison_f32(float v) {
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  return b == 0xA5A5A5A5u;
+}
+
+/* |x' - x| <= (u + 2^-21)|x| + (half the fp8 subnormal spacing) * scale_inv of x's block:
+ * RNE to fp8 (unit roundoff u) of x * scale, where scaling keeps |x * scale| <= fp8_max, and
+ * two f32 roundings (the product and the dequantize multiply). scale_inv per element comes
+ * from dequantizing the code of 1.0 with the same scales. */
+Test(quantize_props, round_trip_error_is_within_the_format_bound_per_block) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float *x = malloc(sizeof(float) * PM * PK), *back = malloc(sizeof(float) * PM * PK),
+        *sinv = malloc(sizeof(float) * PM * PK);
+  prop_input(x, 42);
+  int64_t S = 0;
+  for (int g = 0; g < PG; g++) S += prop_sizes[g];
+  for (int qi = 0; qi < 2; qi++) {
+    tw_dtype qd = qi ? TW_E5M2 : TW_E4M3;
+    double u = qi ? 0x1p-3 : 0x1p-4, half_sub = qi ? 0x1p-17 : 0x1p-10;
+    uint8_t one = qi ? 0x3C : 0x38;
+    for (int mi = 0; mi < 5; mi++)
+      for (int colwise = 0; colwise < 2; colwise++) {
+        prop_q pq;
+        prop_quantize(ctx, x, all_modes[mi], qd, 0, 1, &pq);
+        dequantize(ctx, &pq.q, colwise, back);
+        tw_tensor *data = colwise ? &pq.q.col_data : &pq.q.row_data;
+        memset(data->data, one, (size_t)tw_tensor_numel(data));
+        dequantize(ctx, &pq.q, colwise, sinv);
+        for (int64_t i = 0; i < PM * PK; i++) {
+          if (i >= S * PK) { /* the tail is never written */
+            cr_assert(is_poison_f32(back[i]), "%s colwise=%d: tail element %lld written",
+                      tw_scaling_name(all_modes[mi]), colwise, (long long)i);
+            continue;
+          }
+          double err = fabs((double)back[i] - (double)x[i]);
+          double bound = (u + 0x1p-21) * fabs((double)x[i]) + half_sub * (double)sinv[i] * (1 + 0x1p-21);
+          cr_assert(err <= bound, "%s %s colwise=%d: element [%lld, %lld]: x=%.9g back=%.9g err=%.3g > %.3g",
+                    tw_scaling_name(all_modes[mi]), tw_dtype_name(qd), colwise, (long long)(i / PK),
+                    (long long)(i % PK), (double)x[i], (double)back[i], err, bound);
+        }
+        prop_free(&pq);
+      }
+  }
+  free(x);
+  free(back);
+  free(sinv);
+  tw_ctx_destroy(ctx);
+}
+
+Test(quantize_props, pow2_scales_are_powers_of_two) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float *x = malloc(sizeof(float) * PM * PK);
+  prop_input(x, 7);
+  const tw_scaling modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
+  for (int mi = 0; mi < 3; mi++) {
+    prop_q pq;
+    prop_quantize(ctx, x, modes[mi], TW_E4M3, 1, 0, &pq);
+    tw_tensor *scales[2] = {&pq.q.row_scale_inv, &pq.q.col_scale_inv};
+    int64_t checked = 0;
+    for (int o = 0; o < 2; o++) {
+      const uint32_t *b = scales[o]->data;
+      for (int64_t i = 0; i < tw_tensor_numel(scales[o]); i++) {
+        if (b[i] == 0xA5A5A5A5u) continue; /* a slot no block owns */
+        cr_assert_eq(b[i] & 0x807FFFFFu, 0u, "%s: scale_inv[%lld] bits 0x%08x are not a power of two",
+                     tw_scaling_name(modes[mi]), (long long)i, b[i]);
+        checked++;
+      }
+    }
+    cr_assert_gt(checked, 0);
+    prop_free(&pq);
+  }
+  free(x);
+  tw_ctx_destroy(ctx);
+}
+
+Test(quantize_props, swizzle_and_unswizzle_are_inverse_permutations) {
+  const int64_t dims[][2] = {{128, 4}, {256, 8}, {128, 12}, {384, 4}, {512, 16}};
+  for (int t = 0; t < 5; t++) {
+    int64_t R = dims[t][0], C = dims[t][1], n = R * C;
+    char *seen = calloc((size_t)n, 1);
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t c = 0; c < C; c++) {
+        int64_t i = ref_mxfp8_swizzle_index(r, c, C), r2, c2;
+        cr_assert(i >= 0 && i < n && !seen[i], "[%lld, %lld] -> %lld: not a permutation", (long long)r,
+                  (long long)c, (long long)i);
+        seen[i] = 1;
+        ref_mxfp8_unswizzle_index(i, C, &r2, &c2);
+        cr_assert(r2 == r && c2 == c, "unswizzle(swizzle(%lld, %lld)) = (%lld, %lld)", (long long)r,
+                  (long long)c, (long long)r2, (long long)c2);
+      }
+    for (int64_t i = 0; i < n; i++) {
+      int64_t r, c;
+      ref_mxfp8_unswizzle_index(i, C, &r, &c);
+      cr_assert_eq(ref_mxfp8_swizzle_index(r, c, C), i);
+    }
+    free(seen);
+  }
+}
+
+/* The swizzled scales are the compact ones permuted per group; the data does not change. */
+Test(quantize_props, mxfp8_swizzled_scales_are_the_compact_ones_permuted_per_group) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float *x = malloc(sizeof(float) * PM * PK);
+  prop_input(x, 11);
+  prop_q sw, co;
+  prop_quantize(ctx, x, TW_SCALE_MXFP8_1D, TW_E4M3, 0, 1, &sw);
+  prop_quantize(ctx, x, TW_SCALE_MXFP8_1D, TW_E4M3, 0, 0, &co);
+  cr_assert_eq(memcmp(sw.q.row_data.data, co.q.row_data.data, PM * PK), 0);
+  cr_assert_eq(memcmp(sw.q.col_data.data, co.q.col_data.data, PM * PK), 0);
+  for (int colwise = 0; colwise < 2; colwise++) {
+    const tw_tensor *ts = colwise ? &sw.q.col_scale_inv : &sw.q.row_scale_inv;
+    const uint8_t *s = ts->data, *c = colwise ? co.q.col_scale_inv.data : co.q.row_scale_inv.data;
+    int64_t ld = ts->shape[1], tile = 0;
+    for (int g = 0; g < PG; g++) {
+      int64_t tiles = (prop_sizes[g] + 127) / 128, rows = (colwise ? 4 : 128) * tiles;
+      int64_t base = (colwise ? 4 : 128) * tile * ld;
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < ld; k++) {
+          /* colwise blocks are swizzled as their transpose [ld, rows] */
+          int64_t i = colwise ? ref_mxfp8_swizzle_index(k, r, rows) : ref_mxfp8_swizzle_index(r, k, ld);
+          cr_assert_eq(s[base + i], c[base + r * ld + k], "colwise=%d group %d [%lld, %lld]", colwise, g,
+                       (long long)r, (long long)k);
+        }
+      tile += tiles;
+    }
+    /* past the last group's block: untouched */
+    for (int64_t i = (colwise ? 4 : 128) * tile * ld; i < tw_tensor_numel(ts); i++)
+      cr_assert_eq(s[i], TW_POISON_BYTE);
+  }
+  prop_free(&sw);
+  prop_free(&co);
+  free(x);
+  tw_ctx_destroy(ctx);
+}
+
+/* ref_dequantize_operand (used by ref/gemm.c) gives grouped_dequantize's values in the data's
+ * own element order: the same for rowwise and MXFP8 colwise, per-group transposed otherwise. */
+Test(quantize_props, dequantize_operand_matches_grouped_dequantize_in_storage_order) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float *x = malloc(sizeof(float) * PM * PK), *ref = malloc(sizeof(float) * PM * PK),
+        *got = malloc(sizeof(float) * PM * PK);
+  prop_input(x, 3);
+  int64_t off[PG + 1] = {0};
+  for (int g = 0; g < PG; g++) off[g + 1] = off[g] + prop_sizes[g];
+  for (int mi = 0; mi < 5; mi++)
+    for (int colwise = 0; colwise < 2; colwise++) {
+      prop_q pq;
+      prop_quantize(ctx, x, all_modes[mi], TW_E4M3, 0, 1, &pq);
+      dequantize(ctx, &pq.q, colwise, ref);
+      tw_operand o = colwise ? tw_operand_colwise(&pq.q) : tw_operand_rowwise(&pq.q);
+      memset(got, TW_POISON_BYTE, sizeof(float) * PM * PK);
+      cr_assert_eq(ref_dequantize_operand(&o, prop_sizes, PG, got), TW_OK, "%s", tw_last_error());
+      int transposed = colwise && all_modes[mi] != TW_SCALE_MXFP8_1D;
+      for (int g = 0; g < PG; g++)
+        for (int64_t r = 0; r < prop_sizes[g]; r++)
+          for (int64_t k = 0; k < PK; k++) {
+            int64_t at = transposed ? off[g] * PK + k * prop_sizes[g] + r : (off[g] + r) * PK + k;
+            cr_assert(memcmp(&got[at], &ref[(off[g] + r) * PK + k], 4) == 0, "%s colwise=%d group %d [%lld, %lld]",
+                      tw_scaling_name(all_modes[mi]), colwise, g, (long long)r, (long long)k);
+          }
+      for (int64_t i = off[PG] * PK; i < PM * PK; i++) cr_assert(is_poison_f32(got[i]));
+      prop_free(&pq);
+    }
+  free(x);
+  free(ref);
+  free(got);
+  tw_ctx_destroy(ctx);
+}
+
+/* The uniform form (group_sizes NULL): G equal groups, as the grouped GEMM's rhs [G*K, N]. */
+Test(quantize_props, dequantize_operand_uniform_groups) {
+  tw_ctx *ctx = tt_ref_ctx();
+  enum { G = 3, KR = 130, N = 40 };
+  float *x = malloc(sizeof(float) * G * KR * N), *ref = malloc(sizeof(float) * G * KR * N),
+        *got = malloc(sizeof(float) * G * KR * N);
+  tt_fill_uniform_f32(x, G * KR * N, 5, -3, 3);
+  int32_t sizes[G] = {KR, KR, KR};
+  for (int mi = 0; mi < 5; mi++) {
+    tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+    float scale[G] = {100, 50, 25};
+    o.mode = all_modes[mi];
+    o.layout = TW_ROWWISE;
+    o.scale = tw_tensor_1d(scale, TW_F32, G, TW_MEM_HOST);
+    tw_qtensor q;
+    tw_tensor xt = tw_tensor_2d(x, TW_F32, G * KR, N, TW_MEM_HOST), gs = tw_tensor_1d(sizes, TW_I32, G, TW_MEM_HOST);
+    cr_assert_eq(tw_quantize_output_shapes(&o, G * KR, N, G, &q), TW_OK);
+    poison_alloc(&q.row_data);
+    poison_alloc(&q.row_scale_inv);
+    poison_alloc(&q.amax);
+    cr_assert_eq(tw_grouped_quantize(ctx, &xt, &gs, &o, &q), TW_OK, "%s", tw_last_error());
+    tw_tensor out = tw_tensor_2d(ref, TW_F32, G * KR, N, TW_MEM_HOST);
+    cr_assert_eq(tw_grouped_dequantize(ctx, &q, &gs, 0, &out), TW_OK);
+    tw_operand op = tw_operand_rowwise(&q);
+    cr_assert_eq(ref_dequantize_operand(&op, NULL, G, got), TW_OK, "%s", tw_last_error());
+    cr_assert_eq(memcmp(got, ref, sizeof(float) * G * KR * N), 0, "%s", tw_scaling_name(all_modes[mi]));
+    free(q.row_data.data);
+    free(q.row_scale_inv.data);
+    free(q.amax.data);
+  }
+  free(x);
+  free(ref);
+  free(got);
+  tw_ctx_destroy(ctx);
+}
+
+/* A group of only zeros and an empty group get scale 1; the tail row is not written. */
+Test(quantize_props, tensor_current_zero_group_has_unit_scale) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float x[4 * 3] = {0, 0, 0, 0, 0, 0, 1, -2, 3, 0, 0, 0};
+  int32_t sizes[3] = {2, 1, 0};
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  tw_qtensor q;
+  cr_assert_eq(tw_quantize_output_shapes(&o, 4, 3, 3, &q), TW_OK);
+  uint8_t data[12];
+  float si[3], amax[3];
+  memset(data, TW_POISON_BYTE, sizeof data);
+  q.row_data.data = data;
+  q.row_scale_inv.data = si;
+  q.amax.data = amax;
+  tw_tensor xt = tw_tensor_2d(x, TW_F32, 4, 3, TW_MEM_HOST), gs = tw_tensor_1d(sizes, TW_I32, 3, TW_MEM_HOST);
+  cr_assert_eq(tw_grouped_quantize(ctx, &xt, &gs, &o, &q), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(si[0], 1.0f);
+  cr_assert_eq(amax[0], 0.0f);
+  cr_assert_eq(amax[1], 3.0f);
+  cr_assert_eq(si[1], 1.0f / (448.0f / 3.0f));
+  cr_assert_eq(si[2], 1.0f); /* an empty group still owns its slot: amax 0, scale 1 */
+  cr_assert_eq(amax[2], 0.0f);
+  cr_assert_eq(data[6 + 2], 0x7E); /* 3 * (448/3) rounds to 448 */
+  for (int i = 9; i < 12; i++) cr_assert_eq(data[i], TW_POISON_BYTE); /* the tail row */
+  tw_ctx_destroy(ctx);
+}
