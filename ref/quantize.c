@@ -20,111 +20,30 @@
 #include "ref/ref.h"
 #include "twin/tw_numerics.h"
 
-/* ---- scalar codecs ---------------------------------------------------------------------
- * Private until core/numerics.c (tw_numerics.h) lands; then these become its calls. */
-
-/* RNE of x into a float format with `mbits` mantissa bits and exponent bias `bias`, in an
- * unbounded exponent range; results above max_finite become max_code (sat) or inf_code. */
-static uint32_t encode_small(float x, int mbits, int sign_bit, int bias, double max_finite,
-                             uint32_t max_code, uint32_t inf_code, uint32_t nan_code, int sat) {
-  uint32_t sign = signbit(x) ? 1u << sign_bit : 0u;
-  if (isnan(x)) return sign | nan_code;
-  double a = fabs((double)x);
-  if (isinf(a)) return sign | (sat ? max_code : inf_code);
-  if (a == 0) return sign;
-  int emin = 1 - bias, e;
-  frexp(a, &e);
-  e -= 1; /* a = m * 2^e, 1 <= m < 2 */
-  if (e < emin) e = emin;
-  double quantum = ldexp(1.0, e - mbits);
-  double r = nearbyint(a / quantum) * quantum; /* ties to even: the default rounding mode */
-  if (r > max_finite) return sign | (sat ? max_code : inf_code);
-  if (r < ldexp(1.0, emin)) return sign | (uint32_t)(r / ldexp(1.0, emin - mbits));
-  frexp(r, &e);
-  e -= 1;
-  uint32_t mant = (uint32_t)(r / ldexp(1.0, e - mbits)) - (1u << mbits);
-  return sign | ((uint32_t)(e + bias) << mbits) | mant;
-}
-
-static float decode_small(uint32_t c, int mbits, int ebits, int bias, int e4m3fn) {
-  uint32_t emask = (1u << ebits) - 1, mmask = (1u << mbits) - 1;
-  int neg = (c >> (mbits + ebits)) & 1;
-  uint32_t ex = (c >> mbits) & emask, m = c & mmask;
-  float v;
-  if (e4m3fn && ex == emask && m == mmask) v = NAN;
-  else if (!e4m3fn && ex == emask) v = m ? NAN : INFINITY;
-  else if (ex == 0) v = ldexpf((float)m, 1 - bias - mbits);
-  else v = ldexpf((float)(m | (1u << mbits)), (int)ex - bias - mbits);
-  return neg ? -v : v;
-}
+/* ---- scalar codecs (tw_numerics.h) ------------------------------------------------------ */
 
 static uint8_t fp8_encode_sat(float x, tw_dtype t) {
-  if (t == TW_E4M3) return (uint8_t)encode_small(x, 3, 7, 7, 448.0, 0x7E, 0x7F, 0x7F, 1);
-  return (uint8_t)encode_small(x, 2, 7, 15, 57344.0, 0x7B, 0x7C, 0x7E, 1);
+  return t == TW_E4M3 ? tw_f32_to_e4m3(x, 1) : tw_f32_to_e5m2(x, 1);
 }
 
 static float fp8_decode(uint8_t c, tw_dtype t) {
-  return t == TW_E4M3 ? decode_small(c, 3, 4, 7, 1) : decode_small(c, 2, 5, 15, 0);
+  return t == TW_E4M3 ? tw_e4m3_to_f32(c) : tw_e5m2_to_f32(c);
 }
-
-static float bf16_decode(uint16_t h) {
-  uint32_t bits = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static uint16_t bf16_encode(float x) {
-  if (isnan(x)) return (uint16_t)((signbit(x) ? 0x8000u : 0u) | 0x7FC0u);
-  return (uint16_t)encode_small(x, 7, 15, 127, 3.3895313892515355e38, 0x7F7F, 0x7F80, 0x7FC0, 0);
-}
-
-static float f16_decode(uint16_t h) {
-  uint32_t sign = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 0x1F, m = h & 0x3FF, bits;
-  if (ex == 0x1F) {
-    bits = sign | 0x7F800000u | (m << 13); /* NaN payload kept, as NumPy does */
-  } else {
-    float v = ex ? ldexpf((float)(m | 0x400), (int)ex - 25) : ldexpf((float)m, -24);
-    memcpy(&bits, &v, 4);
-    bits |= sign;
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-static uint16_t f16_encode(float x) {
-  return (uint16_t)encode_small(x, 10, 15, 15, 65504.0, 0x7BFF, 0x7C00, 0x7E00, 0);
-}
-
-/* TE's float_to_e8m0: round up to a power of two, saturating (tw_numerics.h). */
-static uint8_t e8m0_ceil(float v) {
-  if (isnan(v)) return 0xFF;
-  if (isinf(v)) return v > 0 ? 0xFE : 0x00;
-  if (v <= 0) return 0x00;
-  uint32_t bits;
-  memcpy(&bits, &v, 4);
-  uint32_t ex = bits >> 23, mant = bits & 0x7FFFFF;
-  if (mant > 0 && ex != 0xFE && !(ex == 0 && mant <= 0x400000)) ex += 1;
-  return (uint8_t)ex;
-}
-
-static float e8m0_decode(uint8_t e) { return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127); }
 
 /* ---- elements -------------------------------------------------------------------------- */
 
 static float load_x(const tw_tensor *x, int64_t i) {
   switch (x->dtype) {
-    case TW_BF16: return bf16_decode(((const uint16_t *)x->data)[i]);
-    case TW_F16: return f16_decode(((const uint16_t *)x->data)[i]);
+    case TW_BF16: return tw_bf16_to_f32(((const uint16_t *)x->data)[i]);
+    case TW_F16: return tw_f16_to_f32(((const uint16_t *)x->data)[i]);
     default: return ((const float *)x->data)[i];
   }
 }
 
 static void store_out(tw_tensor *out, int64_t i, float v) {
   switch (out->dtype) {
-    case TW_BF16: ((uint16_t *)out->data)[i] = bf16_encode(v); break;
-    case TW_F16: ((uint16_t *)out->data)[i] = f16_encode(v); break;
+    case TW_BF16: ((uint16_t *)out->data)[i] = tw_f32_to_bf16(v); break;
+    case TW_F16: ((uint16_t *)out->data)[i] = tw_f32_to_f16(v); break;
     default: ((float *)out->data)[i] = v; break;
   }
 }
@@ -292,7 +211,7 @@ static void quantize_group(const qctx *c, const tw_quantize_opts *opts, tw_qtens
         for (int64_t r = 0; r < m; r++)
           for (int64_t k0 = 0; k0 < K; k0 += 32) {
             int64_t k1 = k0 + 32 < K ? k0 + 32 : K;
-            uint8_t e = e8m0_ceil(rect_amax(c, g, r, r + 1, k0, k1) * inv_max);
+            uint8_t e = tw_f32_to_e8m0_ceil(rect_amax(c, g, r, r + 1, k0, k1) * inv_max);
             rect_quantize(c, g, r, r + 1, k0, k1, mxfp8_multiplier(e), 1, 0);
             ((uint8_t *)s->data)[scale_slot(gr, 0, scale_ld(s), g, r, k0)] = e;
           }
@@ -303,7 +222,7 @@ static void quantize_group(const qctx *c, const tw_quantize_opts *opts, tw_qtens
         for (int64_t r0 = 0; r0 < m; r0 += 32) {
           int64_t r1 = r0 + 32 < m ? r0 + 32 : m;
           for (int64_t k = 0; k < K; k++) {
-            uint8_t e = e8m0_ceil(rect_amax(c, g, r0, r1, k, k + 1) * inv_max);
+            uint8_t e = tw_f32_to_e8m0_ceil(rect_amax(c, g, r0, r1, k, k + 1) * inv_max);
             rect_quantize(c, g, r0, r1, k, k + 1, mxfp8_multiplier(e), 0, 1);
             ((uint8_t *)s->data)[scale_slot(gr, 1, scale_ld(s), g, r0, k)] = e;
           }
@@ -378,7 +297,7 @@ static void dequantize_groups(const groups *gr, tw_dtype qdtype, int colwise, co
     for (int64_t lr = 0; lr < gr->sizes[g]; lr++)
       for (int64_t k = 0; k < gr->K; k++) {
         int64_t at = data_pos(gr, colwise, g, lr, k), slot = scale_slot(gr, colwise, ld, g, lr, k);
-        float s = gr->mode == TW_SCALE_MXFP8_1D ? e8m0_decode(((const uint8_t *)scale_inv->data)[slot])
+        float s = gr->mode == TW_SCALE_MXFP8_1D ? tw_e8m0_to_f32(((const uint8_t *)scale_inv->data)[slot])
                                                 : ((const float *)scale_inv->data)[slot];
         float v = fp8_decode(codes[at], qdtype) * s;
         store_out(out, as_stored ? at : (gr->off[g] + lr) * gr->K + k, v);
