@@ -2,8 +2,12 @@
  * flag, packed e2m1, shapes of every rank, and every rejected input with its message. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "tests/test_util.h"
+#include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
 
 static tw_ctx *ctx;
@@ -162,6 +166,38 @@ Test(cast, zero_d_and_empty_tensors, .init = setup, .fini = teardown) {
   tw_tensor e_src = tw_tensor_2d(NULL, TW_F32, 0, 7, TW_MEM_HOST);
   tw_tensor e_dst = tw_tensor_2d(NULL, TW_E4M3, 0, 7, TW_MEM_HOST);
   cr_assert_eq(tw_cast(ctx, &e_dst, &e_src, 0), TW_OK, "%s", tw_last_error());
+}
+
+Test(cast, whole_golden_input_set_matches_ml_dtypes, .init = setup, .fini = teardown) {
+  /* The tensor path on the ~300k golden inputs (golden/gen_numerics.py) for the formats whose
+   * tables have no documented NaN divergence. */
+  char path[1024];
+  tw_tensor bits, x;
+  snprintf(path, sizeof path, "%s/numerics/encode_inputs.npy", tt_golden_root());
+  cr_assert_eq(tw_npy_load(path, &bits), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_tensor_view_as(&bits, TW_F32, &x), TW_OK);
+  const struct { const char *table; tw_dtype dtype; int saturate; } c[] = {
+      {"encode_bf16", TW_BF16, 0}, {"encode_e4m3", TW_E4M3, 0}, {"encode_e4m3_sat", TW_E4M3, 1},
+      {"encode_e5m2", TW_E5M2, 0}, {"encode_e5m2_sat", TW_E5M2, 1}};
+  for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+    tw_tensor want;
+    snprintf(path, sizeof path, "%s/numerics/%s.npy", tt_golden_root(), c[k].table);
+    cr_assert_eq(tw_npy_load(path, &want), TW_OK, "%s", tw_last_error());
+    size_t bytes = tw_tensor_bytes(&want);
+    void *got_buf = malloc(bytes);
+    tw_tensor got = tw_tensor_1d(got_buf, c[k].dtype, x.shape[0], TW_MEM_HOST);
+    cr_assert_eq(tw_cast(ctx, &got, &x, c[k].saturate), TW_OK, "%s", tw_last_error());
+    cr_assert_eq(tw_tensor_bytes(&got), bytes);
+    for (int64_t i = 0; i < x.shape[0]; i++) {
+      unsigned g = bytes == 2 * (size_t)x.shape[0] ? ((uint16_t *)got_buf)[i] : ((uint8_t *)got_buf)[i];
+      unsigned w = bytes == 2 * (size_t)x.shape[0] ? ((uint16_t *)want.data)[i] : ((uint8_t *)want.data)[i];
+      cr_assert_eq(g, w, "%s: element %lld (f32 bits %08x) -> %x, ml_dtypes %x", c[k].table,
+                   (long long)i, ((uint32_t *)bits.data)[i], g, w);
+    }
+    free(got_buf);
+    free(want.data);
+  }
+  free(bits.data);
 }
 
 /* ---- rejected inputs ----------------------------------------------------------------------- */

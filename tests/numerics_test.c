@@ -3,6 +3,7 @@
  * the golden tables of golden/gen_numerics.py (ml_dtypes) compared bit for bit. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

@@ -29,7 +29,9 @@
  * 0x7D00) where twin writes 0x7E00|sign; e2m1 equals ml_dtypes except for NaN, which
  * ml_dtypes turns into a zero of flipped sign (+NaN -> 0x8, -NaN -> 0x0) and twin, like
  * CUDA's __nv_cvt_float_to_fp4, into +6. saturate=1 is what the GPU's cvt.*.satfinite does
- * and what quantization uses (clip(x*scale, -max, max) then RNE gives the same codes).
+ * and what quantization uses (clip(x*scale, -max, max) then RNE gives the same codes) on
+ * every non-NaN input (checked on an H200); the hardware's NaNs lose their sign (see
+ * core/numerics.c), so the GPU twin patches NaN lanes to the codes above.
  *
  * Decoders are exact. NaN codes decode to: fp8 and e8m0 -> the f32 quiet NaN 0x7FC00000 with
  * the code's sign (as ml_dtypes); bf16 -> the code shifted left 16 (payload kept); f16 -> sign,
