@@ -3,7 +3,8 @@
  *   float or mixed:  dst[i] = store(load_as_f64(src[i]))   (tw_load_as_f64 / tw_store_from_f64)
  *   int -> int:      dst[i] = clamp(src[i], dst range)      (exact in int64; i64 values beyond
  *                                                            2^53 would not survive a double)
- * Float targets round through f32 (RNE) then to the format, with the rules of tw_numerics.h;
+ * Float targets round through f32 (RNE) then to the format, with the rules of tw_numerics.h
+ * (an i64 source beyond 2^53 is rounded to f64 on the way, so i64 -> f32 may round twice);
  * integer targets truncate toward zero and saturate, NaN -> 0. e2m1 writes only its own
  * nibble, so the unused high nibble of an odd-length e2m1 tensor keeps its old value.
  * core/api_numerics.c has already checked shapes, memory and that dst is not e8m0. */
