@@ -4,6 +4,7 @@
  * [rows_s, cols_s], and the axis its scaling blocks run along (none for tensor scaling and
  * 128x128 tiles, which are symmetric). Each GEMM then says which storage it expects and on
  * which axis its contracting dimension lies; the checks below are that comparison. */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -151,6 +152,32 @@ static tw_status check_out(const char *op, const tw_ctx *ctx, const tw_tensor *o
   return tw_v_shape_is(op, "out", out, ndim, shape);
 }
 
+/* An output that shares bytes with an input would be overwritten while it is read. */
+static int overlaps(const tw_tensor *x, const tw_tensor *y) {
+  if (tw_tensor_is_none(x) || tw_tensor_is_none(y) || !x->data || !y->data) return 0;
+  size_t nx = tw_tensor_bytes(x), ny = tw_tensor_bytes(y);
+  if (nx == 0 || ny == 0) return 0;
+  uintptr_t x0 = (uintptr_t)x->data, y0 = (uintptr_t)y->data;
+  return x0 < y0 + ny && y0 < x0 + nx;
+}
+
+static tw_status check_no_alias(const char *op, const tw_tensor *out, const char *an,
+                                const tw_operand *a, const char *bn, const tw_operand *b,
+                                const tw_tensor *group_sizes) {
+  const tw_operand *ops[2] = {a, b};
+  const char *names[2] = {an, bn};
+  for (int i = 0; i < 2; i++) {
+    if (overlaps(out, &ops[i]->data))
+      return tw_error(TW_ERR_INVALID_ARG, "%s: out overlaps %s (in-place GEMMs are not supported)",
+                      op, names[i]);
+    if (ops[i]->mode != TW_SCALE_NONE && overlaps(out, &ops[i]->scale_inv))
+      return tw_error(TW_ERR_INVALID_ARG, "%s: out overlaps %s's scale_inv", op, names[i]);
+  }
+  if (group_sizes && overlaps(out, group_sizes))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: out overlaps group_sizes", op);
+  return TW_OK;
+}
+
 tw_status tw_gemm_alignment(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b,
                             tw_op op_b, const tw_tensor *out) {
   if (!ctx) return tw_error(TW_ERR_NULL, "gemm_alignment: ctx is NULL");
@@ -180,6 +207,17 @@ tw_status tw_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand
                     A->ndim, B->ndim);
   if (a->mode != TW_SCALE_NONE && (A->ndim != 2 || B->ndim != 2))
     return tw_error(TW_ERR_SHAPE, "%s: quantized operands must be 2-D (batch them as groups)", op);
+  if (a->mode != TW_SCALE_NONE) {
+    int64_t r, c;
+    storage_of(a, 1, &r, &c);
+    if (r != A->shape[0] || c != A->shape[1])
+      return tw_error(TW_ERR_SHAPE, "%s: a's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
+                      op, (long long)A->shape[0], (long long)A->shape[1], (long long)r, (long long)c);
+    storage_of(b, 1, &r, &c);
+    if (r != B->shape[0] || c != B->shape[1])
+      return tw_error(TW_ERR_SHAPE, "%s: b's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
+                      op, (long long)B->shape[0], (long long)B->shape[1], (long long)r, (long long)c);
+  }
   int64_t batch = A->ndim == 3 ? A->shape[0] : (B->ndim == 3 ? B->shape[0] : 0);
   if (A->ndim == 3 && B->ndim == 3 && A->shape[0] != B->shape[0])
     return tw_error(TW_ERR_SHAPE, "%s: batch sizes differ: a has %lld, b has %lld", op,
@@ -194,22 +232,12 @@ tw_status tw_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand
                     op, (long long)M, (long long)Ka, (long long)Kb, (long long)N);
   TW_TRY(check_blocks(op, "a", a, ba, op_a == TW_OP_N ? BLOCKS_LAST : BLOCKS_FIRST));
   TW_TRY(check_blocks(op, "b", b, bb, op_b == TW_OP_N ? BLOCKS_FIRST : BLOCKS_LAST));
-  if (a->mode != TW_SCALE_NONE) {
-    int64_t r, c;
-    storage_of(a, 1, &r, &c);
-    if (r != A->shape[0] || c != A->shape[1])
-      return tw_error(TW_ERR_SHAPE, "%s: a's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
-                      op, (long long)A->shape[0], (long long)A->shape[1], (long long)r, (long long)c);
-    storage_of(b, 1, &r, &c);
-    if (r != B->shape[0] || c != B->shape[1])
-      return tw_error(TW_ERR_SHAPE, "%s: b's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
-                      op, (long long)B->shape[0], (long long)B->shape[1], (long long)r, (long long)c);
-  }
   int64_t oshape[3];
   int ond = batch ? 3 : 2;
   if (batch) { oshape[0] = batch; oshape[1] = M; oshape[2] = N; }
   else { oshape[0] = M; oshape[1] = N; }
   TW_TRY(check_out(op, ctx, out, ond, oshape));
+  TW_TRY(check_no_alias(op, out, "a", a, "b", b, NULL));
   TW_TRY(tw_gemm_alignment(ctx, a, op_a, b, op_b, out));
   if (!ctx->ops->gemm)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
@@ -221,8 +249,11 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   const char *op = "grouped_gemm";
   if (!ctx) return tw_error(TW_ERR_NULL, "%s: ctx is NULL", op);
   TW_TRY(check_op(op, "rhs_op", rhs_op));
-  if (!lhs || !rhs) return tw_error(TW_ERR_NULL, "%s: lhs or rhs is NULL", op);
+  if (!lhs) return tw_error(TW_ERR_NULL, "%s: lhs is NULL", op);
+  if (!rhs) return tw_error(TW_ERR_NULL, "%s: rhs is NULL", op);
   const tw_tensor *L = &lhs->data, *R = &rhs->data;
+  TW_TRY(tw_v_tensor(op, "lhs", L, ctx->ops->mem, -1));
+  TW_TRY(tw_v_tensor(op, "rhs", R, ctx->ops->mem, -1));
   if (L->ndim != 2) return tw_error(TW_ERR_SHAPE, "%s: lhs must be 2-D [M, K], has %d dims", op, L->ndim);
   int64_t M = L->shape[0], K = L->shape[1], G;
   TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, "lhs", &G, NULL));
@@ -258,6 +289,7 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   }
   int64_t oshape[2] = {M, N};
   TW_TRY(check_out(op, ctx, out, 2, oshape));
+  TW_TRY(check_no_alias(op, out, "lhs", lhs, "rhs", rhs, group_sizes));
   if (!ctx->ops->grouped_gemm)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_gemm(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);
@@ -270,7 +302,10 @@ tw_status tw_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op
   if (!ctx) return tw_error(TW_ERR_NULL, "%s: ctx is NULL", op);
   TW_TRY(check_op(op, "lhs_op", lhs_op));
   TW_TRY(check_op(op, "rhs_op", rhs_op));
-  if (!lhs || !rhs) return tw_error(TW_ERR_NULL, "%s: lhs or rhs is NULL", op);
+  if (!lhs) return tw_error(TW_ERR_NULL, "%s: lhs is NULL", op);
+  if (!rhs) return tw_error(TW_ERR_NULL, "%s: rhs is NULL", op);
+  TW_TRY(tw_v_tensor(op, "lhs", &lhs->data, ctx->ops->mem, -1));
+  TW_TRY(tw_v_tensor(op, "rhs", &rhs->data, ctx->ops->mem, -1));
   /* Logical shapes: lhs [M, K], rhs [M, N] whatever the storage. */
   int64_t M, K, N;
   if (lhs->mode == TW_SCALE_NONE) {
@@ -316,6 +351,7 @@ tw_status tw_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op
   }
   int64_t oshape[3] = {G, K, N};
   TW_TRY(check_out(op, ctx, out, 3, oshape));
+  TW_TRY(check_no_alias(op, out, "lhs", lhs, "rhs", rhs, group_sizes));
   if (!ctx->ops->grouped_gemm_wgrad)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_gemm_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);

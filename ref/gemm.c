@@ -1,18 +1,272 @@
+/* The oracle's GEMMs: dense/batched, grouped forward (ragged M) and grouped wgrad (ragged
+ * contracting dim). Formulas and layouts: include/twin/tw_gemm.h. Arguments were validated
+ * in core/api_gemm.c; only what the ref alone limits (OpenBLAS's 32-bit sizes, host
+ * memory for scratch) is checked here.
+ *
+ * Each operand becomes f32 once, keeping its own storage layout: f32 data is used in place,
+ * bf16/f16 is widened into a scratch copy, quantized data is dequantized into one
+ * (ref_dequantize_operand: decode(q) * scale_inv, f32). Then every batch or group is one
+ * cblas_sgemm on slices of that storage, with the transpose flag and leading dimension the
+ * layout implies, so the ref runs at OpenBLAS's own rate. An f32 output is written in place
+ * (beta = 1 when accumulating); a 16-bit output goes through an f32 scratch and is rounded
+ * once (RNE) at the end. Rows past sum(group_sizes) are never read or written.
+ */
+#include <cblas.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/validate.h"
 #include "ref/ref.h"
+#include "twin/tw_numerics.h"
+
+/* ---- operands as f32 ------------------------------------------------------------------- */
+
+static tw_status alloc_f32(const char *op, const char *what, int64_t n, float **out) {
+  *out = NULL;
+  if (n <= 0) return TW_OK;
+  *out = (float *)malloc((size_t)n * sizeof(float));
+  if (!*out)
+    return tw_error(TW_ERR_MEMORY, "%s: no host memory for the f32 copy of %s (%lld elements)", op,
+                    what, (long long)n);
+  return TW_OK;
+}
+
+/* f16 -> f32 through a table filled once from tw_f16_to_f32 (exact by construction); bf16 is
+ * the top half of an f32, so a shift is its definition. Both run at memory speed, which
+ * matters: a group's rhs is widened once per GEMM of only 2*m_g flops per element. */
+static float f16_table[65536];
+static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
+static void f16_table_fill(void) {
+  for (uint32_t h = 0; h < 65536; h++) f16_table[h] = tw_f16_to_f32((uint16_t)h);
+}
+
+static void widen(const void *src, tw_dtype dt, int64_t n, float *dst) {
+  const uint16_t *h = (const uint16_t *)src;
+  if (dt == TW_BF16) {
+    uint32_t *d = (uint32_t *)dst;
+    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)h[i] << 16;
+  } else {
+    pthread_once(&f16_once, f16_table_fill);
+    for (int64_t i = 0; i < n; i++) dst[i] = f16_table[h[i]];
+  }
+}
+
+static void narrow(const float *src, tw_dtype dt, int64_t n, void *dst) {
+  uint16_t *h = (uint16_t *)dst;
+  if (dt == TW_BF16)
+    for (int64_t i = 0; i < n; i++) h[i] = tw_f32_to_bf16(src[i]);
+  else
+    for (int64_t i = 0; i < n; i++) h[i] = tw_f32_to_f16(src[i]);
+}
+
+/* An operand read as f32 slices of its storage. f32 data is read in place; quantized data
+ * is dequantized whole, once; 16-bit data is widened slice by slice into one buffer, just
+ * before its GEMM, so it is still in cache when OpenBLAS packs it. */
+typedef struct {
+  const tw_operand *o;
+  const float *whole; /* all of the storage as f32, or NULL: widen per slice */
+  float *owned;       /* what to free: the dequantized copy or the slice buffer */
+} f32_source;
+
+/* max_slice: the most elements one slice() call asks for. For quantized operands
+ * group_sizes/G describe the groups as ref_dequantize_operand takes them. */
+static tw_status source_open(const char *op, const char *name, const tw_operand *o,
+                             int64_t max_slice, const int32_t *group_sizes, int64_t G,
+                             f32_source *src) {
+  src->o = o;
+  src->whole = NULL;
+  src->owned = NULL;
+  if (o->mode == TW_SCALE_NONE && o->data.dtype == TW_F32) {
+    src->whole = (const float *)o->data.data;
+    return TW_OK;
+  }
+  if (o->mode == TW_SCALE_NONE) return alloc_f32(op, name, max_slice, &src->owned);
+  int64_t n = tw_tensor_numel(&o->data);
+  TW_TRY(alloc_f32(op, name, n, &src->owned));
+  if (n == 0) return TW_OK;
+  src->whole = src->owned;
+  return ref_dequantize_operand(o, group_sizes, G, src->owned);
+}
+
+/* Elements [off, off + n) of the storage as f32. */
+static const float *slice(f32_source *src, int64_t off, int64_t n) {
+  if (src->whole) return src->whole + off;
+  widen((const uint16_t *)src->o->data.data + off, src->o->data.dtype, n, src->owned);
+  return src->owned;
+}
+
+static void source_close(f32_source *src) { free(src->owned); }
+
+/* ---- one GEMM into an output slice ---------------------------------------------------- */
+
+static tw_status blas_sizes(const char *op, int64_t m, int64_t n, int64_t k) {
+  const char *names[3] = {"M", "N", "K"};
+  int64_t v[3] = {m, n, k};
+  for (int i = 0; i < 3; i++)
+    if (v[i] > INT_MAX)
+      return tw_error(TW_ERR_UNSUPPORTED,
+                      "%s: %s = %lld exceeds the ref backend's OpenBLAS int range (%d)", op,
+                      names[i], (long long)v[i], INT_MAX);
+  return TW_OK;
+}
+
+/* C[m, n] (row-major, ld n, element offset c_off of out) = op(A) op(B) (+ C when
+ * accumulating). A is [m, k] after op_a, stored with leading dim lda; B likewise.
+ * scratch holds m*n floats when out is 16-bit. */
+static void gemm_slice(const float *A, int trans_a, int64_t lda, const float *B, int trans_b,
+                       int64_t ldb, int64_t m, int64_t n, int64_t k, tw_tensor *out,
+                       int64_t c_off, int accumulate, float *scratch) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 && accumulate) return; /* adds nothing: leave the bytes as they are */
+  float *C = out->dtype == TW_F32 ? (float *)out->data + c_off : scratch;
+  char *c16 = (char *)out->data + c_off * 2;
+  if (out->dtype != TW_F32 && accumulate) widen(c16, out->dtype, m * n, C);
+  if (k == 0) {
+    memset(C, 0, (size_t)(m * n) * sizeof(float));
+  } else {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)lda, B,
+                (int)ldb, accumulate ? 1.0f : 0.0f, C, (int)n);
+  }
+  if (out->dtype != TW_F32) narrow(C, out->dtype, m * n, c16);
+}
+
+/* ---- dense / batched ------------------------------------------------------------------- */
+
 tw_status ref_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
                    tw_tensor *out, int accumulate) {
-  (void)ctx; (void)a; (void)op_a; (void)b; (void)op_b; (void)out; (void)accumulate;
-  return tw_error(TW_ERR_UNSUPPORTED, "gemm: pending");
+  (void)ctx;
+  const char *op = "gemm";
+  const tw_tensor *A = &a->data, *B = &b->data;
+  int oa = A->ndim - 2, ob = B->ndim - 2;
+  /* storage of one batch: a [ra, ca], b [rb, cb] */
+  int64_t ra = A->shape[oa], ca = A->shape[oa + 1], rb = B->shape[ob], cb = B->shape[ob + 1];
+  int64_t M = op_a == TW_OP_N ? ra : ca, K = op_a == TW_OP_N ? ca : ra;
+  int64_t N = op_b == TW_OP_N ? cb : rb;
+  int64_t batch = out->ndim == 3 ? out->shape[0] : 1;
+  TW_TRY(blas_sizes(op, M, N, K));
+  if (M == 0 || N == 0 || batch == 0) return TW_OK;
+
+  f32_source fa = {0}, fb = {0};
+  float *scratch = NULL;
+  tw_status s = source_open(op, "a", a, ra * ca, NULL, 1, &fa);
+  if (s == TW_OK) s = source_open(op, "b", b, rb * cb, NULL, 1, &fb);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", M * N, &scratch);
+  if (s == TW_OK) {
+    /* a 2-D operand is broadcast over the batch: stride 0 */
+    int64_t sa = A->ndim == 3 ? ra * ca : 0, sb = B->ndim == 3 ? rb * cb : 0;
+    for (int64_t i = 0; i < batch; i++)
+      gemm_slice(slice(&fa, i * sa, ra * ca), op_a == TW_OP_T, ca, slice(&fb, i * sb, rb * cb),
+                 op_b == TW_OP_T, cb, M, N, K, out, i * M * N, accumulate, scratch);
+  }
+  source_close(&fa);
+  source_close(&fb);
+  free(scratch);
+  return s;
 }
+
+/* ---- grouped forward: ragged M --------------------------------------------------------- */
+
+/* Host offsets o_g [G+1] and the largest group; NULL when out of memory. */
+static int64_t *group_offsets(const char *op, const tw_tensor *group_sizes, int64_t *max_m) {
+  const int32_t *gs = (const int32_t *)group_sizes->data;
+  int64_t G = group_sizes->shape[0];
+  int64_t *off = (int64_t *)malloc((size_t)(G + 1) * sizeof(int64_t));
+  if (!off) {
+    tw_error(TW_ERR_MEMORY, "%s: no host memory for %lld group offsets", op, (long long)G);
+    return NULL;
+  }
+  tw_group_offsets(gs, G, off);
+  *max_m = 0;
+  for (int64_t g = 0; g < G; g++) *max_m = gs[g] > *max_m ? gs[g] : *max_m;
+  return off;
+}
+
 tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs,
                            tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out,
                            int accumulate) {
-  (void)ctx; (void)lhs; (void)rhs; (void)rhs_op; (void)group_sizes; (void)out; (void)accumulate;
-  return tw_error(TW_ERR_UNSUPPORTED, "grouped_gemm: pending");
+  (void)ctx;
+  const char *op = "grouped_gemm";
+  const int32_t *gs = (const int32_t *)group_sizes->data;
+  int64_t G = group_sizes->shape[0];
+  int64_t K = lhs->data.shape[1], N = out->shape[1], max_m;
+  int64_t *off = group_offsets(op, group_sizes, &max_m);
+  if (!off) return TW_ERR_MEMORY;
+  tw_status s = blas_sizes(op, max_m, N, K);
+  if (s != TW_OK || off[G] == 0 || N == 0) {
+    free(off);
+    return s;
+  }
+
+  /* lhs group g: rows [o_g, o_g + m_g), ld K. rhs group g: storage [K, N] (op N) or
+   * [N, K] (op T) at element g*K*N. */
+  f32_source fl = {0}, fr = {0};
+  float *scratch = NULL;
+  s = source_open(op, "lhs", lhs, max_m * K, gs, G, &fl);
+  if (s == TW_OK) s = source_open(op, "rhs", rhs, K * N, NULL, G, &fr);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", max_m * N, &scratch);
+  if (s == TW_OK) {
+    int trans_b = rhs_op == TW_OP_T;
+    for (int64_t g = 0; g < G; g++) {
+      if (gs[g] == 0) continue;
+      gemm_slice(slice(&fl, off[g] * K, gs[g] * K), 0, K, slice(&fr, g * K * N, K * N), trans_b,
+                 trans_b ? K : N, gs[g], N, K, out, off[g] * N, accumulate, scratch);
+    }
+  }
+  source_close(&fl);
+  source_close(&fr);
+  free(scratch);
+  free(off);
+  return s;
 }
+
+/* ---- grouped wgrad: ragged contracting dim --------------------------------------------- */
+
+static void zero_out(tw_tensor *out, int64_t off, int64_t n) {
+  size_t es = out->dtype == TW_F32 ? 4 : 2; /* +0.0 is all-zero bits in f32, bf16 and f16 */
+  memset((char *)out->data + off * (int64_t)es, 0, (size_t)n * es);
+}
+
 tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
                                  const tw_operand *rhs, tw_op rhs_op,
                                  const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
-  (void)ctx; (void)lhs; (void)lhs_op; (void)rhs; (void)rhs_op; (void)group_sizes; (void)out; (void)accumulate;
-  return tw_error(TW_ERR_UNSUPPORTED, "grouped_gemm_wgrad: pending");
+  (void)ctx;
+  const char *op = "grouped_gemm_wgrad";
+  const int32_t *gs = (const int32_t *)group_sizes->data;
+  int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2], max_m;
+  int64_t *off = group_offsets(op, group_sizes, &max_m);
+  if (!off) return TW_ERR_MEMORY;
+  tw_status s = blas_sizes(op, K, N, max_m);
+  if (s != TW_OK || K == 0 || N == 0) {
+    free(off);
+    return s;
+  }
+
+  /* Group g of lhs starts at element o_g*K in both layouts: op N rows [m_g, K] (ld K),
+   * op T a [K, m_g] block (ld m_g). Likewise rhs with N. */
+  f32_source fl = {0}, fr = {0};
+  float *scratch = NULL;
+  s = source_open(op, "lhs", lhs, max_m * K, gs, G, &fl);
+  if (s == TW_OK) s = source_open(op, "rhs", rhs, max_m * N, gs, G, &fr);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", K * N, &scratch);
+  if (s == TW_OK) {
+    int lt = lhs_op == TW_OP_T, rt = rhs_op == TW_OP_T;
+    for (int64_t g = 0; g < G; g++) {
+      int64_t m = gs[g];
+      if (m == 0) {
+        if (!accumulate) zero_out(out, g * K * N, K * N);
+        continue;
+      }
+      /* out[g] = lhs_g^T rhs_g: lhs_g^T is the [m, K] rows transposed, or the [K, m] block */
+      gemm_slice(slice(&fl, off[g] * K, m * K), !lt, lt ? m : K, slice(&fr, off[g] * N, m * N), rt,
+                 rt ? m : N, K, N, m, out, g * K * N, accumulate, scratch);
+    }
+  }
+  source_close(&fl);
+  source_close(&fr);
+  free(scratch);
+  free(off);
+  return s;
 }

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""Golden GEMM / grouped GEMM / grouped wgrad cases for twin (layout: golden/FORMAT.md).
+
+Independent of twin's C code: NumPy + ml_dtypes, every product in f64. Quantized operands
+come from golden/gen_quantize.py (quantize_np), itself written from tw_quantize.h.
+
+Re-run (deterministic, seeded):  python3 golden/gen_gemm.py [--out golden/data/gemm]
+
+Each case stores its inputs in their storage layout, `expected.npy` (f64, the exact result)
+and `abs_prod.npy` (f64, sum_k |a||b| plus |out_init| when accumulating). Elements the
+operation must not touch have abs_prod = -1 and expected = their initial value (the decoded
+poison bytes 0xA5.., or out_init). case.txt also records the logical M, N, K (and G) and
+`bound_k`, the longest contraction of any output element: the K to give
+tw_gemm_error_bound (gemm and grouped: K; wgrad: the largest group size).
+"""
+import argparse
+import os
+import shutil
+import sys
+
+import ml_dtypes
+import numpy as np
+
+POISON = 0xA5
+NP_DTYPE = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
+
+
+# ---- values and codes -----------------------------------------------------------------
+
+def round_to(x, dtype):
+    """x (any float array) rounded to dtype (RNE), returned as f64."""
+    return np.asarray(x, np.float32).astype(NP_DTYPE[dtype]).astype(np.float64)
+
+
+def codes(x, dtype):
+    """Storage of x (already representable) as .npy: f32 as is, 16-bit as u16 codes."""
+    if dtype == "f32":
+        return np.asarray(x, np.float32)
+    return np.asarray(x, np.float32).astype(NP_DTYPE[dtype]).view(np.uint16)
+
+
+def poison_value(dtype):
+    """The value an output element holds after poisoning with 0xA5 bytes."""
+    if dtype == "f32":
+        return float(np.frombuffer(bytes([POISON] * 4), np.float32)[0])
+    return float(np.frombuffer(bytes([POISON] * 2), np.uint16).view(NP_DTYPE[dtype])[0])
+
+
+def initial(shape, out_dtype, out_init):
+    if out_init is not None:
+        return np.array(out_init, np.float64).reshape(shape)
+    return np.full(shape, poison_value(out_dtype), np.float64)
+
+
+# ---- the three operations, f64 -----------------------------------------------------------
+
+def op_view(x, op):
+    """The logical operand of a stored one: op N is the storage, T its transpose."""
+    return x if op == "N" else np.swapaxes(x, -1, -2)
+
+
+def gemm_np(a, b, op_a, op_b, out_init=None):
+    """out [B?, M, N] = op(a) @ op(b) (+ out_init). a, b: stored values (f64), 2-D or 3-D;
+    a 2-D operand is broadcast over the batch. Returns (expected, abs_prod), f64."""
+    A = op_view(np.asarray(a, np.float64), op_a)
+    B = op_view(np.asarray(b, np.float64), op_b)
+    expected = np.matmul(A, B)
+    abs_prod = np.matmul(np.abs(A), np.abs(B))
+    if out_init is not None:
+        init = np.asarray(out_init, np.float64).reshape(expected.shape)
+        expected = expected + init
+        abs_prod = abs_prod + np.abs(init)
+    return expected, abs_prod
+
+
+def offsets(group_sizes):
+    return np.concatenate([[0], np.cumsum(np.asarray(group_sizes, np.int64))])
+
+
+def grouped_gemm_np(lhs, rhs, rhs_op, group_sizes, M, out_init=None, out_dtype="f32"):
+    """Grouped forward: out[o_g:o_g+m_g] = lhs[o_g:o_g+m_g] @ op(rhs[g]) (+ out_init).
+    lhs [M, K] (rows past sum(group_sizes) are ignored), rhs [G, K, N] (N) or [G, N, K] (T).
+    Rows past the groups are untouched: abs_prod -1, expected = initial value."""
+    lhs = np.asarray(lhs, np.float64)
+    rhs = np.asarray(rhs, np.float64)
+    N = rhs.shape[2] if rhs_op == "N" else rhs.shape[1]
+    expected = initial((M, N), out_dtype, out_init)
+    abs_prod = np.full((M, N), -1.0)
+    off = offsets(group_sizes)
+    for g in range(len(group_sizes)):
+        r0, r1 = off[g], off[g + 1]
+        if r0 == r1:
+            continue
+        w = op_view(rhs[g], rhs_op)
+        acc = expected[r0:r1] if out_init is not None else 0.0
+        expected[r0:r1] = lhs[r0:r1] @ w + acc
+        abs_prod[r0:r1] = np.abs(lhs[r0:r1]) @ np.abs(w) + np.abs(acc)
+    return expected, abs_prod
+
+
+def grouped_gemm_wgrad_np(lhs, rhs, group_sizes, out_init=None, out_dtype="f32"):
+    """Grouped wgrad: out[g] = lhs_g^T @ rhs_g, lhs [M, K], rhs [M, N] (logical, rows past
+    the groups ignored) -> [G, K, N]. An empty group gives exact zeros, or keeps out_init
+    untouched (abs_prod -1) when accumulating."""
+    lhs = np.asarray(lhs, np.float64)
+    rhs = np.asarray(rhs, np.float64)
+    G, K, N = len(group_sizes), lhs.shape[1], rhs.shape[1]
+    expected = initial((G, K, N), out_dtype, out_init)
+    abs_prod = np.zeros((G, K, N))
+    off = offsets(group_sizes)
+    for g in range(G):
+        r0, r1 = off[g], off[g + 1]
+        if r0 == r1:
+            if out_init is not None:
+                abs_prod[g] = -1.0
+            else:
+                expected[g] = 0.0
+            continue
+        acc = expected[g] if out_init is not None else 0.0
+        expected[g] = lhs[r0:r1].T @ rhs[r0:r1] + acc
+        abs_prod[g] = np.abs(lhs[r0:r1]).T @ np.abs(rhs[r0:r1]) + np.abs(acc)
+    return expected, abs_prod
+
+
+def per_group_transposed(x, group_sizes):
+    """[M, C] -> flat storage of per-group [C, m_g] blocks at element o_g*C, tail kept."""
+    M, C = x.shape
+    flat = np.array(x, copy=True).reshape(-1)
+    off = offsets(group_sizes)
+    for g in range(len(group_sizes)):
+        r0, r1 = off[g], off[g + 1]
+        flat[r0 * C:r1 * C] = x[r0:r1].T.reshape(-1)
+    return flat
+
+
+# ---- case writing ---------------------------------------------------------------------------
+
+class Case:
+    def __init__(self, root, name, op):
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.keys = [("op", op)]
+
+    def key(self, k, v):
+        self.keys.append((k, str(v)))
+
+    def npy(self, name, arr):
+        np.save(os.path.join(self.dir, name + ".npy"), arr)
+
+    def plain(self, p, stored, dtype):
+        self.key(p + "_mode", "none")
+        self.key(p + "_dtype", dtype)
+        self.npy(p, codes(stored, dtype))
+
+    def quantized(self, p, q):
+        """q: dict(data, scale_inv, mode, qdtype, colwise, swizzled, src_rows, src_cols)."""
+        self.key(p + "_mode", q["mode"])
+        self.key(p + "_qdtype", q["qdtype"])
+        self.key(p + "_colwise", int(q["colwise"]))
+        self.key(p + "_swizzled", int(q["swizzled"]))
+        self.key(p + "_src_rows", q["src_rows"])
+        self.key(p + "_src_cols", q["src_cols"])
+        self.npy(p + "_data", q["data"])
+        self.npy(p + "_scale_inv", q["scale_inv"])
+
+    def outputs(self, out_dtype, accumulate, out_init, expected, abs_prod, bound_k):
+        self.key("out_dtype", out_dtype)
+        self.key("accumulate", int(accumulate))
+        if accumulate:
+            self.npy("out_init", codes(out_init, out_dtype))
+        self.key("bound_k", bound_k)
+        self.npy("expected", np.asarray(expected, np.float64))
+        self.npy("abs_prod", np.asarray(abs_prod, np.float64))
+        with open(os.path.join(self.dir, "case.txt"), "w") as f:
+            f.write("# generated by golden/gen_gemm.py; do not edit\n")
+            for k, v in self.keys:
+                f.write("%s = %s\n" % (k, v))
+
+
+def randn(rng, shape, dtype, scale=1.0):
+    return round_to(rng.standard_normal(shape) * scale, dtype)
+
+
+def out_init_for(rng, shape, out_dtype, accumulate):
+    return randn(rng, shape, out_dtype) if accumulate else None
+
+
+def gemm_case(root, rng, name, M, K, N, op_a="N", op_b="N", dt_a="f32", dt_b=None,
+              out_dtype="f32", accumulate=0, batch_a=0, batch_b=0):
+    dt_b = dt_b or dt_a
+    sa = (K, M) if op_a == "T" else (M, K)
+    sb = (N, K) if op_b == "T" else (K, N)
+    a = randn(rng, ((batch_a,) if batch_a else ()) + sa, dt_a)
+    b = randn(rng, ((batch_b,) if batch_b else ()) + sb, dt_b)
+    batch = batch_a or batch_b
+    oshape = ((batch,) if batch else ()) + (M, N)
+    init = out_init_for(rng, oshape, out_dtype, accumulate)
+    exp, ab = gemm_np(a, b, op_a, op_b, init)
+    c = Case(root, name, "gemm")
+    c.key("op_a", op_a)
+    c.key("op_b", op_b)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.plain("a", a, dt_a)
+    c.plain("b", b, dt_b)
+    c.outputs(out_dtype, accumulate, init, exp, ab, K)
+
+
+def with_nan_tail(x, rows_used):
+    """Rows past the groups hold NaN: a read of them would show in the result."""
+    x = np.array(x, copy=True)
+    x[rows_used:] = np.nan
+    return x
+
+
+def grouped_case(root, rng, name, gs, M, K, N, rhs_op="N", dt="f32", out_dtype="f32",
+                 accumulate=0):
+    G, S = len(gs), int(sum(gs))
+    lhs = with_nan_tail(randn(rng, (M, K), dt), S)
+    rhs = randn(rng, (G, K, N) if rhs_op == "N" else (G, N, K), dt)
+    init = out_init_for(rng, (M, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_np(lhs, rhs, rhs_op, gs, M, init, out_dtype)
+    c = Case(root, name, "grouped_gemm")
+    c.key("rhs_op", rhs_op)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.plain("lhs", lhs, dt)
+    c.plain("rhs", rhs, dt)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, K)
+
+
+def wgrad_case(root, rng, name, gs, M, K, N, lhs_op="N", rhs_op="N", dt="f32",
+               out_dtype="f32", accumulate=0):
+    G, S = len(gs), int(sum(gs))
+    lhs = with_nan_tail(randn(rng, (M, K), dt), S)
+    rhs = with_nan_tail(randn(rng, (M, N), dt), S)
+    init = out_init_for(rng, (G, K, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_wgrad_np(lhs, rhs, gs, init, out_dtype)
+    c = Case(root, name, "grouped_gemm_wgrad")
+    c.key("lhs_op", lhs_op)
+    c.key("rhs_op", rhs_op)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    # op T: per-group transposed blocks, as one [cols, M] tensor
+    c.plain("lhs", lhs if lhs_op == "N" else per_group_transposed(lhs, gs).reshape(K, M), dt)
+    c.plain("rhs", rhs if rhs_op == "N" else per_group_transposed(rhs, gs).reshape(N, M), dt)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, max(max(gs), 1))
+
+
+def plain_cases(root, rng):
+    # dense: every layout, awkward sizes, dtypes, batching, accumulate
+    for op_a in "NT":
+        for op_b in "NT":
+            gemm_case(root, rng, "gemm_%s%s_f32_17x33x5" % (op_a, op_b), 17, 33, 5, op_a, op_b)
+            gemm_case(root, rng, "gemm_%s%s_bf16_5x217x17" % (op_a, op_b), 5, 217, 17, op_a, op_b,
+                      "bf16")
+    gemm_case(root, rng, "gemm_NN_f32_1x1x1", 1, 1, 1)
+    gemm_case(root, rng, "gemm_NT_f32_217x1x5", 217, 1, 5, "N", "T")
+    gemm_case(root, rng, "gemm_TN_f32_1x217x1", 1, 217, 1, "T", "N")
+    gemm_case(root, rng, "gemm_NN_f32_5x0x17_k0", 5, 0, 17)
+    gemm_case(root, rng, "gemm_NN_f16_17x64x33_out_f16", 17, 64, 33, dt_a="f16", out_dtype="f16")
+    gemm_case(root, rng, "gemm_NT_bf16_33x128x17_out_bf16", 33, 128, 17, "N", "T", "bf16",
+              out_dtype="bf16")
+    gemm_case(root, rng, "gemm_NN_f32xbf16_17x33x5", 17, 33, 5, dt_a="f32", dt_b="bf16")
+    gemm_case(root, rng, "gemm_NN_f32_17x33x5_acc", 17, 33, 5, accumulate=1)
+    gemm_case(root, rng, "gemm_TT_bf16_17x33x5_acc_out_bf16", 17, 33, 5, "T", "T", "bf16",
+              out_dtype="bf16", accumulate=1)
+    gemm_case(root, rng, "gemm_batched_NN_f32_3x17x33x5", 17, 33, 5, batch_a=3, batch_b=3)
+    gemm_case(root, rng, "gemm_batched_TN_bf16_4x5x17x33", 5, 17, 33, "T", "N", "bf16",
+              batch_a=4, batch_b=4)
+    gemm_case(root, rng, "gemm_batched_NT_f32_a3d_b2d", 17, 33, 5, "N", "T", batch_a=3)
+    gemm_case(root, rng, "gemm_batched_TT_f32_a2d_b3d_acc", 5, 17, 33, "T", "T", batch_b=2,
+              accumulate=1)
+
+    # grouped forward: zero-size groups, tails, both rhs layouts
+    G8 = [5, 0, 17, 1, 0, 33, 64, 2]  # S = 122
+    for rhs_op in "NT":
+        grouped_case(root, rng, "grouped_%s_f32_G8_tail" % rhs_op, G8, 130, 33, 17, rhs_op)
+        grouped_case(root, rng, "grouped_%s_bf16_G8_tail" % rhs_op, G8, 217, 64, 5, rhs_op, "bf16")
+    grouped_case(root, rng, "grouped_N_f32_G1_1x1x1", [1], 1, 1, 1)
+    grouped_case(root, rng, "grouped_N_f32_G4_all_empty", [0, 0, 0, 0], 5, 17, 5)
+    grouped_case(root, rng, "grouped_T_f32_G3_exact_217", [100, 0, 117], 217, 17, 5, "T")
+    grouped_case(root, rng, "grouped_N_bf16_G8_out_bf16", G8, 122, 128, 33, "N", "bf16", "bf16")
+    grouped_case(root, rng, "grouped_T_f16_G2_out_f16_acc", [3, 14], 20, 33, 17, "T", "f16", "f16", 1)
+    grouped_case(root, rng, "grouped_N_f32_G8_acc_tail", G8, 130, 5, 17, "N", accumulate=1)
+
+    # wgrad: ragged contracting dim, every storage pair
+    for lhs_op in "NT":
+        for rhs_op in "NT":
+            wgrad_case(root, rng, "wgrad_%s%s_f32_G8_tail" % (lhs_op, rhs_op), G8, 130, 17, 5,
+                       lhs_op, rhs_op)
+            wgrad_case(root, rng, "wgrad_%s%s_bf16_G4_tail" % (lhs_op, rhs_op), [17, 0, 1, 5], 30,
+                       33, 17, lhs_op, rhs_op, "bf16")
+    wgrad_case(root, rng, "wgrad_NN_f32_G3_all_empty", [0, 0, 0], 4, 5, 17)
+    wgrad_case(root, rng, "wgrad_NN_bf16_G8_out_bf16", G8, 122, 33, 17, "N", "N", "bf16", "bf16")
+    wgrad_case(root, rng, "wgrad_TN_f32_G8_acc_keeps_empty", G8, 130, 17, 5, "T", "N",
+               accumulate=1)
+    wgrad_case(root, rng, "wgrad_NT_bf16_G4_acc_out_bf16", [17, 0, 1, 5], 23, 17, 33, "N", "T",
+               "bf16", "bf16", 1)
+    wgrad_case(root, rng, "wgrad_NN_f32_G1_217x1x1", [217], 217, 1, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "data", "gemm"))
+    args = ap.parse_args()
+    if os.path.isdir(args.out):
+        shutil.rmtree(args.out)
+    os.makedirs(args.out)
+    rng = np.random.default_rng(20261121)
+    plain_cases(args.out, rng)
+    n = len([d for d in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, d))])
+    size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
+    print("gen_gemm: %d cases, %.2f MB in %s" % (n, size / 1e6, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
