@@ -1,6 +1,6 @@
 /* twin grouped quantize / dequantize.
  *
- * Input x [M, K] (f32, bf16 or f16), split along M into G contiguous groups by
+ * Input x [M, K] (f32, bf16 or f16; M >= 0, K >= 1), split along M into G contiguous groups by
  * group_sizes [G] (i32, in the context's memory): group g holds rows [o_g, o_g + m_g) with
  * o_g = sum_{j<g} m_j. S = sum_g m_g may be less than M (the padded buffers of expert routing):
  * rows S..M-1 ("the tail") are neither read nor written, in any output. Every output element
@@ -23,10 +23,13 @@
  *                      = fp8_max / a            (f32 division), FLT_MAX if that is inf
  *                        then, if opts.pow2_scales, the mantissa bits are cleared.
  *   q = sat(x * scale_g);  scale_inv[g] = 1 / scale_g;  amax[g] = amax_g
+ *   (pow2 of FLT_MAX gives 2^127. amax inf/NaN: scale 1, so inf saturates to +-fp8_max and
+ *   NaN stays NaN: 0x7F|sign for e4m3, 0x7E|sign for e5m2.)
  * TENSOR_DELAYED (one stored scale per group, from earlier steps):
- *   q = sat(x * scale[g]) with scale = opts.scale [G] f32; scale_inv[g] = 1 / scale[g];
- *   amax[g] = amax_g of this call's data (for the history). tw_delayed_scale_update() then
- *   advances the history (TE's DelayedScaleQuantizer.update; formula below).
+ *   q = sat(x * scale[g]) with scale = opts.scale [G] f32, used as given (0 gives
+ *   scale_inv inf); scale_inv[g] = 1 / scale[g]; amax[g] = amax_g of this call's data.
+ *   tw_delayed_scale_update() then advances the history (TE's DelayedScaleQuantizer.update;
+ *   formula below).
  * MXFP8_1D (blocks of 32 along one axis, E8M0 scales):
  *   rowwise: blocks of 32 consecutive k in one row; colwise: blocks of 32 consecutive rows of
  *   one group in one column (blocks never cross a group). A block at the end of a row (K % 32)
@@ -34,7 +37,8 @@
  *   e = tw_f32_to_e8m0_ceil(amax_block * (1/fp8_max))  [the reciprocal is the f32 constant]
  *   q = sat(x * 2^(127-e)) computed in f32 (2^(127-e) is exact: e=254 gives 2^-127, a
  *   subnormal; e=255 (NaN amax) gives NaN, so the block becomes NaN).
- *   scale_inv byte = e.
+ *   scale_inv byte = e. (TE's GPU multiplies bf16 inputs in bf16; the codes are the same,
+ *   since both products are exact wherever the result is not far below fp8's range.)
  * BLOCK_1x128 (DeepSeek-style fp8 block scaling, f32 scales):
  *   rowwise: blocks of 128 consecutive k in one row; colwise: blocks of 128 consecutive rows
  *   of one group in one column. Partial blocks as for MXFP8.
@@ -43,6 +47,8 @@
  * BLOCK_128x128: one scale per 128x128 tile (128 rows of one group x 128 columns); tiles at
  *   the end of a group or of K are partial. Same formula as 1x128. The colwise output reuses
  *   the same per-tile scale (a tile is symmetric in the two orientations).
+ * amax (optional for MXFP8 and BLOCK_*: pass none to skip it) is always the per-group
+ *   amax_g above, whatever the block size.
  *
  * Data layouts (q dtype e4m3 or e5m2, one byte per element)
  * ------------
@@ -53,9 +59,13 @@
  *   MXFP8_1D: not transposed: [M, K] like x, only the scale orientation differs (TE's "NN").
  *
  * Scale layouts (scale_inv). "T" below is the number of 128-row tiles over all groups,
- * T(g) = sum_{j<g} ceil(m_j/128); capacities use the worst case over group sizes,
- * T_cap = floor((M + 127*G) / 128) (see tw_quantize_scale_shape()).
- *   TENSOR_*:         [G] f32, rowwise and colwise share it (one buffer, written once).
+ * T(g) = sum_{j<g} ceil(m_j/128); capacities use the worst case over group sizes (at most
+ * min(G, M) groups are non-empty), T_cap = floor((M + 127*min(G, M)) / 128)
+ * (tw_quantize_output_shapes()).
+ *   TENSOR_*:         [G] f32, one value per group (empty groups too). Written to
+ *                     row_scale_inv when rowwise data is produced and to col_scale_inv when
+ *                     colwise data is produced; with both, col_scale_inv may be none (then
+ *                     row_scale_inv is the one shared buffer) or the same buffer.
  *   MXFP8_1D rowwise: per group a [128*ceil(m_g/128), roundup(ceil(K/32), 4)] E8M0 block,
  *                     blocks concatenated in group order (group g's block starts at
  *                     128*T(g) rows). Capacity [128*T_cap, roundup(ceil(K/32),4)].
@@ -77,14 +87,19 @@
  *                       element [T(g) + b][k] scales rows 128b.. of group g in column k.
  *   BLOCK_128x128 rowwise: [T_cap, ceil(K/128)] f32, element [T(g) + b][kb].
  *                 colwise: the transpose, [ceil(K/128), T_cap], element [kb][T(g) + b].
+ *   BLOCK_* entries that scale no data (padding columns, slots past the last group) are
+ *   untouched; unlike MXFP8 no GEMM reads them.
  *
  * Dequantize is the inverse map to f32 (or bf16/f16 by RNE of the f32 value):
- *   x' = decode(q) * scale_inv   (f32 multiply; E8M0 decoded with tw_e8m0_to_f32)
- * from either orientation; the output is always [M, K] and tail rows stay untouched.
+ *   x' = decode(q) * scale_inv   (f32 multiply in this order; E8M0 decoded with
+ *                                 tw_e8m0_to_f32, so 0xFF gives NaN)
+ * from either orientation; the output is always [M, K] and tail rows stay untouched. With
+ * tensor scaling, colwise dequantize reads col_scale_inv, or row_scale_inv when that is none.
  *
  * Alignment rules (enforced for both backends, so a program that passes on ref runs on gpu):
  *   x, outputs: element-aligned (no further rule); K >= 1; M >= 0.
  *   MXFP8 and BLOCK modes need no K or m_g multiple: partial blocks are defined above.
+ *   opts->pow2_scales and opts->mxfp8_swizzled are 0 or 1.
  */
 #ifndef TWIN_TW_QUANTIZE_H
 #define TWIN_TW_QUANTIZE_H
@@ -152,12 +167,17 @@ tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tenso
 
 typedef enum { TW_AMAX_MAX = 0, TW_AMAX_MOST_RECENT = 1 } tw_amax_algo;
 
-/* Delayed scaling update, per group g (TE's DelayedScaleQuantizer.update):
+/* Delayed scaling update, per group g (TE's DelayedScaleQuantizer.update), f32:
  *   hist[g][0] = amax[g]
- *   a = max_h hist[g][h] (MAX) or hist[g][0] (MOST_RECENT)
- *   scale[g] = (fp8_max / a) / 2^margin    if a > 0 and finite, else unchanged
- *   hist[g] = roll(hist[g], -1); hist[g][0] = 0
- * amax_history [G, H] f32, scale [G] f32 (in/out), amax [G] f32. */
+ *   a = max_h hist[g][h] (MAX; a NaN anywhere gives NaN) or hist[g][0] (MOST_RECENT)
+ *   if a > 0 and finite: s = fp8_max / a, FLT_MAX if that is inf (as compute_scale);
+ *                        scale[g] = s / 2^margin
+ *   else scale[g] is unchanged
+ *   hist[g] = roll(hist[g], -1) (hist[h] = hist[h+1], the old hist[0] moves to the end);
+ *   hist[g][0] = 0
+ * amax_history [G, H] f32 (in/out, H >= 1), scale [G] f32 (in/out), amax [G] f32.
+ * margin is an integer in [0, 127] (TE's recipe margin is an int): 2^margin is then exact,
+ * so every backend gets the same bits. */
 tw_status tw_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tensor *scale,
                                   const tw_tensor *amax, tw_dtype qdtype, tw_amax_algo algo,
                                   float margin);
