@@ -21,6 +21,9 @@ import sys
 import ml_dtypes
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gen_quantize import dequantize_np, quantize_np  # noqa: E402  (NumPy, from tw_quantize.h)
+
 POISON = 0xA5
 NP_DTYPE = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
 
@@ -307,6 +310,166 @@ def plain_cases(root, rng):
     wgrad_case(root, rng, "wgrad_NN_f32_G1_217x1x1", [217], 217, 1, 1)
 
 
+# ---- quantized operands ----------------------------------------------------------------------
+
+def spread(rng, shape):
+    """Rows of different magnitudes (1e-2 .. 1e2), so blocks and groups get different scales."""
+    x = rng.standard_normal(shape) * 10.0 ** rng.uniform(-2, 2, size=shape[:-1] + (1,))
+    return np.asarray(x, np.float32)
+
+
+def qoperand(rng, rows, cols, group_sizes, mode, qdtype, colwise, swizzled=True, pow2=False):
+    """Quantize a random [rows, cols] source by group_sizes and keep one orientation.
+    Returns (operand dict for Case.quantized, logical [rows, cols] f64 of the dequantized
+    values; rows past the groups are NaN, to be ignored)."""
+    x = spread(rng, (rows, cols))
+    scale = None
+    if mode == "delayed":  # stored scales from an earlier step: a bit off the current amax
+        off = np.concatenate([[0], np.cumsum(group_sizes)])
+        scale = np.array([448.0 / (1.5 * max(np.abs(x[off[g]:off[g + 1]]).max(initial=0), 1e-3))
+                          for g in range(len(group_sizes))], np.float32)
+    layout = "colwise" if colwise else "rowwise"
+    q = quantize_np(x, group_sizes, mode, qdtype, layout, pow2, swizzled, scale)
+    data = q["col_data" if colwise else "row_data"]
+    sinv = q["col_scale_inv" if colwise else "row_scale_inv"]
+    vals = dequantize_np(data, sinv, group_sizes, mode, qdtype, colwise, rows, cols, swizzled)
+    logical = np.asarray(vals, np.float64)
+    S = int(np.sum(group_sizes))
+    logical[S:] = np.nan
+    op = dict(data=data, scale_inv=sinv, mode=mode, qdtype=qdtype, colwise=colwise,
+              swizzled=swizzled, src_rows=rows, src_cols=cols)
+    return op, logical
+
+
+def stored_transposed(mode, colwise):
+    """Tensor and block scaling store their colwise copy transposed (per group)."""
+    return colwise and mode != "mxfp8"
+
+
+def qgemm_case(root, rng, name, M, K, N, mode, qa, qb, a_colwise, b_colwise, a_src_t, b_src_t,
+               out_dtype="bf16", accumulate=0):
+    """Dense GEMM on two quantized operands. a_src_t: a's source is [K, M] (else [M, K]);
+    b_src_t: b's source is [N, K] (else [K, N]). op follows from how each is stored."""
+    ar, ac = (K, M) if a_src_t else (M, K)
+    br, bc = (N, K) if b_src_t else (K, N)
+    a, av = qoperand(rng, ar, ac, [ar], mode, qa, a_colwise)
+    b, bv = qoperand(rng, br, bc, [br], mode, qb, b_colwise)
+    # logical storage: a transposed copy stores the source transposed
+    a_t = a_src_t != stored_transposed(mode, a_colwise)
+    b_t = b_src_t != stored_transposed(mode, b_colwise)
+    a_store = av.T if stored_transposed(mode, a_colwise) else av
+    b_store = bv.T if stored_transposed(mode, b_colwise) else bv
+    op_a, op_b = ("T" if a_t else "N"), ("T" if b_t else "N")
+    init = out_init_for(rng, (M, N), out_dtype, accumulate)
+    exp, ab = gemm_np(a_store, b_store, op_a, op_b, init)
+    c = Case(root, name, "gemm")
+    c.key("op_a", op_a)
+    c.key("op_b", op_b)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.quantized("a", a)
+    c.quantized("b", b)
+    c.outputs(out_dtype, accumulate, init, exp, ab, K)
+
+
+def qgrouped_case(root, rng, name, gs, M, K, N, mode, ql, qr, rhs_op, rhs_colwise,
+                  out_dtype="bf16", accumulate=0):
+    """Grouped forward, quantized: lhs rowwise [M, K] by gs; rhs quantized in the uniform
+    form, source [G*K, N] (rhs stored [K, N] per group) or [G*N, K] (stored [N, K])."""
+    G = len(gs)
+    lhs, lv = qoperand(rng, M, K, gs, mode, ql, False)
+    # which source gives per-group storage [K, N] (op N) or [N, K] (op T)
+    src_kn = (rhs_op == "N") != stored_transposed(mode, rhs_colwise)
+    rr, rc = (K, N) if src_kn else (N, K)
+    rhs, rv = qoperand(rng, G * rr, rc, [rr] * G, mode, qr, rhs_colwise)
+    w = rv.reshape(G, rr, rc)                    # per-group source
+    w_kn = w if src_kn else np.swapaxes(w, 1, 2)  # per group [K, N]
+    init = out_init_for(rng, (M, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_np(np.nan_to_num(lv), w_kn, "N", gs, M, init, out_dtype)
+    c = Case(root, name, "grouped_gemm")
+    c.key("rhs_op", rhs_op)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.quantized("lhs", lhs)
+    c.quantized("rhs", rhs)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, K)
+
+
+def qwgrad_case(root, rng, name, gs, M, K, N, mode, ql, qr, lhs_colwise, rhs_colwise,
+                out_dtype="bf16", accumulate=0):
+    """Grouped wgrad, quantized: lhs source [M, K], rhs source [M, N], both by gs; the op of
+    each is T exactly when its data is a per-group transposed copy."""
+    G = len(gs)
+    lhs, lv = qoperand(rng, M, K, gs, mode, ql, lhs_colwise)
+    rhs, rv = qoperand(rng, M, N, gs, mode, qr, rhs_colwise)
+    init = out_init_for(rng, (G, K, N), out_dtype, accumulate)
+    S = int(sum(gs))
+    exp, ab = grouped_gemm_wgrad_np(lv[:S], rv[:S], gs, init, out_dtype)
+    c = Case(root, name, "grouped_gemm_wgrad")
+    c.key("lhs_op", "T" if stored_transposed(mode, lhs_colwise) else "N")
+    c.key("rhs_op", "T" if stored_transposed(mode, rhs_colwise) else "N")
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.quantized("lhs", lhs)
+    c.quantized("rhs", rhs)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, max(max(gs), 1))
+
+
+def quantized_cases(root, rng):
+    # dense. Tensor scaling: any orientation; blocks must lie along K.
+    qgemm_case(root, rng, "qgemm_current_e4m3xe4m3_NT_17x64x33", 17, 64, 33, "current", "e4m3",
+               "e4m3", False, False, False, True)
+    qgemm_case(root, rng, "qgemm_current_e4m3xe5m2_TN_colwise_5x217x17", 5, 217, 17, "current",
+               "e4m3", "e5m2", True, True, False, True, out_dtype="f32")
+    qgemm_case(root, rng, "qgemm_delayed_e5m2xe4m3_NN_33x17x5_acc", 33, 17, 5, "delayed", "e5m2",
+               "e4m3", False, False, False, False, accumulate=1)
+    qgemm_case(root, rng, "qgemm_mxfp8_NN_17x100x33", 17, 100, 33, "mxfp8", "e4m3", "e4m3",
+               False, True, False, False)
+    qgemm_case(root, rng, "qgemm_mxfp8_NT_e4m3xe5m2_33x64x17", 33, 64, 17, "mxfp8", "e4m3", "e5m2",
+               False, False, False, True)
+    qgemm_case(root, rng, "qgemm_mxfp8_TN_5x96x17_f16", 5, 96, 17, "mxfp8", "e4m3", "e4m3",
+               True, True, True, False, out_dtype="f16")
+    qgemm_case(root, rng, "qgemm_block1x128_NT_17x130x33", 17, 130, 33, "block1x128", "e4m3",
+               "e4m3", False, False, False, True)
+    qgemm_case(root, rng, "qgemm_block128x128_NT_colwise_b_130x200x17", 130, 200, 17,
+               "block128x128", "e4m3", "e4m3", False, True, False, False, out_dtype="f32")
+
+    G5 = [40, 0, 17, 64, 3]  # S = 124
+    qgrouped_case(root, rng, "qgrouped_current_N_G5_tail", G5, 130, 64, 33, "current", "e4m3",
+                  "e4m3", "N", False)
+    qgrouped_case(root, rng, "qgrouped_current_T_colwise_G5_tail", G5, 130, 33, 17, "current",
+                  "e4m3", "e5m2", "T", True, out_dtype="f32")
+    qgrouped_case(root, rng, "qgrouped_delayed_T_G5", G5, 124, 17, 5, "delayed", "e5m2", "e4m3",
+                  "T", False, accumulate=1)
+    qgrouped_case(root, rng, "qgrouped_mxfp8_N_colwise_G5_tail", G5, 130, 64, 17, "mxfp8", "e4m3",
+                  "e4m3", "N", True)
+    qgrouped_case(root, rng, "qgrouped_mxfp8_T_G5_K100", G5, 124, 100, 33, "mxfp8", "e4m3",
+                  "e4m3", "T", False)
+    qgrouped_case(root, rng, "qgrouped_block1x128_T_G5_K130", G5, 130, 130, 17, "block1x128",
+                  "e4m3", "e4m3", "T", False)
+    qgrouped_case(root, rng, "qgrouped_block128x128_N_G3_K200", [130, 0, 70], 217, 200, 17,
+                  "block128x128", "e4m3", "e4m3", "N", False)
+
+    W6 = [32, 0, 17, 64, 0, 5]  # S = 118
+    qwgrad_case(root, rng, "qwgrad_current_TT_e4m3xe5m2_G6_tail", W6, 130, 33, 17, "current",
+                "e4m3", "e5m2", True, True)
+    qwgrad_case(root, rng, "qwgrad_delayed_NN_G6", W6, 118, 17, 33, "delayed", "e4m3", "e4m3",
+                False, False, out_dtype="f32")
+    qwgrad_case(root, rng, "qwgrad_mxfp8_NN_colwise_G6_tail", W6, 130, 64, 33, "mxfp8", "e4m3",
+                "e4m3", True, True)
+    qwgrad_case(root, rng, "qwgrad_block1x128_TT_G6_acc", W6, 118, 17, 5, "block1x128", "e4m3",
+                "e4m3", True, True, accumulate=1)
+    qwgrad_case(root, rng, "qwgrad_block128x128_NT_G3", [150, 0, 67], 230, 17, 33,
+                "block128x128", "e4m3", "e4m3", False, True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -317,6 +480,7 @@ def main():
     os.makedirs(args.out)
     rng = np.random.default_rng(20261121)
     plain_cases(args.out, rng)
+    quantized_cases(args.out, rng)
     n = len([d for d in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, d))])
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
     print("gen_gemm: %d cases, %.2f MB in %s" % (n, size / 1e6, args.out))
