@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The `twin` command's contract: every bad argument or input is one line on stderr and exit
+# code 2 (never a crash); --help documents every flag; the tables parse.
+set -u
+JUNIT_SUITE=twin_cli
+. "$(dirname "$0")/junit.sh"
+TWIN=${1:?usage: cli_test.sh path/to/twin}
+T=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")
+
+# expect NAME CODE STDERR_SUBSTRING -- twin args...
+expect() {
+  local name=$1 code=$2 want=$3; shift 4
+  "$TWIN" "$@" >"$T/out" 2>"$T/err"
+  local rc=$? lines; lines=$(wc -l <"$T/err")
+  if [ "$rc" -ne "$code" ]; then fail "$name" "exit $rc, want $code; stderr: $(head -c 300 "$T/err")"
+  elif [ "$code" -eq 2 ] && [ "$lines" -ne 1 ]; then fail "$name" "stderr has $lines lines, want 1: $(head -c 300 "$T/err")"
+  elif ! grep -qF -- "$want" "$T/err" "$T/out"; then fail "$name" "output lacks '$want': $(head -c 300 "$T/err")"
+  else pass "$name"; fi
+}
+
+python3 - "$T" <<'PY'
+import sys, numpy as np
+d = sys.argv[1]
+np.save(d + "/a23.npy", np.arange(6, dtype=np.float32).reshape(2, 3))
+np.save(d + "/b42.npy", np.ones((4, 2), np.float32))
+np.save(d + "/b32.npy", np.ones((3, 2), np.float32))
+np.save(d + "/i32.npy", np.ones((2, 3), np.int32))
+np.save(d + "/big.npy", np.ones((2, 3), '>f4'))
+np.save(d + "/fortran.npy", np.asfortranarray(np.ones((2, 3), np.float32)))
+np.save(d + "/gs_neg.npy", np.array([3, -1], np.int32))
+np.save(d + "/x5.npy", np.ones((5, 7), np.float32))
+open(d + "/garbage.npy", "wb").write(b"definitely not numpy")
+b = open(d + "/a23.npy", "rb").read()
+open(d + "/trunc.npy", "wb").write(b[:-5])
+PY
+
+O="--out-dir $T/o"
+expect no_args 2 "missing command" -- 
+expect unknown_command 2 "unknown command 'frobnicate'" -- frobnicate
+expect op_no_name 2 "missing operation name" -- op
+expect op_unknown_name 2 "unknown operation 'conv'" -- op conv
+expect op_missing_out_dir 2 "--out-dir DIR is required" -- op gemm --in a=$T/a23.npy --in b=$T/b32.npy
+expect op_flag_without_value 2 "--in needs a value" -- op gemm --in
+expect op_bad_in_syntax 2 "--in wants NAME=FILE.npy" -- op gemm --in a23.npy $O
+expect op_unknown_input 2 "unknown input 'c'" -- op gemm --in c=$T/a23.npy $O
+expect op_duplicate_input 2 "input 'a' given twice" -- op gemm --in a=$T/a23.npy --in a=$T/a23.npy $O
+expect op_unknown_option 2 "unknown option '--frob'" -- op gemm --frob 1 $O
+expect op_stray_argument 2 "unexpected argument 'extra'" -- op gemm extra $O
+expect op_bad_backend 2 "unknown backend 'tpu'" -- op gemm --backend tpu --in a=$T/a23.npy --in b=$T/b32.npy $O
+expect op_missing_file 2 "cannot open" -- op gemm --in a=$T/nope.npy --in b=$T/b32.npy $O
+expect op_garbage_npy 2 "not a .npy file (bad magic)" -- op gemm --in a=$T/garbage.npy --in b=$T/b32.npy $O
+expect op_truncated_npy 2 "truncated" -- op gemm --in a=$T/trunc.npy --in b=$T/b32.npy $O
+expect op_big_endian_npy 2 "dtype '>f4' is not supported" -- op gemm --in a=$T/big.npy --in b=$T/b32.npy $O
+expect op_fortran_npy 2 "Fortran-order" -- op gemm --in a=$T/fortran.npy --in b=$T/b32.npy $O
+expect op_missing_input 2 "input 'b' is missing" -- op gemm --in a=$T/a23.npy $O
+expect op_mismatched_shapes 2 "contracting dims differ" -- op gemm --in a=$T/a23.npy --in b=$T/b42.npy $O
+expect op_integer_operand 2 "input 'a' is [2, 3] i32; give f32 values" -- op gemm --in a=$T/i32.npy --in b=$T/b32.npy $O
+expect op_bad_dtype_key 2 "'a_dtype' = 'f8' is not a dtype" -- op gemm --a-dtype f8 --in a=$T/a23.npy --in b=$T/b32.npy $O
+expect op_bad_op_key 2 "'op_a' = 'X' is not N or T" -- op gemm --op-a X --in a=$T/a23.npy --in b=$T/b32.npy $O
+expect op_accumulate_without_init 2 "accumulate = 1 needs an out_init" -- op gemm --accumulate 1 --in a=$T/a23.npy --in b=$T/b32.npy $O
+expect op_quantize_needs_mode 2 "missing key 'mode'" -- op quantize --in x=$T/x5.npy $O
+expect op_quantize_bad_mode 2 "'mode' = 'fp4' is not a scaling mode" -- op quantize --mode fp4 --in x=$T/x5.npy $O
+expect op_quantize_bad_layout 2 "layout 'diagonal'" -- op quantize --mode current --layout diagonal --in x=$T/x5.npy $O
+expect op_quantize_negative_group 2 "group_sizes[1] = -1 is negative" -- op quantize --mode current --in x=$T/x5.npy --in group_sizes=$T/gs_neg.npy $O
+expect op_quantize_1d_x 2 "input 'x' is [2] i32; give f32 values" -- op quantize --mode current --in x=$T/gs_neg.npy $O
+expect op_gpu_unavailable 2 "gpu" -- op gemm --backend gpu --in a=$T/a23.npy --in b=$T/b32.npy $O
+expect op_out_dir_is_a_file 2 "cannot create --out-dir" -- op gemm --in a=$T/a23.npy --in b=$T/b32.npy --out-dir $T/a23.npy/x
+expect check_bad_backend 2 "unknown backend 'cpu'" -- check --backend cpu
+expect check_missing_golden 2 "is not a directory" -- check --golden $T/none
+expect check_empty_golden 1 "no golden cases" -- check --golden $T
+expect check_unknown_option 2 "unknown option '--fast'" -- check --fast 1
+expect bench_bad_iters 2 "--iters wants an integer" -- bench --iters lots
+expect bench_bad_op 2 "unknown --op 'conv'" -- bench --op conv
+expect bench_gpu_unavailable 2 "gpu backend is not available" -- bench --backend gpu
+
+# --help: exit 0, and every op documents every key the exec layer reads
+for sub in "" "op" "check" "bench"; do
+  if "$TWIN" $sub --help >"$T/help" 2>&1 && grep -q usage "$T/help"; then pass "help_${sub:-top}"; else fail "help_${sub:-top}" "$(head -3 "$T/help")"; fi
+done
+for op in quantize dequantize gemm grouped_gemm grouped_gemm_wgrad delayed_scale_update; do
+  "$TWIN" op $op --help >"$T/help" 2>&1 || { fail "help_op_$op" "exit $?"; continue; }
+  missing=""
+  case $op in
+    quantize) flags="--mode --qdtype --layout --pow2-scales --swizzled --x-dtype --amax --backend --out-dir" ;;
+    dequantize) flags="--mode --qdtype --colwise --swizzled --rows --cols --out-dtype" ;;
+    gemm) flags="--op-a --op-b --out-dtype --accumulate --a-mode --a-dtype --b-src-rows --b-src-cols" ;;
+    grouped_gemm) flags="--rhs-op --out-dtype --accumulate --lhs-dtype --rhs-qdtype --rhs-colwise" ;;
+    grouped_gemm_wgrad) flags="--lhs-op --rhs-op --lhs-swizzled --rhs-src-rows" ;;
+    delayed_scale_update) flags="--qdtype --algo --margin" ;;
+  esac
+  for f in $flags; do grep -q -- "$f" "$T/help" || missing="$missing $f"; done
+  if [ -z "$missing" ]; then pass "help_op_$op"; else fail "help_op_$op" "undocumented:$missing"; fi
+done
+rm -rf "$T"
+finish

@@ -1,0 +1,41 @@
+/* Helpers shared by the subcommands of `twin`. */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/cli.h"
+
+int twin_is_help(const char *arg) { return arg && (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0); }
+
+int twin_exit_for(tw_status s) {
+  switch (s) {
+    case TW_OK: return TW_EXIT_OK;
+    case TW_ERR_MEMORY: case TW_ERR_CUDA: case TW_ERR_NCCL: case TW_ERR_TIMEOUT: case TW_ERR_INTERNAL:
+      return TW_EXIT_FAIL;
+    default: return TW_EXIT_USAGE;
+  }
+}
+
+int twin_parse_backend(const char *cmd, const char *name, int allow_all, tw_backend *out, int *all) {
+  if (all) *all = 0;
+  if (allow_all && strcmp(name, "all") == 0) {
+    if (all) *all = 1;
+    return 0;
+  }
+  if (tw_backend_from_name(name, out) == 0) return 0;
+  fprintf(stderr, "twin %s: unknown backend '%s' (ref, gpu%s)\n", cmd, name, allow_all ? ", all" : "");
+  return -1;
+}
+
+tw_ctx *twin_open_ctx(const char *cmd, tw_backend b, int *code) {
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = b;
+  tw_status s = tw_ctx_create(&ctx, &cfg);
+  if (s != TW_OK) {
+    fprintf(stderr, "twin %s: %s\n", cmd, tw_last_error());
+    *code = twin_exit_for(s);
+    return NULL;
+  }
+  *code = TW_EXIT_OK;
+  return ctx;
+}

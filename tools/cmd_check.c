@@ -1,0 +1,160 @@
+/* `twin check`: every stored golden case on every available backend, one table, exit 0 only
+ * if all pass. The same runner as the Criterion golden tests (golden/runner.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "golden/runner.h"
+#include "shard/cli.h"
+#include "tools/cli.h"
+
+#pragma weak tw_check_sharding_main
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: twin check [--backend ref|gpu|all] [--golden DIR] [--filter S] [--verbose]\n"
+          "       twin check --sharding [options of the sharding checks]\n"
+          "\n"
+          "Runs every golden case (golden/FORMAT.md) under DIR on each backend and prints one row\n"
+          "per case and backend: the output with the worst error, that error against its bound\n"
+          "(exact outputs: 'exact' or the mismatch count), PASS or FAIL. Exit 0 only if every case\n"
+          "passes on every backend, 1 if any fails, 2 on bad arguments.\n"
+          "\n"
+          "  --backend NAME   ref, gpu or all (default all: ref, plus gpu where a GPU is visible)\n"
+          "  --golden DIR     case root (default: golden/data of the workspace)\n"
+          "  --filter S       only cases whose name (area/case) contains S\n"
+          "  --verbose        print the checker's full line for every case, not only failures\n"
+          "  --sharding       run the sharded-vs-unsharded checks instead (shard/)\n");
+}
+
+static int is_dir(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* golden/data of the workspace: `bazel run` sets BUILD_WORKSPACE_DIRECTORY; tests and bundles
+ * set TEST_SRCDIR; otherwise relative to the current directory. */
+static const char *default_golden_dir(char *buf, size_t n) {
+  const char *ws = getenv("BUILD_WORKSPACE_DIRECTORY");
+  if (ws && *ws) {
+    snprintf(buf, n, "%s/golden/data", ws);
+    if (is_dir(buf)) return buf;
+  }
+  const char *src = getenv("TEST_SRCDIR");
+  if (src && *src) {
+    snprintf(buf, n, "%s/twin/golden/data", src);
+    if (is_dir(buf)) return buf;
+  }
+  return "golden/data";
+}
+
+/* "area/case": the part of a case directory after the root's last two components. */
+static const char *case_name(const char *dir) {
+  size_t len = strlen(dir);
+  int slashes = 0;
+  while (len > 0) {
+    if (dir[len - 1] == '/' && ++slashes == 2) break;
+    len--;
+  }
+  return dir + len;
+}
+
+static void err_column(const tw_golden_result *r, char *buf, size_t n) {
+  const tw_check_report *w = &r->worst;
+  if (r->outputs == 0) snprintf(buf, n, "-");
+  else if (!w->passed && w->worst_bound == 0) snprintf(buf, n, "%lld/%lld differ", (long long)w->mismatches, (long long)w->count);
+  else if (w->worst_bound == 0 && w->worst_err == 0) snprintf(buf, n, "exact");
+  else snprintf(buf, n, "%.2e <= %.2e", w->worst_err, w->worst_bound);
+}
+
+int twin_cmd_check(int argc, char **argv) {
+  const char *backend = "all", *golden = NULL, *filter = NULL;
+  int verbose = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (twin_is_help(a)) { usage(stdout); return TW_EXIT_OK; }
+    if (!strcmp(a, "--sharding")) {
+      if (!tw_check_sharding_main) {
+        fprintf(stderr, "twin check --sharding: not in this build yet (shard/ provides it; rebuild once it has landed)\n");
+        return TW_EXIT_USAGE;
+      }
+      /* the sharding checks get the remaining arguments, with argv[0] = "check" */
+      int n = 0;
+      char **sub = (char **)calloc((size_t)argc + 1, sizeof *sub);
+      if (!sub) return TW_EXIT_FAIL;
+      for (int j = 0; j < argc; j++)
+        if (j != i) sub[n++] = argv[j];
+      int rc = tw_check_sharding_main(n, sub);
+      free(sub);
+      return rc;
+    }
+    if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) { verbose = 1; continue; }
+    if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
+      fprintf(stderr, "twin check: unexpected argument '%s' (twin check --help)\n", a);
+      return TW_EXIT_USAGE;
+    }
+    const char *v = argv[++i];
+    if (!strcmp(a, "--backend")) backend = v;
+    else if (!strcmp(a, "--golden")) golden = v;
+    else if (!strcmp(a, "--filter")) filter = v;
+    else {
+      fprintf(stderr, "twin check: unknown option '%s' (twin check --help)\n", a);
+      return TW_EXIT_USAGE;
+    }
+  }
+  tw_backend only = TW_BACKEND_REF;
+  int all;
+  if (twin_parse_backend("check", backend, 1, &only, &all) != 0) return TW_EXIT_USAGE;
+  tw_backend backends[TW_BACKEND_COUNT];
+  int nb = 0;
+  if (all) {
+    for (int b = 0; b < TW_BACKEND_COUNT; b++)
+      if (tw_backend_available((tw_backend)b)) backends[nb++] = (tw_backend)b;
+    if (!tw_backend_available(TW_BACKEND_GPU))
+      printf("note: gpu backend not available here (no GPU visible or not built in); checking ref only\n");
+  } else {
+    backends[nb++] = only;
+  }
+  char gbuf[2048];
+  if (!golden) golden = default_golden_dir(gbuf, sizeof gbuf);
+  char **dirs = NULL;
+  int n = tw_golden_list_cases(golden, &dirs);
+  if (n < 0) {
+    fprintf(stderr, "twin check: %s\n", tw_last_error());
+    return TW_EXIT_USAGE;
+  }
+  int passed = 0, failed = 0, selected = 0;
+  printf("%-52s %-4s %-14s %-22s %s\n", "case", "be", "output", "worst err vs bound", "result");
+  for (int bi = 0; bi < nb; bi++) {
+    int code;
+    tw_ctx *ctx = twin_open_ctx("check", backends[bi], &code);
+    if (!ctx) {
+      tw_golden_free_list(dirs, n);
+      return code;
+    }
+    for (int i = 0; i < n; i++) {
+      tw_golden_result r;
+      if (filter && !strstr(case_name(dirs[i]), filter)) continue;
+      if (bi == 0) selected++;
+      tw_golden_run_case(ctx, dirs[i], &r);
+      char err[64];
+      err_column(&r, err, sizeof err);
+      printf("%-52s %-4s %-14s %-22s %s\n", r.name, tw_backend_name(backends[bi]),
+             r.worst_output[0] ? r.worst_output : "-", err, r.passed ? "PASS" : "FAIL");
+      if (!r.passed || verbose) printf("    %s\n", r.detail);
+      if (r.passed) passed++;
+      else failed++;
+      fflush(stdout);
+    }
+    tw_ctx_destroy(ctx);
+  }
+  tw_golden_free_list(dirs, n);
+  if (selected == 0) {
+    fprintf(stderr, "twin check: no golden cases under %s%s%s (regenerate with python3 golden/gen_goldens.py)\n",
+            golden, filter ? " matching " : "", filter ? filter : "");
+    return TW_EXIT_FAIL;
+  }
+  printf("%d passed, %d failed (%d cases x %d backend%s)\n", passed, failed, selected, nb, nb == 1 ? "" : "s");
+  return failed ? TW_EXIT_FAIL : TW_EXIT_OK;
+}
