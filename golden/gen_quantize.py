@@ -62,10 +62,17 @@ def output_shapes(mode, M, K, G):
     return (M, K), (T, ceil_div(K, 128)), (M * K,), (ceil_div(K, 128), T), np.float32
 
 
+def canonical(v):
+    """NaN results are written as the positive quiet NaN (f32 0x7FC00000), whatever their sign."""
+    v = np.asarray(v, F32)
+    return np.where(np.isnan(v), F32(np.nan), v).astype(F32)
+
+
 def sat(v, qdtype):
-    """RNE to fp8 with satfinite: clip to +-max (NaN passes) then cast. Returns u8 codes."""
+    """RNE to fp8 with satfinite: clip to +-max then cast; NaN -> the positive NaN code
+    (0x7F e4m3, 0x7E e5m2). Returns u8 codes."""
     m = F32(FP8_MAX[qdtype])
-    return np.clip(v.astype(F32), -m, m).astype(FP8[qdtype]).view(np.uint8)
+    return np.clip(canonical(v), -m, m).astype(FP8[qdtype]).view(np.uint8)
 
 
 def decode(codes, qdtype):
@@ -157,13 +164,13 @@ def quantize_np(x_f32, group_sizes, mode, qdtype, layout, pow2_scales=False, swi
     for g in range(G):
         m, o = gs[g], off[g]
         xg = x[o:o + m]
-        amax[g] = abs_max(xg)
+        amax[g] = canonical(abs_max(xg))
         if mode in ("current", "delayed"):
             s = compute_scale(amax[g], qdtype, pow2_scales) if mode == "current" else F32(scale[g])
             q = sat(xg * s, qdtype)
             rd[o:o + m] = q
             cd[o * K:(o + m) * K] = q.T.reshape(-1)
-            rs[g] = cs[g] = F32(1) / s
+            rs[g] = cs[g] = canonical(F32(1) / s)
         elif mode == "mxfp8":
             nb = ceil_div(K, 32)
             # rowwise: blocks of 32 along k
@@ -249,7 +256,7 @@ def dequantize_np(data, scale_inv, group_sizes, mode, qdtype, colwise, rows, col
         else:
             t = scale_inv[tiles[g]:tiles[g + 1]] if not colwise else scale_inv[:, tiles[g]:tiles[g + 1]].T
             s = np.repeat(np.repeat(t, 128, axis=0), 128, axis=1)[:m, :K]
-        v = (q * s.astype(F32)).astype(F32)
+        v = canonical(q * s.astype(F32))
         if out_dtype == "f32":
             out[o:o + m] = v
         elif out_dtype == "bf16":
@@ -385,6 +392,13 @@ def quantize_cases():
     for mode in ("block1x128", "block128x128"):
         cases.append(dict(mode=mode, qdtype="e4m3", layout="rowwise_colwise", M=300, K=260,
                           gs=[257, 0, 30], x_dtype="bf16", pow2=0, swizzled=0, special=False))
+    # many groups, most of them small or empty: tile offsets T(g) add up over 40 groups
+    for mode in ("mxfp8", "block1x128", "block128x128", "current"):
+        rng = np.random.default_rng(seed_of("many_groups_" + mode))
+        sizes = rng.integers(0, 60, size=40) * (rng.random(40) < 0.6)
+        sizes[7] = 300  # one group of three tiles
+        cases.append(dict(mode=mode, qdtype="e4m3", layout="rowwise_colwise", M=int(sizes.sum()) + 9, K=33,
+                          gs=[int(v) for v in sizes], x_dtype="bf16", pow2=0, swizzled=1, special=False))
     # M = 0: nothing but the per-group slots
     cases.append(dict(mode="current", qdtype="e4m3", layout="rowwise_colwise", M=0, K=17, gs=[0, 0],
                       x_dtype="f32", pow2=0, swizzled=0, special=False))
@@ -396,7 +410,7 @@ def quantize_cases():
 def case_name(c):
     extra = ("_pow2" if c["pow2"] else "") + (("_swz" if c["swizzled"] else "_compact") if c["mode"] == "mxfp8" else "")
     extra += "_special_" + c["special"] if c["special"] else ""
-    gs = "-".join(str(g) for g in c["gs"])
+    gs = "-".join(str(g) for g in c["gs"]) if len(c["gs"]) <= 8 else f"{len(c['gs'])}groups"
     return f"{c['mode']}_{c['qdtype']}_{c['layout']}_{c['x_dtype']}_M{c['M']}_K{c['K']}_g{gs}{extra}"
 
 
@@ -428,7 +442,7 @@ def gen_dequantize(root):
     """Dequantize of real quantize outputs, and of arbitrary codes and scales (every fp8 code,
     NaN/inf codes, e8m0 0x00 and 0xFF) in every mode and orientation."""
     names = []
-    M, K, gs = 217, 130, np.array([100, 0, 60, 40], np.int32)
+    M, K, gs = 150, 70, np.array([129, 0, 1, 10], np.int32)  # two 128-row tiles, a tail of 10
     for mode in MODES:
         for qdtype in ("e4m3", "e5m2"):
             for colwise in (0, 1):
@@ -472,6 +486,7 @@ def gen_delayed(root):
                         amax[:4] = [0.0, np.inf, np.nan, 1.0e-38]  # kept, kept, kept, overflow -> FLT_MAX
                         hist[:3] = 0.0
                         hist[3] = 0.0
+                        hist[4, H // 2] = np.nan  # MAX sees it: scale kept; MOST_RECENT does not
                     h2, s2 = delayed_update_np(hist, scale, amax, qdtype, algo, margin)
                     keys = dict(op="delayed_scale_update", qdtype=qdtype, algo=algo, margin=margin)
                     save_case(root, name, keys, dict(amax_history=hist, scale=scale, amax=amax,

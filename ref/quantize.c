@@ -22,7 +22,12 @@
 
 /* ---- scalar codecs (tw_numerics.h) ------------------------------------------------------ */
 
+/* NaN results of arithmetic are written canonically (positive, one payload): CPUs and GPUs
+ * give NaN products different signs and payloads, and goldens compare bits. */
+static float canonical(float v) { return isnan(v) ? NAN : v; }
+
 static uint8_t fp8_encode_sat(float x, tw_dtype t) {
+  x = canonical(x); /* NaN -> 0x7F (e4m3) or 0x7E (e5m2) */
   return t == TW_E4M3 ? tw_f32_to_e4m3(x, 1) : tw_f32_to_e5m2(x, 1);
 }
 
@@ -172,7 +177,7 @@ static void rect_quantize(const qctx *c, int64_t g, int64_t r0, int64_t r1, int6
     }
 }
 
-static void put_f32(tw_tensor *s, int64_t i, float v) { ((float *)s->data)[i] = v; }
+static void put_f32(tw_tensor *s, int64_t i, float v) { ((float *)s->data)[i] = canonical(v); }
 
 static float mxfp8_multiplier(uint8_t e) {
   return e == 0xFF ? NAN : ldexpf(1.0f, 127 - (int)e); /* exact; e = 254 gives 2^-127 */
@@ -300,7 +305,7 @@ static void dequantize_groups(const groups *gr, tw_dtype qdtype, int colwise, co
         float s = gr->mode == TW_SCALE_MXFP8_1D ? tw_e8m0_to_f32(((const uint8_t *)scale_inv->data)[slot])
                                                 : ((const float *)scale_inv->data)[slot];
         float v = fp8_decode(codes[at], qdtype) * s;
-        store_out(out, as_stored ? at : (gr->off[g] + lr) * gr->K + k, v);
+        store_out(out, as_stored ? at : (gr->off[g] + lr) * gr->K + k, canonical(v));
       }
 }
 

@@ -13,6 +13,10 @@
  * All scale arithmetic is f32. fp8_max = 448 (e4m3) or 57344 (e5m2). sat(v) = RNE to the fp8
  * format with satfinite (tw_numerics.h). amax is max |x| over the elements a scale covers;
  * a NaN element makes that amax NaN (fmaxf would hide it; twin does not), +-inf makes it inf.
+ * NaN outputs are canonical, because CPUs and GPUs give the NaN of an arithmetic result
+ * different signs and payloads: a NaN q is the positive code (0x7F e4m3, 0x7E e5m2) whatever
+ * the sign of x, and every NaN written to an f32/bf16/f16 output (amax, scale_inv,
+ * dequantized values) is the positive quiet NaN 0x7FC00000 / 0x7FC0 / 0x7E00.
  *
  * Scaling modes
  * -------------
@@ -24,7 +28,7 @@
  *                        then, if opts.pow2_scales, the mantissa bits are cleared.
  *   q = sat(x * scale_g);  scale_inv[g] = 1 / scale_g;  amax[g] = amax_g
  *   (pow2 of FLT_MAX gives 2^127. amax inf/NaN: scale 1, so inf saturates to +-fp8_max and
- *   NaN stays NaN: 0x7F|sign for e4m3, 0x7E|sign for e5m2.)
+ *   NaN stays NaN.)
  * TENSOR_DELAYED (one stored scale per group, from earlier steps):
  *   q = sat(x * scale[g]) with scale = opts.scale [G] f32, used as given (0 gives
  *   scale_inv inf); scale_inv[g] = 1 / scale[g]; amax[g] = amax_g of this call's data.
