@@ -295,10 +295,12 @@ static tw_status to_ctx(run *r, const tw_tensor *h, tw_tensor *d) {
 /* An output buffer in the context's memory: poisoned, or a copy of init. */
 static tw_status new_out(run *r, tw_dtype dt, int ndim, const int64_t *shape, const tw_tensor *init,
                          tw_tensor *d) {
+  int64_t dims[TW_MAX_DIMS] = {0}; /* shape may point into *d */
+  for (int i = 0; i < ndim && i < TW_MAX_DIMS; i++) dims[i] = shape[i];
   memset(d, 0, sizeof *d);
   d->dtype = dt;
   d->ndim = ndim;
-  for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
+  for (int i = 0; i < ndim && i < TW_MAX_DIMS; i++) d->shape[i] = dims[i];
   d->mem = tw_ctx_mem(r->ctx);
   size_t bytes = tw_tensor_bytes(d);
   if (bytes == 0) return TW_OK;
