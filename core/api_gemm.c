@@ -83,6 +83,14 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
   if (tw_tensor_numel(&o->data) != R * C)
     return tw_error(TW_ERR_SHAPE, "%s: %s data has %lld elements but its source is [%lld, %lld]", op,
                     name, (long long)tw_tensor_numel(&o->data), (long long)R, (long long)C);
+  /* A 2-D view must be the orientation's storage as one matrix: [R, C], or [C, R] for a
+   * per-group transposed copy (exact for one group); other ranks only need the count. */
+  int64_t sr = o->colwise && transposed_colwise(o->mode) ? C : R;
+  int64_t sc = o->colwise && transposed_colwise(o->mode) ? R : C;
+  if (o->data.ndim == 2 && (o->data.shape[0] != sr || o->data.shape[1] != sc))
+    return tw_error(TW_ERR_SHAPE, "%s: %s's data is [%lld, %lld] but its %s orientation stores [%lld, %lld]",
+                    op, name, (long long)o->data.shape[0], (long long)o->data.shape[1],
+                    o->colwise ? "colwise" : "rowwise", (long long)sr, (long long)sc);
   tw_quantize_opts qo = TW_QUANTIZE_OPTS_INIT;
   qo.mode = o->mode;
   qo.qdtype = o->data.dtype;
@@ -207,17 +215,6 @@ tw_status tw_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand
                     A->ndim, B->ndim);
   if (a->mode != TW_SCALE_NONE && (A->ndim != 2 || B->ndim != 2))
     return tw_error(TW_ERR_SHAPE, "%s: quantized operands must be 2-D (batch them as groups)", op);
-  if (a->mode != TW_SCALE_NONE) {
-    int64_t r, c;
-    storage_of(a, 1, &r, &c);
-    if (r != A->shape[0] || c != A->shape[1])
-      return tw_error(TW_ERR_SHAPE, "%s: a's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
-                      op, (long long)A->shape[0], (long long)A->shape[1], (long long)r, (long long)c);
-    storage_of(b, 1, &r, &c);
-    if (r != B->shape[0] || c != B->shape[1])
-      return tw_error(TW_ERR_SHAPE, "%s: b's data is [%lld, %lld] but its orientation stores [%lld, %lld]",
-                      op, (long long)B->shape[0], (long long)B->shape[1], (long long)r, (long long)c);
-  }
   int64_t batch = A->ndim == 3 ? A->shape[0] : (B->ndim == 3 ? B->shape[0] : 0);
   if (A->ndim == 3 && B->ndim == 3 && A->shape[0] != B->shape[0])
     return tw_error(TW_ERR_SHAPE, "%s: batch sizes differ: a has %lld, b has %lld", op,

@@ -9,7 +9,8 @@ Re-run (deterministic, seeded):  python3 golden/gen_gemm.py [--out golden/data/g
 Each case stores its inputs in their storage layout, `expected.npy` (f64, the exact result)
 and `abs_prod.npy` (f64, sum_k |a||b| plus |out_init| when accumulating). Elements the
 operation must not touch have abs_prod = -1 and expected = their initial value (the decoded
-poison bytes 0xA5.., or out_init). case.txt also records the logical M, N, K (and G) and
+poison bytes 0xA5.., or out_init); so do NaN/inf results of NaN/inf inputs, which must
+match exactly. Sums are of elementwise f64 products (no BLAS). case.txt also records the logical M, N, K (and G) and
 `bound_k`, the longest contraction of any output element: the K to give
 tw_gemm_error_bound (gemm and grouped: K; wgrad: the largest group size).
 """
@@ -62,18 +63,33 @@ def op_view(x, op):
     return x if op == "N" else np.swapaxes(x, -1, -2)
 
 
+def product(A, B):
+    """(A @ B, |A| @ |B|) from elementwise products summed in f64: no BLAS, so no BLAS
+    shortcut (skipping zeros) can hide an inf*0 = NaN. A [..., M, K], B [..., K, N]."""
+    with np.errstate(invalid="ignore"):  # inf * 0 and inf - inf are meant to give NaN
+        terms = A[..., :, :, None] * B[..., None, :, :]
+        return terms.sum(axis=-2), np.abs(terms).sum(axis=-2)
+
+
+def exact_where_special(expected, abs_prod):
+    """NaN/inf results (from NaN/inf inputs) have no error bound: mark them abs_prod -1, so
+    the checker demands the same special value (NaN meets NaN, inf the same inf)."""
+    abs_prod = np.array(abs_prod, copy=True)
+    abs_prod[~np.isfinite(expected)] = -1.0
+    return abs_prod
+
+
 def gemm_np(a, b, op_a, op_b, out_init=None):
     """out [B?, M, N] = op(a) @ op(b) (+ out_init). a, b: stored values (f64), 2-D or 3-D;
     a 2-D operand is broadcast over the batch. Returns (expected, abs_prod), f64."""
     A = op_view(np.asarray(a, np.float64), op_a)
     B = op_view(np.asarray(b, np.float64), op_b)
-    expected = np.matmul(A, B)
-    abs_prod = np.matmul(np.abs(A), np.abs(B))
+    expected, abs_prod = product(A, B)
     if out_init is not None:
         init = np.asarray(out_init, np.float64).reshape(expected.shape)
         expected = expected + init
         abs_prod = abs_prod + np.abs(init)
-    return expected, abs_prod
+    return expected, exact_where_special(expected, abs_prod)
 
 
 def offsets(group_sizes):
@@ -96,8 +112,9 @@ def grouped_gemm_np(lhs, rhs, rhs_op, group_sizes, M, out_init=None, out_dtype="
             continue
         w = op_view(rhs[g], rhs_op)
         acc = expected[r0:r1] if out_init is not None else 0.0
-        expected[r0:r1] = lhs[r0:r1] @ w + acc
-        abs_prod[r0:r1] = np.abs(lhs[r0:r1]) @ np.abs(w) + np.abs(acc)
+        e, a = product(lhs[r0:r1], w)
+        expected[r0:r1] = e + acc
+        abs_prod[r0:r1] = exact_where_special(e + acc, a + np.abs(acc))
     return expected, abs_prod
 
 
@@ -120,8 +137,9 @@ def grouped_gemm_wgrad_np(lhs, rhs, group_sizes, out_init=None, out_dtype="f32")
                 expected[g] = 0.0
             continue
         acc = expected[g] if out_init is not None else 0.0
-        expected[g] = lhs[r0:r1].T @ rhs[r0:r1] + acc
-        abs_prod[g] = np.abs(lhs[r0:r1]).T @ np.abs(rhs[r0:r1]) + np.abs(acc)
+        e, a = product(lhs[r0:r1].T, rhs[r0:r1])
+        expected[g] = e + acc
+        abs_prod[g] = exact_where_special(e + acc, a + np.abs(acc))
     return expected, abs_prod
 
 
@@ -148,7 +166,7 @@ class Case:
         self.keys.append((k, str(v)))
 
     def npy(self, name, arr):
-        np.save(os.path.join(self.dir, name + ".npy"), arr)
+        np.save(os.path.join(self.dir, name + ".npy"), np.ascontiguousarray(arr))
 
     def plain(self, p, stored, dtype):
         self.key(p + "_mode", "none")
@@ -255,6 +273,68 @@ def wgrad_case(root, rng, name, gs, M, K, N, lhs_op="N", rhs_op="N", dt="f32",
     c.plain("rhs", rhs if rhs_op == "N" else per_group_transposed(rhs, gs).reshape(N, M), dt)
     c.npy("group_sizes", np.asarray(gs, np.int32))
     c.outputs(out_dtype, accumulate, init, exp, ab, max(max(gs), 1))
+
+
+def with_specials(x, spots):
+    """x with the given {(index tuple): value} entries set (inf, -inf, NaN, 0)."""
+    x = np.array(x, copy=True)
+    for idx, v in spots.items():
+        x[idx] = v
+    return x
+
+
+def special_cases(root, rng):
+    """NaN and inf inputs: where they land in the output is part of the contract."""
+    inf, nan = np.inf, np.nan
+    for op_a, op_b, dt, out_dt in (("N", "N", "f32", "f32"), ("T", "N", "bf16", "bf16"),
+                                   ("N", "T", "f16", "f32")):
+        M, K, N = 6, 8, 5
+        a = randn(rng, (K, M) if op_a == "T" else (M, K), dt)
+        b = randn(rng, (N, K) if op_b == "T" else (K, N), dt)
+        at = (lambda i, k: (k, i)) if op_a == "T" else (lambda i, k: (i, k))
+        bt = (lambda k, j: (j, k)) if op_b == "T" else (lambda k, j: (k, j))
+        # row 0: one +inf (signed by b); row 1: NaN; row 2: inf - inf; row 3: inf * 0 at column 2
+        a = with_specials(a, {at(0, 1): inf, at(1, 2): nan, at(2, 3): inf, at(2, 4): -inf,
+                              at(3, 5): -inf})
+        b = with_specials(b, {bt(5, 2): 0.0, bt(3, 0): 1.0, bt(4, 0): 1.0})
+        exp, ab = gemm_np(a, b, op_a, op_b)
+        c = Case(root, "gemm_%s%s_%s_specials_out_%s" % (op_a, op_b, dt, out_dt), "gemm")
+        c.key("op_a", op_a)
+        c.key("op_b", op_b)
+        c.key("M", M)
+        c.key("N", N)
+        c.key("K", K)
+        c.plain("a", a, dt)
+        c.plain("b", b, dt)
+        c.outputs(out_dt, 0, None, exp, ab, K)
+
+    gs, M, K, N = [4, 0, 5, 3], 14, 6, 7  # tail rows 12, 13 hold NaN
+    lhs = with_nan_tail(randn(rng, (M, K), "f32"), 12)
+    lhs = with_specials(lhs, {(1, 2): inf, (6, 0): -inf})
+    rhs = with_specials(randn(rng, (4, K, N), "f32"), {(2, 3, 4): nan, (0, 2, 1): 0.0})
+    exp, ab = grouped_gemm_np(lhs, rhs, "N", gs, M)
+    c = Case(root, "grouped_N_f32_specials", "grouped_gemm")
+    c.key("rhs_op", "N")
+    for k, v in (("M", M), ("N", N), ("K", K), ("G", 4)):
+        c.key(k, v)
+    c.plain("lhs", lhs, "f32")
+    c.plain("rhs", rhs, "f32")
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs("f32", 0, None, exp, ab, K)
+
+    gs, M, K, N = [3, 0, 4], 9, 5, 6
+    lhs = with_specials(with_nan_tail(randn(rng, (M, K), "f32"), 7), {(0, 1): inf, (4, 3): nan})
+    rhs = with_specials(with_nan_tail(randn(rng, (M, N), "f32"), 7), {(0, 2): 0.0, (5, 5): -inf})
+    exp, ab = grouped_gemm_wgrad_np(lhs, rhs, gs, None, "bf16")
+    c = Case(root, "wgrad_NN_f32_specials_out_bf16", "grouped_gemm_wgrad")
+    c.key("lhs_op", "N")
+    c.key("rhs_op", "N")
+    for k, v in (("M", M), ("N", N), ("K", K), ("G", 3)):
+        c.key(k, v)
+    c.plain("lhs", lhs, "f32")
+    c.plain("rhs", rhs, "f32")
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs("bf16", 0, None, exp, ab, 4)
 
 
 def plain_cases(root, rng):
@@ -481,6 +561,7 @@ def main():
     rng = np.random.default_rng(20261121)
     plain_cases(args.out, rng)
     quantized_cases(args.out, rng)
+    special_cases(args.out, rng)
     n = len([d for d in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, d))])
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
     print("gen_gemm: %d cases, %.2f MB in %s" % (n, size / 1e6, args.out))

@@ -286,7 +286,7 @@ Test(gemm_errors, quantized_data_inconsistent) {
   a.data.shape[0] = 7; /* [7, 5]: same count, not the rowwise storage [5, 7] */
   a.data.shape[1] = 5;
   EXPECT_ERR(tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &out, 0), TW_ERR_SHAPE,
-             "a's data is [7, 5] but its orientation stores [5, 7]");
+             "a's data is [7, 5] but its rowwise orientation stores [5, 7]");
   a = tw_operand_rowwise(&qa.q);
   a.mode = (tw_scaling)42;
   EXPECT_ERR(tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &out, 0), TW_ERR_INVALID_ARG,
@@ -531,6 +531,12 @@ Test(gemm_errors, wgrad_quantized_layouts) {
   EXPECT_OK(WGRAD(w, TW_OP_T, TW_OP_T));
   EXPECT_ERR(WGRAD(w, TW_OP_N, TW_OP_T), TW_ERR_INVALID_ARG,
              "lhs_op is N but the lhs data is per-group transposed (use T)");
+  w.l.data.shape[0] = 6; /* the transposed copy viewed as [M, K] instead of [K, M] */
+  w.l.data.shape[1] = 4;
+  EXPECT_ERR(WGRAD(w, TW_OP_T, TW_OP_T), TW_ERR_SHAPE,
+             "lhs's data is [6, 4] but its colwise orientation stores [4, 6]");
+  w.l.data = tw_tensor_1d(w.l.data.data, TW_E4M3, 24, TW_MEM_HOST); /* flat: the count is enough */
+  EXPECT_OK(WGRAD(w, TW_OP_T, TW_OP_T));
   w.l = tw_operand_rowwise(&ql.q);
   EXPECT_ERR(WGRAD(w, TW_OP_T, TW_OP_T), TW_ERR_INVALID_ARG,
              "lhs_op is T but the lhs data is row-major [M, K] (use N)");
