@@ -1,37 +1,58 @@
 /* twin GEMM and grouped GEMM.
  *
  * Operands are plain tensors (f32, bf16, f16) or one orientation of a quantized tensor
- * (tw_quantize.h), dequantized exactly: value = decode(q) * scale_inv of its block. All
- * products are accumulated in f32 (ref: OpenBLAS sgemm on the dequantized f32 values).
- * The output is f32, bf16 or f16 (rounded RNE from the f32 result); with accumulate=1 the
- * result is added in f32 to the output's current value before that rounding, otherwise the
- * output is overwritten.
+ * (tw_quantize.h), dequantized exactly: value = decode(q) * scale_inv of its block (f32
+ * multiply). Every product is accumulated in f32 (ref: OpenBLAS cblas_sgemm on the f32
+ * values). The output is f32, bf16 or f16: the f32 result rounded once, RNE. With
+ * accumulate=1 the f32 result is out_f32 + sum (out decoded to f32 first); otherwise out is
+ * overwritten. Error bound against the exact result: tw_gemm_error_bound (tw_check.h).
+ * IEEE specials propagate as in a plain sum of products: no zero is skipped, so inf * 0 and
+ * inf - inf give NaN; a result that is exactly zero may come out +0 where the exact sign
+ * is -0 (a sum starts from +0).
  *
  * tw_op says how an operand is stored relative to the product (row-major names):
  *   dense:   a: N = [B?, M, K], T = [B?, K, M];  b: N = [B?, K, N], T = [B?, N, K]
  *   out [B?, M, N] = op(a) @ op(b); B is present when either operand has 3 dims; a 2-D
- *   operand is broadcast over the batch. Every (op_a, op_b) pair is allowed.
+ *   operand is broadcast over the batch. Every (op_a, op_b) pair is allowed. K = 0 gives
+ *   out = 0 (accumulate: out unchanged).
  *
  * Grouped forward (ragged M): group g holds rows [o_g, o_g + m_g) of lhs and out,
  *   o_g = sum_{j<g} m_j, group_sizes [G] i32 in the context's memory, S = sum m_g <= M.
  *   out[o_g : o_g+m_g, :] = lhs[o_g : o_g+m_g, :] @ op(rhs[g])
  *   lhs [M, K]; rhs [G, K, N] (rhs_op N) or [G, N, K] (rhs_op T); out [M, N].
- *   Rows S..M-1 of out are not touched. Empty groups write nothing.
+ *   Rows S..M-1 of lhs are never read and of out never written (they may hold NaN or
+ *   poison); an empty group reads and writes nothing.
  * Grouped wgrad (ragged contracting dim):
  *   out[g] = lhs_g^T @ rhs_g for each g, out [G, K, N], where lhs_g / rhs_g are the m_g rows
  *   of group g. lhs_op N: lhs stored [M, K]; T: stored per-group transposed, group g's block
- *   [K, m_g] at element offset o_g*K (the colwise copy of tensor/block scaling). rhs_op N:
- *   rhs [M, N]; T: per-group transposed [N, m_g] blocks. An empty group gives out[g] = 0
- *   exactly (or leaves it unchanged with accumulate=1). Rows S..M-1 are never read.
+ *   [K, m_g] at element offset o_g*K (the colwise copy of tensor/block scaling), passed as
+ *   one [K, M] tensor. rhs_op N: rhs [M, N]; T: per-group transposed [N, m_g] blocks, passed
+ *   as [N, M]. An empty group gives out[g] = +0 exactly (accumulate: out[g]'s bytes are left
+ *   as they are). Rows S..M-1 are never read.
  *
- * Quantized operands: both operands quantized with the same mode, or neither. fp8 pairs:
- *   (e4m3, e4m3), (e4m3, e5m2), (e5m2, e4m3); e5m2 x e5m2 is TW_ERR_DTYPE (as in TE).
+ * Quantized operands: both operands quantized with the same mode, or neither (delayed and
+ *   current count as the same: both are per-tensor scales). fp8 pairs: (e4m3, e4m3),
+ *   (e4m3, e5m2), (e5m2, e4m3); e5m2 x e5m2 is TW_ERR_DTYPE (as in TE).
  *   Block scaling (MXFP8, BLOCK_1x128) must run along the contracting dimension: for each
  *   operand, the orientation (rowwise/colwise) must put its blocks on K, else
- *   TW_ERR_INVALID_ARG names the operand. BLOCK_128x128 is symmetric. Plain operands must
- *   have equal dtypes (or f32 with anything: it is widened).
- *   The rhs of a grouped forward GEMM is quantized as the uniform form: [G*K, N] (rhs_op N)
- *   or [G*N, K] (rhs_op T) with G groups of equal size.
+ *   TW_ERR_INVALID_ARG names the operand and the orientation to pass. Tensor scaling and
+ *   BLOCK_128x128 tiles are symmetric: any orientation.
+ *   The data tensor of an orientation is its storage: [rows, cols] of the source, or
+ *   [cols, rows] for a per-group transposed colwise copy (TENSOR_* and BLOCK_*), as
+ *   tw_operand_rowwise/colwise build it; a 2-D view of another shape is TW_ERR_SHAPE.
+ *   dense: 2-D only, the source quantized as one group; op T on a transposed copy reads it
+ *     back in the source's orientation.
+ *   grouped forward: lhs is the rowwise data of the [M, K] source quantized by group_sizes;
+ *     rhs is quantized in the uniform form: a [G*K, N] source (per-group storage [K, N],
+ *     rhs_op N) or a [G*N, K] source (storage [N, K], rhs_op T), G groups of equal size; a
+ *     transposed colwise copy of one is the other's storage.
+ *   wgrad: lhs [M, K] and rhs [M, N] quantized by group_sizes; op T exactly when the data
+ *     is a per-group transposed copy (else TW_ERR_INVALID_ARG).
+ *   Plain operands must have equal dtypes, or one of them f32 (the other is widened).
+ *
+ * Other errors: out must not share bytes with an input, a scale_inv or group_sizes
+ *   (TW_ERR_INVALID_ARG: in-place GEMMs are not supported). The ref backend calls OpenBLAS
+ *   with 32-bit sizes: M, N or K (per group) above INT_MAX is TW_ERR_UNSUPPORTED.
  *
  * Alignment: the ref backend accepts any shape and any element-aligned pointer. A backend
  * that needs more (gpu: fp8 cuBLASLt paths want 16-byte leading dimensions) states it in
