@@ -1,0 +1,3 @@
+#!/usr/bin/env bash
+# Runs a Python check under Bazel (sh_test): python3 SCRIPT ARGS...
+exec python3 "$@"
