@@ -1,5 +1,6 @@
 /* Public entry points of tw_quantize.h: output shapes, argument validation, dispatch. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -108,6 +109,30 @@ static tw_status check_out(const char *op, const char *name, const tw_ctx *ctx,
 
 static const tw_dtype x_dtypes[] = {TW_F32, TW_BF16, TW_F16};
 
+/* Byte ranges of two tensors (host or device addresses) intersect. */
+static int overlaps(const tw_tensor *a, const tw_tensor *b) {
+  if (tw_tensor_is_none(a) || tw_tensor_is_none(b) || !a->data || !b->data) return 0;
+  size_t na = tw_tensor_bytes(a), nb = tw_tensor_bytes(b);
+  if (na == 0 || nb == 0) return 0;
+  uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+  return a0 < b0 + nb && b0 < a0 + na;
+}
+
+/* Outputs must not overlap the inputs or each other: no backend quantizes in place. */
+static tw_status check_no_overlap(const char *op, int n_out, const tw_tensor *const *outs,
+                                  const char *const *out_names, int n_in, const tw_tensor *const *ins,
+                                  const char *const *in_names) {
+  for (int i = 0; i < n_out; i++) {
+    for (int j = 0; j < n_in; j++)
+      if (overlaps(outs[i], ins[j]))
+        return tw_error(TW_ERR_INVALID_ARG, "%s: %s overlaps the input %s", op, out_names[i], in_names[j]);
+    for (int j = i + 1; j < n_out; j++)
+      if (overlaps(outs[i], outs[j]))
+        return tw_error(TW_ERR_INVALID_ARG, "%s: %s overlaps %s", op, out_names[i], out_names[j]);
+  }
+  return TW_OK;
+}
+
 tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
                               const tw_quantize_opts *opts, tw_qtensor *q) {
   const char *op = "grouped_quantize";
@@ -146,6 +171,20 @@ tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *
       return tw_error(TW_ERR_DTYPE, "%s: opts->scale must be f32, got %s", op, tw_dtype_name(opts->scale.dtype));
     TW_TRY(tw_v_shape_is(op, "opts->scale", &opts->scale, 1, gshape));
   }
+  {
+    int row = opts->layout & TW_ROWWISE, col = opts->layout & TW_COLWISE;
+    const tw_tensor none = tw_tensor_none();
+    /* tensor scaling: col_scale_inv may be the very buffer of row_scale_inv */
+    int shared = tensor_mode && row && col && q->col_scale_inv.data == q->row_scale_inv.data;
+    const tw_tensor *outs[5] = {row ? &q->row_data : &none, row ? &q->row_scale_inv : &none,
+                                col ? &q->col_data : &none, col && !shared ? &q->col_scale_inv : &none,
+                                &q->amax};
+    const char *out_names[5] = {"row_data", "row_scale_inv", "col_data", "col_scale_inv", "amax"};
+    const tw_tensor *ins[3] = {x, group_sizes,
+                               opts->mode == TW_SCALE_TENSOR_DELAYED ? &opts->scale : &none};
+    const char *in_names[3] = {"x", "group_sizes", "opts->scale"};
+    TW_TRY(check_no_overlap(op, 5, outs, out_names, 3, ins, in_names));
+  }
   if (!ctx->ops->grouped_quantize)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_quantize(ctx, x, group_sizes, opts, q);
@@ -181,6 +220,15 @@ tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tenso
     TW_TRY(check_out(op, "row_data", ctx, &q->row_data, &want.row_data));
     TW_TRY(check_out(op, "row_scale_inv", ctx, &q->row_scale_inv, &want.row_scale_inv));
   }
+  {
+    const tw_tensor *s = colwise ? &q->col_scale_inv : &q->row_scale_inv;
+    if (colwise && tw_tensor_is_none(s)) s = &q->row_scale_inv;
+    const tw_tensor *outs[1] = {out}, *ins[3] = {colwise ? &q->col_data : &q->row_data, s, group_sizes};
+    const char *out_names[1] = {"out"};
+    const char *in_names[3] = {colwise ? "col_data" : "row_data", colwise ? "col_scale_inv" : "row_scale_inv",
+                               "group_sizes"};
+    TW_TRY(check_no_overlap(op, 1, outs, out_names, 3, ins, in_names));
+  }
   if (!ctx->ops->grouped_dequantize)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_dequantize(ctx, q, group_sizes, colwise, out);
@@ -212,6 +260,11 @@ tw_status tw_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tenso
   /* an integer margin keeps 2^margin exact, so every backend gets the same bits */
   if (!(margin >= 0.0f && margin <= 127.0f) || margin != floorf(margin))
     return tw_error(TW_ERR_INVALID_ARG, "%s: margin %g is not an integer in [0, 127]", op, (double)margin);
+  {
+    const tw_tensor *outs[2] = {amax_history, scale}, *ins[1] = {amax};
+    const char *out_names[2] = {"amax_history", "scale"}, *in_names[1] = {"amax"};
+    TW_TRY(check_no_overlap(op, 2, outs, out_names, 1, ins, in_names));
+  }
   if (!ctx->ops->delayed_scale_update)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->delayed_scale_update(ctx, amax_history, scale, amax, qdtype, algo, margin);

@@ -295,6 +295,59 @@ Test(quantize_errors, delayed_needs_a_scale_per_group) {
   teardown(&f);
 }
 
+Test(quantize_errors, outputs_must_not_overlap_inputs_or_each_other) {
+  fixture f;
+  setup(&f, TW_SCALE_TENSOR_DELAYED);
+  tw_qtensor keep = f.q;
+  f.q.row_data.data = f.x; /* in place */
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "row_data overlaps the input x");
+  f.q = keep;
+  f.q.col_data.data = f.row + 8;
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "row_data overlaps col_data");
+  f.q = keep;
+  f.q.amax.data = f.sizes;
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "amax overlaps the input group_sizes");
+  f.q = keep;
+  f.q.row_scale_inv.data = f.scale;
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "row_scale_inv overlaps the input opts->scale");
+  f.q = keep;
+  f.q.col_scale_inv.data = f.rs + 4; /* partly row_scale_inv: a bug */
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "row_scale_inv overlaps col_scale_inv");
+  f.q = keep;
+  f.q.col_scale_inv.data = f.rs; /* exactly row_scale_inv: the shared buffer */
+  cr_assert_eq(quantize(&f), TW_OK, "%s", tw_last_error());
+  f.q = keep;
+  f.opts.layout = TW_ROWWISE; /* outputs that are not produced are not checked */
+  f.q.col_data.data = f.x;
+  cr_assert_eq(quantize(&f), TW_OK, "%s", tw_last_error());
+  /* dequantize */
+  float out[M * K];
+  tw_tensor o = tw_tensor_2d(out, TW_F32, M, K, TW_MEM_HOST);
+  f.q = keep;
+  cr_assert_eq(tw_grouped_dequantize(f.ctx, &f.q, &f.gs, 0, &o), TW_OK, "%s", tw_last_error());
+  o.data = f.row;
+  tt_expect_status(tw_grouped_dequantize(f.ctx, &f.q, &f.gs, 0, &o), TW_ERR_INVALID_ARG, "out overlaps the input row_data");
+  o.data = f.rs; /* never written: rejected before any work */
+  tt_expect_status(tw_grouped_dequantize(f.ctx, &f.q, &f.gs, 0, &o), TW_ERR_INVALID_ARG, "out overlaps the input row_scale_inv");
+  int32_t *inside = (int32_t *)(out + M * K - G); /* group sizes stored in out's last bytes */
+  memcpy(inside, f.sizes, sizeof f.sizes);
+  f.gs.data = inside;
+  o.data = out;
+  tt_expect_status(tw_grouped_dequantize(f.ctx, &f.q, &f.gs, 0, &o), TW_ERR_INVALID_ARG, "out overlaps the input group_sizes");
+  teardown(&f);
+  /* delayed update */
+  tw_ctx *ctx = tt_ref_ctx();
+  float hist[G * 4] = {0}, amax[G] = {1, 2, 3};
+  tw_tensor h = tw_tensor_2d(hist, TW_F32, G, 4, TW_MEM_HOST), a = tw_tensor_1d(amax, TW_F32, G, TW_MEM_HOST);
+  tw_tensor s = tw_tensor_1d(hist + 4, TW_F32, G, TW_MEM_HOST);
+  tt_expect_status(tw_delayed_scale_update(ctx, &h, &s, &a, TW_E4M3, TW_AMAX_MAX, 0), TW_ERR_INVALID_ARG,
+                   "amax_history overlaps scale");
+  s = tw_tensor_1d(amax, TW_F32, G, TW_MEM_HOST);
+  tt_expect_status(tw_delayed_scale_update(ctx, &h, &s, &a, TW_E4M3, TW_AMAX_MAX, 0), TW_ERR_INVALID_ARG,
+                   "scale overlaps the input amax");
+  tw_ctx_destroy(ctx);
+}
+
 /* ---- grouped_dequantize ------------------------------------------------------------------ */
 
 Test(quantize_errors, dequantize_rejects_bad_arguments) {

@@ -104,6 +104,8 @@
  *   x, outputs: element-aligned (no further rule); K >= 1; M >= 0.
  *   MXFP8 and BLOCK modes need no K or m_g multiple: partial blocks are defined above.
  *   opts->pow2_scales and opts->mxfp8_swizzled are 0 or 1.
+ *   No output overlaps an input or another output (nothing runs in place); the one exception
+ *   is tensor scaling's col_scale_inv, which may be row_scale_inv's very buffer.
  */
 #ifndef TWIN_TW_QUANTIZE_H
 #define TWIN_TW_QUANTIZE_H
