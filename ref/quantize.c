@@ -153,7 +153,8 @@ typedef struct {
   const groups *gr;
   const tw_tensor *x;
   tw_dtype qdtype;
-  uint8_t *row, *col;          /* data outputs or NULL */
+  int row, col;                /* which orientations the layout asks for */
+  uint8_t *row_data, *col_data; /* (NULL when empty: M = 0) */
 } qctx;
 
 /* max |x| over rows [o_g + r0, o_g + r1) x columns [c0, c1) */
@@ -172,8 +173,8 @@ static void rect_quantize(const qctx *c, int64_t g, int64_t r0, int64_t r1, int6
     for (int64_t k = c0; k < c1; k++) {
       float v = load_x(c->x, (c->gr->off[g] + r) * c->gr->K + k) * scale;
       uint8_t code = fp8_encode_sat(v, c->qdtype);
-      if (to_row) c->row[data_pos(c->gr, 0, g, r, k)] = code;
-      if (to_col) c->col[data_pos(c->gr, 1, g, r, k)] = code;
+      if (to_row) c->row_data[data_pos(c->gr, 0, g, r, k)] = code;
+      if (to_col) c->col_data[data_pos(c->gr, 1, g, r, k)] = code;
     }
 }
 
@@ -188,13 +189,13 @@ static void mxfp8_clear_group(const groups *gr, tw_tensor *s, int colwise, int64
   int64_t ld = scale_ld(s), tiles = tw_ceil_div(gr->sizes[g], 128);
   int64_t rows = colwise ? 4 * tiles : 128 * tiles;
   int64_t base = (colwise ? 4 : 128) * gr->tile[g] * ld;
-  memset((uint8_t *)s->data + base, 0, (size_t)(rows * ld));
+  if (rows * ld > 0) memset((uint8_t *)s->data + base, 0, (size_t)(rows * ld));
 }
 
 static void quantize_group(const qctx *c, const tw_quantize_opts *opts, tw_qtensor *q, int64_t g) {
   const groups *gr = c->gr;
   int64_t m = gr->sizes[g], K = gr->K;
-  int row = c->row != NULL, col = c->col != NULL;
+  int row = c->row, col = c->col;
   float fp8_max = (float)fp8_max_of(c->qdtype);
   switch (gr->mode) {
     case TW_SCALE_TENSOR_CURRENT:
@@ -281,9 +282,8 @@ tw_status ref_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor 
   groups gr;
   TW_TRY(groups_init(&gr, opts->mode, opts->mxfp8_swizzled, x->shape[0], x->shape[1],
                      (const int32_t *)group_sizes->data, group_sizes->shape[0]));
-  qctx c = {&gr, x, opts->qdtype, NULL, NULL};
-  if (opts->layout & TW_ROWWISE) c.row = q->row_data.data;
-  if (opts->layout & TW_COLWISE) c.col = q->col_data.data;
+  int row = (opts->layout & TW_ROWWISE) != 0, col = (opts->layout & TW_COLWISE) != 0;
+  qctx c = {&gr, x, opts->qdtype, row, col, row ? q->row_data.data : NULL, col ? q->col_data.data : NULL};
   for (int64_t g = 0; g < gr.G; g++) quantize_group(&c, opts, q, g);
   groups_free(&gr);
   return TW_OK;

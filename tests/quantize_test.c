@@ -15,7 +15,6 @@
 #include "ref/ref.h"
 #include "tests/test_util.h"
 #include "twin/tw_check.h"
-#include "twin/tw_npy.h"
 #include "twin/tw_quantize.h"
 
 /* An output buffer of t's dtype and shape, filled with the poison byte. */
@@ -25,115 +24,6 @@ static void poison_alloc(tw_tensor *t) {
   t->data = malloc(n ? n : 1);
   cr_assert_not_null(t->data);
   memset(t->data, TW_POISON_BYTE, n);
-}
-
-/* grouped_quantize cases are compared here directly (tw_npy_load + tw_check_exact): the
- * golden runner's exec_quantize hands new_out() an output's own shape array, which new_out
- * clears first, so every quantize output comes out [0, 0] (golden/exec.c; reported). The
- * other ops go through the runner. */
-typedef struct {
-  char key[32][32];
-  char val[32][64];
-  int n;
-} kv;
-
-static void kv_read(const char *dir, kv *c) {
-  char path[2048], line[256];
-  snprintf(path, sizeof path, "%s/case.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert_not_null(f, "cannot open %s", path);
-  c->n = 0;
-  while (fgets(line, sizeof line, f) && c->n < 32) {
-    if (line[0] == '#') continue;
-    if (sscanf(line, " %31s = %63s", c->key[c->n], c->val[c->n]) == 2) c->n++;
-  }
-  fclose(f);
-}
-
-static const char *kv_get(const kv *c, const char *key) {
-  for (int i = 0; i < c->n; i++)
-    if (strcmp(c->key[i], key) == 0) return c->val[i];
-  cr_assert_fail("case.txt has no key %s", key);
-  return NULL;
-}
-
-static int file_exists(const char *dir, const char *name) {
-  char p[2048];
-  snprintf(p, sizeof p, "%s/%s.npy", dir, name);
-  FILE *f = fopen(p, "rb");
-  if (f) fclose(f);
-  return f != NULL;
-}
-
-static tw_tensor load(const char *dir, const char *name, tw_dtype as) {
-  char p[2048];
-  tw_tensor t;
-  snprintf(p, sizeof p, "%s/%s.npy", dir, name);
-  cr_assert_eq(tw_npy_load(p, &t), TW_OK, "%s: %s", p, tw_last_error());
-  if (as != t.dtype) {
-    tw_tensor v;
-    cr_assert_eq(tw_tensor_view_as(&t, as, &v), TW_OK, "%s: %s", p, tw_last_error());
-    t = v;
-  }
-  return t;
-}
-
-static void expect_output(const char *dir, const char *name, const tw_tensor *got) {
-  tw_dtype file_dtype = got->dtype == TW_F32 ? TW_F32 : got->dtype == TW_BF16 || got->dtype == TW_F16 ? TW_U16 : TW_U8;
-  tw_tensor want = load(dir, name, file_dtype), got_raw = *got;
-  if (got->dtype != file_dtype) cr_assert_eq(tw_tensor_view_as(got, file_dtype, &got_raw), TW_OK);
-  /* .npy cannot hold the [G] vs [M*K] 1-D distinction differently: shapes must match */
-  char what[1100];
-  snprintf(what, sizeof what, "%s/%s", dir, name);
-  tt_expect_exact(&got_raw, &want, what);
-  free(want.data);
-}
-
-static tw_dtype dtype_named(const char *s) {
-  tw_dtype t;
-  cr_assert_eq(tw_dtype_from_name(s, &t), 0, "unknown dtype %s", s);
-  return t;
-}
-
-static tw_scaling mode_named(const char *s) {
-  tw_scaling m;
-  cr_assert_eq(tw_scaling_from_name(s, &m), 0, "unknown mode %s", s);
-  return m;
-}
-
-static tw_qlayout layout_named(const char *s) {
-  if (strcmp(s, "rowwise") == 0) return TW_ROWWISE;
-  if (strcmp(s, "colwise") == 0) return TW_COLWISE;
-  cr_assert_str_eq(s, "rowwise_colwise");
-  return TW_ROWWISE_COLWISE;
-}
-
-static void run_quantize_case(tw_ctx *ctx, const char *dir, const kv *c) {
-  tw_quantize_opts opts = TW_QUANTIZE_OPTS_INIT;
-  opts.mode = mode_named(kv_get(c, "mode"));
-  opts.qdtype = dtype_named(kv_get(c, "qdtype"));
-  opts.layout = layout_named(kv_get(c, "layout"));
-  opts.pow2_scales = atoi(kv_get(c, "pow2_scales"));
-  opts.mxfp8_swizzled = atoi(kv_get(c, "swizzled"));
-  tw_dtype x_dtype = dtype_named(kv_get(c, "x_dtype"));
-  tw_tensor x = load(dir, "x", x_dtype), gs = load(dir, "group_sizes", TW_I32);
-  if (opts.mode == TW_SCALE_TENSOR_DELAYED) opts.scale = load(dir, "scale", TW_F32);
-  tw_qtensor q;
-  cr_assert_eq(tw_quantize_output_shapes(&opts, x.shape[0], x.shape[1], gs.shape[0], &q), TW_OK, "%s",
-               tw_last_error());
-  tw_tensor *outs[] = {&q.row_data, &q.row_scale_inv, &q.col_data, &q.col_scale_inv, &q.amax};
-  const char *names[] = {"row_data", "row_scale_inv", "col_data", "col_scale_inv", "amax"};
-  for (int i = 0; i < 5; i++) poison_alloc(outs[i]);
-  tw_status s = tw_grouped_quantize(ctx, &x, &gs, &opts, &q);
-  cr_assert_eq(s, TW_OK, "%s: %s", dir, tw_last_error());
-  for (int i = 0; i < 5; i++) {
-    cr_assert_eq(file_exists(dir, names[i]), !tw_tensor_is_none(outs[i]), "%s: %s presence", dir, names[i]);
-    if (!tw_tensor_is_none(outs[i])) expect_output(dir, names[i], outs[i]);
-    free(outs[i]->data);
-  }
-  free(x.data);
-  free(gs.data);
-  if (opts.mode == TW_SCALE_TENSOR_DELAYED) free(opts.scale.data);
 }
 
 /* ---- golden cases: each one a test case, run by the golden runner on ref --------------- */
@@ -159,13 +49,6 @@ ParameterizedTestParameters(quantize_golden, case_passes) {
 
 ParameterizedTest(golden_case *c, quantize_golden, case_passes) {
   tw_ctx *ctx = tt_ref_ctx();
-  kv keys;
-  kv_read(c->dir, &keys);
-  if (strcmp(kv_get(&keys, "op"), "grouped_quantize") == 0) {
-    run_quantize_case(ctx, c->dir, &keys);
-    tw_ctx_destroy(ctx);
-    return;
-  }
   tw_golden_result res;
   memset(&res, 0, sizeof res);
   tw_status s = tw_golden_run_case(ctx, c->dir, &res);
