@@ -91,5 +91,8 @@ for op in quantize dequantize gemm grouped_gemm grouped_gemm_wgrad delayed_scale
   for f in $flags; do grep -q -- "$f" "$T/help" || missing="$missing $f"; done
   if [ -z "$missing" ]; then pass "help_op_$op"; else fail "help_op_$op" "undocumented:$missing"; fi
 done
+# backends: the table names every operation and both backends
+if "$TWIN" backends >"$T/b" 2>&1 && grep -q "grouped_gemm_wgrad" "$T/b" && grep -q "ref .*gpu" "$T/b"; then
+  pass backends_table; else fail backends_table "$(head -3 "$T/b")"; fi
 rm -rf "$T"
 finish

@@ -192,7 +192,7 @@ static void *alloc_part(tw_tensor *t, size_t *bytes) {
 }
 
 static void bench_quantize(bench_run *b, tw_ctx *ctx) {
-  const int M = 4096, K = 2048, G = 8;
+  const int M = 2048, K = 1024, G = 8;
   static const tw_scaling modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_MXFP8_1D,
                                      TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
   uint16_t *x = (uint16_t *)malloc((size_t)M * K * 2);

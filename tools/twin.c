@@ -4,10 +4,12 @@
  *   bench   rates next to a peer from the same run (cmd_bench.c, bench.c)
  *   plan    print a sharding plan (shard/)
  *   fuzz    differential fuzzing against the oracle (fuzz/)
+ *   backends  the operations each backend of this binary provides
  * Subcommands owned by other parts are referenced weakly: a build without them says so. */
 #include <stdio.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "fuzz/fuzz.h"
 #include "shard/cli.h"
 #include "tools/cli.h"
@@ -27,9 +29,40 @@ static void usage(FILE *f) {
           "  bench       time the kernels next to a peer measured in the same run\n"
           "  plan        print the sharding plan of an operation on a mesh\n"
           "  fuzz        differential fuzzing of every operation against the oracle\n"
+          "  backends    which operations each backend of this binary provides\n"
           "\n"
           "Backends in this binary: ref%s.\n",
           tw_backend_available(TW_BACKEND_GPU) ? ", gpu" : " (gpu: no device or not built in)");
+}
+
+/* `twin backends`: what this binary's backends provide, read from their op tables. */
+extern const tw_backend_ops tw_ref_ops __attribute__((weak));
+extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
+
+static int cmd_backends(void) {
+  const tw_backend_ops *tables[TW_BACKEND_COUNT] = {&tw_ref_ops, &tw_gpu_ops};
+  printf("%-22s", "operation");
+  for (int b = 0; b < TW_BACKEND_COUNT; b++) printf(" %-10s", tw_backend_name((tw_backend)b));
+  printf("\n%-22s", "(built in / device)");
+  for (int b = 0; b < TW_BACKEND_COUNT; b++)
+    printf(" %-10s", !tables[b] ? "absent" : tw_backend_available((tw_backend)b) ? "usable" : "no device");
+  printf("\n");
+#define ROW(field, label)                                                        \
+  do {                                                                           \
+    printf("%-22s", label);                                                      \
+    for (int b = 0; b < TW_BACKEND_COUNT; b++)                                   \
+      printf(" %-10s", tables[b] && tables[b]->field ? "yes" : "-");            \
+    printf("\n");                                                                \
+  } while (0)
+  ROW(cast, "cast");
+  ROW(grouped_quantize, "grouped_quantize");
+  ROW(grouped_dequantize, "grouped_dequantize");
+  ROW(delayed_scale_update, "delayed_scale_update");
+  ROW(gemm, "gemm");
+  ROW(grouped_gemm, "grouped_gemm");
+  ROW(grouped_gemm_wgrad, "grouped_gemm_wgrad");
+#undef ROW
+  return TW_EXIT_OK;
 }
 
 static int missing(const char *what, const char *who) {
@@ -39,7 +72,7 @@ static int missing(const char *what, const char *who) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "twin: missing command (op, check, bench, plan, fuzz; twin --help)\n");
+    fprintf(stderr, "twin: missing command (op, check, bench, backends, plan, fuzz; twin --help)\n");
     return TW_EXIT_USAGE;
   }
   if (twin_is_help(argv[1]) || strcmp(argv[1], "help") == 0) {
@@ -52,8 +85,9 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "op") == 0) return twin_cmd_op(sub_argc, sub_argv);
   if (strcmp(cmd, "check") == 0) return twin_cmd_check(sub_argc, sub_argv);
   if (strcmp(cmd, "bench") == 0) return twin_cmd_bench(sub_argc, sub_argv);
+  if (strcmp(cmd, "backends") == 0) return cmd_backends();
   if (strcmp(cmd, "plan") == 0) return tw_plan_main ? tw_plan_main(sub_argc, sub_argv) : missing("plan", "shard/");
   if (strcmp(cmd, "fuzz") == 0) return tw_fuzz_main ? tw_fuzz_main(sub_argc, sub_argv) : missing("fuzz", "fuzz/");
-  fprintf(stderr, "twin: unknown command '%s' (op, check, bench, plan, fuzz; twin --help)\n", cmd);
+  fprintf(stderr, "twin: unknown command '%s' (op, check, bench, backends, plan, fuzz; twin --help)\n", cmd);
   return TW_EXIT_USAGE;
 }
