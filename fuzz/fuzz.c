@@ -1,0 +1,337 @@
+/* `twin fuzz`: the driver loop, progress, summary table, repro dirs, replay and the CLI.
+ *
+ *   twin fuzz --backend gpu|ref --op all|<op>[,<op>...] (--seconds N | --cases N) --seed S
+ *             [--out DIR] [--no-shrink] [--shrink-seconds N] [--max-failures N] [--plant BUG]
+ *   twin fuzz --replay DIR [--backend gpu|ref] [--plant BUG]
+ *
+ * Case i of seed S is op[i % nops] drawn from fz_case_seed(S, i): the same on every machine.
+ * Each case is written to OUT/current/ before it runs (a crash leaves it there); a failing
+ * case is copied to OUT/<op>-<seed>-<i>/ and its shrunk form to OUT/<op>-<seed>-<i>/shrunk/.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fuzz/fuzz.h"
+#include "fuzz/fuzz_internal.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fz_options_default(fz_options *o) {
+  memset(o, 0, sizeof *o);
+  o->backend = TW_BACKEND_REF;
+  o->op_mask = (1 << FZ_OP_COUNT) - 1;
+  o->seed = 1;
+  o->cases = 0;
+  o->seconds = 0;
+  o->shrink = 1;
+  o->shrink_seconds = 20;
+  o->max_failures = 5;
+  const char *u = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  static char dflt[1024];
+  if (u && *u) snprintf(dflt, sizeof dflt, "%s/twin-fuzz", u);
+  else snprintf(dflt, sizeof dflt, "twin-fuzz-out");
+  o->out_dir = dflt;
+}
+
+/* Subject and oracle contexts; the oracle is the subject itself for plain --backend ref. */
+static int open_contexts(tw_backend backend, const char *plant, tw_ctx **subject, tw_ctx **oracle) {
+  *subject = *oracle = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  if (tw_ctx_create(oracle, &cfg) != TW_OK) {
+    fprintf(stderr, "twin fuzz: cannot create the ref oracle: %s\n", tw_last_error());
+    return -1;
+  }
+  if (backend == TW_BACKEND_REF && !plant) {
+    *subject = *oracle;
+    return 0;
+  }
+  if (plant && backend != TW_BACKEND_REF) {
+    fprintf(stderr, "twin fuzz: --plant wraps the ref backend; use it with --backend ref\n");
+    tw_ctx_destroy(*oracle);
+    return -1;
+  }
+  cfg.backend = backend;
+  if (!tw_backend_available(backend) || tw_ctx_create(subject, &cfg) != TW_OK) {
+    fprintf(stderr, "twin fuzz: backend '%s' is not available in this binary/machine: %s\n",
+            tw_backend_name(backend), tw_last_error());
+    tw_ctx_destroy(*oracle);
+    return -1;
+  }
+  if (plant && fz_plant(*subject, plant) != 0) {
+    fprintf(stderr, "twin fuzz: unknown planted bug '%s' (known:", plant);
+    for (int i = 0; i < fz_plant_count(); i++) fprintf(stderr, " %s", fz_plant_name(i));
+    fprintf(stderr, ")\n");
+    tw_ctx_destroy(*subject);
+    tw_ctx_destroy(*oracle);
+    return -1;
+  }
+  return 0;
+}
+
+static void close_contexts(tw_ctx *subject, tw_ctx *oracle) {
+  if (subject != oracle) tw_ctx_destroy(subject);
+  tw_ctx_destroy(oracle);
+}
+
+static void report_failure(const fz_options *o, tw_ctx *subject, tw_ctx *oracle, fz_case *c,
+                           const fz_result *r, int64_t index, double t_start, fz_summary *s) {
+  char dir[1200], sdir[1300], desc[512], extra[1500];
+  snprintf(dir, sizeof dir, "%s/%s-%llu-%lld", o->out_dir, fz_op_name(c->op), (unsigned long long)o->seed,
+           (long long)index);
+  const char *bname = tw_backend_name(o->backend);
+  fz_case_describe(c, desc, sizeof desc);
+  fprintf(stderr, "\nFAIL case %lld %s\n", (long long)index, desc);
+  fz_result_print(r, stderr);
+  snprintf(extra, sizeof extra, "case %lld of seed %llu: %s", (long long)index, (unsigned long long)o->seed, desc);
+  if (fz_case_write(dir, c, bname, o->plant) != TW_OK || fz_report_write(dir, r, extra) != TW_OK)
+    fprintf(stderr, "  (could not write the repro: %s)\n", tw_last_error());
+  const char *final_dir = dir;
+  if (o->shrink && r->verdict == FZ_FAIL) {
+    fz_shrink_stats st;
+    fz_shrink(subject, oracle, c, r, o->shrink_seconds, &st);
+    fz_result r2;
+    fz_run_case(subject, oracle, c, &r2);
+    snprintf(sdir, sizeof sdir, "%s/shrunk", dir);
+    fz_case_describe(c, desc, sizeof desc);
+    snprintf(extra, sizeof extra, "shrunk from %lld to %lld input elements in %.1f s (%d runs): %s",
+             (long long)st.elements_before, (long long)st.elements_after, st.seconds, st.attempts, desc);
+    if (fz_case_write(sdir, c, bname, o->plant) != TW_OK || fz_report_write(sdir, &r2, extra) != TW_OK)
+      fprintf(stderr, "  (could not write the shrunk repro: %s)\n", tw_last_error());
+    fprintf(stderr, "  shrunk: %s\n", extra);
+    fz_result_print(&r2, stderr);
+    final_dir = sdir;
+    if (s->failures == 1) s->shrunk_elements = st.elements_after;
+  } else if (s->failures == 1) {
+    s->shrunk_elements = fz_case_elements(c);
+  }
+  fprintf(stderr, "  replay: twin fuzz --replay %s --backend %s%s%s\n", final_dir, bname,
+          o->plant ? " --plant " : "", o->plant ? o->plant : "");
+  if (s->failures == 1) {
+    snprintf(s->first_repro, sizeof s->first_repro, "%.500s", final_dir);
+    s->first_failure_seconds = now_s() - t_start;
+  }
+}
+
+int fz_run(const fz_options *o, fz_summary *s) {
+  memset(s, 0, sizeof *s);
+  s->first_failure_seconds = -1;
+  s->shrunk_elements = -1;
+  fz_op ops[FZ_OP_COUNT];
+  int nops = 0;
+  for (int i = 0; i < FZ_OP_COUNT; i++)
+    if (o->op_mask & (1 << i)) ops[nops++] = (fz_op)i;
+  if (!nops) { fprintf(stderr, "twin fuzz: no op selected\n"); return 2; }
+  tw_ctx *subject, *oracle;
+  if (open_contexts(o->backend, o->plant, &subject, &oracle) != 0) return 2;
+  char cur[1100];
+  snprintf(cur, sizeof cur, "%s/current", o->out_dir);
+  double t0 = now_s(), last = t0;
+  int rc = 0;
+  for (int64_t i = 0;; i++) {
+    double t = now_s();
+    if (o->cases > 0 ? i >= o->cases : t - t0 >= o->seconds) break;
+    if (o->max_failures > 0 && s->failures >= o->max_failures) break;
+    fz_op op = ops[i % nops];
+    fz_case c;
+    if (fz_generate(&c, op, o->seed, (uint64_t)i) != 0) {
+      fprintf(stderr, "twin fuzz: could not generate case %lld (out of memory)\n", (long long)i);
+      rc = 2;
+      break;
+    }
+    /* on disk before it runs: a crash or hang leaves the case behind */
+    if (fz_case_write(cur, &c, tw_backend_name(o->backend), o->plant) != TW_OK) {
+      fprintf(stderr, "twin fuzz: %s\n", tw_last_error());
+      fz_case_free(&c);
+      rc = 2;
+      break;
+    }
+    fz_result r;
+    double tc = now_s();
+    fz_verdict v = fz_run_case(subject, oracle, &c, &r);
+    s->per_op_seconds[op] += now_s() - tc;
+    s->cases++;
+    s->per_op_cases[op]++;
+    if (v != FZ_PASS) {
+      s->failures++;
+      if (v == FZ_ERROR) s->errors++;
+      s->per_op_failures[op]++;
+      report_failure(o, subject, oracle, &c, &r, i, t0, s);
+    }
+    fz_case_free(&c);
+    t = now_s();
+    if (!o->quiet && t - last >= 2.0) {
+      fprintf(stderr, "[fuzz] %6.1fs %lld cases (%.1f/s) %lld failures\n", t - t0, (long long)s->cases,
+              s->cases / (t - t0), (long long)s->failures);
+      last = t;
+    }
+  }
+  s->seconds = now_s() - t0;
+  close_contexts(subject, oracle);
+  if (rc) return rc;
+  return s->failures ? 1 : 0;
+}
+
+void fz_summary_print(const fz_summary *s, FILE *f) {
+  fprintf(f, "%-14s %10s %9s %10s\n", "op", "cases", "failures", "cases/s");
+  for (int i = 0; i < FZ_OP_COUNT; i++) {
+    if (!s->per_op_cases[i]) continue;
+    double t = s->per_op_seconds[i];
+    fprintf(f, "%-14s %10lld %9lld %10.1f\n", fz_op_name((fz_op)i), (long long)s->per_op_cases[i],
+            (long long)s->per_op_failures[i], t > 0 ? s->per_op_cases[i] / t : 0.0);
+  }
+  fprintf(f, "%-14s %10lld %9lld %10.1f   (%.1f s)\n", "total", (long long)s->cases, (long long)s->failures,
+          s->seconds > 0 ? s->cases / s->seconds : 0.0, s->seconds);
+  if (s->failures) fprintf(f, "first failure after %.1f s; repro: %s\n", s->first_failure_seconds, s->first_repro);
+}
+
+int fz_replay(const char *dir, tw_backend backend, const char *plant, fz_result *res) {
+  fz_case c;
+  if (fz_case_read(dir, &c) != TW_OK) {
+    fprintf(stderr, "twin fuzz --replay: %s\n", tw_last_error());
+    memset(res, 0, sizeof *res);
+    res->verdict = FZ_ERROR;
+    snprintf(res->message, sizeof res->message, "%s", tw_last_error());
+    return 2;
+  }
+  tw_ctx *subject, *oracle;
+  if (open_contexts(backend, plant, &subject, &oracle) != 0) {
+    fz_case_free(&c);
+    memset(res, 0, sizeof *res);
+    res->verdict = FZ_ERROR;
+    return 2;
+  }
+  char desc[512];
+  fz_case_describe(&c, desc, sizeof desc);
+  fz_verdict v = fz_run_case(subject, oracle, &c, res);
+  printf("%s %s on %s%s%s\n", v == FZ_PASS ? "PASS" : v == FZ_FAIL ? "FAIL" : "ERROR", desc,
+         tw_backend_name(backend), plant ? "+" : "", plant ? plant : "");
+  fz_result_print(res, stdout);
+  close_contexts(subject, oracle);
+  fz_case_free(&c);
+  return v == FZ_PASS ? 0 : 1;
+}
+
+/* ---- CLI ---- */
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: twin fuzz [--backend ref|gpu] [--op all|OP[,OP...]] [--seconds N | --cases N]\n"
+          "                 [--seed S] [--out DIR] [--no-shrink] [--shrink-seconds N]\n"
+          "                 [--max-failures N] [--plant BUG] [--quiet]\n"
+          "       twin fuzz --replay DIR [--backend ref|gpu] [--plant BUG]\n"
+          "       twin fuzz --list\n"
+          "ops: quantize cast gemm grouped_gemm wgrad (default all). Default: --cases 200 --seed 1.\n"
+          "--backend ref checks the oracle's self-consistency; gpu is compared with ref.\n");
+}
+
+static int parse_num(const char *flag, const char *v, double *out) {
+  char *end;
+  if (!v) { fprintf(stderr, "twin fuzz: %s needs a value\n", flag); return -1; }
+  *out = strtod(v, &end);
+  if (*end || *out < 0) { fprintf(stderr, "twin fuzz: %s '%s' is not a non-negative number\n", flag, v); return -1; }
+  return 0;
+}
+
+static int parse_ops(const char *v, int *mask) {
+  if (!v) return -1;
+  if (strcmp(v, "all") == 0) { *mask = (1 << FZ_OP_COUNT) - 1; return 0; }
+  *mask = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", v);
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    fz_op op;
+    if (fz_op_from_name(tok, &op) != 0) {
+      fprintf(stderr, "twin fuzz: unknown op '%s' (ops: quantize cast gemm grouped_gemm wgrad, or all)\n", tok);
+      return -1;
+    }
+    *mask |= 1 << op;
+  }
+  return 0;
+}
+
+int tw_fuzz_main(int argc, char **argv) {
+  fz_options o;
+  fz_options_default(&o);
+  const char *replay = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    double d;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+    else if (!strcmp(a, "--list")) {
+      printf("ops: quantize cast gemm grouped_gemm wgrad\nplanted bugs:");
+      for (int k = 0; k < fz_plant_count(); k++) printf(" %s(%s)", fz_plant_name(k), fz_plant_op(k));
+      printf("\n");
+      return 0;
+    } else if (!strcmp(a, "--backend")) {
+      if (!v || tw_backend_from_name(v, &o.backend) != 0) {
+        fprintf(stderr, "twin fuzz: --backend must be ref or gpu, got '%s'\n", v ? v : "");
+        return 2;
+      }
+      i++;
+    } else if (!strcmp(a, "--op")) {
+      if (parse_ops(v, &o.op_mask) != 0) return 2;
+      i++;
+    } else if (!strcmp(a, "--seconds")) {
+      if (parse_num(a, v, &o.seconds)) return 2;
+      i++;
+    } else if (!strcmp(a, "--cases")) {
+      if (parse_num(a, v, &d)) return 2;
+      o.cases = (int64_t)d;
+      i++;
+    } else if (!strcmp(a, "--seed")) {
+      char *end;
+      if (!v) { fprintf(stderr, "twin fuzz: --seed needs a value\n"); return 2; }
+      o.seed = strtoull(v, &end, 0);
+      if (*end) { fprintf(stderr, "twin fuzz: --seed '%s' is not an integer\n", v); return 2; }
+      i++;
+    } else if (!strcmp(a, "--out")) {
+      if (!v) { fprintf(stderr, "twin fuzz: --out needs a directory\n"); return 2; }
+      o.out_dir = v;
+      i++;
+    } else if (!strcmp(a, "--no-shrink")) {
+      o.shrink = 0;
+    } else if (!strcmp(a, "--shrink-seconds")) {
+      if (parse_num(a, v, &o.shrink_seconds)) return 2;
+      i++;
+    } else if (!strcmp(a, "--max-failures")) {
+      if (parse_num(a, v, &d)) return 2;
+      o.max_failures = (int)d;
+      i++;
+    } else if (!strcmp(a, "--plant")) {
+      if (!v) { fprintf(stderr, "twin fuzz: --plant needs a bug name (see --list)\n"); return 2; }
+      o.plant = v;
+      i++;
+    } else if (!strcmp(a, "--replay")) {
+      if (!v) { fprintf(stderr, "twin fuzz: --replay needs a directory\n"); return 2; }
+      replay = v;
+      i++;
+    } else if (!strcmp(a, "--quiet")) {
+      o.quiet = 1;
+    } else {
+      fprintf(stderr, "twin fuzz: unknown argument '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (replay) {
+    fz_result r;
+    return fz_replay(replay, o.backend, o.plant, &r);
+  }
+  if (o.seconds > 0 && o.cases > 0) {
+    fprintf(stderr, "twin fuzz: give --seconds or --cases, not both\n");
+    return 2;
+  }
+  if (o.seconds == 0 && o.cases == 0) o.cases = 200;
+  fprintf(stderr, "twin fuzz: backend %s%s%s, seed %llu, %s %g, repros under %s\n", tw_backend_name(o.backend),
+          o.plant ? "+" : "", o.plant ? o.plant : "", (unsigned long long)o.seed,
+          o.cases ? "cases" : "seconds", o.cases ? (double)o.cases : o.seconds, o.out_dir);
+  fz_summary s;
+  int rc = fz_run(&o, &s);
+  if (rc == 2) return 2;
+  fz_summary_print(&s, stdout);
+  return rc;
+}
