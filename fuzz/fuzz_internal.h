@@ -84,7 +84,7 @@ typedef struct {
 
 void fz_case_free(fz_case *c);
 int fz_case_copy(fz_case *dst, const fz_case *src); /* 0 on success */
-int64_t fz_case_elements(const fz_case *c);          /* input elements (the "size" of a case) */
+int64_t fz_case_elements(const fz_case *c);          /* input + output elements: a case's size */
 void fz_case_describe(const fz_case *c, char *buf, size_t n);
 /* element counts of each logical array */
 int64_t fz_numel_x(const fz_case *c);

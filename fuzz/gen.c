@@ -89,8 +89,9 @@ int64_t fz_numel_out(const fz_case *c) {
     default: return 0;
   }
 }
-int64_t fz_case_elements(const fz_case *c) {
-  return fz_numel_x(c) + fz_numel_a(c) + fz_numel_b(c);
+int64_t fz_case_elements(const fz_case *c) { /* inputs + outputs */
+  int64_t n = fz_numel_x(c) + fz_numel_a(c) + fz_numel_b(c) + fz_numel_out(c);
+  return c->op <= FZ_CAST ? 2 * n : n;
 }
 
 void fz_case_free(fz_case *c) {

@@ -1,6 +1,7 @@
 /* Repro directories: case.txt (key = value) + the inputs as .npy (f32 logical values, i32
  * group sizes), and report.txt with the checker's lines. fuzz/README.md documents the keys. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -39,9 +40,16 @@ static void write_spec(FILE *f, const char *p, const fz_operand_spec *s) {
             tw_dtype_name(s->qdtype), p, s->colwise, p, s->swizzled, p, s->pow2);
 }
 
+static const char *const kFiles[] = {"case.txt", "report.txt", "group_sizes.npy", "x.npy", "a.npy",
+                                     "b.npy", "out_init.npy", "scale.npy"};
+
 tw_status fz_case_write(const char *dir, const fz_case *c, const char *backend_name, const char *plant) {
   if (fz_mkdir_p(dir) != 0) return tw_error(TW_ERR_IO, "fuzz: cannot create directory %s", dir);
   char path[1200];
+  for (size_t i = 0; i < sizeof kFiles / sizeof kFiles[0]; i++) { /* no stale inputs of an earlier case */
+    snprintf(path, sizeof path, "%s/%s", dir, kFiles[i]);
+    remove(path);
+  }
   snprintf(path, sizeof path, "%s/case.txt", dir);
   FILE *f = fopen(path, "w");
   if (!f) return tw_error(TW_ERR_IO, "fuzz: cannot write %s", path);
