@@ -56,9 +56,15 @@ static int open_contexts(tw_backend backend, const char *plant, tw_ctx **subject
     return -1;
   }
   cfg.backend = backend;
-  if (!tw_backend_available(backend) || tw_ctx_create(subject, &cfg) != TW_OK) {
-    fprintf(stderr, "twin fuzz: backend '%s' is not available in this binary/machine: %s\n",
-            tw_backend_name(backend), tw_last_error());
+  if (!tw_backend_available(backend)) {
+    fprintf(stderr, "twin fuzz: backend '%s' is not in this binary or has no device here (the gpu "
+            "backend needs a binary that links //gpu, e.g. //tools:twin, and a visible GPU)\n",
+            tw_backend_name(backend));
+    tw_ctx_destroy(*oracle);
+    return -1;
+  }
+  if (tw_ctx_create(subject, &cfg) != TW_OK) {
+    fprintf(stderr, "twin fuzz: cannot create a '%s' context: %s\n", tw_backend_name(backend), tw_last_error());
     tw_ctx_destroy(*oracle);
     return -1;
   }
@@ -223,6 +229,7 @@ static void usage(FILE *f) {
           "                 [--seed S] [--out DIR] [--no-shrink] [--shrink-seconds N]\n"
           "                 [--max-failures N] [--plant BUG] [--quiet]\n"
           "       twin fuzz --replay DIR [--backend ref|gpu] [--plant BUG]\n"
+          "       twin fuzz --write-case DIR --op OP --seed S --index I   (export one case)\n"
           "       twin fuzz --list\n"
           "ops: quantize cast gemm grouped_gemm wgrad (default all). Default: --cases 200 --seed 1.\n"
           "--backend ref checks the oracle's self-consistency; gpu is compared with ref.\n");
@@ -256,7 +263,8 @@ static int parse_ops(const char *v, int *mask) {
 int tw_fuzz_main(int argc, char **argv) {
   fz_options o;
   fz_options_default(&o);
-  const char *replay = NULL;
+  const char *replay = NULL, *write_dir = NULL;
+  int64_t index = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     double d;
@@ -309,6 +317,14 @@ int tw_fuzz_main(int argc, char **argv) {
       if (!v) { fprintf(stderr, "twin fuzz: --replay needs a directory\n"); return 2; }
       replay = v;
       i++;
+    } else if (!strcmp(a, "--write-case")) {
+      if (!v) { fprintf(stderr, "twin fuzz: --write-case needs a directory\n"); return 2; }
+      write_dir = v;
+      i++;
+    } else if (!strcmp(a, "--index")) {
+      if (parse_num(a, v, &d)) return 2;
+      index = (int64_t)d;
+      i++;
     } else if (!strcmp(a, "--quiet")) {
       o.quiet = 1;
     } else {
@@ -320,6 +336,20 @@ int tw_fuzz_main(int argc, char **argv) {
   if (replay) {
     fz_result r;
     return fz_replay(replay, o.backend, o.plant, &r);
+  }
+  if (write_dir) { /* export case --index of --seed for --op (first selected op) without running it */
+    fz_op op = FZ_QUANTIZE;
+    for (int k = FZ_OP_COUNT - 1; k >= 0; k--)
+      if (o.op_mask & (1 << k)) op = (fz_op)k;
+    fz_case c;
+    if (fz_generate(&c, op, o.seed, (uint64_t)index) != 0) { fprintf(stderr, "twin fuzz: out of memory\n"); return 2; }
+    tw_status st = fz_case_write(write_dir, &c, tw_backend_name(o.backend), o.plant);
+    char desc[512];
+    fz_case_describe(&c, desc, sizeof desc);
+    fz_case_free(&c);
+    if (st != TW_OK) { fprintf(stderr, "twin fuzz: %s\n", tw_last_error()); return 2; }
+    printf("wrote %s: %s\n", write_dir, desc);
+    return 0;
   }
   if (o.seconds > 0 && o.cases > 0) {
     fprintf(stderr, "twin fuzz: give --seconds or --cases, not both\n");

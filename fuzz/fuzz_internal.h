@@ -80,6 +80,7 @@ typedef struct {
   tw_dtype out_dtype;
   int accumulate;
   char note[96];          /* the generator's pattern, e.g. "skew99" */
+  char plant[48];         /* read from a repro: the planted bug it was found with ("" if none) */
 } fz_case;
 
 void fz_case_free(fz_case *c);

@@ -488,9 +488,12 @@ static int gen_gemm(fz_rng *r, fz_case *c) {
   c->M = pick_dim(r, 0, 200);
   c->N = pick_dim(r, 0, 200);
   c->K = pick_dim(r, 0, 300);
-  if (c->sa.mode != TW_SCALE_NONE && c->K == 0) c->K = 1;
   while (c->M * c->N * (c->K + 1) > 2000000) c->K /= 2;
-  if (c->K == 0 && c->sa.mode != TW_SCALE_NONE) c->K = 1;
+  if (c->sa.mode != TW_SCALE_NONE) { /* every quantized source needs at least one column */
+    if (c->M == 0) c->M = 1;
+    if (c->N == 0) c->N = 1;
+    if (c->K == 0) c->K = 1;
+  }
   c->G = 0;
   return gen_gemm_values(r, c);
 }

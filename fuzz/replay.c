@@ -245,7 +245,8 @@ static tw_status read_case(const char *dir, fz_case *c) {
     goto done;
   }
   int64_t v;
-  TRY(get_int(t, "seed", 0, &v)); c->seed = (uint64_t)v;
+  const char *seed = get(t, "seed");
+  c->seed = seed ? strtoull(seed, NULL, 10) : 0; /* informational */
   TRY(get_int(t, "M", 0, &c->M));
   TRY(get_int(t, "K", 0, &c->K));
   TRY(get_int(t, "N", 0, &c->N));
@@ -271,6 +272,8 @@ static tw_status read_case(const char *dir, fz_case *c) {
   TRY(get_spec(t, "b", &c->sb));
   const char *note = get(t, "note");
   snprintf(c->note, sizeof c->note, "%s", note ? note : "");
+  const char *plant = get(t, "plant");
+  snprintf(c->plant, sizeof c->plant, "%s", plant ? plant : "");
   if (c->G > 0) TRY(load_array(dir, "group_sizes", TW_I32, c->G, (void **)&c->group_sizes));
   if (fz_numel_x(c) > 0 || c->op == FZ_QUANTIZE || c->op == FZ_CAST)
     TRY(load_array(dir, "x", TW_F32, fz_numel_x(c), (void **)&c->x));
