@@ -16,6 +16,7 @@
 #include "tests/test_util.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
+#include "twin/tw_quantize.h"
 
 /* ---- the fake backend ------------------------------------------------------------------------ */
 enum { BUG_NONE, BUG_WRONG_VALUE, BUG_SKIP_ROW, BUG_WRITE_TAIL, BUG_NAN };
@@ -419,4 +420,86 @@ Test(runner, case_keys_parse_and_set) {
   write_text(dir, "case.txt", "op = gemm\nK = 5 6\n");
   tt_expect_status(tw_case_keys_parse_file(path, &k), TW_ERR_IO, "case.txt:2: expected 'key = value' with a one-token value");
   free(dir);
+}
+
+/* ---- exec on the real ref backend --------------------------------------------------------------- */
+typedef struct {
+  tw_tensor x, gs, scale;
+} mem_inputs;
+
+static tw_status from_memory(void *user, const char *name, tw_tensor *out, int *found) {
+  const mem_inputs *in = (const mem_inputs *)user;
+  const tw_tensor *t = !strcmp(name, "x") ? &in->x : !strcmp(name, "group_sizes") ? &in->gs
+                       : !strcmp(name, "scale") ? &in->scale : NULL;
+  *found = t != NULL;
+  if (!t) return TW_OK;
+  *out = *t;
+  size_t n = tw_tensor_bytes(t);
+  out->data = malloc(n ? n : 1); /* exec owns (frees) what an input callback returns */
+  memcpy(out->data, t->data, n);
+  return TW_OK;
+}
+
+/* exec's quantize (the path of `twin op` and `twin check`) writes exactly what a direct call of
+ * tw_grouped_quantize writes, with the shapes of tw_quantize_output_shapes, for every mode and
+ * layout (the shared tensor-scale buffer included). */
+Test(runner, exec_quantize_equals_the_direct_call_for_every_mode_and_layout) {
+  tw_ctx *ctx = tt_ref_ctx();
+  enum { M = 150, K = 40, G = 3 };
+  static float x[M * K];
+  int32_t gs[G] = {70, 0, 77};
+  float scale[G] = {2, 4, 8};
+  tt_fill_uniform_f32(x, M * K, 5, -3, 3);
+  mem_inputs in = {tw_tensor_2d(x, TW_F32, M, K, TW_MEM_HOST), tw_tensor_1d(gs, TW_I32, G, TW_MEM_HOST),
+                   tw_tensor_1d(scale, TW_F32, G, TW_MEM_HOST)};
+  static const char *layouts[] = {"rowwise", "colwise", "rowwise_colwise"};
+  static const tw_qlayout qlayouts[] = {TW_ROWWISE, TW_COLWISE, TW_ROWWISE_COLWISE};
+  for (int mode = TW_SCALE_TENSOR_CURRENT; mode < TW_SCALE_COUNT; mode++)
+    for (int l = 0; l < 3; l++) {
+      tw_case_keys k;
+      memset(&k, 0, sizeof k);
+      tw_case_set(&k, "op", "grouped_quantize");
+      tw_case_set(&k, "mode", tw_scaling_name((tw_scaling)mode));
+      tw_case_set(&k, "layout", layouts[l]);
+      tw_tensor_set outs;
+      tw_tensor_set_init(&outs);
+      cr_assert_eq(tw_exec_case(ctx, &k, from_memory, &in, &outs), TW_OK, "%s %s: %s",
+                   tw_scaling_name((tw_scaling)mode), layouts[l], tw_last_error());
+      /* the direct call, on buffers allocated from the same shapes */
+      tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+      o.mode = (tw_scaling)mode;
+      o.layout = qlayouts[l];
+      o.scale = in.scale;
+      tw_qtensor q;
+      cr_assert_eq(tw_quantize_output_shapes(&o, M, K, G, &q), TW_OK);
+      tw_tensor *parts[5] = {&q.row_data, &q.row_scale_inv, &q.col_data, &q.col_scale_inv, &q.amax};
+      const char *names[5] = {"row_data", "row_scale_inv", "col_data", "col_scale_inv", "amax"};
+      int shared = mode <= TW_SCALE_TENSOR_DELAYED && l == 2;
+      for (int i = 0; i < 5; i++) {
+        if (tw_tensor_is_none(parts[i])) continue;
+        if (i == 3 && shared) { *parts[3] = q.row_scale_inv; continue; }
+        size_t n = tw_tensor_bytes(parts[i]);
+        parts[i]->data = malloc(n ? n : 1);
+        memset(parts[i]->data, TW_POISON_BYTE, n);
+      }
+      cr_assert_eq(tw_grouped_quantize(ctx, &in.x, &in.gs, &o, &q), TW_OK, "%s", tw_last_error());
+      int compared = 0;
+      for (int i = 0; i < 5; i++) {
+        if (tw_tensor_is_none(parts[i])) {
+          cr_assert_null(tw_tensor_set_get(&outs, names[i]), "%s: exec wrote %s", layouts[l], names[i]);
+          continue;
+        }
+        const tw_tensor *got = tw_tensor_set_get(&outs, names[i]);
+        cr_assert_not_null(got, "%s %s: exec did not write %s", tw_scaling_name((tw_scaling)mode), layouts[l], names[i]);
+        char what[96];
+        snprintf(what, sizeof what, "%s %s %s", tw_scaling_name((tw_scaling)mode), layouts[l], names[i]);
+        tt_expect_exact(got, parts[i], what); /* same dtype and shape, same bits */
+        compared++;
+      }
+      cr_assert_geq(compared, 3);
+      for (int i = 0; i < 5; i++)
+        if (!(i == 3 && shared) && !tw_tensor_is_none(parts[i])) free(parts[i]->data);
+      tw_tensor_set_free(&outs);
+    }
+  tw_ctx_destroy(ctx);
 }
