@@ -13,6 +13,7 @@ def twin_test(name, srcs, deps = [], data = [], gpu = False, tags = [], size = "
             "//ref",
             "//tests:test_util",
             "//golden:runner",
+            "//shard:golden",
             "@criterion",
         ] + (["//gpu"] if gpu else []),
         data = data,

@@ -1,0 +1,746 @@
+/* The sharding golden sweep (see golden.h). */
+#include "shard/golden.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "twin/tw_check.h"
+#include "twin/tw_gemm.h"
+#include "twin/tw_quantize.h"
+
+/* ---- the rules swept ----------------------------------------------------------------- */
+typedef struct {
+  const char *name;
+  tw_shard_op op;
+  int npasses;
+  int xnd, wnd;
+  int64_t xs[3], ws[3];
+  int64_t G;
+  int naxes;
+  tw_axis axes[4];
+  tw_scaling mode;
+  tw_qlayout layout;
+} rule_desc;
+
+#define DP TW_AXIS_DP
+#define FSDP TW_AXIS_FSDP
+#define EP TW_AXIS_EP
+#define TP TW_AXIS_TP
+static const rule_desc rules[] = {
+    {"dense2", TW_SHARD_DENSE, 3, 2, 2, {16, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
+    {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
+    {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
+    {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0},
+    {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE},
+    {"quantize.delayed", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_TENSOR_DELAYED, TW_ROWWISE},
+    {"quantize.mxfp8.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE},
+    {"quantize.mxfp8.rowcol", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE_COLWISE},
+    {"quantize.block1x128.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_BLOCK_1x128, TW_ROWWISE},
+    {"quantize.block128x128", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
+     TW_SCALE_BLOCK_128x128, TW_ROWWISE},
+};
+#define NRULES ((int)(sizeof rules / sizeof rules[0]))
+
+/* ---- data -------------------------------------------------------------------------------- */
+static uint64_t rng_state;
+static double urand(void) { /* splitmix64 -> [0, 1) */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static int64_t numel(int nd, const int64_t *s) {
+  int64_t n = 1;
+  for (int i = 0; i < nd; i++) n *= s[i];
+  return n;
+}
+
+typedef struct {
+  int ep;             /* the ep size the group sizes were drawn for */
+  float *x, *w, *dy;  /* global inputs (dy has y's shape) */
+  int32_t *gs;
+  float *scale;       /* delayed scaling: [G] */
+  float *expect[3], *absprod[3]; /* per pass: unsharded result, and the same op on |inputs| */
+  int64_t contract[3];
+  float *deq_row, *deq_col, *amax; /* quantize */
+} golden_data;
+
+static void data_free(golden_data *d) {
+  free(d->x); free(d->w); free(d->dy); free(d->gs); free(d->scale);
+  for (int i = 0; i < 3; i++) { free(d->expect[i]); free(d->absprod[i]); }
+  free(d->deq_row); free(d->deq_col); free(d->amax);
+  memset(d, 0, sizeof *d);
+}
+
+static void out_shape(const rule_desc *r, tw_pass pass, int *nd, int64_t *s) {
+  memset(s, 0, sizeof(int64_t) * TW_MAX_DIMS);
+  if (r->op == TW_SHARD_DENSE) {
+    int xb = r->xnd == 3;
+    int64_t B = xb ? r->xs[0] : 1, M = r->xs[xb], K = r->xs[xb + 1], N = r->ws[r->wnd - 1];
+    int64_t y[3] = {B, M, N}, dx[3] = {B, M, K}, dw[3] = {B, K, N};
+    const int64_t *src = pass == TW_PASS_FWD ? y : pass == TW_PASS_DGRAD ? dx : dw;
+    int n = pass == TW_PASS_WGRAD ? r->wnd : r->xnd;
+    int off = 3 - n;
+    for (int i = 0; i < n; i++) s[i] = src[off + i];
+    *nd = n;
+  } else {
+    int64_t M = r->xs[0], K = r->xs[1], G = r->ws[0], N = r->ws[2];
+    if (pass == TW_PASS_WGRAD) { *nd = 3; s[0] = G; s[1] = K; s[2] = N; }
+    else { *nd = 2; s[0] = M; s[1] = pass == TW_PASS_FWD ? N : K; }
+  }
+}
+
+/* Group sizes: ep blocks of M/ep rows, each split at random over its G/ep experts, with
+ * empty groups; quantize leaves a 3-row tail. */
+static void draw_groups(const rule_desc *r, int ep, int32_t *gs) {
+  int64_t M = r->xs[0], G = r->G, Gl = G / ep, rows = M / ep;
+  for (int e = 0; e < ep; e++) {
+    int64_t left = rows - (r->op == TW_SHARD_GROUPED_QUANTIZE && e == ep - 1 ? 3 : 0);
+    for (int64_t g = 0; g < Gl; g++) {
+      int64_t take = g == Gl - 1 ? left : (int64_t)(urand() * (double)(left + 1));
+      if (g == 1 % Gl && Gl > 1 && g != Gl - 1) take = 0; /* a forced empty group, as TE tests */
+      gs[e * Gl + g] = (int32_t)take;
+      left -= take;
+    }
+  }
+}
+
+static tw_status host_ctx(tw_ctx **ctx, tw_comm *comm) {
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.comm = comm;
+  return tw_ctx_create(ctx, &cfg);
+}
+
+static tw_tensor host_t(void *p, tw_dtype dt, int nd, const int64_t *s) {
+  tw_tensor t = {p, dt, nd, {0, 0, 0, 0}, TW_MEM_HOST};
+  for (int i = 0; i < nd; i++) t.shape[i] = s[i];
+  return t;
+}
+
+/* The unsharded op of one pass on host buffers (dense or grouped). */
+static tw_status unsharded_gemm(tw_ctx *ctx, const rule_desc *r, tw_pass pass, const float *x, const float *w,
+                                const float *dy, const int32_t *gs, float *out) {
+  int64_t ys[TW_MAX_DIMS];
+  int ynd;
+  out_shape(r, TW_PASS_FWD, &ynd, ys);
+  tw_tensor xt = host_t((void *)x, TW_F32, r->xnd, r->xs), wt = host_t((void *)w, TW_F32, r->wnd, r->ws);
+  tw_tensor dyt = host_t((void *)dy, TW_F32, ynd, ys);
+  int64_t os[TW_MAX_DIMS];
+  int ond;
+  out_shape(r, pass, &ond, os);
+  tw_tensor ot = host_t(out, TW_F32, ond, os);
+  tw_tensor gst = tw_tensor_1d((void *)gs, TW_I32, r->G, TW_MEM_HOST);
+  tw_operand a, b;
+  if (r->op == TW_SHARD_DENSE) {
+    if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_N, &ot, 0); }
+    if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &ot, 0); }
+    tw_tensor xf = xt, dyf = dyt;
+    if (r->wnd == 2 && r->xnd == 3) {
+      xf = tw_tensor_2d(xt.data, TW_F32, xt.shape[0] * xt.shape[1], xt.shape[2], TW_MEM_HOST);
+      dyf = tw_tensor_2d(dyt.data, TW_F32, dyt.shape[0] * dyt.shape[1], dyt.shape[2], TW_MEM_HOST);
+    }
+    a = tw_operand_plain(&xf); b = tw_operand_plain(&dyf);
+    return tw_gemm(ctx, &a, TW_OP_T, &b, TW_OP_N, &ot, 0);
+  }
+  if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &ot, 0); }
+  if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_T, &gst, &ot, 0); }
+  a = tw_operand_plain(&xt); b = tw_operand_plain(&dyt);
+  return tw_grouped_gemm_wgrad(ctx, &a, TW_OP_N, &b, TW_OP_N, &gst, &ot, 0);
+}
+
+static tw_quantize_opts rule_qopts(const rule_desc *r) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = r->mode;
+  o.qdtype = TW_E4M3;
+  o.layout = r->layout;
+  o.mxfp8_swizzled = 1;
+  return o;
+}
+
+/* Allocates the buffers of q (shapes already filled) and poisons them. Tensor scaling's
+ * rowwise and colwise outputs share one scale_inv buffer. */
+static tw_status q_alloc(tw_qtensor *q) {
+  int tensor_mode = q->mode == TW_SCALE_TENSOR_CURRENT || q->mode == TW_SCALE_TENSOR_DELAYED;
+  int share = tensor_mode && !tw_tensor_is_none(&q->row_scale_inv) && !tw_tensor_is_none(&q->col_scale_inv);
+  tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
+  for (int i = 0; i < 5; i++) {
+    tw_tensor *t = parts[i];
+    if (tw_tensor_is_none(t) || (share && t == &q->col_scale_inv)) continue;
+    size_t n = tw_tensor_bytes(t);
+    t->data = malloc(n ? n : 1);
+    t->mem = TW_MEM_HOST;
+    if (!t->data) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+    memset(t->data, TW_POISON_BYTE, n);
+  }
+  if (share) q->col_scale_inv = q->row_scale_inv;
+  return TW_OK;
+}
+
+static void q_free(tw_qtensor *q) {
+  free(q->row_data.data);
+  free(q->row_scale_inv.data);
+  free(q->col_data.data);
+  if (q->col_scale_inv.data != q->row_scale_inv.data) free(q->col_scale_inv.data);
+  free(q->amax.data);
+  memset(q, 0, sizeof *q);
+}
+
+/* Dequantized rowwise / colwise [M, K] f32 (poison where untouched), or NULL if absent. */
+static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *gs, float *row, float *col) {
+  int64_t s[2] = {q->rows, q->cols};
+  size_t n = sizeof(float) * (size_t)(q->rows * q->cols);
+  if (row) {
+    memset(row, TW_POISON_BYTE, n);
+    tw_tensor o = host_t(row, TW_F32, 2, s);
+    TW_TRY(tw_grouped_dequantize(ctx, q, gs, 0, &o));
+  }
+  if (col) {
+    memset(col, TW_POISON_BYTE, n);
+    tw_tensor o = host_t(col, TW_F32, 2, s);
+    TW_TRY(tw_grouped_dequantize(ctx, q, gs, 1, &o));
+  }
+  return TW_OK;
+}
+
+static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
+  memset(d, 0, sizeof *d);
+  d->ep = ep;
+  rng_state = 0x5eed0000ull + (uint64_t)(r - rules) * 131 + (uint64_t)ep;
+  int64_t nx = numel(r->xnd, r->xs), nw = r->wnd ? numel(r->wnd, r->ws) : 0;
+  int64_t ys[TW_MAX_DIMS];
+  int ynd;
+  d->x = (float *)malloc(sizeof(float) * (size_t)nx);
+  if (!d->x) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (r->op == TW_SHARD_GROUPED_QUANTIZE) {
+    int64_t M = r->xs[0], K = r->xs[1];
+    d->gs = (int32_t *)calloc((size_t)r->G, sizeof(int32_t));
+    d->scale = (float *)malloc(sizeof(float) * (size_t)r->G);
+    if (!d->gs || !d->scale) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+    draw_groups(r, ep, d->gs);
+    /* magnitudes vary by row band so groups and blocks get different scales */
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t k = 0; k < K; k++) d->x[i * K + k] = (float)((urand() * 2 - 1) * ldexp(1.0, (int)(i % 7) - 3));
+    for (int64_t g = 0; g < r->G; g++) d->scale[g] = (float)ldexp(1.0, (int)g + 2);
+    tw_ctx *ctx = NULL;
+    TW_TRY(host_ctx(&ctx, NULL));
+    tw_quantize_opts o = rule_qopts(r);
+    tw_tensor scale = tw_tensor_1d(d->scale, TW_F32, r->G, TW_MEM_HOST);
+    if (o.mode == TW_SCALE_TENSOR_DELAYED) o.scale = scale;
+    tw_qtensor q;
+    tw_status s = tw_quantize_output_shapes(&o, M, K, r->G, &q);
+    if (s == TW_OK) s = q_alloc(&q);
+    tw_tensor xt = host_t(d->x, TW_F32, 2, r->xs), gst = tw_tensor_1d(d->gs, TW_I32, r->G, TW_MEM_HOST);
+    if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &q);
+    d->deq_row = r->layout & TW_ROWWISE ? (float *)malloc(sizeof(float) * (size_t)(M * K)) : NULL;
+    d->deq_col = r->layout & TW_COLWISE ? (float *)malloc(sizeof(float) * (size_t)(M * K)) : NULL;
+    d->amax = (float *)malloc(sizeof(float) * (size_t)r->G);
+    if (s == TW_OK && (!d->amax || ((r->layout & TW_ROWWISE) && !d->deq_row) || ((r->layout & TW_COLWISE) && !d->deq_col)))
+      s = tw_error(TW_ERR_MEMORY, "golden: out of memory");
+    if (s == TW_OK) s = dequant_both(ctx, &q, &gst, d->deq_row, d->deq_col);
+    if (s == TW_OK && !tw_tensor_is_none(&q.amax) && q.amax.data) memcpy(d->amax, q.amax.data, sizeof(float) * (size_t)r->G);
+    q_free(&q);
+    tw_ctx_destroy(ctx);
+    return s;
+  }
+  out_shape(r, TW_PASS_FWD, &ynd, ys);
+  int64_t ny = numel(ynd, ys);
+  d->w = (float *)malloc(sizeof(float) * (size_t)nw);
+  d->dy = (float *)malloc(sizeof(float) * (size_t)ny);
+  if (!d->w || !d->dy) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  for (int64_t i = 0; i < nx; i++) d->x[i] = (float)(urand() * 2 - 1);
+  for (int64_t i = 0; i < nw; i++) d->w[i] = (float)(urand() * 2 - 1);
+  for (int64_t i = 0; i < ny; i++) d->dy[i] = (float)(urand() * 2 - 1);
+  if (r->op == TW_SHARD_GROUPED_GEMM) {
+    d->gs = (int32_t *)calloc((size_t)r->G, sizeof(int32_t));
+    if (!d->gs) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+    draw_groups(r, ep, d->gs);
+  }
+  float *ax = (float *)malloc(sizeof(float) * (size_t)nx), *aw = (float *)malloc(sizeof(float) * (size_t)nw);
+  float *ady = (float *)malloc(sizeof(float) * (size_t)ny);
+  if (!ax || !aw || !ady) { free(ax); free(aw); free(ady); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
+  for (int64_t i = 0; i < nx; i++) ax[i] = fabsf(d->x[i]);
+  for (int64_t i = 0; i < nw; i++) aw[i] = fabsf(d->w[i]);
+  for (int64_t i = 0; i < ny; i++) ady[i] = fabsf(d->dy[i]);
+  tw_ctx *ctx = NULL;
+  tw_status s = host_ctx(&ctx, NULL);
+  for (int p = 0; p < 3 && s == TW_OK; p++) {
+    int64_t os[TW_MAX_DIMS];
+    int ond;
+    out_shape(r, (tw_pass)p, &ond, os);
+    int64_t no = numel(ond, os);
+    d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
+    d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
+    if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+    s = unsharded_gemm(ctx, r, (tw_pass)p, d->x, d->w, d->dy, d->gs, d->expect[p]);
+    if (s == TW_OK) s = unsharded_gemm(ctx, r, (tw_pass)p, ax, aw, ady, d->gs, d->absprod[p]);
+    int xb = r->xnd == 3;
+    if (r->op == TW_SHARD_DENSE)
+      d->contract[p] = p == 0 ? r->xs[xb + 1] : p == 1 ? r->ws[r->wnd - 1] : (r->wnd == 2 ? numel(r->xnd - 1, r->xs) : r->xs[xb]);
+    else
+      d->contract[p] = p == 0 ? r->xs[1] : p == 1 ? r->ws[2] : r->xs[0];
+  }
+  tw_ctx_destroy(ctx);
+  free(ax); free(aw); free(ady);
+  return s;
+}
+
+/* ---- expected errors: the rules restated, independently of plan.c -------------------- */
+static int has(const tw_dimspec *d, tw_axis a) {
+  for (int i = 0; i < d->n; i++)
+    if (d->axis[i] == a) return 1;
+  return 0;
+}
+static int shards(const tw_mesh *m, const tw_dimspec *d) { return tw_dimspec_shards(m, d); }
+static int spec_ok(const tw_mesh *m, const tw_pspec *p, const int64_t *shape) {
+  int used[TW_AXIS_COUNT] = {0};
+  for (int d = 0; d < p->ndim; d++) {
+    for (int i = 0; i < p->dim[d].n; i++) {
+      if (used[p->dim[d].axis[i]]++) return 0;
+    }
+    if (shape[d] % shards(m, &p->dim[d])) return 0;
+  }
+  return 1;
+}
+/* Non-fsdp axes of a dim. */
+static tw_dimspec nofsdp(const tw_dimspec *d) {
+  tw_dimspec r = {0, {0}};
+  for (int i = 0; i < d->n; i++)
+    if (d->axis[i] != FSDP) r.axis[r.n++] = d->axis[i];
+  return r;
+}
+static int overlap(const tw_dimspec *a, const tw_dimspec *b) {
+  for (int i = 0; i < a->n; i++)
+    if (has(b, a->axis[i])) return 1;
+  return 0;
+}
+
+/* The text the planner's error must contain, or NULL if the case is valid. */
+static const char *expected_error(const rule_desc *r, const tw_mesh *m, const tw_pspec *xs, const tw_pspec *ws) {
+  if (!spec_ok(m, xs, r->xs)) return "spec:";
+  if (r->op == TW_SHARD_GROUPED_QUANTIZE) {
+    tw_quantize_opts o = rule_qopts(r);
+    int col = o.layout & TW_COLWISE, row = o.layout & TW_ROWWISE;
+    int along_m = (col && (o.mode == TW_SCALE_MXFP8_1D || o.mode == TW_SCALE_BLOCK_1x128)) || o.mode == TW_SCALE_BLOCK_128x128;
+    if (along_m && xs->dim[0].n) return "rule quantize.blocks_along_m";
+    int kb = (row && o.mode == TW_SCALE_MXFP8_1D) ? 32 : ((row && o.mode == TW_SCALE_BLOCK_1x128) || o.mode == TW_SCALE_BLOCK_128x128) ? 128 : 0;
+    if (kb && (r->xs[1] / shards(m, &xs->dim[1])) % kb) return "rule quantize.k_block";
+    return NULL;
+  }
+  if (!spec_ok(m, ws, r->ws)) return "spec:";
+  if (r->op == TW_SHARD_DENSE) {
+    int xb = r->xnd == 3, wb = r->wnd == 3;
+    tw_dimspec b = xb ? xs->dim[0] : (tw_dimspec){0, {0}};
+    if (wb) {
+      tw_pspec a1 = {1, {ws->dim[0]}}, a2 = {1, {b}};
+      if (!tw_pspec_equal(&a1, &a2)) return "rule gemm.batch";
+    }
+    tw_dimspec R = nofsdp(&ws->dim[wb]), N = nofsdp(&ws->dim[wb + 1]);
+    if (R.n && N.n) return "rule gemm.rhs_k_and_n";
+    if (overlap(&b, &R) || overlap(&b, &N)) return "rule gemm.batch_axis_reuse";
+    if (R.n && xs->dim[xb].n && r->xs[xb] % shards(m, &R)) return "rule gemm.reduce_scatter_m";
+    return NULL;
+  }
+  const tw_dimspec *rows = &xs->dim[0], *eg = &ws->dim[0];
+  if (has(rows, EP) && rows->axis[0] != EP) return "rule grouped_gemm.ep_major";
+  if (eg->n > 1 || (eg->n == 1 && eg->axis[0] != EP)) return "rule grouped_gemm.expert_dim";
+  if (eg->n == 1 && !has(rows, EP)) return "rule grouped_gemm.ep_rows";
+  if (has(rows, EP) && eg->n == 0 && (has(&ws->dim[1], EP) || has(&ws->dim[2], EP))) return "rule grouped_gemm.axis_reuse";
+  tw_dimspec R = nofsdp(&ws->dim[1]), N = nofsdp(&ws->dim[2]);
+  if (R.n && N.n) return "rule grouped_gemm.rhs_k_and_n";
+  if (overlap(rows, &R) || overlap(rows, &N)) return "rule grouped_gemm.axis_reuse";
+  return NULL;
+}
+
+/* ---- enumeration ----------------------------------------------------------------------- */
+/* Options for one dim: none, each axis, each ordered pair. */
+static int dim_options(const tw_mesh *m, int tuples, tw_dimspec *out) {
+  int n = 0;
+  out[n++] = (tw_dimspec){0, {0}};
+  for (int i = 0; i < m->naxes; i++) out[n++] = (tw_dimspec){1, {m->axis[i]}};
+  if (tuples)
+    for (int i = 0; i < m->naxes; i++)
+      for (int j = 0; j < m->naxes; j++)
+        if (i != j) out[n++] = (tw_dimspec){2, {m->axis[i], m->axis[j]}};
+  return n;
+}
+
+static long count_specs(int nopt, int nd) {
+  long c = 1;
+  for (int i = 0; i < nd; i++) c *= nopt;
+  return c;
+}
+
+static void spec_at(const tw_dimspec *opts, int nopt, int nd, long idx, tw_pspec *out) {
+  memset(out, 0, sizeof *out);
+  out->ndim = nd;
+  for (int d = nd - 1; d >= 0; d--) {
+    out->dim[d] = opts[idx % nopt];
+    idx /= nopt;
+  }
+}
+
+/* Meshes over the rule's axes: sizes in {2, 4, 8}, product <= max_ranks, plus one rank. */
+static int make_meshes(const rule_desc *r, int max_ranks, tw_mesh *out, int cap) {
+  int n = 0;
+  int sizes[4];
+  int total = 1;
+  for (int i = 0; i < r->naxes; i++) total *= 4; /* each axis: absent, 2, 4, 8 */
+  for (int code = 0; code < total && n < cap; code++) {
+    int c = code, ranks = 1, na = 0;
+    tw_axis ax[4];
+    for (int i = 0; i < r->naxes; i++) {
+      int v = c % 4;
+      c /= 4;
+      if (v) { sizes[na] = 1 << v; ax[na++] = r->axes[i]; ranks *= 1 << v; }
+    }
+    if (ranks > max_ranks) continue;
+    tw_mesh_init(&out[n++], na, ax, sizes);
+  }
+  return n;
+}
+
+/* ---- one (rule, pass, mesh): plan every case, run the valid ones on threads ----------- */
+typedef struct {
+  tw_plan plan;
+  tw_pspec xs, ws;
+} vcase;
+
+typedef struct {
+  const rule_desc *r;
+  tw_pass pass;
+  const tw_mesh *mesh;
+  const golden_data *d;
+  vcase *cases;
+  long ncases;
+  /* per case, across ranks */
+  unsigned char *bad, *unequal;
+  double *ratio;
+  pthread_mutex_t mu;
+  char problem[400];
+} sweep;
+
+static void note_problem(sweep *s, long ci, int rank, const char *what) {
+  pthread_mutex_lock(&s->mu);
+  if (!s->problem[0]) {
+    char xb[96], wb[96];
+    snprintf(s->problem, sizeof s->problem, "x %s w %s rank %d: %s", tw_pspec_str(&s->cases[ci].xs, xb, sizeof xb),
+             tw_pspec_str(&s->cases[ci].ws, wb, sizeof wb), rank, what);
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+static tw_status slice_in(const tw_plan *p, int i, int rank, const void *global, void **local, tw_tensor *t) {
+  const tw_plan_tensor *pt = &p->t[i];
+  size_t n = sizeof(float) * (size_t)numel(pt->ndim, pt->local);
+  *local = malloc(n ? n : 1);
+  if (!*local) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  tw_tensor g = host_t((void *)global, TW_F32, pt->ndim, pt->global);
+  *t = host_t(*local, TW_F32, pt->ndim, pt->local);
+  return tw_shard_slice_host(&p->mesh, &pt->spec, rank, &g, t);
+}
+
+static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh_comms *mc) {
+  const tw_plan *p = &s->cases[ci].plan;
+  const golden_data *d = s->d;
+  const float *ins[3][2] = {{d->x, d->w}, {d->dy, d->w}, {d->x, d->dy}};
+  void *l0 = NULL, *l1 = NULL, *lo = NULL, *le = NULL, *la = NULL;
+  tw_shard_io io;
+  memset(&io, 0, sizeof io);
+  io.group_sizes = d->gs;
+  tw_status st = slice_in(p, 0, rank, ins[s->pass][0], &l0, &io.in[0]);
+  if (st == TW_OK) st = slice_in(p, 1, rank, ins[s->pass][1], &l1, &io.in[1]);
+  const tw_plan_tensor *ot = &p->t[2];
+  int64_t n = numel(ot->ndim, ot->local);
+  lo = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  if (st == TW_OK && !lo) st = tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (st == TW_OK) {
+    memset(lo, TW_POISON_BYTE, sizeof(float) * (size_t)n);
+    io.out = host_t(lo, TW_F32, ot->ndim, ot->local);
+    st = tw_plan_run(ctx, mc, p, &io);
+  }
+  if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &io.in[0]);
+  if (st == TW_OK) st = slice_in(p, 2, rank, d->absprod[s->pass], &la, &io.in[1]);
+  if (st == TW_OK) {
+    const float *got = (const float *)lo, *exp = (const float *)le, *ab = (const float *)la;
+    double u = ldexp(1.0, -24), K = (double)d->contract[s->pass];
+    double gamma = K * u / (1 - K * u);
+    int equal = memcmp(got, exp, sizeof(float) * (size_t)n) == 0;
+    double worst = 0;
+    int64_t bad_i = -1;
+    for (int64_t i = 0; i < n; i++) {
+      double bound = 2 * (gamma * ab[i] + u * fabs(exp[i])) + 1e-30;
+      double err = fabs((double)got[i] - (double)exp[i]);
+      if (!(err <= bound)) { if (bad_i < 0) bad_i = i; worst = INFINITY; }
+      else if (err / bound > worst) worst = err / bound;
+    }
+    if (!equal) s->unequal[ci] = 1;
+    pthread_mutex_lock(&s->mu);
+    if (worst > s->ratio[ci]) s->ratio[ci] = worst;
+    pthread_mutex_unlock(&s->mu);
+    if (bad_i >= 0 || (p->exact && !equal)) {
+      char msg[200];
+      if (bad_i >= 0)
+        snprintf(msg, sizeof msg, "element %lld: got %.9g, expected %.9g (beyond the bound)", (long long)bad_i,
+                 (double)got[bad_i], (double)exp[bad_i]);
+      else
+        snprintf(msg, sizeof msg, "the plan is exact but the shard differs from the unsharded result in some bits");
+      s->bad[ci] = 1;
+      note_problem(s, ci, rank, msg);
+    }
+  }
+  free(l0); free(l1); free(lo); free(le); free(la);
+  return st;
+}
+
+static tw_status run_quant_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh_comms *mc) {
+  const tw_plan *p = &s->cases[ci].plan;
+  const golden_data *d = s->d;
+  const rule_desc *r = s->r;
+  void *lx = NULL;
+  float *row = NULL, *col = NULL, *erow = NULL, *ecol = NULL;
+  int32_t *lgs = (int32_t *)malloc(sizeof(int32_t) * (size_t)r->G);
+  tw_qtensor q;
+  memset(&q, 0, sizeof q);
+  tw_shard_io io;
+  memset(&io, 0, sizeof io);
+  io.group_sizes = d->gs;
+  io.scale = tw_tensor_1d(d->scale, TW_F32, r->G, TW_MEM_HOST);
+  io.q = &q;
+  tw_status st = lgs ? slice_in(p, 0, rank, d->x, &lx, &io.in[0]) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (st == TW_OK) st = tw_plan_quantize_shapes(p, &q);
+  if (st == TW_OK) st = q_alloc(&q);
+  if (st == TW_OK) st = tw_plan_run(ctx, mc, p, &io);
+  int64_t Ml = p->t[0].local[0], Kl = p->t[0].local[1], Gl = 0;
+  size_t n = sizeof(float) * (size_t)(Ml * Kl);
+  if (st == TW_OK) st = tw_plan_local_groups(p, rank, d->gs, lgs, &Gl);
+  if (st == TW_OK) {
+    tw_tensor gst = tw_tensor_1d(lgs, TW_I32, Gl, TW_MEM_HOST);
+    row = r->layout & TW_ROWWISE ? (float *)malloc(n) : NULL;
+    col = r->layout & TW_COLWISE ? (float *)malloc(n) : NULL;
+    st = dequant_both(ctx, &q, &gst, row, col);
+  }
+  tw_tensor et;
+  void *tmp = NULL;
+  if (st == TW_OK && row) { st = slice_in(p, 0, rank, d->deq_row, &tmp, &et); erow = (float *)tmp; }
+  if (st == TW_OK && col) { st = slice_in(p, 0, rank, d->deq_col, &tmp, &et); ecol = (float *)tmp; }
+  if (st == TW_OK) {
+    const char *what = NULL;
+    if (row && memcmp(row, erow, n)) what = "rowwise data/scales differ from the unsharded quantize";
+    else if (col && memcmp(col, ecol, n)) what = "colwise data/scales differ from the unsharded quantize";
+    else if ((r->mode == TW_SCALE_TENSOR_CURRENT || r->mode == TW_SCALE_TENSOR_DELAYED) &&
+             memcmp(q.amax.data, d->amax, sizeof(float) * (size_t)r->G))
+      what = "amax differs from the unsharded (global) amax";
+    if (what) {
+      s->bad[ci] = 1;
+      s->unequal[ci] = 1;
+      note_problem(s, ci, rank, what);
+    }
+  }
+  q_free(&q);
+  free(lx); free(lgs); free(row); free(col); free(erow); free(ecol);
+  return st;
+}
+
+static tw_status sweep_rank(int rank, tw_comm *comm, void *arg) {
+  sweep *s = (sweep *)arg;
+  tw_ctx *ctx = NULL;
+  tw_mesh_comms *mc = NULL;
+  TW_TRY(host_ctx(&ctx, comm));
+  tw_status st = tw_mesh_comms_create(ctx, s->mesh, &mc);
+  for (long ci = 0; ci < s->ncases && st == TW_OK; ci++) {
+    st = s->r->op == TW_SHARD_GROUPED_QUANTIZE ? run_quant_case(s, ci, rank, ctx, mc)
+                                               : run_gemm_case(s, ci, rank, ctx, mc);
+    if (st != TW_OK) {
+      s->bad[ci] = 1;
+      note_problem(s, ci, rank, tw_last_error());
+    }
+  }
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+  return st;
+}
+
+static tw_status sweep_one(const tw_golden_cfg *cfg, const rule_desc *r, tw_pass pass, const tw_mesh *m,
+                           golden_data *data, int ndata, tw_golden_row *row) {
+  memset(row, 0, sizeof *row);
+  snprintf(row->rule, sizeof row->rule, "%s", r->name);
+  row->pass = pass;
+  tw_mesh_str(m, row->mesh, sizeof row->mesh);
+  row->ranks = tw_mesh_ranks(m);
+  int ep = tw_mesh_axis_size(m, EP);
+  const golden_data *d = NULL;
+  for (int i = 0; i < ndata; i++)
+    if (data[i].ep == ep) d = &data[i];
+  if (!d) return tw_error(TW_ERR_INTERNAL, "golden: no data for ep = %d", ep);
+  tw_dimspec opts[1 + 4 + 12];
+  int nopt = dim_options(m, cfg->tuples, opts);
+  long nx = count_specs(nopt, r->xnd), nw = r->wnd ? count_specs(nopt, r->wnd) : 1;
+  tw_rule_opts ro = TW_RULE_OPTS_INIT;
+  ro.quant = rule_qopts(r);
+  long cap = 1024, nv = 0;
+  vcase *cases = (vcase *)malloc(sizeof(vcase) * (size_t)cap);
+  if (!cases) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  for (long xi = 0; xi < nx; xi++)
+    for (long wi = 0; wi < nw; wi++) {
+      tw_shard_operand x = {r->xnd, {0}, {0}}, w = {r->wnd, {0}, {0}};
+      memcpy(x.shape, r->xs, sizeof r->xs);
+      memcpy(w.shape, r->ws, sizeof r->ws);
+      spec_at(opts, nopt, r->xnd, xi, &x.spec);
+      if (r->wnd) spec_at(opts, nopt, r->wnd, wi, &w.spec);
+      row->cases++;
+      const char *want = expected_error(r, m, &x.spec, &w.spec);
+      if (nv == cap) {
+        cap *= 2;
+        vcase *nc = (vcase *)realloc(cases, sizeof(vcase) * (size_t)cap);
+        if (!nc) { free(cases); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
+        cases = nc;
+      }
+      tw_status st = tw_plan_make(m, r->op, pass, &x, r->wnd ? &w : NULL, r->G, &ro, &cases[nv].plan);
+      char xb[96], wb[96];
+      if (st != TW_OK) {
+        if (want && strstr(tw_last_error(), want)) { row->expected_errors++; continue; }
+        row->wrong_errors++;
+        if (!row->first_problem[0])
+          snprintf(row->first_problem, sizeof row->first_problem, "x %s w %s: expected %s, got: %s",
+                   tw_pspec_str(&x.spec, xb, sizeof xb), tw_pspec_str(&w.spec, wb, sizeof wb),
+                   want ? want : "a plan", tw_last_error());
+        continue;
+      }
+      if (want) {
+        row->wrong_errors++;
+        if (!row->first_problem[0])
+          snprintf(row->first_problem, sizeof row->first_problem, "x %s w %s: expected an error (%s), got a plan",
+                   tw_pspec_str(&x.spec, xb, sizeof xb), tw_pspec_str(&w.spec, wb, sizeof wb), want);
+        continue;
+      }
+      cases[nv].xs = x.spec;
+      cases[nv].ws = w.spec;
+      nv++;
+    }
+  /* budget: an even stride over the valid cases */
+  long keep = cfg->budget > 0 && nv > cfg->budget ? cfg->budget : nv;
+  if (keep < nv) {
+    for (long i = 0; i < keep; i++) cases[i] = cases[(long)((double)i * (double)nv / (double)keep)];
+    row->skipped = nv - keep;
+  }
+  sweep s;
+  memset(&s, 0, sizeof s);
+  s.r = r; s.pass = pass; s.mesh = m; s.d = d; s.cases = cases; s.ncases = keep;
+  s.bad = (unsigned char *)calloc((size_t)(keep + 1), 1);
+  s.unequal = (unsigned char *)calloc((size_t)(keep + 1), 1);
+  s.ratio = (double *)calloc((size_t)(keep + 1), sizeof(double));
+  pthread_mutex_init(&s.mu, NULL);
+  tw_status st = (s.bad && s.unequal && s.ratio) ? TW_OK : tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (st == TW_OK && keep > 0) {
+    int n = tw_mesh_ranks(m);
+    tw_comm **comms = (tw_comm **)calloc((size_t)n, sizeof *comms);
+    st = comms ? tw_comm_init_threads(n, comms) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
+    if (st == TW_OK) {
+      for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 30.0);
+      tw_status rs = tw_run_ranks(n, comms, sweep_rank, &s);
+      if (rs != TW_OK && !s.problem[0]) snprintf(s.problem, sizeof s.problem, "%s", tw_last_error());
+      for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+    }
+    free(comms);
+  }
+  if (st == TW_OK) {
+    row->run = keep;
+    for (long i = 0; i < keep; i++) {
+      if (s.bad[i]) row->failed++;
+      else row->passed++;
+      if (cases[i].plan.exact) { row->exact_cases++; row->exact_equal += !s.unequal[i]; }
+      else if (s.ratio[i] > row->worst_ratio) row->worst_ratio = s.ratio[i];
+      if (cfg->verbose && cfg->log) {
+        char xb[96], wb[96];
+        fprintf(cfg->log, "%s %s mesh %s x %s w %s: %s%s\n", r->name, tw_pass_name(pass), row->mesh,
+                tw_pspec_str(&cases[i].xs, xb, sizeof xb), tw_pspec_str(&cases[i].ws, wb, sizeof wb),
+                s.bad[i] ? "FAIL" : "pass", cases[i].plan.exact ? " (exact)" : "");
+      }
+    }
+    if (s.problem[0] && !row->first_problem[0]) snprintf(row->first_problem, sizeof row->first_problem, "%s", s.problem);
+  }
+  pthread_mutex_destroy(&s.mu);
+  free(s.bad); free(s.unequal); free(s.ratio);
+  free(cases);
+  return st;
+}
+
+tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_out, int *nrows_out) {
+  tw_golden_cfg cfg = TW_GOLDEN_CFG_INIT;
+  if (cfg_in) cfg = *cfg_in;
+  if (!rows_out || !nrows_out) return tw_error(TW_ERR_NULL, "golden_sharding: NULL output");
+  *rows_out = NULL;
+  *nrows_out = 0;
+  int cap = 64, n = 0;
+  tw_golden_row *rows = (tw_golden_row *)malloc(sizeof *rows * (size_t)cap);
+  if (!rows) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  tw_status st = TW_OK;
+  for (int ri = 0; ri < NRULES && st == TW_OK; ri++) {
+    const rule_desc *r = &rules[ri];
+    if (cfg.only && strncmp(r->name, cfg.only, strlen(cfg.only)) != 0) continue;
+    golden_data data[4];
+    int ndata = 0;
+    memset(data, 0, sizeof data);
+    for (int e = 1; e <= 8 && st == TW_OK; e *= 2) {
+      int uses_ep = 0;
+      for (int i = 0; i < r->naxes; i++) uses_ep |= r->axes[i] == EP;
+      if (e > 1 && !uses_ep) break;
+      st = make_data(r, e, &data[ndata++]);
+    }
+    tw_mesh meshes[128];
+    int nm = make_meshes(r, cfg.max_ranks, meshes, 128);
+    for (int p = 0; p < r->npasses && st == TW_OK; p++)
+      for (int mi = 0; mi < nm && st == TW_OK; mi++) {
+        if (n == cap) {
+          cap *= 2;
+          tw_golden_row *nr = (tw_golden_row *)realloc(rows, sizeof *rows * (size_t)cap);
+          if (!nr) { st = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+          rows = nr;
+        }
+        st = sweep_one(&cfg, r, (tw_pass)p, &meshes[mi], data, ndata, &rows[n]);
+        if (st == TW_OK) n++;
+      }
+    for (int i = 0; i < ndata; i++) data_free(&data[i]);
+  }
+  if (st != TW_OK) {
+    free(rows);
+    return st;
+  }
+  *rows_out = rows;
+  *nrows_out = n;
+  return TW_OK;
+}
+
+int tw_golden_print(FILE *f, const tw_golden_row *rows, int nrows) {
+  int bad = 0;
+  fprintf(f, "%-24s %-5s %-22s %5s %7s %6s %6s %5s %7s %6s %8s %9s\n", "rule", "pass", "mesh", "ranks", "cases",
+          "run", "pass", "fail", "exp-err", "wrong", "exact", "worst/bnd");
+  long tot[6] = {0};
+  for (int i = 0; i < nrows; i++) {
+    const tw_golden_row *r = &rows[i];
+    char ex[32];
+    snprintf(ex, sizeof ex, "%ld/%ld", r->exact_equal, r->exact_cases);
+    fprintf(f, "%-24s %-5s %-22s %5d %7ld %6ld %6ld %5ld %7ld %6ld %8s %9.3g\n", r->rule, tw_pass_name(r->pass),
+            r->mesh, r->ranks, r->cases, r->run, r->passed, r->failed, r->expected_errors, r->wrong_errors, ex,
+            r->worst_ratio);
+    if (r->skipped) fprintf(f, "    (%ld more valid cases left out by the budget)\n", r->skipped);
+    if (r->failed || r->wrong_errors) {
+      bad++;
+      fprintf(f, "    first problem: %s\n", r->first_problem);
+    }
+    tot[0] += r->cases; tot[1] += r->run; tot[2] += r->passed; tot[3] += r->failed;
+    tot[4] += r->expected_errors; tot[5] += r->wrong_errors;
+  }
+  fprintf(f, "total: %d rows, %ld cases, %ld run, %ld passed, %ld failed, %ld expected errors, %ld wrong errors\n",
+          nrows, tot[0], tot[1], tot[2], tot[3], tot[4], tot[5]);
+  return bad;
+}
