@@ -4,7 +4,9 @@
  * peers' buffers (reductions in rank order 0..n-1, so results are reproducible bit for bit);
  * barrier (nobody reuses or frees a buffer a peer may still read). The barrier waits at most
  * the handle's timeout, then aborts the group: every later call on every rank fails at once.
- * Arguments arrive validated (shard/comm.c). */
+ * Groups split from one another share a root; an abort anywhere marks the root too, and
+ * waiters poll it every few milliseconds, so a rank blocked in an axis communicator learns
+ * that a peer gave up on the world communicator. Arguments arrive validated (shard/comm.c). */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -17,6 +19,7 @@
 
 typedef struct group {
   int n;
+  struct group *root; /* the group everything was split from (itself for the first) */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int arrived;
@@ -32,10 +35,11 @@ typedef struct group {
   struct group **made; /* split: the group a leader created */
 } group;
 
-static group *group_new(int n) {
+static group *group_new(int n, group *root) {
   group *g = (group *)calloc(1, sizeof *g);
   if (!g) return NULL;
   g->n = n;
+  g->root = root ? root : g;
   g->refs = n;
   pthread_mutex_init(&g->mu, NULL);
   pthread_cond_init(&g->cv, NULL);
@@ -59,28 +63,44 @@ static void group_release(group *g) {
   int left = --g->refs;
   pthread_mutex_unlock(&g->mu);
   if (left > 0) return;
+  group *root = g->root;
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   free(g->send); free(g->recv); free(g->counts); free(g->displs);
   free(g->color); free(g->key); free(g->made);
   free(g);
+  if (root != g) group_release(root); /* a split group holds one reference on its root */
+}
+
+static int is_aborted(group *g) {
+  return __atomic_load_n(&g->aborted, __ATOMIC_ACQUIRE) || __atomic_load_n(&g->root->aborted, __ATOMIC_ACQUIRE);
+}
+
+static void mark_aborted(group *g, const char *why) {
+  pthread_mutex_lock(&g->mu);
+  if (!g->aborted) {
+    snprintf(g->abort_why, sizeof g->abort_why, "%s", why);
+    __atomic_store_n(&g->aborted, 1, __ATOMIC_RELEASE);
+  }
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
 }
 
 static group *G(tw_comm *c) { return (group *)c->impl; }
 
 static tw_status aborted_error(tw_comm *c, const char *what) {
+  group *g = G(c);
+  const char *why = g->abort_why[0] ? g->abort_why : g->root->abort_why;
   return tw_error(TW_ERR_TIMEOUT, "%s: rank %d of %d: communicator aborted (%s)", what, c->rank,
-                  c->size, G(c)->abort_why);
+                  c->size, why[0] ? why : "by a peer");
 }
 
-/* Waits until all n ranks arrived; after the handle's timeout it aborts the group. */
+/* Waits until all n ranks arrived; after the handle's timeout it aborts the group. Waits in
+ * short slices so an abort of the root (another communicator of the same ranks) is seen. */
 static tw_status barrier(tw_comm *c, const char *what) {
   group *g = G(c);
+  if (is_aborted(g)) return aborted_error(c, what);
   pthread_mutex_lock(&g->mu);
-  if (g->aborted) {
-    pthread_mutex_unlock(&g->mu);
-    return aborted_error(c, what);
-  }
   unsigned long gen = g->generation;
   if (++g->arrived == g->n) {
     g->arrived = 0;
@@ -89,23 +109,26 @@ static tw_status barrier(tw_comm *c, const char *what) {
     pthread_mutex_unlock(&g->mu);
     return TW_OK;
   }
-  struct timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  double t = c->timeout_s;
-  if (t > 0) {
-    deadline.tv_sec += (time_t)t;
-    deadline.tv_nsec += (long)((t - (double)(time_t)t) * 1e9);
+  struct timespec now, deadline;
+  clock_gettime(CLOCK_REALTIME, &now);
+  double t = c->timeout_s, waited = 0;
+  while (g->generation == gen && !is_aborted(g)) {
+    deadline = now;
+    deadline.tv_nsec += 20 * 1000000L; /* 20 ms slices */
     if (deadline.tv_nsec >= 1000000000L) { deadline.tv_sec++; deadline.tv_nsec -= 1000000000L; }
-  }
-  while (g->generation == gen && !g->aborted) {
-    int rc = t > 0 ? pthread_cond_timedwait(&g->cv, &g->mu, &deadline)
-                   : pthread_cond_wait(&g->cv, &g->mu);
-    if (rc == ETIMEDOUT && g->generation == gen && !g->aborted) {
-      g->aborted = 1;
-      snprintf(g->abort_why, sizeof g->abort_why,
-               "rank %d waited %.3g s in %s; %d of %d ranks had arrived", c->rank, t, what,
+    pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+    struct timespec after;
+    clock_gettime(CLOCK_REALTIME, &after);
+    waited += (double)(after.tv_sec - now.tv_sec) + 1e-9 * (double)(after.tv_nsec - now.tv_nsec);
+    now = after;
+    if (t > 0 && waited >= t && g->generation == gen && !is_aborted(g)) {
+      char why[256];
+      snprintf(why, sizeof why, "rank %d waited %.3g s in %s; %d of %d ranks had arrived", c->rank, t, what,
                g->arrived, g->n);
-      pthread_cond_broadcast(&g->cv);
+      pthread_mutex_unlock(&g->mu);
+      mark_aborted(g, why);
+      mark_aborted(g->root, why);
+      return aborted_error(c, what);
     }
   }
   int ok = g->generation != gen;
@@ -246,19 +269,15 @@ static tw_status th_barrier(tw_comm *c, tw_ctx *ctx) {
 
 static tw_status th_wait(tw_comm *c, tw_ctx *ctx) {
   (void)ctx;
-  if (G(c)->aborted) return aborted_error(c, "wait");
+  if (is_aborted(G(c))) return aborted_error(c, "wait");
   return TW_OK;
 }
 
 static tw_status th_abort(tw_comm *c) {
-  group *g = G(c);
-  pthread_mutex_lock(&g->mu);
-  if (!g->aborted) {
-    g->aborted = 1;
-    snprintf(g->abort_why, sizeof g->abort_why, "rank %d called abort", c->rank);
-  }
-  pthread_cond_broadcast(&g->cv);
-  pthread_mutex_unlock(&g->mu);
+  char why[64];
+  snprintf(why, sizeof why, "rank %d called abort", c->rank);
+  mark_aborted(G(c), why);
+  mark_aborted(G(c)->root, why);
   return TW_OK;
 }
 
@@ -322,8 +341,13 @@ static tw_status th_split(tw_comm *c, int color, int key, tw_comm **out) {
   if (s == TW_OK) {
     pos = split_members(g, color, c->rank, members, &n);
     if (pos == 0) {
-      g->made[c->rank] = group_new(n);
-      /* a failed allocation is seen by every member below */
+      group *ng = group_new(n, g->root);
+      if (ng) { /* the new group keeps the root alive */
+        pthread_mutex_lock(&g->root->mu);
+        g->root->refs++;
+        pthread_mutex_unlock(&g->root->mu);
+      }
+      g->made[c->rank] = ng; /* NULL (out of memory) is seen by every member below */
     }
     s = barrier(c, "comm_split");
   }
@@ -345,7 +369,7 @@ tw_status tw_comm_init_threads(int nranks, tw_comm **comms) {
   if (!comms) return tw_error(TW_ERR_NULL, "comm_init_threads: comms is NULL");
   if (nranks < 1 || nranks > 4096)
     return tw_error(TW_ERR_INVALID_ARG, "comm_init_threads: nranks = %d (need 1..4096)", nranks);
-  group *g = group_new(nranks);
+  group *g = group_new(nranks, NULL);
   if (!g) return tw_error(TW_ERR_MEMORY, "comm_init_threads: out of host memory");
   for (int r = 0; r < nranks; r++) {
     comms[r] = handle_new(g, r, 60.0);

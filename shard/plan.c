@@ -163,6 +163,12 @@ static tw_status finish(tw_plan *p) {
   int64_t shape[TW_MAX_DIMS];
   memcpy(shape, p->t[2].op_local, sizeof shape);
   TW_TRY(reshard(p, 2, p->t[2].ndim, &p->t[2].op_spec, &p->t[2].spec, p->partial, shape));
+  /* Bit-exact only when the local GEMM is the global one (data movement around it): a BLAS
+   * picks its kernels and summation order by shape, and partial sums add in another order. */
+  p->exact = p->partial.n == 0;
+  for (int i = 0; i < 3; i++)
+    if (i < p->ninputs || i == 2)
+      for (int d = 0; d < p->t[i].ndim; d++) p->exact &= p->t[i].op_local[d] == p->t[i].global[d];
   return TW_OK;
 }
 
@@ -239,7 +245,6 @@ static tw_status rule_dense(tw_plan *p, const tw_shard_operand *x, const tw_shar
       p->partial = wb ? ds_none : b; /* w shared over the batch: its grad sums the batch shards */
       break;
   }
-  p->exact = p->partial.n == 0;
   return finish(p);
 }
 
@@ -319,7 +324,6 @@ static tw_status rule_grouped_gemm(tw_plan *p, const tw_shard_operand *x, const 
       p->partial = row_partial; /* each row shard holds part of every local group */
       break;
   }
-  p->exact = p->partial.n == 0;
   return finish(p);
 }
 
@@ -356,8 +360,8 @@ static tw_status rule_quantize(tw_plan *p, const tw_shard_operand *x) {
   p->t[0].op_spec = x->spec;
   p->t[2].op_spec = x->spec;
   p->partial = ds_none;
-  p->exact = 1;
   TW_TRY(finish(p));
+  p->exact = 1; /* elementwise given the global scales; blocks never straddle shards */
   if (q->mode == TW_SCALE_TENSOR_CURRENT || q->mode == TW_SCALE_TENSOR_DELAYED) {
     for (int d = 0; d < 2; d++)
       for (int i = 0; i < x->spec.dim[d].n; i++) ds_add(&p->amax_axes, x->spec.dim[d].axis[i]);

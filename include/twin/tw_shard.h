@@ -179,7 +179,11 @@ typedef struct {
   tw_dimspec partial;               /* the local op's output is a partial sum over these */
   tw_dimspec amax_axes;             /* grouped_quantize, tensor scaling */
   int experts_on_ep;                /* grouped_gemm: w's experts are split over ep */
-  int exact;                        /* 1: equals the unsharded op bit for bit */
+  int exact;                        /* 1: equals the unsharded op bit for bit (grouped
+                                       quantize; GEMMs whose local op is the global one).
+                                       Else within the GEMM bound: a BLAS sums in a
+                                       shape-dependent order and partial sums add in
+                                       another order. */
   int nsteps;
   tw_plan_step steps[TW_PLAN_MAX_STEPS];
   int nnotes;
