@@ -6,10 +6,12 @@
    accumulate): the output must lie within the documented bound of the f64 NumPy result
    (tw_check.h: e = gamma(K) sum|a||b|, bound = e + u_out (|ref| + e) + tiny), and rows past the
    groups must keep their initial bytes.
+   Also 16 dense GEMMs (every layout, batched and broadcast) and 16 grouped wgrads (ragged
+   contracting dim, row-major and per-group transposed storage, NaN in the unread tail rows).
 2. Every quantize mode x layout (and both MXFP8 scale orders, pow2 scales): the bytes of every
    output must equal golden/gen_quantize.quantize_np's.
 
-Run: python3 golden/crosscheck.py [--twin PATH] [--seed N] [--cases 64]
+Run: python3 golden/crosscheck.py [--twin PATH] [--seed N] [--cases 64] [--backend ref|gpu]
 Writes JUnit XML (one testcase per case) to $XML_OUTPUT_FILE when Bazel sets it.
 """
 import argparse
@@ -64,15 +66,15 @@ def poison_bytes(shape, dtype):
 
 
 class Runner:
-    def __init__(self, twin, tmp):
-        self.twin, self.tmp, self.n = twin, tmp, 0
+    def __init__(self, twin, tmp, backend):
+        self.twin, self.tmp, self.n, self.backend = twin, tmp, 0, backend
 
     def op(self, name, inputs, flags):
         """Runs twin op; returns {output name: array} or raises with twin's stderr."""
         self.n += 1
         d = os.path.join(self.tmp, "c%03d" % self.n)
         os.makedirs(d)
-        args = [self.twin, "op", name, "--out-dir", os.path.join(d, "out")]
+        args = [self.twin, "op", name, "--backend", self.backend, "--out-dir", os.path.join(d, "out")]
         for k, v in inputs.items():
             p = os.path.join(d, k + ".npy")
             np.save(p, v)
@@ -141,6 +143,86 @@ def grouped_gemm_case(run, rng, i):
     return "%s worst err/bound %.3f" % (desc, ratio)
 
 
+def check_bound(desc, got, ref, absp, K, out_dt):
+    """got within the documented bound of ref; returns the worst err/bound."""
+    ku = K * U_ACC
+    e = (ku / (1 - ku)) * absp
+    bound = e + U_OUT[out_dt] * (np.abs(ref) + e) + TINY[out_dt]
+    err = np.abs(got - ref)
+    bad = ~(err <= bound)
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        raise AssertionError("%s: %d elements out of bound; first %s got %r ref %r bound %r"
+                             % (desc, bad.sum(), list(idx), got[idx], ref[idx], bound[idx]))
+    return float(np.max(err / bound)) if err.size else 0.0
+
+
+def gemm_case(run, rng, i):
+    """Dense (optionally batched, with a broadcast 2-D operand) GEMM in every layout."""
+    M, K, N = (int(rng.choice([1, 5, 17, 64, 130])) for _ in range(3))
+    op_a, op_b = str(rng.choice(["N", "T"])), str(rng.choice(["N", "T"]))
+    dt, out_dt = str(rng.choice(["f32", "bf16", "f16"])), str(rng.choice(["f32", "bf16", "f16"]))
+    B = int(rng.choice([0, 0, 3]))
+    ba, bb = (B, B) if B and i % 3 == 0 else ((B, 0) if B and i % 3 == 1 else (0, B))
+    sa = ((ba,) if ba else ()) + ((K, M) if op_a == "T" else (M, K))
+    sb = ((bb,) if bb else ()) + ((N, K) if op_b == "T" else (K, N))
+    a32 = rng.standard_normal(sa).astype(np.float32)
+    b32 = rng.standard_normal(sb).astype(np.float32)
+    a, b = rounded(a32, dt), rounded(b32, dt)
+    A = a if op_a == "N" else np.swapaxes(a, -1, -2)
+    Bm = b if op_b == "N" else np.swapaxes(b, -1, -2)
+    got = decode_out(run.op("gemm", dict(a=a32, b=b32), dict(a_dtype=dt, b_dtype=dt, op_a=op_a, op_b=op_b,
+                                                            out_dtype=out_dt))["out"], out_dt)
+    ref, absp = np.matmul(A, Bm), np.matmul(np.abs(A), np.abs(Bm))
+    desc = "a%s b%s M=%d K=%d N=%d op=%s%s %s->%s" % (sa, sb, M, K, N, op_a, op_b, dt, out_dt)
+    if got.shape != ref.shape:
+        raise AssertionError("%s: output shape %s, want %s" % (desc, got.shape, ref.shape))
+    return "%s worst err/bound %.3f" % (desc, check_bound(desc, got, ref, absp, K, out_dt))
+
+
+def per_group_transposed(x, gs):
+    """[M, C] -> [C, M] storage whose group g block is x_g^T ([C, m_g]) at element o_g * C."""
+    M, C = x.shape
+    flat = np.array(x, copy=True).reshape(-1)
+    off = np.concatenate([[0], np.cumsum(gs)])
+    for g in range(len(gs)):
+        flat[off[g] * C:off[g + 1] * C] = x[off[g]:off[g + 1]].T.reshape(-1)
+    return flat.reshape(C, M)
+
+
+def wgrad_case(run, rng, i):
+    """Grouped wgrad out[g] = lhs_g^T rhs_g: ragged contracting dim, both storages per operand."""
+    G = int(rng.integers(1, 9))
+    gs = rng.integers(0, 60, size=G)
+    gs[rng.random(G) < 0.25] = 0
+    S = int(gs.sum())
+    M = S + int(rng.integers(0, 4))
+    K, N = int(rng.choice([1, 7, 33, 64])), int(rng.choice([1, 5, 17, 40]))
+    lhs_op, rhs_op = str(rng.choice(["N", "T"])), str(rng.choice(["N", "T"]))
+    dt, out_dt = str(rng.choice(["f32", "bf16", "f16"])), str(rng.choice(["f32", "bf16", "f16"]))
+    x32 = rng.standard_normal((M, K)).astype(np.float32)
+    y32 = rng.standard_normal((M, N)).astype(np.float32)
+    x32[S:] = np.nan  # rows past the groups must never be read
+    y32[S:] = np.nan
+    x, y = rounded(x32, dt), rounded(y32, dt)
+    inputs = dict(lhs=x32 if lhs_op == "N" else per_group_transposed(x32, gs),
+                  rhs=y32 if rhs_op == "N" else per_group_transposed(y32, gs),
+                  group_sizes=gs.astype(np.int32))
+    got = decode_out(run.op("grouped_gemm_wgrad", inputs, dict(lhs_dtype=dt, rhs_dtype=dt, lhs_op=lhs_op,
+                                                              rhs_op=rhs_op, out_dtype=out_dt))["out"], out_dt)
+    off = np.concatenate([[0], np.cumsum(gs)])
+    ref, absp = np.zeros((G, K, N)), np.zeros((G, K, N))
+    for g in range(G):
+        a, b = x[off[g]:off[g + 1]], y[off[g]:off[g + 1]]
+        ref[g], absp[g] = a.T @ b, np.abs(a).T @ np.abs(b)
+    desc = "G=%d S=%d M=%d K=%d N=%d lhs_op=%s rhs_op=%s %s->%s" % (G, S, M, K, N, lhs_op, rhs_op, dt, out_dt)
+    for g in range(G):
+        if gs[g] == 0 and np.any(got[g] != 0):
+            raise AssertionError("%s: empty group %d is not exactly 0" % (desc, g))
+    ratio = check_bound(desc, got, ref, absp, max(int(gs.max()), 1), out_dt)
+    return "%s worst err/bound %.3f" % (desc, ratio)
+
+
 def quantize_case(run, rng, mode, layout, qdtype, swizzled, pow2):
     G = int(rng.integers(1, 6))
     gs = rng.integers(0, 150, size=G)
@@ -198,6 +280,7 @@ def main():
     ap.add_argument("--twin", default=None, help="the twin binary (default bazel-bin/tools/twin_cpu)")
     ap.add_argument("--seed", type=int, default=20261121)
     ap.add_argument("--cases", type=int, default=64, help="random grouped GEMM cases")
+    ap.add_argument("--backend", default="ref", help="the backend `twin op` runs on (ref or gpu)")
     args = ap.parse_args()
     twin = args.twin or find_twin()
     if not twin:
@@ -208,7 +291,7 @@ def main():
     results = []  # (name, error or None)
     t0 = time.time()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TEST_TMPDIR")) as tmp:
-        run = Runner(os.path.abspath(twin), tmp)
+        run = Runner(os.path.abspath(twin), tmp, args.backend)
         for i in range(args.cases):
             name = "grouped_gemm_%02d" % i
             try:
@@ -217,6 +300,15 @@ def main():
                 msg, err = str(e), str(e)
             results.append((name, err))
             print("[%s] %s: %s" % ("FAIL" if err else "PASS", name, msg))
+        for kind, fn, n in (("gemm", gemm_case, 16), ("wgrad", wgrad_case, 16)):
+            for i in range(n):
+                name = "%s_%02d" % (kind, i)
+                try:
+                    msg, err = fn(run, rng, i), None
+                except AssertionError as e:
+                    msg, err = str(e), str(e)
+                results.append((name, err))
+                print("[%s] %s: %s" % ("FAIL" if err else "PASS", name, msg))
         for mode in gen_quantize.MODES:
             for layout in ("rowwise", "colwise", "rowwise_colwise"):
                 for swizzled in ((0, 1) if mode == "mxfp8" else (1,)):
