@@ -7,9 +7,14 @@
  * bf16/f16 is widened into a scratch copy, quantized data is dequantized into one
  * (ref_dequantize_operand: decode(q) * scale_inv, f32). Then every batch or group is one
  * cblas_sgemm on slices of that storage, with the transpose flag and leading dimension the
- * layout implies, so the ref runs at OpenBLAS's own rate. An f32 output is written in place
- * (beta = 1 when accumulating); a 16-bit output goes through an f32 scratch and is rounded
- * once (RNE) at the end. Rows past sum(group_sizes) are never read or written.
+ * layout implies. An f32 output is written in place (beta = 1 when accumulating); a 16-bit
+ * output goes through an f32 scratch and is rounded once (RNE) at the end. Rows past
+ * sum(group_sizes) are never read or written.
+ *
+ * Speed (one H200 host, 16 cores, grouped vs one cblas_sgemm of the same FLOPs, M = 2048..4096):
+ * f32 0.83-0.97x for G <= 16, 0.63-0.73x for G = 32..64 (OpenBLAS's per-call cost on groups of
+ * 64-128 rows); bf16 0.46-0.88x (the widening is memory-bound: the rhs has G*K*N elements
+ * for 2*M*K*N flops).
  */
 #include <cblas.h>
 #include <limits.h>
@@ -23,33 +28,130 @@
 
 /* ---- operands as f32 ------------------------------------------------------------------- */
 
-static tw_status alloc_f32(const char *op, const char *what, int64_t n, float **out) {
+/* f32 scratch, kept per thread between calls: the pages of a fresh large malloc fault in on
+ * first touch, and that cost as much as the widening itself (bf16 grouped GEMM went from
+ * 0.36x to 0.52x of sgemm's rate on 16 cores with reuse). What a call leaves above
+ * SCRATCH_KEEP_BYTES is given back at its end. */
+enum { SCRATCH_A, SCRATCH_B, SCRATCH_OUT, SCRATCH_SLOTS };
+#define SCRATCH_KEEP_BYTES ((size_t)256 << 20)
+
+typedef struct {
+  float *p[SCRATCH_SLOTS];
+  size_t bytes[SCRATCH_SLOTS];
+} scratch_set;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static int scratch_key_ok;
+
+static void scratch_free_set(void *p) {
+  scratch_set *set = (scratch_set *)p;
+  for (int i = 0; i < SCRATCH_SLOTS; i++) free(set->p[i]);
+  free(set);
+}
+static void scratch_key_make(void) { scratch_key_ok = pthread_key_create(&scratch_key, scratch_free_set) == 0; }
+
+static scratch_set *scratch_of_thread(void) {
+  pthread_once(&scratch_once, scratch_key_make);
+  if (!scratch_key_ok) return NULL;
+  scratch_set *set = (scratch_set *)pthread_getspecific(scratch_key);
+  if (!set && (set = (scratch_set *)calloc(1, sizeof *set)) != NULL &&
+      pthread_setspecific(scratch_key, set) != 0) {
+    free(set);
+    set = NULL;
+  }
+  return set;
+}
+
+/* n floats of this thread's scratch slot (contents undefined). */
+static tw_status alloc_f32(const char *op, const char *what, int slot, int64_t n, float **out) {
   *out = NULL;
   if (n <= 0) return TW_OK;
-  *out = (float *)malloc((size_t)n * sizeof(float));
-  if (!*out)
+  size_t bytes = (size_t)n * sizeof(float);
+  scratch_set *set = scratch_of_thread();
+  if (set && set->bytes[slot] >= bytes) {
+    *out = set->p[slot];
+    return TW_OK;
+  }
+  float *p = (float *)malloc(bytes);
+  if (!p)
     return tw_error(TW_ERR_MEMORY, "%s: no host memory for the f32 copy of %s (%lld elements)", op,
                     what, (long long)n);
+  if (set) {
+    free(set->p[slot]);
+    set->p[slot] = p;
+    set->bytes[slot] = bytes;
+  }
+  *out = p;
   return TW_OK;
 }
 
+/* End of a call: give back what is above the keep limit (or everything without a set). */
+static void scratch_release(float *const *used, int n_used) {
+  scratch_set *set = scratch_of_thread();
+  if (!set) {
+    for (int i = 0; i < n_used; i++) free(used[i]);
+    return;
+  }
+  size_t total = 0;
+  for (int i = 0; i < SCRATCH_SLOTS; i++) total += set->bytes[i];
+  for (int i = 0; i < SCRATCH_SLOTS && total > SCRATCH_KEEP_BYTES; i++) {
+    total -= set->bytes[i];
+    free(set->p[i]);
+    set->p[i] = NULL;
+    set->bytes[i] = 0;
+  }
+}
+
 /* f16 -> f32 through a table filled once from tw_f16_to_f32 (exact by construction); bf16 is
- * the top half of an f32, so a shift is its definition. Both run at memory speed, which
- * matters: a group's rhs is widened once per GEMM of only 2*m_g flops per element. */
+ * the top half of an f32, so a shift is its definition. Both run at memory speed. */
 static float f16_table[65536];
 static pthread_once_t f16_once = PTHREAD_ONCE_INIT;
 static void f16_table_fill(void) {
   for (uint32_t h = 0; h < 65536; h++) f16_table[h] = tw_f16_to_f32((uint16_t)h);
 }
 
-static void widen(const void *src, tw_dtype dt, int64_t n, float *dst) {
-  const uint16_t *h = (const uint16_t *)src;
-  if (dt == TW_BF16) {
-    uint32_t *d = (uint32_t *)dst;
-    for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)h[i] << 16;
+typedef struct {
+  const uint16_t *src;
+  tw_dtype dt;
+  int64_t n;
+  float *dst;
+} widen_job;
+
+static void *widen_run(void *p) {
+  const widen_job *j = (const widen_job *)p;
+  if (j->dt == TW_BF16) {
+    uint32_t *d = (uint32_t *)j->dst;
+    for (int64_t i = 0; i < j->n; i++) d[i] = (uint32_t)j->src[i] << 16;
   } else {
-    pthread_once(&f16_once, f16_table_fill);
-    for (int64_t i = 0; i < n; i++) dst[i] = f16_table[h[i]];
+    for (int64_t i = 0; i < j->n; i++) j->dst[i] = f16_table[j->src[i]];
+  }
+  return NULL;
+}
+
+/* Widens n 16-bit values, split over as many threads as OpenBLAS uses (chunks of at least
+ * 64K): sgemm runs that wide, and a rhs of G*K*N elements feeds only 2*M/G flops per
+ * element, so a one-thread widen would cost more than the GEMM on a many-core machine. */
+#define WIDEN_MAX_THREADS 64
+static void widen(const void *src, tw_dtype dt, int64_t n, float *dst) {
+  pthread_once(&f16_once, f16_table_fill);
+  int64_t T = openblas_get_num_threads();
+  if (T > n / 65536) T = n / 65536;
+  if (T > WIDEN_MAX_THREADS) T = WIDEN_MAX_THREADS;
+  if (T < 1) T = 1;
+  int64_t chunk = (n + T - 1) / T;
+  widen_job jobs[WIDEN_MAX_THREADS];
+  pthread_t threads[WIDEN_MAX_THREADS];
+  int started[WIDEN_MAX_THREADS] = {0};
+  for (int64_t t = 0; t < T; t++) {
+    int64_t lo = t * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    jobs[t] = (widen_job){(const uint16_t *)src + lo, dt, hi > lo ? hi - lo : 0, dst + lo};
+    if (t > 0) started[t] = pthread_create(&threads[t], NULL, widen_run, &jobs[t]) == 0;
+  }
+  widen_run(&jobs[0]);
+  for (int64_t t = 1; t < T; t++) {
+    if (started[t]) pthread_join(threads[t], NULL);
+    else widen_run(&jobs[t]); /* no thread to be had: do it here */
   }
 }
 
@@ -61,43 +163,33 @@ static void narrow(const float *src, tw_dtype dt, int64_t n, void *dst) {
     for (int64_t i = 0; i < n; i++) h[i] = tw_f32_to_f16(src[i]);
 }
 
-/* An operand read as f32 slices of its storage. f32 data is read in place; quantized data
- * is dequantized whole, once; 16-bit data is widened slice by slice into one buffer, just
- * before its GEMM, so it is still in cache when OpenBLAS packs it. */
+/* An operand as f32 values in its own storage order: f32 data is read in place; 16-bit data
+ * is widened and quantized data dequantized (ref_dequantize_operand), once, into a scratch
+ * copy. Only the first n_read elements are widened: rows past the groups are never read. */
 typedef struct {
-  const tw_operand *o;
-  const float *whole; /* all of the storage as f32, or NULL: widen per slice */
-  float *owned;       /* what to free: the dequantized copy or the slice buffer */
+  const float *p;
+  float *owned; /* the scratch copy, or NULL */
 } f32_source;
 
-/* max_slice: the most elements one slice() call asks for. For quantized operands
- * group_sizes/G describe the groups as ref_dequantize_operand takes them. */
-static tw_status source_open(const char *op, const char *name, const tw_operand *o,
-                             int64_t max_slice, const int32_t *group_sizes, int64_t G,
+static tw_status source_open(const char *op, const char *name, int slot, const tw_operand *o,
+                             int64_t n_read, const int32_t *group_sizes, int64_t G,
                              f32_source *src) {
-  src->o = o;
-  src->whole = NULL;
+  src->p = NULL;
   src->owned = NULL;
   if (o->mode == TW_SCALE_NONE && o->data.dtype == TW_F32) {
-    src->whole = (const float *)o->data.data;
+    src->p = (const float *)o->data.data;
     return TW_OK;
   }
-  if (o->mode == TW_SCALE_NONE) return alloc_f32(op, name, max_slice, &src->owned);
-  int64_t n = tw_tensor_numel(&o->data);
-  TW_TRY(alloc_f32(op, name, n, &src->owned));
+  int64_t n = o->mode == TW_SCALE_NONE ? n_read : tw_tensor_numel(&o->data);
+  TW_TRY(alloc_f32(op, name, slot, n, &src->owned));
+  src->p = src->owned;
   if (n == 0) return TW_OK;
-  src->whole = src->owned;
+  if (o->mode == TW_SCALE_NONE) {
+    widen(o->data.data, o->data.dtype, n, src->owned);
+    return TW_OK;
+  }
   return ref_dequantize_operand(o, group_sizes, G, src->owned);
 }
-
-/* Elements [off, off + n) of the storage as f32. */
-static const float *slice(f32_source *src, int64_t off, int64_t n) {
-  if (src->whole) return src->whole + off;
-  widen((const uint16_t *)src->o->data.data + off, src->o->data.dtype, n, src->owned);
-  return src->owned;
-}
-
-static void source_close(f32_source *src) { free(src->owned); }
 
 /* ---- one GEMM into an output slice ---------------------------------------------------- */
 
@@ -151,19 +243,18 @@ tw_status ref_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
 
   f32_source fa = {0}, fb = {0};
   float *scratch = NULL;
-  tw_status s = source_open(op, "a", a, ra * ca, NULL, 1, &fa);
-  if (s == TW_OK) s = source_open(op, "b", b, rb * cb, NULL, 1, &fb);
-  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", M * N, &scratch);
+  tw_status s = source_open(op, "a", SCRATCH_A, a, tw_tensor_numel(A), NULL, 1, &fa);
+  if (s == TW_OK) s = source_open(op, "b", SCRATCH_B, b, tw_tensor_numel(B), NULL, 1, &fb);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", SCRATCH_OUT, M * N, &scratch);
   if (s == TW_OK) {
     /* a 2-D operand is broadcast over the batch: stride 0 */
     int64_t sa = A->ndim == 3 ? ra * ca : 0, sb = B->ndim == 3 ? rb * cb : 0;
     for (int64_t i = 0; i < batch; i++)
-      gemm_slice(slice(&fa, i * sa, ra * ca), op_a == TW_OP_T, ca, slice(&fb, i * sb, rb * cb),
-                 op_b == TW_OP_T, cb, M, N, K, out, i * M * N, accumulate, scratch);
+      gemm_slice(fa.p + i * sa, op_a == TW_OP_T, ca, fb.p + i * sb, op_b == TW_OP_T, cb, M, N, K,
+                 out, i * M * N, accumulate, scratch);
   }
-  source_close(&fa);
-  source_close(&fb);
-  free(scratch);
+  float *used[3] = {fa.owned, fb.owned, scratch};
+  scratch_release(used, 3);
   return s;
 }
 
@@ -204,20 +295,19 @@ tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
    * [N, K] (op T) at element g*K*N. */
   f32_source fl = {0}, fr = {0};
   float *scratch = NULL;
-  s = source_open(op, "lhs", lhs, max_m * K, gs, G, &fl);
-  if (s == TW_OK) s = source_open(op, "rhs", rhs, K * N, NULL, G, &fr);
-  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", max_m * N, &scratch);
+  s = source_open(op, "lhs", SCRATCH_A, lhs, off[G] * K, gs, G, &fl);
+  if (s == TW_OK) s = source_open(op, "rhs", SCRATCH_B, rhs, G * K * N, NULL, G, &fr);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", SCRATCH_OUT, max_m * N, &scratch);
   if (s == TW_OK) {
     int trans_b = rhs_op == TW_OP_T;
     for (int64_t g = 0; g < G; g++) {
       if (gs[g] == 0) continue;
-      gemm_slice(slice(&fl, off[g] * K, gs[g] * K), 0, K, slice(&fr, g * K * N, K * N), trans_b,
-                 trans_b ? K : N, gs[g], N, K, out, off[g] * N, accumulate, scratch);
+      gemm_slice(fl.p + off[g] * K, 0, K, fr.p + g * K * N, trans_b, trans_b ? K : N, gs[g], N, K,
+                 out, off[g] * N, accumulate, scratch);
     }
   }
-  source_close(&fl);
-  source_close(&fr);
-  free(scratch);
+  float *used[3] = {fl.owned, fr.owned, scratch};
+  scratch_release(used, 3);
   free(off);
   return s;
 }
@@ -248,9 +338,9 @@ tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
    * op T a [K, m_g] block (ld m_g). Likewise rhs with N. */
   f32_source fl = {0}, fr = {0};
   float *scratch = NULL;
-  s = source_open(op, "lhs", lhs, max_m * K, gs, G, &fl);
-  if (s == TW_OK) s = source_open(op, "rhs", rhs, max_m * N, gs, G, &fr);
-  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", K * N, &scratch);
+  s = source_open(op, "lhs", SCRATCH_A, lhs, off[G] * K, gs, G, &fl);
+  if (s == TW_OK) s = source_open(op, "rhs", SCRATCH_B, rhs, off[G] * N, gs, G, &fr);
+  if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", SCRATCH_OUT, K * N, &scratch);
   if (s == TW_OK) {
     int lt = lhs_op == TW_OP_T, rt = rhs_op == TW_OP_T;
     for (int64_t g = 0; g < G; g++) {
@@ -260,13 +350,12 @@ tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
         continue;
       }
       /* out[g] = lhs_g^T rhs_g: lhs_g^T is the [m, K] rows transposed, or the [K, m] block */
-      gemm_slice(slice(&fl, off[g] * K, m * K), !lt, lt ? m : K, slice(&fr, off[g] * N, m * N), rt,
-                 rt ? m : N, K, N, m, out, g * K * N, accumulate, scratch);
+      gemm_slice(fl.p + off[g] * K, !lt, lt ? m : K, fr.p + off[g] * N, rt, rt ? m : N, K, N, m, out,
+                 g * K * N, accumulate, scratch);
     }
   }
-  source_close(&fl);
-  source_close(&fr);
-  free(scratch);
+  float *used[3] = {fl.owned, fr.owned, scratch};
+  scratch_release(used, 3);
   free(off);
   return s;
 }
