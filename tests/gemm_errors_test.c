@@ -571,3 +571,43 @@ Test(gemm_errors, wgrad_quantized_layouts) {
   free_q(&el);
   free_q(&er);
 }
+
+/* ---- the remaining messages ------------------------------------------------------------- */
+
+Test(gemm_errors, alignment_query_and_quantized_shapes) {
+  dense_args d = dense();
+  EXPECT_ERR(tw_gemm_alignment(NULL, &d.a, TW_OP_N, &d.b, TW_OP_N, &d.to), TW_ERR_NULL, "gemm_alignment: ctx is NULL");
+  EXPECT_OK(tw_gemm_alignment(ctx, &d.a, TW_OP_N, &d.b, TW_OP_N, &d.to)); /* ref: no rule */
+  qbuf qa = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 5, 7, 1);
+  qbuf qb = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 3, 7, 1);
+  tw_operand a = tw_operand_rowwise(&qa.q), b = tw_operand_rowwise(&qb.q);
+  a.src_rows = -5;
+  EXPECT_ERR(tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &d.to, 0), TW_ERR_SHAPE, "a has source shape [-5, 7]");
+  free_q(&qa);
+  free_q(&qb);
+}
+
+Test(gemm_errors, grouped_quantized_rhs_k_mismatch) {
+  grouped_args g = grouped();
+  qbuf ql = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 6, 4, 3);
+  qbuf qr = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 3 * 6, 5, 3); /* per group [6, 5]: K 6 */
+  g.l = tw_operand_rowwise(&ql.q);
+  g.r = tw_operand_rowwise(&qr.q);
+  EXPECT_ERR(GROUPED(g, TW_OP_N), TW_ERR_SHAPE, "lhs has K = 4 but each rhs group stores [6, 5] (K, N)");
+  free_q(&ql);
+  free_q(&qr);
+}
+
+Test(gemm_errors, wgrad_quantized_rows_and_rank) {
+  wgrad_args w = wgrad();
+  qbuf ql = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 6, 4, 3);
+  qbuf qr = make_q(TW_SCALE_TENSOR_CURRENT, TW_E4M3, 7, 5, 3);
+  w.l = tw_operand_colwise(&ql.q);
+  w.r = tw_operand_colwise(&qr.q);
+  EXPECT_ERR(WGRAD(w, TW_OP_T, TW_OP_T), TW_ERR_SHAPE, "lhs has 6 rows but rhs has 7");
+  w.r.data = tw_tensor_3d(buf_b, TW_F32, 1, 6, 5, TW_MEM_HOST);
+  w.r.mode = TW_SCALE_NONE;
+  EXPECT_ERR(WGRAD(w, TW_OP_T, TW_OP_N), TW_ERR_SHAPE, "grouped_gemm_wgrad: rhs must be 2-D");
+  free_q(&ql);
+  free_q(&qr);
+}

@@ -307,6 +307,15 @@ Test(gemm_props, k_zero_gives_zero_or_keeps_out, .init = setup, .fini = teardown
   memset(out, TW_POISON_BYTE, sizeof out);
   OK(tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_N, &to, 1));
   cr_assert(bytes_all(out, TW_POISON_BYTE, sizeof out));
+  /* grouped, K = 0: the groups' rows become 0, the tail row keeps its poison */
+  int32_t gs[3] = {1, 0, 2};
+  uint16_t o16[4 * 3];
+  tw_tensor tl = tw_tensor_2d(NULL, TW_BF16, 4, 0, TW_MEM_HOST), tr = tw_tensor_3d(NULL, TW_BF16, 3, 0, 3, TW_MEM_HOST);
+  tw_tensor tg = tw_tensor_1d(gs, TW_I32, 3, TW_MEM_HOST), t16 = tw_tensor_2d(o16, TW_BF16, 4, 3, TW_MEM_HOST);
+  tw_operand l = tw_operand_plain(&tl), r = tw_operand_plain(&tr);
+  memset(o16, TW_POISON_BYTE, sizeof o16);
+  OK(tw_grouped_gemm(ctx, &l, &r, TW_OP_N, &tg, &t16, 0));
+  cr_assert(bytes_all(o16, 0, 3 * 3 * 2) && bytes_all(o16 + 9, TW_POISON_BYTE, 3 * 2));
 }
 
 Test(gemm_props, half_outputs_are_rne_of_f32, .init = setup, .fini = teardown) {
