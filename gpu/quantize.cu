@@ -1,0 +1,770 @@
+// gpu/quantize.cu — grouped quantize / dequantize / delayed-scale update on the device.
+// Same names and formulas as ref/quantize.c (tw_quantize.h holds the formulas).
+//
+// Work is cut into group-relative tiles of 128 rows x 128 columns: tile t belongs to group g
+// with T(g) <= t < T(g+1) (T from gpu_group_prefix), covers rows o_g + 128(t - T(g)) ... of
+// that group only, and columns 128*blockIdx.y ... . Every scale block of every mode (32, 128,
+// 128x128, the MXFP8 128x4 swizzle tile) then lies inside one tile, so one CTA computes and
+// writes its scales directly in the final layout, rowwise and colwise from one read of x.
+// The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
+// are read on the device only.
+//
+// Versions (tw_ctx_config.kernel):
+//   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto when
+//                         x, K and the outputs are 4-element aligned)
+//   quantize_tile_scalar  the same kernel with element loads and byte stores (any alignment)
+//   quantize_rows         rowwise-only current/delayed/MXFP8/1x128 without shared memory (auto
+//                         when K % 8 == 0 and x is 16-byte aligned); also the amax pass
+//
+// Per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
+// so that both the row pass and the 32-row column strips are free of bank conflicts); column
+// statistics (MXFP8 colwise and 1x128 colwise amax) in 32-row strips; a row pass (one warp per
+// row, 4 consecutive k per lane) writes rowwise data and MXFP8 colwise data; a strip pass writes
+// the per-group transposed colwise data of the tensor and block modes.
+// TENSOR_CURRENT needs the group's amax before any element is scaled: an amax-only pass of the
+// same kernel runs first (x is read twice; the floor for that mode counts one read).
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu/gpu.h"
+#include "gpu/numerics.cuh"
+
+#define TILE 128
+#define THREADS 256
+#define SMEM_TILE_BYTES (TILE * TILE * 4)
+
+enum { XDT_F32 = 0, XDT_BF16 = 1, XDT_F16 = 2 };
+
+struct QParams {
+  const void *x;
+  int64_t M, K;
+  const int64_t *offsets, *tiles;  // [G+1], device
+  int64_t G, Tcap;
+  int mode, fp8, row, col, pow2, swz;
+  float fp8_max;
+  uint8_t *row_data, *col_data;
+  void *row_si, *col_si;  // f32 or e8m0 bytes
+  float *amax;            // [G] f32 atomics target (zeroed first), or NULL
+  const float *scale;     // [G]: delayed scales, or NULL
+  int64_t rs_ld, cs_ld;   // leading dims of the block-mode scale matrices
+};
+
+__device__ __forceinline__ int64_t find_group(const int64_t *tiles, int64_t G, int64_t t) {
+  // the last g with tiles[g] <= t (empty groups share their start with the next group)
+  int64_t lo = 0, hi = G;  // tiles[lo] <= t < tiles[hi]
+  while (hi - lo > 1) {
+    int64_t mid = (lo + hi) >> 1;
+    if (tiles[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+template <int XDT>
+__device__ __forceinline__ float load_x(const void *x, int64_t i) {
+  if (XDT == XDT_F32) return ((const float *)x)[i];
+  uint16_t h = ((const uint16_t *)x)[i];
+  return XDT == XDT_BF16 ? tw_bf16_to_f32_d(h) : tw_f16_to_f32_d(h);
+}
+
+// Four consecutive elements of x (vector load when VEC).
+template <int XDT, bool VEC>
+__device__ __forceinline__ float4 load_x4(const void *x, int64_t i, int n) {
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (VEC && n == 4) {
+    if (XDT == XDT_F32) return __ldg((const float4 *)((const float *)x + i));
+    uint2 u = __ldg((const uint2 *)((const uint16_t *)x + i));
+    if (XDT == XDT_BF16) {
+      r.x = tw_u2f(u.x << 16); r.y = tw_u2f(u.x & 0xFFFF0000u);
+      r.z = tw_u2f(u.y << 16); r.w = tw_u2f(u.y & 0xFFFF0000u);
+    } else {
+      r.x = tw_f16_to_f32_d((uint16_t)u.x); r.y = tw_f16_to_f32_d((uint16_t)(u.x >> 16));
+      r.z = tw_f16_to_f32_d((uint16_t)u.y); r.w = tw_f16_to_f32_d((uint16_t)(u.y >> 16));
+    }
+    return r;
+  }
+  if (n > 0) r.x = load_x<XDT>(x, i);
+  if (n > 1) r.y = load_x<XDT>(x, i + 1);
+  if (n > 2) r.z = load_x<XDT>(x, i + 2);
+  if (n > 3) r.w = load_x<XDT>(x, i + 3);
+  return r;
+}
+
+__device__ __forceinline__ float absmax4(float4 v) {
+  return tw_nmax(tw_nmax(fabsf(v.x), fabsf(v.y)), tw_nmax(fabsf(v.z), fabsf(v.w)));
+}
+
+__device__ __forceinline__ float warp_max(float v, int width) {
+  for (int d = width >> 1; d > 0; d >>= 1) v = tw_nmax(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+
+// NaN amax values go to the atomic as one canonical NaN, the largest unsigned pattern a
+// non-negative float can have, so the result does not depend on the order of arrival.
+__device__ __forceinline__ void atomic_amax(float *p, float v) {
+  uint32_t u = tw_isnan(v) ? 0x7FC00000u : tw_f2u(v);
+  atomicMax((unsigned int *)p, u);
+}
+
+__device__ __forceinline__ uint32_t quant4(float4 v, float s, int fp8) {
+  return gpu_fp8x4_sat(v.x * s, v.y * s, v.z * s, v.w * s, fp8);
+}
+
+template <bool VEC>
+__device__ __forceinline__ void store4(uint8_t *p, uint32_t codes, int n) {
+  if (VEC && n == 4) {
+    *(uint32_t *)p = codes;
+    return;
+  }
+  for (int i = 0; i < n; i++) p[i] = (uint8_t)(codes >> (8 * i));
+}
+
+// Swizzled f32 tile: chunk c (4 floats) of row r lives at chunk c ^ (r & 31) of that row.
+__device__ __forceinline__ float4 *tile_chunk(float *tile, int r, int c) {
+  return (float4 *)(tile + r * TILE + ((c ^ (r & 31)) << 2));
+}
+
+__device__ __forceinline__ float block_max(float v, float *red) {
+  v = warp_max(v, 32);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < THREADS / 32 ? red[lane] : 0.f;
+    v = warp_max(v, 32);
+    if (lane == 0) red[0] = v;
+  }
+  __syncthreads();
+  float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+template <int XDT, bool VEC, bool AMAX_ONLY>
+__global__ void __launch_bounds__(THREADS, 2) quantize_tile_kernel(QParams p) {
+  extern __shared__ float4 smem4[];
+  float *tile = (float *)smem4;
+  __shared__ float red[THREADS / 32];
+  __shared__ float colamax[4][TILE];   // per 32-row block and column
+  __shared__ float colscale[TILE];     // 1x128 colwise scale per column
+  __shared__ uint8_t rowe[TILE][4];    // MXFP8 rowwise exponents of this tile
+  __shared__ uint8_t cole[4][TILE];    // MXFP8 colwise exponents of this tile
+
+  const int64_t t = blockIdx.x;
+  const int64_t Ttot = p.tiles[p.G];
+  if (t >= Ttot) return;
+  const int64_t g = find_group(p.tiles, p.G, t);
+  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int64_t a = t - tg0;             // tile index inside the group
+  const int64_t lr0 = a * TILE;          // first local row of the tile
+  const int rows = (int)min((int64_t)TILE, mg - lr0);
+  const int64_t r0 = og + lr0;           // first global row
+  const int64_t k0 = (int64_t)blockIdx.y * TILE;
+  const int cols = (int)min((int64_t)TILE, p.K - k0);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  // ---- load: 16 chunks per thread, all loads issued before any use
+  float4 v[16];
+  float tmax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    int id = i * THREADS + tid, r = id >> 5, c = id & 31;
+    int n = (r < rows) ? max(0, min(4, cols - 4 * c)) : 0;
+    v[i] = load_x4<XDT, VEC>(p.x, (r0 + r) * p.K + k0 + 4 * c, n);
+  }
+#pragma unroll
+  for (int i = 0; i < 16; i++) tmax = tw_nmax(tmax, absmax4(v[i]));
+  if constexpr (AMAX_ONLY) {
+    float m = block_max(tmax, red);
+    if (tid == 0) atomic_amax(p.amax + g, m);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    int id = i * THREADS + tid, r = id >> 5, c = id & 31;
+    *tile_chunk(tile, r, c) = v[i];
+  }
+  const bool mx = p.mode == TW_SCALE_MXFP8_1D;
+  float tile_amax = 0.f;
+  if (p.amax || p.mode == TW_SCALE_BLOCK_128x128) tile_amax = block_max(tmax, red);  // syncs
+  else __syncthreads();
+  if (p.amax && tid == 0 && p.mode != TW_SCALE_TENSOR_CURRENT) atomic_amax(p.amax + g, tile_amax);
+
+  float tscale = 1.f;  // the scale of tensor modes and of the 128x128 tile
+  if (p.mode == TW_SCALE_TENSOR_CURRENT) tscale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
+  else if (p.mode == TW_SCALE_TENSOR_DELAYED) tscale = p.scale[g];
+  else if (p.mode == TW_SCALE_BLOCK_128x128) tscale = tw_compute_scale(tile_amax, p.fp8_max, p.pow2);
+  const float inv_max = 1.0f / p.fp8_max;
+
+  // ---- column statistics in 32-row strips: warp handles strips warp, warp+8, ...
+  const bool need_colstats = p.col && (mx || p.mode == TW_SCALE_BLOCK_1x128);
+  if (need_colstats) {
+    for (int s = warp; s < 128; s += THREADS / 32) {
+      int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
+      float4 x4 = *tile_chunk(tile, r, c);
+      float m0 = warp_max(fabsf(x4.x), 32), m1 = warp_max(fabsf(x4.y), 32);
+      float m2 = warp_max(fabsf(x4.z), 32), m3 = warp_max(fabsf(x4.w), 32);
+      if (lane == 0) {
+        colamax[rb][4 * c] = m0; colamax[rb][4 * c + 1] = m1;
+        colamax[rb][4 * c + 2] = m2; colamax[rb][4 * c + 3] = m3;
+      }
+    }
+    __syncthreads();
+    if (tid < TILE) {
+      if (mx) {
+        for (int rb = 0; rb < 4; rb++) cole[rb][tid] = tw_f32_to_e8m0_ceil_d(colamax[rb][tid] * inv_max);
+      } else {
+        float m = tw_nmax(tw_nmax(colamax[0][tid], colamax[1][tid]), tw_nmax(colamax[2][tid], colamax[3][tid]));
+        float s = tw_compute_scale(m, p.fp8_max, p.pow2);
+        colscale[tid] = s;
+        if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / s);
+      }
+    }
+    __syncthreads();
+  }
+
+  // ---- row pass: warp per row, lane = 16-byte chunk (4 consecutive k)
+  const bool out_aligned = VEC;
+  for (int r = warp; r < TILE; r += THREADS / 32) {
+    float4 x4 = *tile_chunk(tile, r, lane);
+    const int n = (r < rows) ? max(0, min(4, cols - 4 * lane)) : 0;
+    const int64_t gi = (r0 + r) * p.K + k0 + 4 * lane;
+    if (p.row) {
+      float s = tscale;
+      if (mx) {
+        float m = warp_max(absmax4(x4), 8);
+        uint8_t e = tw_f32_to_e8m0_ceil_d(m * inv_max);
+        if ((lane & 7) == 0) rowe[r][lane >> 3] = e;
+        s = tw_e8m0_quant_scale(e);
+      } else if (p.mode == TW_SCALE_BLOCK_1x128) {
+        float m = warp_max(absmax4(x4), 32);
+        s = tw_compute_scale(m, p.fp8_max, p.pow2);
+        if (lane == 0 && r < rows) ((float *)p.row_si)[(int64_t)blockIdx.y * p.rs_ld + r0 + r] = tw_canon(1.0f / s);
+      }
+      if (n > 0) store4<VEC>(p.row_data + gi, quant4(x4, s, p.fp8), n);
+    }
+    if (p.col && mx && n > 0) {
+      int rb = r >> 5, c = 4 * lane;
+      float4 q;
+      q.x = x4.x * tw_e8m0_quant_scale(cole[rb][c]);
+      q.y = x4.y * tw_e8m0_quant_scale(cole[rb][c + 1]);
+      q.z = x4.z * tw_e8m0_quant_scale(cole[rb][c + 2]);
+      q.w = x4.w * tw_e8m0_quant_scale(cole[rb][c + 3]);
+      store4<VEC>(p.col_data + gi, gpu_fp8x4_sat(q.x, q.y, q.z, q.w, p.fp8), n);
+    }
+  }
+  (void)out_aligned;
+
+  // ---- colwise transposed data (tensor and block modes): group g's block is [K, m_g] at o_g*K
+  if (p.col && !mx) {
+    for (int s = warp; s < 128; s += THREADS / 32) {
+      int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
+      if (r >= rows) continue;
+      float4 x4 = *tile_chunk(tile, r, c);
+      float4 sc = make_float4(tscale, tscale, tscale, tscale);
+      if (p.mode == TW_SCALE_BLOCK_1x128)
+        sc = make_float4(colscale[4 * c], colscale[4 * c + 1], colscale[4 * c + 2], colscale[4 * c + 3]);
+      uint32_t codes = gpu_fp8x4_sat(x4.x * sc.x, x4.y * sc.y, x4.z * sc.z, x4.w * sc.w, p.fp8);
+      uint8_t *base = p.col_data + og * p.K + (lr0 + r);
+      int n = max(0, min(4, cols - 4 * c));
+      for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * mg] = (uint8_t)(codes >> (8 * j));
+    }
+  }
+
+  // ---- per-tile scales
+  if (p.mode == TW_SCALE_BLOCK_128x128 && tid == 0) {
+    float si = tw_canon(1.0f / tscale);
+    if (p.row) ((float *)p.row_si)[t * p.rs_ld + blockIdx.y] = si;
+    if (p.col) ((float *)p.col_si)[(int64_t)blockIdx.y * p.cs_ld + t] = si;
+  }
+  if (mx) {
+    __syncthreads();
+    if (p.row && tid < TILE) {
+      // rowwise block [128 rows of this tile, 4 k-blocks]: C = 4 * gridDim.y columns in all
+      uint8_t *S = (uint8_t *)p.row_si;
+      const int64_t C = 4 * (int64_t)gridDim.y;
+      if (p.swz) {
+        int d = tid >> 2, b = tid & 3;  // 4 bytes at d*16 + b*4
+        uint8_t *o = S + t * TILE * C + (int64_t)blockIdx.y * 512 + d * 16 + b * 4;
+        for (int f = 0; f < 4; f++) o[f] = rowe[32 * b + d][f];
+      } else {
+        uint8_t *o = S + (t * TILE + tid) * C + 4 * (int64_t)blockIdx.y;
+        for (int f = 0; f < 4; f++) o[f] = rowe[tid][f];
+      }
+    }
+    if (p.col && tid < TILE) {
+      uint8_t *S = (uint8_t *)p.col_si;
+      const int64_t Cc = TILE * (int64_t)gridDim.y;
+      if (p.swz) {
+        // the group's block transposed to [Cc, 4*ntiles] and tiled: this tile's 128 columns x
+        // 4 row-blocks form the tile (blockIdx.y, a) of 512 bytes
+        const int64_t ntiles = p.tiles[g + 1] - tg0;
+        int d = tid >> 2, b = tid & 3;
+        uint8_t *o = S + 4 * tg0 * Cc + ((int64_t)blockIdx.y * ntiles + a) * 512 + d * 16 + b * 4;
+        for (int f = 0; f < 4; f++) o[f] = cole[f][32 * b + d];
+      } else {
+        for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + tid] = cole[f][tid];
+      }
+    }
+  }
+}
+
+// ---- the row kernel: rowwise-only outputs of current/delayed/MXFP8/1x128 ----------------------
+// No shared memory and no barriers: a lane owns 8 consecutive elements (one 16-byte load of
+// bf16/f16, two of f32), a warp a 256-column piece of a row, and each warp keeps 4 pieces (1024
+// columns of one row) in flight before it converts them. A CTA covers 128 group-relative rows
+// (one tile, so the group lookup is done once) by ROWS_SEG columns. MXFP8 blocks of 32 are 4
+// lanes, 1x128 blocks 16 lanes (shuffle reductions). Needs K % 8 == 0 and aligned pointers.
+// AMAX_ONLY: the first pass of current scaling (per-group amax, nothing written).
+#define ROWS_SEG 1024
+
+template <int XDT>
+__device__ __forceinline__ void load_x8(const void *x, int64_t i, float v[8]) {
+  if (XDT == XDT_F32) {
+    float4 a = __ldg((const float4 *)((const float *)x + i)), b = __ldg((const float4 *)((const float *)x + i + 4));
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    return;
+  }
+  uint4 u = __ldg((const uint4 *)((const uint16_t *)x + i));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if (XDT == XDT_BF16) {
+      v[2 * j] = tw_u2f(w[j] << 16);
+      v[2 * j + 1] = tw_u2f(w[j] & 0xFFFF0000u);
+    } else {
+      v[2 * j] = tw_f16_to_f32_d((uint16_t)w[j]);
+      v[2 * j + 1] = tw_f16_to_f32_d((uint16_t)(w[j] >> 16));
+    }
+  }
+}
+
+// max |v| as the bits of a non-negative float: NaN patterns sort above inf, so they stick.
+__device__ __forceinline__ uint32_t absmax_bits8(const float v[8]) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 0; j < 8; j++) m = max(m, tw_f2u(v[j]) & 0x7FFFFFFFu);
+  return m;
+}
+
+__device__ __forceinline__ uint32_t shfl_umax(uint32_t v, int width) {
+  for (int d = 1; d < width; d <<= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+
+// 8 codes of sat(v * s); `maybe_nan` when a product can be NaN (a NaN input, a NaN scale or a
+// zero scale against an inf), which sends the lane through the NaN patch.
+__device__ __forceinline__ uint2 quant8(const float v[8], float s, int fp8) {
+  uint2 r;
+  r.x = gpu_fp8x4_sat(v[0] * s, v[1] * s, v[2] * s, v[3] * s, fp8);
+  r.y = gpu_fp8x4_sat(v[4] * s, v[5] * s, v[6] * s, v[7] * s, fp8);
+  return r;
+}
+
+template <int XDT, bool AMAX_ONLY>
+__global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
+  __shared__ uint32_t red[THREADS / 32];
+  const int64_t t = blockIdx.x;
+  if (t >= p.tiles[p.G]) return;
+  const int64_t g = find_group(p.tiles, p.G, t);
+  const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int64_t lr0 = (t - p.tiles[g]) * TILE;
+  const int rows = (int)min((int64_t)TILE, mg - lr0);
+  const int64_t r0 = og + lr0;
+  const int64_t Kpad = (p.K + TILE - 1) / TILE * TILE;  // MXFP8 scale columns reach here
+  const int64_t ks = (int64_t)blockIdx.y * ROWS_SEG;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool mx = p.mode == TW_SCALE_MXFP8_1D, b128 = p.mode == TW_SCALE_BLOCK_1x128;
+  float s = 1.f;
+  if (!AMAX_ONLY) {
+    if (p.mode == TW_SCALE_TENSOR_CURRENT) s = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
+    else if (p.mode == TW_SCALE_TENSOR_DELAYED) s = p.scale[g];
+  }
+  const float inv_max = 1.0f / p.fp8_max;
+  const int64_t C = Kpad / 32;  // MXFP8 rowwise scale columns = roundup(ceil(K/32), 4)
+  uint32_t gmax = 0;
+  // MXFP8 writes padding rows' zero scales too, so it walks all 128 rows
+  const int row_end = mx ? TILE : rows;
+  for (int r = warp; r < row_end; r += THREADS / 32) {
+    const int64_t grow = r0 + r;
+    float v[4][8];
+    int64_t col[4];
+#pragma unroll
+    for (int piece = 0; piece < 4; piece++) {
+      col[piece] = ks + piece * 256 + lane * 8;
+      if (r < rows && col[piece] < p.K) load_x8<XDT>(p.x, grow * p.K + col[piece], v[piece]);
+      else
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[piece][j] = 0.f;
+    }
+#pragma unroll
+    for (int piece = 0; piece < 4; piece++) {
+      uint32_t m = absmax_bits8(v[piece]);
+      gmax = max(gmax, m);
+      if (AMAX_ONLY) continue;
+      const bool in_k = col[piece] < p.K, live = r < rows && in_k;
+      float sc = s;
+      if (mx) {
+        uint32_t bm = shfl_umax(m, 4);
+        uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(bm) * inv_max);
+        sc = tw_e8m0_quant_scale(e);
+        if ((lane & 3) == 0 && col[piece] < Kpad) {
+          const int64_t kb = col[piece] >> 5;
+          uint8_t *S = (uint8_t *)p.row_si;
+          if (p.swz) S[t * TILE * C + (kb >> 2) * 512 + (r & 31) * 16 + (r >> 5) * 4 + (kb & 3)] = e;
+          else S[(t * TILE + r) * C + kb] = e;
+        }
+      } else if (b128) {
+        uint32_t bm = shfl_umax(m, 16);
+        sc = tw_compute_scale(tw_u2f(bm), p.fp8_max, p.pow2);
+        if ((lane & 15) == 0 && live)
+          ((float *)p.row_si)[(col[piece] >> 7) * p.rs_ld + grow] = tw_canon(1.0f / sc);
+      }
+      if (live) *(uint2 *)(p.row_data + grow * p.K + col[piece]) = quant8(v[piece], sc, p.fp8);
+    }
+  }
+  if (AMAX_ONLY || p.amax) {
+    if (p.mode == TW_SCALE_TENSOR_CURRENT && !AMAX_ONLY) return;  // the amax pass did it
+    gmax = shfl_umax(gmax, 32);
+    if (lane == 0) red[warp] = gmax;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t m = 0;
+      for (int w = 0; w < THREADS / 32; w++) m = max(m, red[w]);
+      atomic_amax(p.amax + g, tw_u2f(m));
+    }
+  }
+}
+
+// Per-group slots of the tensor modes: scale_inv (both buffers) and, for current scaling, the
+// amax already accumulated. Empty groups get amax 0 and scale 1.
+__global__ void tensor_finalize_kernel(int64_t G, int mode, float fp8_max, int pow2, const float *amax,
+                                       const float *scale, float *row_si, float *col_si) {
+  int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= G) return;
+  float s = mode == TW_SCALE_TENSOR_CURRENT ? tw_compute_scale(amax[g], fp8_max, pow2) : scale[g];
+  float si = tw_canon(1.0f / s);
+  if (row_si) row_si[g] = si;
+  if (col_si) col_si[g] = si;
+}
+
+static int xdt_of(tw_dtype t) { return t == TW_F32 ? XDT_F32 : t == TW_BF16 ? XDT_BF16 : XDT_F16; }
+
+template <int XDT, bool VEC, bool AMAX>
+static cudaError_t launch_q(const QParams &p, dim3 grid, cudaStream_t s) {
+  size_t smem = AMAX ? 0 : SMEM_TILE_BYTES;
+  if (!AMAX) {  // per device; cheap, host side only
+    cudaError_t e = cudaFuncSetAttribute(quantize_tile_kernel<XDT, VEC, AMAX>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  quantize_tile_kernel<XDT, VEC, AMAX><<<grid, THREADS, smem, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <bool AMAX>
+static cudaError_t launch_q_dt(int xdt, bool vec, const QParams &p, dim3 grid, cudaStream_t s) {
+  if (xdt == XDT_F32) return vec ? launch_q<XDT_F32, true, AMAX>(p, grid, s) : launch_q<XDT_F32, false, AMAX>(p, grid, s);
+  if (xdt == XDT_BF16) return vec ? launch_q<XDT_BF16, true, AMAX>(p, grid, s) : launch_q<XDT_BF16, false, AMAX>(p, grid, s);
+  return vec ? launch_q<XDT_F16, true, AMAX>(p, grid, s) : launch_q<XDT_F16, false, AMAX>(p, grid, s);
+}
+
+template <int XDT, bool AMAX>
+static cudaError_t launch_rows(const QParams &p, dim3 grid, cudaStream_t s) {
+  quantize_rows_kernel<XDT, AMAX><<<grid, THREADS, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <bool AMAX>
+static cudaError_t launch_rows_dt(int xdt, const QParams &p, dim3 grid, cudaStream_t s) {
+  if (xdt == XDT_F32) return launch_rows<XDT_F32, AMAX>(p, grid, s);
+  if (xdt == XDT_BF16) return launch_rows<XDT_BF16, AMAX>(p, grid, s);
+  return launch_rows<XDT_F16, AMAX>(p, grid, s);
+}
+
+static int aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
+
+// The forced version for ops of family `prefix` ("quantize_"), or NULL for auto. Names of other
+// families are left to their ops; an unknown name of this family is an error.
+static tw_status forced_version(tw_ctx *ctx, const char *op, const char *prefix, const char *const *names,
+                                int n, int *out) {
+  *out = -1;
+  const char *k = tw_ctx_kernel(ctx);
+  if (!k || strncmp(k, prefix, strlen(prefix)) != 0) return TW_OK;
+  for (int i = 0; i < n; i++)
+    if (strcmp(k, names[i]) == 0) {
+      *out = i;
+      return TW_OK;
+    }
+  char have[256] = "";
+  for (int i = 0; i < n; i++) {
+    strncat(have, i ? ", " : "", sizeof have - strlen(have) - 1);
+    strncat(have, names[i], sizeof have - strlen(have) - 1);
+  }
+  return tw_error(TW_ERR_INVALID_ARG, "%s: no kernel version named '%s' (have %s)", op, k, have);
+}
+
+static const char *const quantize_versions[] = {"quantize_tile_vec", "quantize_tile_scalar", "quantize_rows"};
+
+extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
+                                          const tw_quantize_opts *opts, tw_qtensor *q) {
+  gpu_state *st = gpu_of(ctx);
+  cudaStream_t s = st->stream;
+  int forced;
+  TW_TRY(forced_version(ctx, "grouped_quantize", "quantize_", quantize_versions, 3, &forced));
+  const int64_t M = x->shape[0], K = x->shape[1], G = group_sizes->shape[0];
+  const int64_t Gn = G < M ? G : M, Tcap = (M + 127 * Gn) / 128;
+  gpu_scratch_reset(ctx);
+  int64_t *offsets, *tiles;
+  TW_TRY(gpu_scratch(ctx, (G + 1) * 8, (void **)&offsets));
+  TW_TRY(gpu_scratch(ctx, (G + 1) * 8, (void **)&tiles));
+  TW_TRY(gpu_group_prefix(ctx, (const int32_t *)group_sizes->data, G, M, 1, GPU_OP_QUANTIZE, offsets, tiles));
+
+  QParams p;
+  memset(&p, 0, sizeof p);
+  p.x = x->data;
+  p.M = M;
+  p.K = K;
+  p.offsets = offsets;
+  p.tiles = tiles;
+  p.G = G;
+  p.Tcap = Tcap;
+  p.mode = opts->mode;
+  p.fp8 = opts->qdtype == TW_E4M3 ? 0 : 1;
+  p.fp8_max = opts->qdtype == TW_E4M3 ? 448.0f : 57344.0f;
+  p.row = (opts->layout & TW_ROWWISE) != 0;
+  p.col = (opts->layout & TW_COLWISE) != 0;
+  p.pow2 = opts->pow2_scales;
+  p.swz = opts->mxfp8_swizzled;
+  p.row_data = p.row ? (uint8_t *)q->row_data.data : NULL;
+  p.col_data = p.col ? (uint8_t *)q->col_data.data : NULL;
+  p.row_si = p.row ? q->row_scale_inv.data : NULL;
+  p.col_si = p.col && !tw_tensor_is_none(&q->col_scale_inv) ? q->col_scale_inv.data : NULL;
+  const bool tensor = opts->mode == TW_SCALE_TENSOR_CURRENT || opts->mode == TW_SCALE_TENSOR_DELAYED;
+  if (tensor && !p.row_si) p.row_si = p.col_si;  // colwise-only may describe the shared buffer as row_scale_inv
+  if (tensor && p.col && !p.col_si) p.col_si = q->row_scale_inv.data;
+  if (p.mode == TW_SCALE_BLOCK_1x128) {
+    p.rs_ld = (M + 3) / 4 * 4;
+    p.cs_ld = (K + 3) / 4 * 4;
+  } else if (p.mode == TW_SCALE_BLOCK_128x128) {
+    p.rs_ld = (K + 127) / 128;
+    p.cs_ld = Tcap;
+  }
+  p.scale = opts->mode == TW_SCALE_TENSOR_DELAYED ? (const float *)opts->scale.data : NULL;
+  p.amax = tw_tensor_is_none(&q->amax) ? NULL : (float *)q->amax.data;
+  if (p.amax) GPU_TRY_CUDA(cudaMemsetAsync(p.amax, 0, G * sizeof(float), s), "grouped_quantize: zeroing amax");
+
+  const int xdt = xdt_of(x->dtype);
+  const size_t esz = x->dtype == TW_F32 ? 4 : 2;
+  bool vec = K % 4 == 0 && aligned(x->data, 4 * esz) && (!p.row_data || aligned(p.row_data, 4)) &&
+             (!p.col_data || aligned(p.col_data, 4));
+  // the row kernel: 8-element lanes, rowwise output only, modes without a 2-D block
+  const bool rows_ok = K % 8 == 0 && aligned(x->data, 16) && (!p.row_data || aligned(p.row_data, 8));
+  const bool rows_mode = !p.col && opts->mode != TW_SCALE_BLOCK_128x128;
+  bool use_rows = rows_ok && rows_mode && forced != 0 && forced != 1;
+  if (forced == 1) vec = false;
+  if (forced == 0 && !vec)
+    return tw_error(TW_ERR_ALIGNMENT, "grouped_quantize: quantize_tile_vec needs K %% 4 == 0 and 4-element "
+                                      "aligned x and outputs (K = %lld)", (long long)K);
+  if (forced == 2 && !(rows_ok && rows_mode))
+    return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_rows takes rowwise-only current, delayed, "
+                                        "mxfp8 and block1x128 with K %% 8 == 0 and 16-byte aligned x "
+                                        "(got %s, layout %d, K = %lld)", tw_scaling_name(opts->mode),
+                    (int)opts->layout, (long long)K);
+  if (Tcap > 0 && K > 0) {
+    dim3 grid((unsigned)Tcap, (unsigned)((K + TILE - 1) / TILE));
+    dim3 rgrid((unsigned)Tcap, (unsigned)((K + ROWS_SEG - 1) / ROWS_SEG));
+    if (opts->mode == TW_SCALE_TENSOR_CURRENT) {
+      if (rows_ok && forced != 1 && forced != 0)
+        GPU_TRY_CUDA(launch_rows_dt<true>(xdt, p, rgrid, s), "grouped_quantize: amax pass");
+      else
+        GPU_TRY_CUDA(launch_q_dt<true>(xdt, vec, p, grid, s), "grouped_quantize: amax pass");
+    }
+    if (use_rows) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
+    else GPU_TRY_CUDA(launch_q_dt<false>(xdt, vec, p, grid, s), "grouped_quantize: tile kernel");
+  }
+  if (tensor) {
+    tensor_finalize_kernel<<<(unsigned)((G + 255) / 256), 256, 0, s>>>(
+        G, opts->mode, p.fp8_max, p.pow2, p.amax, p.scale, (float *)p.row_si,
+        p.col_si != p.row_si ? (float *)p.col_si : NULL);
+    GPU_TRY_CUDA(cudaGetLastError(), "grouped_quantize: finalize");
+  }
+  return TW_OK;
+}
+
+// ---- dequantize ------------------------------------------------------------------------------
+
+struct DParams {
+  const uint8_t *data;
+  const void *si;
+  void *out;
+  int out_dt;  // XDT_*
+  int64_t M, K, G, Tcap;
+  const int64_t *offsets, *tiles;
+  int mode, colwise, swz, fp8;
+  int64_t ld;  // block-mode scale leading dim
+};
+
+__device__ __forceinline__ float decode_fp8(uint8_t c, int fp8) {
+  return fp8 == 0 ? tw_e4m3_to_f32_d(c) : tw_e5m2_to_f32_d(c);
+}
+
+__global__ void __launch_bounds__(THREADS) dequantize_tile_kernel(DParams p) {
+  const int64_t t = blockIdx.x;
+  if (t >= p.tiles[p.G]) return;
+  const int64_t g = find_group(p.tiles, p.G, t);
+  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int64_t a = t - tg0, lr0 = a * TILE;
+  const int rows = (int)min((int64_t)TILE, mg - lr0);
+  const int64_t r0 = og + lr0, k0 = (int64_t)blockIdx.y * TILE;
+  const int cols = (int)min((int64_t)TILE, p.K - k0);
+  const bool transposed = p.colwise && p.mode != TW_SCALE_MXFP8_1D;
+  for (int i = threadIdx.x; i < TILE * TILE; i += THREADS) {
+    // transposed data is read along rows (its contiguous direction)
+    int r = transposed ? (i & 127) : (i >> 7), k = transposed ? (i >> 7) : (i & 127);
+    if (r >= rows || k >= cols) continue;
+    const int64_t gr = r0 + r, gk = k0 + k;
+    uint8_t c = transposed ? p.data[og * p.K + gk * mg + lr0 + r] : p.data[gr * p.K + gk];
+    float si;
+    switch (p.mode) {
+      case TW_SCALE_TENSOR_CURRENT:
+      case TW_SCALE_TENSOR_DELAYED: si = ((const float *)p.si)[g]; break;
+      case TW_SCALE_MXFP8_1D: {
+        const uint8_t *S = (const uint8_t *)p.si;
+        uint8_t e;
+        if (!p.colwise) {
+          const int64_t C = 4 * (int64_t)gridDim.y, kb = gk >> 5;
+          e = p.swz ? S[t * TILE * C + (kb >> 2) * 512 + (r & 31) * 16 + (r >> 5) * 4 + (kb & 3)]
+                    : S[(t * TILE + r) * C + kb];
+        } else {
+          const int64_t Cc = TILE * (int64_t)gridDim.y, ntiles = p.tiles[g + 1] - tg0;
+          e = p.swz ? S[4 * tg0 * Cc + ((int64_t)blockIdx.y * ntiles + a) * 512 + (k & 31) * 16 + (k >> 5) * 4 + (r >> 5)]
+                    : S[(4 * t + (r >> 5)) * Cc + gk];
+        }
+        si = tw_e8m0_to_f32_d(e);
+        break;
+      }
+      case TW_SCALE_BLOCK_1x128:
+        si = p.colwise ? ((const float *)p.si)[t * p.ld + gk] : ((const float *)p.si)[(gk >> 7) * p.ld + gr];
+        break;
+      default:  // 128x128
+        si = p.colwise ? ((const float *)p.si)[(gk >> 7) * p.ld + t] : ((const float *)p.si)[t * p.ld + (gk >> 7)];
+        break;
+    }
+    float v = tw_canon(decode_fp8(c, p.fp8) * si);
+    const int64_t oi = gr * p.K + gk;
+    if (p.out_dt == XDT_F32) ((float *)p.out)[oi] = v;
+    else if (p.out_dt == XDT_BF16) ((uint16_t *)p.out)[oi] = tw_f32_to_bf16_d(v);
+    else ((uint16_t *)p.out)[oi] = tw_f32_to_f16_d(v);
+  }
+}
+
+extern "C" tw_status gpu_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *group_sizes,
+                                            int colwise, tw_tensor *out) {
+  gpu_state *st = gpu_of(ctx);
+  const int64_t M = q->rows, K = q->cols, G = group_sizes->shape[0];
+  const int64_t Gn = G < M ? G : M, Tcap = (M + 127 * Gn) / 128;
+  gpu_scratch_reset(ctx);
+  int64_t *offsets, *tiles;
+  TW_TRY(gpu_scratch(ctx, (G + 1) * 8, (void **)&offsets));
+  TW_TRY(gpu_scratch(ctx, (G + 1) * 8, (void **)&tiles));
+  TW_TRY(gpu_group_prefix(ctx, (const int32_t *)group_sizes->data, G, M, 1, GPU_OP_DEQUANTIZE, offsets, tiles));
+  DParams p;
+  memset(&p, 0, sizeof p);
+  p.data = (const uint8_t *)(colwise ? q->col_data.data : q->row_data.data);
+  const tw_tensor *si = colwise ? &q->col_scale_inv : &q->row_scale_inv;
+  if ((q->mode == TW_SCALE_TENSOR_CURRENT || q->mode == TW_SCALE_TENSOR_DELAYED) && tw_tensor_is_none(si))
+    si = &q->row_scale_inv;
+  p.si = si->data;
+  p.out = out->data;
+  p.out_dt = xdt_of(out->dtype);
+  p.M = M;
+  p.K = K;
+  p.G = G;
+  p.Tcap = Tcap;
+  p.offsets = offsets;
+  p.tiles = tiles;
+  p.mode = q->mode;
+  p.colwise = colwise;
+  p.swz = q->mxfp8_swizzled;
+  p.fp8 = q->qdtype == TW_E4M3 ? 0 : 1;
+  if (q->mode == TW_SCALE_BLOCK_1x128) p.ld = colwise ? (K + 3) / 4 * 4 : (M + 3) / 4 * 4;
+  if (q->mode == TW_SCALE_BLOCK_128x128) p.ld = colwise ? Tcap : (K + 127) / 128;
+  if (Tcap > 0 && K > 0) {
+    dim3 grid((unsigned)Tcap, (unsigned)((K + TILE - 1) / TILE));
+    dequantize_tile_kernel<<<grid, THREADS, 0, st->stream>>>(p);
+    GPU_TRY_CUDA(cudaGetLastError(), "grouped_dequantize: launch");
+  }
+  return TW_OK;
+}
+
+// ---- delayed scale update ----------------------------------------------------------------------
+
+// 2^margin as the reference takes it: the margin truncated to an integer (TE's margins are whole).
+__device__ __forceinline__ float pow2_margin(float margin) { return ldexpf(1.0f, (int)margin); }
+
+__device__ __forceinline__ float delayed_scale(float fp8_max, float a, float margin) {
+  float s = fp8_max / a;
+  if (tw_f2u(s) == 0x7F800000u) s = tw_u2f(0x7F7FFFFFu);
+  return s / pow2_margin(margin);
+}
+
+// One block per group: max over the history (slot 0 replaced by the new amax), new scale,
+// then the history rolled left by one with slot 0 cleared.
+__global__ void delayed_update_kernel(float *hist, int64_t H, float *scale, const float *amax, float fp8_max,
+                                      int algo, float margin) {
+  __shared__ float red[THREADS / 32];
+  const int64_t g = blockIdx.x;
+  float *h = hist + g * H;
+  const float a0 = amax[g];
+  float m = 0.f;
+  if (algo == TW_AMAX_MOST_RECENT) m = a0;
+  else {
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) m = tw_nmax(m, i == 0 ? a0 : h[i]);
+    m = block_max(m, red);
+  }
+  // roll: new[i] = old[i+1], new[H-1] = a0, then new[0] = 0 — read everything before writing
+  float vals[8];
+  int n = 0;
+  for (int64_t i = threadIdx.x; i < H && n < 8; i += blockDim.x) vals[n++] = (i + 1 < H) ? h[i + 1] : a0;
+  __syncthreads();
+  n = 0;
+  for (int64_t i = threadIdx.x; i < H && n < 8; i += blockDim.x) {
+    h[i] = i == 0 ? 0.0f : vals[n];
+    n++;
+  }
+  if (threadIdx.x == 0 && m > 0.0f && m - m == 0.0f) scale[g] = delayed_scale(fp8_max, m, margin);
+}
+
+// Histories longer than 8 * THREADS: one thread per group walks its row in order.
+__global__ void delayed_update_long_kernel(float *hist, int64_t H, int64_t G, float *scale, const float *amax,
+                                           float fp8_max, int algo, float margin) {
+  int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (g >= G) return;
+  float *h = hist + g * H;
+  const float a0 = amax[g];
+  float m = a0;
+  if (algo == TW_AMAX_MAX)
+    for (int64_t i = 1; i < H; i++) m = tw_nmax(m, h[i]);
+  for (int64_t i = 0; i + 1 < H; i++) h[i] = h[i + 1];
+  h[H - 1] = a0;
+  h[0] = 0.0f;
+  if (m > 0.0f && m - m == 0.0f) scale[g] = delayed_scale(fp8_max, m, margin);
+}
+
+extern "C" tw_status gpu_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tensor *scale,
+                                              const tw_tensor *amax, tw_dtype qdtype, tw_amax_algo algo,
+                                              float margin) {
+  gpu_state *st = gpu_of(ctx);
+  const int64_t G = amax_history->shape[0], H = amax_history->shape[1];
+  const float fp8_max = qdtype == TW_E4M3 ? 448.0f : 57344.0f;
+  if (H <= 8 * THREADS)
+    delayed_update_kernel<<<(unsigned)G, THREADS, 0, st->stream>>>((float *)amax_history->data, H,
+                                                                   (float *)scale->data, (const float *)amax->data,
+                                                                   fp8_max, (int)algo, margin);
+  else
+    delayed_update_long_kernel<<<(unsigned)((G + 127) / 128), 128, 0, st->stream>>>(
+        (float *)amax_history->data, H, G, (float *)scale->data, (const float *)amax->data, fp8_max, (int)algo,
+        margin);
+  GPU_TRY_CUDA(cudaGetLastError(), "delayed_scale_update: launch");
+  return TW_OK;
+}
