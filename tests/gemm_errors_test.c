@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/test_util.h"
 #include "twin/tw_gemm.h"
 
 static tw_ctx *ctx;
@@ -17,19 +18,8 @@ static void teardown(void) { tw_ctx_destroy(ctx); }
 
 TestSuite(gemm_errors, .init = setup, .fini = teardown);
 
-#define EXPECT_ERR(call, status, text)                                                        \
-  do {                                                                                        \
-    tw_status s_ = (call);                                                                    \
-    cr_assert_eq(s_, (status), "got %s: %s", tw_status_name(s_), tw_last_error());           \
-    cr_assert(strstr(tw_last_error(), (text)) != NULL, "message '%s' lacks '%s'",            \
-              tw_last_error(), (text));                                                       \
-  } while (0)
-
-#define EXPECT_OK(call)                                                                       \
-  do {                                                                                        \
-    tw_status s_ = (call);                                                                    \
-    cr_assert_eq(s_, TW_OK, "got %s: %s", tw_status_name(s_), tw_last_error());              \
-  } while (0)
+#define EXPECT_ERR(call, status, text) tt_expect_status((call), (status), (text))
+#define EXPECT_OK(call) tt_expect_status((call), TW_OK, NULL)
 
 /* Backing store big enough for every tensor below; values are irrelevant to validation but
  * the valid calls run, so keep them finite. */

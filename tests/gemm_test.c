@@ -29,11 +29,7 @@ static void setup(void) {
 }
 static void teardown(void) { tw_ctx_destroy(ctx); }
 
-#define OK(call)                                                                              \
-  do {                                                                                        \
-    tw_status s_ = (call);                                                                    \
-    cr_assert_eq(s_, TW_OK, "%s: %s", tw_status_name(s_), tw_last_error());                  \
-  } while (0)
+#define OK(call) tt_expect_status((call), TW_OK, NULL)
 
 /* ---- goldens ------------------------------------------------------------------------------ */
 
@@ -68,11 +64,8 @@ ParameterizedTest(golden_case *c, gemm_golden, case_passes, .init = setup, .fini
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static double urand(void) { /* xorshift64*, uniform in [-1, 1) */
-  rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
-  return (double)((rng_state * 2685821657736338717ull) >> 11) / 9007199254740992.0 * 2 - 1;
-}
+static uint64_t rng_state = 20261121;
+static double urand(void) { return tt_rand_uniform(&rng_state, -1, 1); }
 
 /* n values of dtype dt (f32/bf16/f16) in fresh memory, random, as stored. */
 static void *rand_tensor_data(tw_dtype dt, int64_t n) {
