@@ -4,6 +4,13 @@
 Independent of twin's C code: NumPy + ml_dtypes, every product in f64. Quantized operands
 come from golden/gen_quantize.py (quantize_np), itself written from tw_quantize.h.
 
+    gemm_np(a, b, op_a, op_b, out_init=None) -> (expected, abs_prod)
+    grouped_gemm_np(lhs, rhs, rhs_op, group_sizes, M, out_init=None, out_dtype="f32")
+    grouped_gemm_wgrad_np(lhs, rhs, group_sizes, out_init=None, out_dtype="f32",
+                          lhs_op="N", rhs_op="N")
+Operands are stored values (any float array, used as f64) in the layouts of tw_gemm.h;
+out_init is the decoded initial output; untouched elements are marked as described below.
+
 Re-run (deterministic, seeded):  python3 golden/gen_gemm.py [--out golden/data/gemm]
 
 Each case stores its inputs in their storage layout, `expected.npy` (f64, the exact result)
@@ -118,12 +125,18 @@ def grouped_gemm_np(lhs, rhs, rhs_op, group_sizes, M, out_init=None, out_dtype="
     return expected, abs_prod
 
 
-def grouped_gemm_wgrad_np(lhs, rhs, group_sizes, out_init=None, out_dtype="f32"):
-    """Grouped wgrad: out[g] = lhs_g^T @ rhs_g, lhs [M, K], rhs [M, N] (logical, rows past
-    the groups ignored) -> [G, K, N]. An empty group gives exact zeros, or keeps out_init
-    untouched (abs_prod -1) when accumulating."""
+def grouped_gemm_wgrad_np(lhs, rhs, group_sizes, out_init=None, out_dtype="f32", lhs_op="N",
+                          rhs_op="N"):
+    """Grouped wgrad: out[g] = lhs_g^T @ rhs_g -> [G, K, N]. op N: lhs [M, K], rhs [M, N];
+    op T: the per-group transposed storage, passed as [K, M] / [N, M] (tw_gemm.h). Rows past
+    the groups are ignored. An empty group gives exact zeros, or keeps out_init untouched
+    (abs_prod -1) when accumulating."""
     lhs = np.asarray(lhs, np.float64)
     rhs = np.asarray(rhs, np.float64)
+    if lhs_op == "T":
+        lhs = from_per_group_transposed(lhs, group_sizes)
+    if rhs_op == "T":
+        rhs = from_per_group_transposed(rhs, group_sizes)
     G, K, N = len(group_sizes), lhs.shape[1], rhs.shape[1]
     expected = initial((G, K, N), out_dtype, out_init)
     abs_prod = np.zeros((G, K, N))
@@ -152,6 +165,18 @@ def per_group_transposed(x, group_sizes):
         r0, r1 = off[g], off[g + 1]
         flat[r0 * C:r1 * C] = x[r0:r1].T.reshape(-1)
     return flat
+
+
+def from_per_group_transposed(stored, group_sizes):
+    """Inverse of per_group_transposed: [C, M] storage -> logical [M, C] (tail rows NaN)."""
+    C, M = stored.shape
+    flat = np.asarray(stored).reshape(-1)
+    x = np.full((M, C), np.nan)
+    off = offsets(group_sizes)
+    for g in range(len(group_sizes)):
+        r0, r1 = off[g], off[g + 1]
+        x[r0:r1] = flat[r0 * C:r1 * C].reshape(C, r1 - r0).T
+    return x
 
 
 # ---- case writing ---------------------------------------------------------------------------
@@ -260,7 +285,10 @@ def wgrad_case(root, rng, name, gs, M, K, N, lhs_op="N", rhs_op="N", dt="f32",
     lhs = with_nan_tail(randn(rng, (M, K), dt), S)
     rhs = with_nan_tail(randn(rng, (M, N), dt), S)
     init = out_init_for(rng, (G, K, N), out_dtype, accumulate)
-    exp, ab = grouped_gemm_wgrad_np(lhs, rhs, gs, init, out_dtype)
+    # op T: per-group transposed blocks, as one [cols, M] tensor
+    ls = lhs if lhs_op == "N" else per_group_transposed(lhs, gs).reshape(K, M)
+    rs = rhs if rhs_op == "N" else per_group_transposed(rhs, gs).reshape(N, M)
+    exp, ab = grouped_gemm_wgrad_np(ls, rs, gs, init, out_dtype, lhs_op, rhs_op)
     c = Case(root, name, "grouped_gemm_wgrad")
     c.key("lhs_op", lhs_op)
     c.key("rhs_op", rhs_op)
@@ -268,9 +296,8 @@ def wgrad_case(root, rng, name, gs, M, K, N, lhs_op="N", rhs_op="N", dt="f32",
     c.key("N", N)
     c.key("K", K)
     c.key("G", G)
-    # op T: per-group transposed blocks, as one [cols, M] tensor
-    c.plain("lhs", lhs if lhs_op == "N" else per_group_transposed(lhs, gs).reshape(K, M), dt)
-    c.plain("rhs", rhs if rhs_op == "N" else per_group_transposed(rhs, gs).reshape(N, M), dt)
+    c.plain("lhs", ls, dt)
+    c.plain("rhs", rs, dt)
     c.npy("group_sizes", np.asarray(gs, np.int32))
     c.outputs(out_dtype, accumulate, init, exp, ab, max(max(gs), 1))
 
