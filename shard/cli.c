@@ -107,13 +107,17 @@ int tw_check_sharding_main(int argc, char **argv) {
     else if (strcmp(a, "--only") == 0 && v) { cfg.only = v; i++; }
     else if (strcmp(a, "--budget") == 0 && v) { cfg.budget = atol(v); i++; }
     else if (strcmp(a, "--max-ranks") == 0 && v) { cfg.max_ranks = atoi(v); i++; }
+    else if (strcmp(a, "--min-ranks") == 0 && v) { cfg.min_ranks = atoi(v); i++; }
+    else if (strcmp(a, "--backend") == 0 && v && tw_backend_from_name(v, &cfg.backend) == 0) i++;
     else if (strcmp(a, "--no-tuples") == 0) cfg.tuples = 0;
     else if (strcmp(a, "--verbose") == 0) { cfg.verbose = 1; cfg.log = stdout; }
     else {
       fprintf(stderr,
-              "usage: twin check --sharding [--only RULE-PREFIX] [--budget N] [--max-ranks N] [--no-tuples] [--verbose]\n"
-              "Sweeps every mesh of 1..8 ranks and every partition spec of each rule (sharded ref on\n"
-              "threads vs unsharded ref) and prints the coverage table; exit 1 on any failure.\n");
+              "usage: twin check --sharding [--backend ref|gpu] [--only RULE-PREFIX] [--budget N]\n"
+              "                             [--min-ranks N] [--max-ranks N] [--no-tuples] [--verbose]\n"
+              "Sweeps every mesh of min..max ranks (1..8) and every partition spec of each rule, runs\n"
+              "the valid cases sharded (ref: thread ranks; gpu: GPU r = rank r over NCCL) against the\n"
+              "unsharded ref, and prints the coverage table; exit 1 on any failure.\n");
       return 2;
     }
   }

@@ -10,6 +10,9 @@
 #include "twin/tw_gemm.h"
 #include "twin/tw_quantize.h"
 
+/* Provided by //gpu; a ref-only binary has none. */
+#pragma weak tw_comm_init_nccl_local
+
 /* ---- the rules swept ----------------------------------------------------------------- */
 typedef struct {
   const char *name;
@@ -166,47 +169,61 @@ static tw_quantize_opts rule_qopts(const rule_desc *r) {
   return o;
 }
 
-/* Allocates the buffers of q (shapes already filled) and poisons them. Tensor scaling's
- * rowwise and colwise outputs share one scale_inv buffer. */
-static tw_status q_alloc(tw_qtensor *q) {
+/* Memory in ctx's space: a copy of a host tensor, or poisoned fresh memory. */
+static tw_status to_ctx(tw_ctx *ctx, const tw_tensor *host, tw_tensor *out) {
+  *out = *host;
+  out->mem = tw_ctx_mem(ctx);
+  out->data = NULL;
+  TW_TRY(tw_alloc(ctx, tw_tensor_bytes(host), &out->data));
+  return tw_tensor_copy(ctx, out, host);
+}
+static tw_status ctx_poisoned(tw_ctx *ctx, tw_dtype dt, int nd, const int64_t *shape, tw_tensor *out) {
+  *out = host_t(NULL, dt, nd, shape);
+  out->mem = tw_ctx_mem(ctx);
+  TW_TRY(tw_alloc(ctx, tw_tensor_bytes(out), &out->data));
+  return tw_memset(ctx, out->data, TW_POISON_BYTE, tw_tensor_bytes(out));
+}
+static void ctx_release(tw_ctx *ctx, tw_tensor *t) {
+  if (t->data) tw_free(ctx, t->data);
+  t->data = NULL;
+}
+
+/* Allocates the buffers of q (shapes already filled) in ctx's memory and poisons them.
+ * Tensor scaling's rowwise and colwise outputs share one scale_inv buffer. */
+static tw_status q_alloc(tw_ctx *ctx, tw_qtensor *q) {
   int tensor_mode = q->mode == TW_SCALE_TENSOR_CURRENT || q->mode == TW_SCALE_TENSOR_DELAYED;
   int share = tensor_mode && !tw_tensor_is_none(&q->row_scale_inv) && !tw_tensor_is_none(&q->col_scale_inv);
   tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
   for (int i = 0; i < 5; i++) {
     tw_tensor *t = parts[i];
     if (tw_tensor_is_none(t) || (share && t == &q->col_scale_inv)) continue;
-    size_t n = tw_tensor_bytes(t);
-    t->data = malloc(n ? n : 1);
-    t->mem = TW_MEM_HOST;
-    if (!t->data) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
-    memset(t->data, TW_POISON_BYTE, n);
+    TW_TRY(ctx_poisoned(ctx, t->dtype, t->ndim, t->shape, t));
   }
   if (share) q->col_scale_inv = q->row_scale_inv;
   return TW_OK;
 }
 
-static void q_free(tw_qtensor *q) {
-  free(q->row_data.data);
-  free(q->row_scale_inv.data);
-  free(q->col_data.data);
-  if (q->col_scale_inv.data != q->row_scale_inv.data) free(q->col_scale_inv.data);
-  free(q->amax.data);
+static void q_free(tw_ctx *ctx, tw_qtensor *q) {
+  if (q->col_scale_inv.data == q->row_scale_inv.data) q->col_scale_inv.data = NULL;
+  tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
+  for (int i = 0; i < 5; i++)
+    if (!tw_tensor_is_none(parts[i])) ctx_release(ctx, parts[i]);
   memset(q, 0, sizeof *q);
 }
 
-/* Dequantized rowwise / colwise [M, K] f32 (poison where untouched), or NULL if absent. */
+/* Dequantized rowwise / colwise [M, K] f32 into host buffers (poison where untouched), each
+ * only if its buffer is given. gs lives in ctx's memory. */
 static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *gs, float *row, float *col) {
   int64_t s[2] = {q->rows, q->cols};
-  size_t n = sizeof(float) * (size_t)(q->rows * q->cols);
-  if (row) {
-    memset(row, TW_POISON_BYTE, n);
-    tw_tensor o = host_t(row, TW_F32, 2, s);
-    TW_TRY(tw_grouped_dequantize(ctx, q, gs, 0, &o));
-  }
-  if (col) {
-    memset(col, TW_POISON_BYTE, n);
-    tw_tensor o = host_t(col, TW_F32, 2, s);
-    TW_TRY(tw_grouped_dequantize(ctx, q, gs, 1, &o));
+  float *host[2] = {row, col};
+  for (int c = 0; c < 2; c++) {
+    if (!host[c]) continue;
+    tw_tensor o, h = host_t(host[c], TW_F32, 2, s);
+    TW_TRY(ctx_poisoned(ctx, TW_F32, 2, s, &o));
+    tw_status st = tw_grouped_dequantize(ctx, q, gs, c, &o);
+    if (st == TW_OK) st = tw_tensor_copy(ctx, &h, &o);
+    ctx_release(ctx, &o);
+    TW_TRY(st);
   }
   return TW_OK;
 }
@@ -237,7 +254,7 @@ static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
     if (o.mode == TW_SCALE_TENSOR_DELAYED) o.scale = scale;
     tw_qtensor q;
     tw_status s = tw_quantize_output_shapes(&o, M, K, r->G, &q);
-    if (s == TW_OK) s = q_alloc(&q);
+    if (s == TW_OK) s = q_alloc(ctx, &q);
     tw_tensor xt = host_t(d->x, TW_F32, 2, r->xs), gst = tw_tensor_1d(d->gs, TW_I32, r->G, TW_MEM_HOST);
     if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &q);
     d->deq_row = r->layout & TW_ROWWISE ? (float *)malloc(sizeof(float) * (size_t)(M * K)) : NULL;
@@ -247,7 +264,7 @@ static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
       s = tw_error(TW_ERR_MEMORY, "golden: out of memory");
     if (s == TW_OK) s = dequant_both(ctx, &q, &gst, d->deq_row, d->deq_col);
     if (s == TW_OK && !tw_tensor_is_none(&q.amax) && q.amax.data) memcpy(d->amax, q.amax.data, sizeof(float) * (size_t)r->G);
-    q_free(&q);
+    q_free(ctx, &q);
     tw_ctx_destroy(ctx);
     return s;
   }
@@ -389,7 +406,7 @@ static void spec_at(const tw_dimspec *opts, int nopt, int nd, long idx, tw_pspec
 }
 
 /* Meshes over the rule's axes: sizes in {2, 4, 8}, product <= max_ranks, plus one rank. */
-static int make_meshes(const rule_desc *r, int max_ranks, tw_mesh *out, int cap) {
+static int make_meshes(const rule_desc *r, int min_ranks, int max_ranks, tw_mesh *out, int cap) {
   int n = 0;
   int sizes[4];
   int total = 1;
@@ -402,7 +419,7 @@ static int make_meshes(const rule_desc *r, int max_ranks, tw_mesh *out, int cap)
       c /= 4;
       if (v) { sizes[na] = 1 << v; ax[na++] = r->axes[i]; ranks *= 1 << v; }
     }
-    if (ranks > max_ranks) continue;
+    if (ranks > max_ranks || ranks < min_ranks) continue;
     tw_mesh_init(&out[n++], na, ax, sizes);
   }
   return n;
@@ -426,6 +443,8 @@ typedef struct {
   double *ratio;
   pthread_mutex_t mu;
   char problem[400];
+  tw_backend backend;
+  int exact_required; /* ref vs ref: the plan's exactness is a promise; gpu vs ref is not */
 } sweep;
 
 static void note_problem(sweep *s, long ci, int rank, const char *what) {
@@ -438,6 +457,7 @@ static void note_problem(sweep *s, long ci, int rank, const char *what) {
   pthread_mutex_unlock(&s->mu);
 }
 
+/* rank's shard of a global host f32 tensor under the plan tensor i's spec, on the host. */
 static tw_status slice_in(const tw_plan *p, int i, int rank, const void *global, void **local, tw_tensor *t) {
   const tw_plan_tensor *pt = &p->t[i];
   size_t n = sizeof(float) * (size_t)numel(pt->ndim, pt->local);
@@ -453,22 +473,24 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   const golden_data *d = s->d;
   const float *ins[3][2] = {{d->x, d->w}, {d->dy, d->w}, {d->x, d->dy}};
   void *l0 = NULL, *l1 = NULL, *lo = NULL, *le = NULL, *la = NULL;
+  tw_tensor h0, h1, he, ha;
   tw_shard_io io;
   memset(&io, 0, sizeof io);
   io.group_sizes = d->gs;
-  tw_status st = slice_in(p, 0, rank, ins[s->pass][0], &l0, &io.in[0]);
-  if (st == TW_OK) st = slice_in(p, 1, rank, ins[s->pass][1], &l1, &io.in[1]);
   const tw_plan_tensor *ot = &p->t[2];
   int64_t n = numel(ot->ndim, ot->local);
+  tw_status st = slice_in(p, 0, rank, ins[s->pass][0], &l0, &h0);
+  if (st == TW_OK) st = slice_in(p, 1, rank, ins[s->pass][1], &l1, &h1);
+  if (st == TW_OK) st = to_ctx(ctx, &h0, &io.in[0]);
+  if (st == TW_OK) st = to_ctx(ctx, &h1, &io.in[1]);
+  if (st == TW_OK) st = ctx_poisoned(ctx, TW_F32, ot->ndim, ot->local, &io.out);
+  if (st == TW_OK) st = tw_plan_run(ctx, mc, p, &io);
   lo = malloc(sizeof(float) * (size_t)(n ? n : 1));
   if (st == TW_OK && !lo) st = tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  if (st == TW_OK) {
-    memset(lo, TW_POISON_BYTE, sizeof(float) * (size_t)n);
-    io.out = host_t(lo, TW_F32, ot->ndim, ot->local);
-    st = tw_plan_run(ctx, mc, p, &io);
-  }
-  if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &io.in[0]);
-  if (st == TW_OK) st = slice_in(p, 2, rank, d->absprod[s->pass], &la, &io.in[1]);
+  tw_tensor hl = host_t(lo, TW_F32, ot->ndim, ot->local);
+  if (st == TW_OK) st = tw_tensor_copy(ctx, &hl, &io.out);
+  if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &he);
+  if (st == TW_OK) st = slice_in(p, 2, rank, d->absprod[s->pass], &la, &ha);
   if (st == TW_OK) {
     const float *got = (const float *)lo, *exp = (const float *)le, *ab = (const float *)la;
     double u = ldexp(1.0, -24), K = (double)d->contract[s->pass];
@@ -486,7 +508,7 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
     pthread_mutex_lock(&s->mu);
     if (worst > s->ratio[ci]) s->ratio[ci] = worst;
     pthread_mutex_unlock(&s->mu);
-    if (bad_i >= 0 || (p->exact && !equal)) {
+    if (bad_i >= 0 || (p->exact && s->exact_required && !equal)) {
       char msg[200];
       if (bad_i >= 0)
         snprintf(msg, sizeof msg, "element %lld: got %.9g, expected %.9g (beyond the bound)", (long long)bad_i,
@@ -497,6 +519,8 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
       note_problem(s, ci, rank, msg);
     }
   }
+  for (int i = 0; i < 2; i++) ctx_release(ctx, &io.in[i]);
+  ctx_release(ctx, &io.out);
   free(l0); free(l1); free(lo); free(le); free(la);
   return st;
 }
@@ -506,27 +530,38 @@ static tw_status run_quant_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mes
   const golden_data *d = s->d;
   const rule_desc *r = s->r;
   void *lx = NULL;
-  float *row = NULL, *col = NULL, *erow = NULL, *ecol = NULL;
+  float *row = NULL, *col = NULL, *erow = NULL, *ecol = NULL, *amax = NULL;
   int32_t *lgs = (int32_t *)malloc(sizeof(int32_t) * (size_t)r->G);
   tw_qtensor q;
   memset(&q, 0, sizeof q);
   tw_shard_io io;
   memset(&io, 0, sizeof io);
   io.group_sizes = d->gs;
-  io.scale = tw_tensor_1d(d->scale, TW_F32, r->G, TW_MEM_HOST);
   io.q = &q;
-  tw_status st = lgs ? slice_in(p, 0, rank, d->x, &lx, &io.in[0]) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  tw_tensor hx, hscale = tw_tensor_1d(d->scale, TW_F32, r->G, TW_MEM_HOST), gst = {0};
+  tw_status st = lgs ? slice_in(p, 0, rank, d->x, &lx, &hx) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (st == TW_OK) st = to_ctx(ctx, &hx, &io.in[0]);
+  if (st == TW_OK) st = to_ctx(ctx, &hscale, &io.scale);
   if (st == TW_OK) st = tw_plan_quantize_shapes(p, &q);
-  if (st == TW_OK) st = q_alloc(&q);
+  if (st == TW_OK) st = q_alloc(ctx, &q);
   if (st == TW_OK) st = tw_plan_run(ctx, mc, p, &io);
   int64_t Ml = p->t[0].local[0], Kl = p->t[0].local[1], Gl = 0;
   size_t n = sizeof(float) * (size_t)(Ml * Kl);
   if (st == TW_OK) st = tw_plan_local_groups(p, rank, d->gs, lgs, &Gl);
   if (st == TW_OK) {
-    tw_tensor gst = tw_tensor_1d(lgs, TW_I32, Gl, TW_MEM_HOST);
+    tw_tensor hg = tw_tensor_1d(lgs, TW_I32, Gl, TW_MEM_HOST);
+    st = to_ctx(ctx, &hg, &gst);
+  }
+  if (st == TW_OK) {
     row = r->layout & TW_ROWWISE ? (float *)malloc(n) : NULL;
     col = r->layout & TW_COLWISE ? (float *)malloc(n) : NULL;
     st = dequant_both(ctx, &q, &gst, row, col);
+  }
+  int tensor_mode = r->mode == TW_SCALE_TENSOR_CURRENT || r->mode == TW_SCALE_TENSOR_DELAYED;
+  if (st == TW_OK && tensor_mode) {
+    amax = (float *)malloc(sizeof(float) * (size_t)r->G);
+    tw_tensor ha = tw_tensor_1d(amax, TW_F32, r->G, TW_MEM_HOST);
+    st = amax ? tw_tensor_copy(ctx, &ha, &q.amax) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
   }
   tw_tensor et;
   void *tmp = NULL;
@@ -536,8 +571,7 @@ static tw_status run_quant_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mes
     const char *what = NULL;
     if (row && memcmp(row, erow, n)) what = "rowwise data/scales differ from the unsharded quantize";
     else if (col && memcmp(col, ecol, n)) what = "colwise data/scales differ from the unsharded quantize";
-    else if ((r->mode == TW_SCALE_TENSOR_CURRENT || r->mode == TW_SCALE_TENSOR_DELAYED) &&
-             memcmp(q.amax.data, d->amax, sizeof(float) * (size_t)r->G))
+    else if (tensor_mode && memcmp(amax, d->amax, sizeof(float) * (size_t)r->G))
       what = "amax differs from the unsharded (global) amax";
     if (what) {
       s->bad[ci] = 1;
@@ -545,23 +579,42 @@ static tw_status run_quant_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mes
       note_problem(s, ci, rank, what);
     }
   }
-  q_free(&q);
-  free(lx); free(lgs); free(row); free(col); free(erow); free(ecol);
+  q_free(ctx, &q);
+  ctx_release(ctx, &io.in[0]);
+  ctx_release(ctx, &io.scale);
+  ctx_release(ctx, &gst);
+  free(lx); free(lgs); free(row); free(col); free(erow); free(ecol); free(amax);
   return st;
 }
 
-static tw_status sweep_rank(int rank, tw_comm *comm, void *arg) {
-  sweep *s = (sweep *)arg;
+/* One rank of one mesh: a context and the axis communicators once, then every (rule, pass)
+ * case list of the mesh in order (all ranks walk the same lists). */
+typedef struct {
+  sweep *sweeps;
+  int n;
+  tw_backend backend;
+  const tw_mesh *mesh;
+} mesh_job;
+
+static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
+  mesh_job *j = (mesh_job *)arg;
   tw_ctx *ctx = NULL;
   tw_mesh_comms *mc = NULL;
-  TW_TRY(host_ctx(&ctx, comm));
-  tw_status st = tw_mesh_comms_create(ctx, s->mesh, &mc);
-  for (long ci = 0; ci < s->ncases && st == TW_OK; ci++) {
-    st = s->r->op == TW_SHARD_GROUPED_QUANTIZE ? run_quant_case(s, ci, rank, ctx, mc)
-                                               : run_gemm_case(s, ci, rank, ctx, mc);
-    if (st != TW_OK) {
-      s->bad[ci] = 1;
-      note_problem(s, ci, rank, tw_last_error());
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = j->backend;
+  cc.device = j->backend == TW_BACKEND_GPU ? rank : 0;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_status st = tw_mesh_comms_create(ctx, j->mesh, &mc);
+  for (int k = 0; k < j->n && st == TW_OK; k++) {
+    sweep *s = &j->sweeps[k];
+    for (long ci = 0; ci < s->ncases && st == TW_OK; ci++) {
+      st = s->r->op == TW_SHARD_GROUPED_QUANTIZE ? run_quant_case(s, ci, rank, ctx, mc)
+                                                 : run_gemm_case(s, ci, rank, ctx, mc);
+      if (st != TW_OK) {
+        s->bad[ci] = 1;
+        note_problem(s, ci, rank, tw_last_error());
+      }
     }
   }
   tw_mesh_comms_destroy(mc);
@@ -569,24 +622,22 @@ static tw_status sweep_rank(int rank, tw_comm *comm, void *arg) {
   return st;
 }
 
-static tw_status sweep_one(const tw_golden_cfg *cfg, const rule_desc *r, tw_pass pass, const tw_mesh *m,
-                           golden_data *data, int ndata, tw_golden_row *row) {
+/* Plans every spec combination of (rule, pass) on mesh m: invalid ones are checked against
+ * the expected error (counted in row), valid ones become s's cases. */
+static tw_status plan_cases(const tw_golden_cfg *cfg, const rule_desc *r, tw_pass pass, const tw_mesh *m,
+                            const golden_data *d, tw_golden_row *row, sweep *s) {
   memset(row, 0, sizeof *row);
+  memset(s, 0, sizeof *s);
   snprintf(row->rule, sizeof row->rule, "%s", r->name);
   row->pass = pass;
   tw_mesh_str(m, row->mesh, sizeof row->mesh);
   row->ranks = tw_mesh_ranks(m);
-  int ep = tw_mesh_axis_size(m, EP);
-  const golden_data *d = NULL;
-  for (int i = 0; i < ndata; i++)
-    if (data[i].ep == ep) d = &data[i];
-  if (!d) return tw_error(TW_ERR_INTERNAL, "golden: no data for ep = %d", ep);
   tw_dimspec opts[1 + 4 + 12];
   int nopt = dim_options(m, cfg->tuples, opts);
   long nx = count_specs(nopt, r->xnd), nw = r->wnd ? count_specs(nopt, r->wnd) : 1;
   tw_rule_opts ro = TW_RULE_OPTS_INIT;
   ro.quant = rule_qopts(r);
-  long cap = 1024, nv = 0;
+  long cap = 256, nv = 0;
   vcase *cases = (vcase *)malloc(sizeof(vcase) * (size_t)cap);
   if (!cases) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
   for (long xi = 0; xi < nx; xi++)
@@ -632,46 +683,63 @@ static tw_status sweep_one(const tw_golden_cfg *cfg, const rule_desc *r, tw_pass
     for (long i = 0; i < keep; i++) cases[i] = cases[(long)((double)i * (double)nv / (double)keep)];
     row->skipped = nv - keep;
   }
-  sweep s;
-  memset(&s, 0, sizeof s);
-  s.r = r; s.pass = pass; s.mesh = m; s.d = d; s.cases = cases; s.ncases = keep;
-  s.bad = (unsigned char *)calloc((size_t)(keep + 1), 1);
-  s.unequal = (unsigned char *)calloc((size_t)(keep + 1), 1);
-  s.ratio = (double *)calloc((size_t)(keep + 1), sizeof(double));
-  pthread_mutex_init(&s.mu, NULL);
-  tw_status st = (s.bad && s.unequal && s.ratio) ? TW_OK : tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  if (st == TW_OK && keep > 0) {
-    int n = tw_mesh_ranks(m);
-    tw_comm **comms = (tw_comm **)calloc((size_t)n, sizeof *comms);
-    st = comms ? tw_comm_init_threads(n, comms) : tw_error(TW_ERR_MEMORY, "golden: out of memory");
-    if (st == TW_OK) {
-      for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 30.0);
-      tw_status rs = tw_run_ranks(n, comms, sweep_rank, &s);
-      if (rs != TW_OK && !s.problem[0]) snprintf(s.problem, sizeof s.problem, "%s", tw_last_error());
-      for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+  s->r = r; s->pass = pass; s->mesh = m; s->d = d; s->cases = cases; s->ncases = keep;
+  s->bad = (unsigned char *)calloc((size_t)(keep + 1), 1);
+  s->unequal = (unsigned char *)calloc((size_t)(keep + 1), 1);
+  s->ratio = (double *)calloc((size_t)(keep + 1), sizeof(double));
+  pthread_mutex_init(&s->mu, NULL);
+  s->backend = cfg->backend;
+  s->exact_required = cfg->backend == TW_BACKEND_REF;
+  if (!s->bad || !s->unequal || !s->ratio) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  return TW_OK;
+}
+
+static void sweep_free(sweep *s) {
+  if (!s->cases) return;
+  pthread_mutex_destroy(&s->mu);
+  free(s->bad); free(s->unequal); free(s->ratio); free(s->cases);
+  memset(s, 0, sizeof *s);
+}
+
+static void collect(const tw_golden_cfg *cfg, const sweep *s, tw_golden_row *row) {
+  row->run = s->ncases;
+  for (long i = 0; i < s->ncases; i++) {
+    if (s->bad[i]) row->failed++;
+    else row->passed++;
+    if (s->cases[i].plan.exact) { row->exact_cases++; row->exact_equal += !s->unequal[i]; }
+    else if (s->ratio[i] > row->worst_ratio) row->worst_ratio = s->ratio[i];
+    if (cfg->verbose && cfg->log) {
+      char xb[96], wb[96];
+      fprintf(cfg->log, "%s %s mesh %s x %s w %s: %s%s\n", s->r->name, tw_pass_name(s->pass), row->mesh,
+              tw_pspec_str(&s->cases[i].xs, xb, sizeof xb), tw_pspec_str(&s->cases[i].ws, wb, sizeof wb),
+              s->bad[i] ? "FAIL" : "pass", s->cases[i].plan.exact ? " (exact)" : "");
     }
-    free(comms);
   }
-  if (st == TW_OK) {
-    row->run = keep;
-    for (long i = 0; i < keep; i++) {
-      if (s.bad[i]) row->failed++;
-      else row->passed++;
-      if (cases[i].plan.exact) { row->exact_cases++; row->exact_equal += !s.unequal[i]; }
-      else if (s.ratio[i] > row->worst_ratio) row->worst_ratio = s.ratio[i];
-      if (cfg->verbose && cfg->log) {
-        char xb[96], wb[96];
-        fprintf(cfg->log, "%s %s mesh %s x %s w %s: %s%s\n", r->name, tw_pass_name(pass), row->mesh,
-                tw_pspec_str(&cases[i].xs, xb, sizeof xb), tw_pspec_str(&cases[i].ws, wb, sizeof wb),
-                s.bad[i] ? "FAIL" : "pass", cases[i].plan.exact ? " (exact)" : "");
-      }
-    }
-    if (s.problem[0] && !row->first_problem[0]) snprintf(row->first_problem, sizeof row->first_problem, "%s", s.problem);
+  if (s->problem[0] && !row->first_problem[0]) snprintf(row->first_problem, sizeof row->first_problem, "%s", s->problem);
+}
+
+/* Every mesh over {dp, fsdp, ep, tp}: sizes 2, 4, 8, within [min, max] ranks. */
+static const rule_desc all_axes = {"", TW_SHARD_DENSE, 0, 0, 0, {0}, {0}, 0, 4, {DP, FSDP, EP, TP}, 0, 0};
+
+static int mesh_fits(const tw_mesh *m, const rule_desc *r) {
+  for (int i = 0; i < m->naxes; i++) {
+    int ok = 0;
+    for (int j = 0; j < r->naxes; j++) ok |= r->axes[j] == m->axis[i];
+    if (!ok) return 0;
   }
-  pthread_mutex_destroy(&s.mu);
-  free(s.bad); free(s.unequal); free(s.ratio);
-  free(cases);
-  return st;
+  return 1;
+}
+
+typedef struct {
+  tw_golden_row row;
+  int rule, pass, mesh;
+} keyed_row;
+
+static int row_order(const void *a, const void *b) {
+  const keyed_row *x = (const keyed_row *)a, *y = (const keyed_row *)b;
+  if (x->rule != y->rule) return x->rule - y->rule;
+  if (x->pass != y->pass) return x->pass - y->pass;
+  return x->mesh - y->mesh;
 }
 
 tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_out, int *nrows_out) {
@@ -680,43 +748,88 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
   if (!rows_out || !nrows_out) return tw_error(TW_ERR_NULL, "golden_sharding: NULL output");
   *rows_out = NULL;
   *nrows_out = 0;
-  int cap = 64, n = 0;
-  tw_golden_row *rows = (tw_golden_row *)malloc(sizeof *rows * (size_t)cap);
-  if (!rows) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  tw_status st = TW_OK;
+  int use[NRULES] = {0}, nuse = 0;
+  for (int ri = 0; ri < NRULES; ri++)
+    if (!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) { use[ri] = 1; nuse++; }
+  if (!nuse) return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule starts with '%s'", cfg.only);
+  /* inputs and unsharded results per rule and ep size */
+  golden_data(*data)[4] = (golden_data(*)[4])calloc(NRULES, sizeof *data);
+  tw_mesh *meshes = (tw_mesh *)malloc(sizeof(tw_mesh) * 256);
+  keyed_row *rows = (keyed_row *)malloc(sizeof(keyed_row) * 1024);
+  sweep *sweeps = (sweep *)calloc(NRULES * 3, sizeof(sweep));
+  tw_status st = data && meshes && rows && sweeps ? TW_OK : tw_error(TW_ERR_MEMORY, "golden: out of memory");
   for (int ri = 0; ri < NRULES && st == TW_OK; ri++) {
-    const rule_desc *r = &rules[ri];
-    if (cfg.only && strncmp(r->name, cfg.only, strlen(cfg.only)) != 0) continue;
-    golden_data data[4];
-    int ndata = 0;
-    memset(data, 0, sizeof data);
-    for (int e = 1; e <= 8 && st == TW_OK; e *= 2) {
-      int uses_ep = 0;
-      for (int i = 0; i < r->naxes; i++) uses_ep |= r->axes[i] == EP;
-      if (e > 1 && !uses_ep) break;
-      st = make_data(r, e, &data[ndata++]);
-    }
-    tw_mesh meshes[128];
-    int nm = make_meshes(r, cfg.max_ranks, meshes, 128);
-    for (int p = 0; p < r->npasses && st == TW_OK; p++)
-      for (int mi = 0; mi < nm && st == TW_OK; mi++) {
-        if (n == cap) {
-          cap *= 2;
-          tw_golden_row *nr = (tw_golden_row *)realloc(rows, sizeof *rows * (size_t)cap);
-          if (!nr) { st = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
-          rows = nr;
-        }
-        st = sweep_one(&cfg, r, (tw_pass)p, &meshes[mi], data, ndata, &rows[n]);
-        if (st == TW_OK) n++;
-      }
-    for (int i = 0; i < ndata; i++) data_free(&data[i]);
+    if (!use[ri]) continue;
+    int uses_ep = 0;
+    for (int i = 0; i < rules[ri].naxes; i++) uses_ep |= rules[ri].axes[i] == EP;
+    for (int e = 1, k = 0; e <= 8 && st == TW_OK; e *= 2, k++)
+      if (e == 1 || uses_ep) st = make_data(&rules[ri], e, &data[ri][k]);
   }
+  int nm = st == TW_OK ? make_meshes(&all_axes, cfg.min_ranks, cfg.max_ranks, meshes, 256) : 0;
+  int nrows = 0;
+  for (int mi = 0; mi < nm && st == TW_OK; mi++) {
+    const tw_mesh *m = &meshes[mi];
+    int ep = tw_mesh_axis_size(m, EP), nsw = 0, first_row = nrows;
+    for (int ri = 0; ri < NRULES && st == TW_OK; ri++) {
+      if (!use[ri] || !mesh_fits(m, &rules[ri])) continue;
+      const golden_data *d = NULL;
+      for (int k = 0; k < 4; k++)
+        if (data[ri][k].x && data[ri][k].ep == ep) d = &data[ri][k];
+      if (!d) { st = tw_error(TW_ERR_INTERNAL, "golden: no data for %s at ep = %d", rules[ri].name, ep); break; }
+      for (int p = 0; p < rules[ri].npasses && st == TW_OK; p++) {
+        if (nrows == 1024) { st = tw_error(TW_ERR_INTERNAL, "golden: more than 1024 rows"); break; }
+        rows[nrows].rule = ri; rows[nrows].pass = p; rows[nrows].mesh = mi;
+        st = plan_cases(&cfg, &rules[ri], (tw_pass)p, m, d, &rows[nrows].row, &sweeps[nsw]);
+        nrows++;
+        nsw++;
+      }
+    }
+    long total = 0;
+    for (int k = 0; k < nsw; k++) total += sweeps[k].ncases;
+    if (st == TW_OK && total > 0) {
+      int n = tw_mesh_ranks(m);
+      tw_comm **comms = (tw_comm **)calloc((size_t)n, sizeof *comms);
+      if (!comms) st = tw_error(TW_ERR_MEMORY, "golden: out of memory");
+      else if (cfg.backend == TW_BACKEND_REF) st = tw_comm_init_threads(n, comms);
+      else if (!tw_comm_init_nccl_local) st = tw_error(TW_ERR_UNSUPPORTED, "golden: this binary has no NCCL communicator (link //gpu)");
+      else {
+        int devices[64];
+        for (int i = 0; i < n && i < 64; i++) devices[i] = i;
+        st = n <= 64 ? tw_comm_init_nccl_local(n, devices, comms) : tw_error(TW_ERR_INVALID_ARG, "golden: %d GPUs", n);
+      }
+      if (st == TW_OK) {
+        for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 60.0);
+        mesh_job job = {sweeps, nsw, cfg.backend, m};
+        tw_status rs = tw_run_ranks(n, comms, mesh_rank, &job);
+        if (rs != TW_OK) /* the failing case is marked; say why on its row */
+          for (int k = 0; k < nsw; k++)
+            if (!sweeps[k].problem[0]) snprintf(sweeps[k].problem, sizeof sweeps[k].problem, "%s", tw_last_error());
+        for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+      }
+      free(comms);
+    }
+    for (int k = 0; k < nsw; k++) {
+      if (st == TW_OK) collect(&cfg, &sweeps[k], &rows[first_row + k].row);
+      sweep_free(&sweeps[k]);
+    }
+  }
+  if (data)
+    for (int ri = 0; ri < NRULES; ri++)
+      for (int k = 0; k < 4; k++) data_free(&data[ri][k]);
+  free(data);
+  free(meshes);
+  free(sweeps);
   if (st != TW_OK) {
     free(rows);
     return st;
   }
-  *rows_out = rows;
-  *nrows_out = n;
+  qsort(rows, (size_t)nrows, sizeof *rows, row_order);
+  tw_golden_row *out = (tw_golden_row *)malloc(sizeof *out * (size_t)(nrows ? nrows : 1));
+  if (!out) { free(rows); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
+  for (int i = 0; i < nrows; i++) out[i] = rows[i].row;
+  free(rows);
+  *rows_out = out;
+  *nrows_out = nrows;
   return TW_OK;
 }
 

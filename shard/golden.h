@@ -6,7 +6,9 @@
  *   - valid cases, run sharded on the ref backend with the thread communicator, equal the
  *     unsharded ref op: bit for bit where the plan says so, else within twice the GEMM error
  *     bound (both sides may err by it); grouped quantize compares the dequantized shards and
- *     the amax exactly. Every rank checks its own shard, so replicas are checked too. */
+ *     the amax exactly. Every rank checks its own shard, so replicas are checked too.
+ * With backend gpu, rank r runs on GPU r over NCCL (tw_comm_init_nccl_local) and is compared
+ * with the same unsharded ref results: GEMMs within the bound, quantize bit for bit. */
 #ifndef TWIN_SHARD_GOLDEN_H
 #define TWIN_SHARD_GOLDEN_H
 
@@ -31,13 +33,15 @@ typedef struct {
 
 typedef struct {
   int max_ranks;      /* 8 */
+  int min_ranks;      /* 1 */
+  tw_backend backend; /* ref: thread ranks; gpu: one GPU per rank over NCCL (one process) */
   int tuples;         /* 1: specs may put an ordered pair of axes on a dim */
   long budget;        /* max valid cases executed per (rule, pass, mesh); 0 = all */
   const char *only;   /* run only rules whose name starts with this (NULL = all) */
   FILE *log;          /* per-case lines when verbose */
   int verbose;
 } tw_golden_cfg;
-#define TW_GOLDEN_CFG_INIT {8, 1, 0, NULL, NULL, 0}
+#define TW_GOLDEN_CFG_INIT {8, 1, TW_BACKEND_REF, 1, 0, NULL, NULL, 0}
 
 /* Runs the sweep; *rows (malloc'd) gets one row per (rule, pass, mesh). Returns TW_OK when it
  * ran (failures are counted in the rows), or an error if it could not run. */

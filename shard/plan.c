@@ -97,18 +97,35 @@ static tw_status add_step(tw_plan *p, tw_step_kind k, int tensor, int dim, tw_ax
   return TW_OK;
 }
 
-/* Steps taking tensor `ti` from spec `from` (a partial sum over *partial) to `to`; `shape`
- * is the local shape under `from` and becomes the local shape under `to`. */
+/* Steps taking tensor `ti` from spec `from` (a partial sum over `partial`) to `to`; `shape`
+ * is the local shape under `from` and becomes the local shape under `to`. The all-reduces of
+ * partial axes that no reduce-scatter consumes run where the tensor is smallest: before the
+ * gathers or after the splits. */
 static tw_status reshard(tw_plan *p, int ti, int ndim, const tw_pspec *from, const tw_pspec *to,
                          tw_dimspec partial, int64_t *shape) {
   const tw_mesh *m = &p->mesh;
   int common[TW_MAX_DIMS];
+  int64_t start = 1, end = 1;
+  tw_dimspec scattered = ds_none;
   for (int d = 0; d < ndim; d++) {
     const tw_dimspec *f = &from->dim[d], *t = &to->dim[d];
     int c = 0;
     while (c < f->n && c < t->n && f->axis[c] == t->axis[c]) c++;
     common[d] = c;
-    for (int i = f->n - 1; i >= c; i--) {
+    for (int i = c; i < t->n; i++)
+      if (ds_has(&partial, t->axis[i])) ds_add(&scattered, t->axis[i]);
+    start *= shape[d];
+    end *= p->t[ti].global[d] / tw_dimspec_shards(m, t);
+  }
+  tw_dimspec reduce = ds_none;
+  for (int i = 0; i < partial.n; i++)
+    if (!ds_has(&scattered, partial.axis[i])) ds_add(&reduce, partial.axis[i]);
+  int reduce_first = start <= end;
+  if (reduce_first)
+    for (int i = 0; i < reduce.n; i++) TW_TRY(add_step(p, TW_STEP_ALL_REDUCE, ti, -1, reduce.axis[i], shape));
+  for (int d = 0; d < ndim; d++) {
+    const tw_dimspec *f = &from->dim[d];
+    for (int i = f->n - 1; i >= common[d]; i--) {
       shape[d] *= tw_mesh_axis_size(m, f->axis[i]);
       TW_TRY(add_step(p, TW_STEP_ALL_GATHER, ti, d, f->axis[i], shape));
     }
@@ -118,15 +135,11 @@ static tw_status reshard(tw_plan *p, int ti, int ndim, const tw_pspec *from, con
     for (int i = common[d]; i < t->n; i++) {
       tw_axis a = t->axis[i];
       shape[d] /= tw_mesh_axis_size(m, a);
-      if (ds_has(&partial, a)) {
-        partial = ds_without(&partial, a);
-        TW_TRY(add_step(p, TW_STEP_REDUCE_SCATTER, ti, d, a, shape));
-      } else {
-        TW_TRY(add_step(p, TW_STEP_SLICE, ti, d, a, shape));
-      }
+      TW_TRY(add_step(p, ds_has(&scattered, a) ? TW_STEP_REDUCE_SCATTER : TW_STEP_SLICE, ti, d, a, shape));
     }
   }
-  for (int i = 0; i < partial.n; i++) TW_TRY(add_step(p, TW_STEP_ALL_REDUCE, ti, -1, partial.axis[i], shape));
+  if (!reduce_first)
+    for (int i = 0; i < reduce.n; i++) TW_TRY(add_step(p, TW_STEP_ALL_REDUCE, ti, -1, reduce.axis[i], shape));
   return TW_OK;
 }
 

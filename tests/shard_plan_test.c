@@ -312,7 +312,7 @@ Test(quantize_rule, block_rules) {
 
 Test(plan, format_names_tensors_steps_and_notes) {
   tw_plan p = plan_ok("dp=2,ep=4", TW_SHARD_GROUPED_GEMM, TW_PASS_WGRAD, operand(2, GX, "[(ep,dp), None]"),
-                      operand(3, GW, "[None, None, None]"), 8, "AG dw ep d0; AR dw dp");
+                      operand(3, GW, "[None, None, None]"), 8, "AR dw dp; AG dw ep d0");
   char buf[4096];
   tw_plan_format(&p, buf, sizeof buf);
   cr_assert(strstr(buf, "plan grouped_gemm wgrad on mesh dp=2,ep=4 (8 ranks)"), "%s", buf);

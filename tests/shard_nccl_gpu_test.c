@@ -1,0 +1,170 @@
+/* NCCL (gpu/comm_nccl.cu) on 2 and 4 GPUs of one host, one process, one thread per GPU:
+ * every collective against its formula, the timeout that aborts instead of hanging, and the
+ * sharded plans (every mesh of 2 and 4 ranks, every spec, fwd/dgrad/wgrad) run on the gpu
+ * backend over NCCL against the unsharded ref. Needs at least 4 GPUs (2 for the 2-GPU
+ * parts); with fewer it fails and says so. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard/golden.h"
+#include "twin/tw_comm.h"
+
+int tw_gpu_device_count(void); /* gpu/probe.cu */
+
+static void need_gpus(int n) {
+  int have = tw_gpu_device_count();
+  cr_assert(have >= n, "this test needs %d GPUs and sees %d (run it on nvidia-h200-x4)", n, have);
+}
+
+typedef struct {
+  tw_status (*body)(int rank, tw_comm *c, tw_ctx *ctx);
+} job;
+
+static tw_status on_gpu(int rank, tw_comm *comm, void *arg) {
+  job *j = (job *)arg;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cfg.device = rank;
+  cfg.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cfg));
+  tw_status s = j->body(rank, comm, ctx);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+static tw_status run_gpus(int n, tw_status (*body)(int, tw_comm *, tw_ctx *), double timeout) {
+  tw_comm *comms[8];
+  int dev[8];
+  for (int i = 0; i < n; i++) dev[i] = i;
+  tw_status s = tw_comm_init_nccl_local(n, dev, comms);
+  cr_assert_eq(s, TW_OK, "%s", tw_last_error());
+  for (int i = 0; i < n; i++) {
+    cr_assert_str_eq(tw_comm_kind(comms[i]), "nccl");
+    cr_assert_eq(tw_comm_rank(comms[i]), i);
+    tw_comm_set_timeout(comms[i], timeout);
+  }
+  job j = {body};
+  s = tw_run_ranks(n, comms, on_gpu, &j);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", tw_last_error());
+  for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+  tw_error(s, "%s", msg);
+  return s;
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) return tw_error(TW_ERR_INTERNAL, __VA_ARGS__); } while (0)
+
+/* device buffer from host values, and back */
+static tw_status up(tw_ctx *ctx, const void *h, size_t bytes, void **d) {
+  TW_TRY(tw_alloc(ctx, bytes, d));
+  tw_tensor dt = tw_tensor_1d(*d, TW_U8, (int64_t)bytes, TW_MEM_DEVICE), ht = tw_tensor_1d((void *)h, TW_U8, (int64_t)bytes, TW_MEM_HOST);
+  return tw_tensor_copy(ctx, &dt, &ht);
+}
+static tw_status down(tw_ctx *ctx, const void *d, size_t bytes, void *h) {
+  tw_tensor dt = tw_tensor_1d((void *)d, TW_U8, (int64_t)bytes, TW_MEM_DEVICE), ht = tw_tensor_1d(h, TW_U8, (int64_t)bytes, TW_MEM_HOST);
+  return tw_tensor_copy(ctx, &ht, &dt);
+}
+
+static tw_status body_collectives(int r, tw_comm *c, tw_ctx *ctx) {
+  int n = tw_comm_size(c);
+  float hs[8 * 3], hr[8 * 3];
+  void *ds = NULL, *dr = NULL;
+  for (int i = 0; i < 3 * n; i++) hs[i] = (float)(r * 100 + i);
+  TW_TRY(up(ctx, hs, sizeof hs, &ds));
+  TW_TRY(up(ctx, hs, sizeof hs, &dr));
+  /* all_gather of 3 */
+  TW_TRY(tw_all_gather(ctx, c, ds, dr, 3, TW_F32));
+  TW_TRY(tw_comm_wait(ctx, c));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3 * (size_t)n, hr));
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < 3; i++) CHECK(hr[j * 3 + i] == (float)(j * 100 + i), "rank %d all_gather [%d][%d] = %g", r, j, i, hr[j * 3 + i]);
+  /* all_reduce sum / max */
+  TW_TRY(tw_all_reduce(ctx, c, ds, dr, 3, TW_F32, TW_REDUCE_SUM));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3, hr));
+  for (int i = 0; i < 3; i++) CHECK(hr[i] == (float)(100 * n * (n - 1) / 2 + n * i), "rank %d all_reduce sum[%d] = %g", r, i, hr[i]);
+  TW_TRY(tw_all_reduce(ctx, c, ds, dr, 3, TW_F32, TW_REDUCE_MAX));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3, hr));
+  CHECK(hr[2] == (float)((n - 1) * 100 + 2), "rank %d all_reduce max = %g", r, hr[2]);
+  /* reduce_scatter of 3 per rank */
+  TW_TRY(tw_reduce_scatter(ctx, c, ds, dr, 3, TW_F32, TW_REDUCE_SUM));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3, hr));
+  CHECK(hr[0] == (float)(100 * n * (n - 1) / 2 + n * 3 * r), "rank %d reduce_scatter = %g", r, hr[0]);
+  /* all_to_all: block j of rank r's send goes to rank j */
+  TW_TRY(tw_all_to_all(ctx, c, ds, dr, 3, TW_F32));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3 * (size_t)n, hr));
+  for (int j = 0; j < n; j++) CHECK(hr[j * 3] == (float)(j * 100 + 3 * r), "rank %d all_to_all from %d = %g", r, j, hr[j * 3]);
+  /* ppermute: a ring shift */
+  int perm[8];
+  for (int j = 0; j < n; j++) perm[j] = (j + 1) % n;
+  TW_TRY(tw_ppermute(ctx, c, ds, dr, 3, TW_F32, perm));
+  TW_TRY(down(ctx, dr, sizeof(float) * 3, hr));
+  CHECK(hr[0] == (float)(((r + n - 1) % n) * 100), "rank %d ppermute = %g", r, hr[0]);
+  TW_TRY(tw_comm_barrier(ctx, c));
+  /* split into even/odd ranks */
+  tw_comm *half = NULL;
+  TW_TRY(tw_comm_split(c, r % 2, r, &half));
+  tw_status s = tw_all_reduce(ctx, half, ds, dr, 1, TW_F32, TW_REDUCE_SUM);
+  if (s == TW_OK) s = down(ctx, dr, sizeof(float), hr);
+  float want = 0;
+  for (int j = r % 2; j < n; j += 2) want += (float)(j * 100);
+  if (s == TW_OK && hr[0] != want) s = tw_error(TW_ERR_INTERNAL, "rank %d split sum %g (want %g)", r, hr[0], want);
+  tw_comm_destroy(half);
+  tw_free(ctx, ds);
+  tw_free(ctx, dr);
+  return s;
+}
+
+Test(shard_nccl, collectives_on_2_gpus) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_collectives, 60), TW_OK, "%s", tw_last_error());
+}
+
+Test(shard_nccl, collectives_on_4_gpus) {
+  need_gpus(4);
+  cr_assert_eq(run_gpus(4, body_collectives, 60), TW_OK, "%s", tw_last_error());
+}
+
+static tw_status body_missing_peer(int r, tw_comm *c, tw_ctx *ctx) {
+  if (r == 1) return TW_OK; /* never joins */
+  void *d = NULL;
+  TW_TRY(tw_alloc(ctx, 1024, &d));
+  tw_status s = tw_all_reduce(ctx, c, d, d, 256, TW_F32, TW_REDUCE_SUM);
+  if (s == TW_OK) s = tw_comm_wait(ctx, c);
+  CHECK(s == TW_ERR_TIMEOUT && strstr(tw_last_error(), "aborted"), "rank %d: expected a timeout, got %s: %s", r,
+        tw_status_name(s), tw_last_error());
+  return TW_OK;
+}
+
+Test(shard_nccl, a_missing_peer_times_out_and_aborts) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_missing_peer, 2.0), TW_OK, "%s", tw_last_error());
+}
+
+static void sweep_gpu(const char *only) {
+  need_gpus(2);
+  tw_golden_cfg cfg = TW_GOLDEN_CFG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cfg.min_ranks = 2;
+  cfg.max_ranks = tw_gpu_device_count() >= 4 ? 4 : 2;
+  cfg.only = only;
+  tw_golden_row *rows = NULL;
+  int n = 0;
+  cr_assert_eq(tw_golden_sharding(&cfg, &rows, &n), TW_OK, "%s", tw_last_error());
+  tw_golden_print(stdout, rows, n);
+  long run = 0;
+  for (int i = 0; i < n; i++) {
+    cr_expect(rows[i].failed == 0 && rows[i].wrong_errors == 0, "%s %s mesh %s: %ld failed; first: %s", rows[i].rule,
+              tw_pass_name(rows[i].pass), rows[i].mesh, rows[i].failed, rows[i].first_problem);
+    run += rows[i].run;
+  }
+  cr_assert(run > 0);
+  free(rows);
+  need_gpus(4); /* the 4-GPU meshes ran only if they were there */
+}
+
+Test(shard_nccl, dense_plans_over_nccl_vs_ref, .timeout = 600) { sweep_gpu("dense"); }
+Test(shard_nccl, grouped_gemm_plans_over_nccl_vs_ref, .timeout = 600) { sweep_gpu("grouped_gemm"); }
+Test(shard_nccl, grouped_quantize_plans_over_nccl_vs_ref, .timeout = 600) { sweep_gpu("quantize."); }
