@@ -3,7 +3,7 @@
 //
 // Work is cut into group-relative tiles of 128 rows x 128 columns: tile t belongs to group g
 // with T(g) <= t < T(g+1) (T from gpu_group_prefix), covers rows o_g + 128(t - T(g)) ... of
-// that group only, and columns 128*blockIdx.y ... . Every scale block of every mode (32, 128,
+// that group only, and a 128-column chunk (a CTA walks TILE_CHUNKS of them). Every scale block of every mode (32, 128,
 // 128x128, the MXFP8 128x4 swizzle tile) then lies inside one tile, so one CTA computes and
 // writes its scales directly in the final layout, rowwise and colwise from one read of x.
 // The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
@@ -66,29 +66,6 @@ __device__ __forceinline__ float load_x(const void *x, int64_t i) {
   return XDT == XDT_BF16 ? tw_bf16_to_f32_d(h) : tw_f16_to_f32_d(h);
 }
 
-// Four consecutive elements of x (vector load when VEC).
-template <int XDT, bool VEC>
-__device__ __forceinline__ float4 load_x4(const void *x, int64_t i, int n) {
-  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (VEC && n == 4) {
-    if (XDT == XDT_F32) return __ldg((const float4 *)((const float *)x + i));
-    uint2 u = __ldg((const uint2 *)((const uint16_t *)x + i));
-    if (XDT == XDT_BF16) {
-      r.x = tw_u2f(u.x << 16); r.y = tw_u2f(u.x & 0xFFFF0000u);
-      r.z = tw_u2f(u.y << 16); r.w = tw_u2f(u.y & 0xFFFF0000u);
-    } else {
-      r.x = tw_f16_to_f32_d((uint16_t)u.x); r.y = tw_f16_to_f32_d((uint16_t)(u.x >> 16));
-      r.z = tw_f16_to_f32_d((uint16_t)u.y); r.w = tw_f16_to_f32_d((uint16_t)(u.y >> 16));
-    }
-    return r;
-  }
-  if (n > 0) r.x = load_x<XDT>(x, i);
-  if (n > 1) r.y = load_x<XDT>(x, i + 1);
-  if (n > 2) r.z = load_x<XDT>(x, i + 2);
-  if (n > 3) r.w = load_x<XDT>(x, i + 3);
-  return r;
-}
-
 __device__ __forceinline__ float absmax4(float4 v) {
   return tw_nmax(tw_nmax(fabsf(v.x), fabsf(v.y)), tw_nmax(fabsf(v.z), fabsf(v.w)));
 }
@@ -139,6 +116,47 @@ __device__ __forceinline__ float block_max(float v, float *red) {
   return r;
 }
 
+// Four consecutive elements of x as stored (f32: four words; bf16/f16: two packed words in
+// .x/.y), so a prefetch holds only the raw bytes until they are converted into the tile.
+template <int XDT, bool VEC>
+__device__ __forceinline__ uint4 load_raw4(const void *x, int64_t i, int n) {
+  uint4 r = make_uint4(0u, 0u, 0u, 0u);
+  if (XDT == XDT_F32) {
+    if (VEC && n == 4) return __ldg((const uint4 *)((const float *)x + i));
+    const uint32_t *w = (const uint32_t *)x + i;
+    if (n > 0) r.x = w[0];
+    if (n > 1) r.y = w[1];
+    if (n > 2) r.z = w[2];
+    if (n > 3) r.w = w[3];
+    return r;
+  }
+  if (VEC && n == 4) {
+    uint2 u = __ldg((const uint2 *)((const uint16_t *)x + i));
+    r.x = u.x;
+    r.y = u.y;
+    return r;
+  }
+  const uint16_t *h = (const uint16_t *)x + i;
+  if (n > 0) r.x = h[0];
+  if (n > 1) r.x |= (uint32_t)h[1] << 16;
+  if (n > 2) r.y = h[2];
+  if (n > 3) r.y |= (uint32_t)h[3] << 16;
+  return r;
+}
+
+template <int XDT>
+__device__ __forceinline__ float4 raw_to_f4(uint4 r) {
+  if (XDT == XDT_F32) return make_float4(tw_u2f(r.x), tw_u2f(r.y), tw_u2f(r.z), tw_u2f(r.w));
+  if (XDT == XDT_BF16)
+    return make_float4(tw_u2f(r.x << 16), tw_u2f(r.x & 0xFFFF0000u), tw_u2f(r.y << 16), tw_u2f(r.y & 0xFFFF0000u));
+  return make_float4(tw_f16_to_f32_d((uint16_t)r.x), tw_f16_to_f32_d((uint16_t)(r.x >> 16)),
+                     tw_f16_to_f32_d((uint16_t)r.y), tw_f16_to_f32_d((uint16_t)(r.y >> 16)));
+}
+
+// Column chunks (of 128) one tile CTA walks: the group lookup is paid once per CTA and the
+// loads of chunk j+1 are in flight while chunk j is processed from shared memory.
+#define TILE_CHUNKS 8
+
 template <int XDT, bool VEC, bool AMAX_ONLY>
 __global__ void __launch_bounds__(THREADS, 2) quantize_tile_kernel(QParams p) {
   extern __shared__ float4 smem4[];
@@ -158,164 +176,180 @@ __global__ void __launch_bounds__(THREADS, 2) quantize_tile_kernel(QParams p) {
   const int64_t lr0 = a * TILE;          // first local row of the tile
   const int rows = (int)min((int64_t)TILE, mg - lr0);
   const int64_t r0 = og + lr0;           // first global row
-  const int64_t k0 = (int64_t)blockIdx.y * TILE;
-  const int cols = (int)min((int64_t)TILE, p.K - k0);
+  const int64_t nkc = (p.K + TILE - 1) / TILE;  // column chunks in all
+  const int64_t kc_begin = (int64_t)blockIdx.y * TILE_CHUNKS;
+  const int64_t kc_end = min(nkc, kc_begin + TILE_CHUNKS);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // ---- load: 16 chunks per thread, all loads issued before any use
-  float4 v[16];
-  float tmax = 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    int id = i * THREADS + tid, r = id >> 5, c = id & 31;
-    int n = (r < rows) ? max(0, min(4, cols - 4 * c)) : 0;
-    v[i] = load_x4<XDT, VEC>(p.x, (r0 + r) * p.K + k0 + 4 * c, n);
-  }
-#pragma unroll
-  for (int i = 0; i < 16; i++) tmax = tw_nmax(tmax, absmax4(v[i]));
-  if constexpr (AMAX_ONLY) {
-    float m = block_max(tmax, red);
-    if (tid == 0) atomic_amax(p.amax + g, m);
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 16; i++) {
-    int id = i * THREADS + tid, r = id >> 5, c = id & 31;
-    *tile_chunk(tile, r, c) = v[i];
-  }
   const bool mx = p.mode == TW_SCALE_MXFP8_1D;
-  float tile_amax = 0.f;
-  if (p.amax || p.mode == TW_SCALE_BLOCK_128x128) tile_amax = block_max(tmax, red);  // syncs
-  else __syncthreads();
-  if (p.amax && tid == 0 && p.mode != TW_SCALE_TENSOR_CURRENT) atomic_amax(p.amax + g, tile_amax);
-
-  float tscale = 1.f;  // the scale of tensor modes and of the 128x128 tile
-  if (p.mode == TW_SCALE_TENSOR_CURRENT) tscale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
-  else if (p.mode == TW_SCALE_TENSOR_DELAYED) tscale = p.scale[g];
-  else if (p.mode == TW_SCALE_BLOCK_128x128) tscale = tw_compute_scale(tile_amax, p.fp8_max, p.pow2);
   const float inv_max = 1.0f / p.fp8_max;
+  float gmax = 0.f;  // this CTA's amax over all its chunks
 
-  // ---- column statistics in 32-row strips: warp handles strips warp, warp+8, ...
-  const bool need_colstats = p.col && (mx || p.mode == TW_SCALE_BLOCK_1x128);
-  if (need_colstats) {
-    for (int s = warp; s < 128; s += THREADS / 32) {
-      int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
-      float4 x4 = *tile_chunk(tile, r, c);
-      float m0 = warp_max(fabsf(x4.x), 32), m1 = warp_max(fabsf(x4.y), 32);
-      float m2 = warp_max(fabsf(x4.z), 32), m3 = warp_max(fabsf(x4.w), 32);
-      if (lane == 0) {
-        colamax[rb][4 * c] = m0; colamax[rb][4 * c + 1] = m1;
-        colamax[rb][4 * c + 2] = m2; colamax[rb][4 * c + 3] = m3;
-      }
+  uint4 raw[16];
+  auto issue_loads = [&](int64_t kc) {
+    const int64_t k0 = kc * TILE;
+    const int cols = (int)min((int64_t)TILE, p.K - k0);
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      int id = i * THREADS + tid, r = id >> 5, c = id & 31;
+      int n = (r < rows) ? max(0, min(4, cols - 4 * c)) : 0;
+      raw[i] = load_raw4<XDT, VEC>(p.x, (r0 + r) * p.K + k0 + 4 * c, n);
     }
-    __syncthreads();
-    if (tid < TILE) {
-      if (mx) {
-        for (int rb = 0; rb < 4; rb++) cole[rb][tid] = tw_f32_to_e8m0_ceil_d(colamax[rb][tid] * inv_max);
-      } else {
-        float m = tw_nmax(tw_nmax(colamax[0][tid], colamax[1][tid]), tw_nmax(colamax[2][tid], colamax[3][tid]));
-        float s = tw_compute_scale(m, p.fp8_max, p.pow2);
-        colscale[tid] = s;
-        if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / s);
-      }
-    }
-    __syncthreads();
-  }
+  };
+  issue_loads(kc_begin);
 
-  // ---- row pass: warp per row, lane = 16-byte chunk (4 consecutive k)
-  const bool out_aligned = VEC;
-  for (int r = warp; r < TILE; r += THREADS / 32) {
-    float4 x4 = *tile_chunk(tile, r, lane);
-    const int n = (r < rows) ? max(0, min(4, cols - 4 * lane)) : 0;
-    const int64_t gi = (r0 + r) * p.K + k0 + 4 * lane;
-    if (p.row) {
-      float s = tscale;
-      if (mx) {
-        float m = warp_max(absmax4(x4), 8);
-        uint8_t e = tw_f32_to_e8m0_ceil_d(m * inv_max);
-        if ((lane & 7) == 0) rowe[r][lane >> 3] = e;
-        s = tw_e8m0_quant_scale(e);
-      } else if (p.mode == TW_SCALE_BLOCK_1x128) {
-        float m = warp_max(absmax4(x4), 32);
-        s = tw_compute_scale(m, p.fp8_max, p.pow2);
-        if (lane == 0 && r < rows) ((float *)p.row_si)[(int64_t)blockIdx.y * p.rs_ld + r0 + r] = tw_canon(1.0f / s);
+  for (int64_t kc = kc_begin; kc < kc_end; kc++) {
+    const int64_t k0 = kc * TILE;
+    const int cols = (int)min((int64_t)TILE, p.K - k0);
+    float tmax = 0.f;
+    __syncthreads();  // the previous chunk's readers are done with the tile
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      float4 v = raw_to_f4<XDT>(raw[i]);
+      tmax = tw_nmax(tmax, absmax4(v));
+      if (!AMAX_ONLY) {
+        int id = i * THREADS + tid, r = id >> 5, c = id & 31;
+        *tile_chunk(tile, r, c) = v;
       }
-      if (n > 0) store4<VEC>(p.row_data + gi, quant4(x4, s, p.fp8), n);
     }
-    if (p.col && mx && n > 0) {
-      int rb = r >> 5, c = 4 * lane;
-      float4 q;
-      q.x = x4.x * tw_e8m0_quant_scale(cole[rb][c]);
-      q.y = x4.y * tw_e8m0_quant_scale(cole[rb][c + 1]);
-      q.z = x4.z * tw_e8m0_quant_scale(cole[rb][c + 2]);
-      q.w = x4.w * tw_e8m0_quant_scale(cole[rb][c + 3]);
-      store4<VEC>(p.col_data + gi, gpu_fp8x4_sat(q.x, q.y, q.z, q.w, p.fp8), n);
-    }
-  }
-  (void)out_aligned;
+    gmax = tw_nmax(gmax, tmax);
+    if (kc + 1 < kc_end) issue_loads(kc + 1);  // in flight while this chunk is processed
+    if (AMAX_ONLY) continue;
 
-  // ---- colwise transposed data (tensor and block modes): group g's block is [K, m_g] at o_g*K
-  if (p.col && !mx) {
-    for (int s = warp; s < 128; s += THREADS / 32) {
-      int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
-      if (r >= rows) continue;
-      float4 x4 = *tile_chunk(tile, r, c);
-      float4 sc = make_float4(tscale, tscale, tscale, tscale);
-      if (p.mode == TW_SCALE_BLOCK_1x128)
-        sc = make_float4(colscale[4 * c], colscale[4 * c + 1], colscale[4 * c + 2], colscale[4 * c + 3]);
-      uint32_t codes = gpu_fp8x4_sat(x4.x * sc.x, x4.y * sc.y, x4.z * sc.z, x4.w * sc.w, p.fp8);
-      uint8_t *base = p.col_data + og * p.K + (lr0 + r);
-      int n = max(0, min(4, cols - 4 * c));
-      for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * mg] = (uint8_t)(codes >> (8 * j));
-    }
-  }
+    float tile_amax = 0.f;
+    if (p.mode == TW_SCALE_BLOCK_128x128) tile_amax = block_max(tmax, red);  // syncs
+    else __syncthreads();
 
-  // ---- per-tile scales
-  if (p.mode == TW_SCALE_BLOCK_128x128 && tid == 0) {
-    float si = tw_canon(1.0f / tscale);
-    if (p.row) ((float *)p.row_si)[t * p.rs_ld + blockIdx.y] = si;
-    if (p.col) ((float *)p.col_si)[(int64_t)blockIdx.y * p.cs_ld + t] = si;
+    float tscale = 1.f;  // the scale of tensor modes and of the 128x128 tile
+    if (p.mode == TW_SCALE_TENSOR_CURRENT) tscale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
+    else if (p.mode == TW_SCALE_TENSOR_DELAYED) tscale = p.scale[g];
+    else if (p.mode == TW_SCALE_BLOCK_128x128) tscale = tw_compute_scale(tile_amax, p.fp8_max, p.pow2);
+
+    // ---- column statistics in 32-row strips: warp handles strips warp, warp+8, ...
+    const bool need_colstats = p.col && (mx || p.mode == TW_SCALE_BLOCK_1x128);
+    if (need_colstats) {
+      for (int s = warp; s < 128; s += THREADS / 32) {
+        int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
+        float4 x4 = *tile_chunk(tile, r, c);
+        float m0 = warp_max(fabsf(x4.x), 32), m1 = warp_max(fabsf(x4.y), 32);
+        float m2 = warp_max(fabsf(x4.z), 32), m3 = warp_max(fabsf(x4.w), 32);
+        if (lane == 0) {
+          colamax[rb][4 * c] = m0; colamax[rb][4 * c + 1] = m1;
+          colamax[rb][4 * c + 2] = m2; colamax[rb][4 * c + 3] = m3;
+        }
+      }
+      __syncthreads();
+      if (tid < TILE) {
+        if (mx) {
+          for (int rb = 0; rb < 4; rb++) cole[rb][tid] = tw_f32_to_e8m0_ceil_d(colamax[rb][tid] * inv_max);
+        } else {
+          float m = tw_nmax(tw_nmax(colamax[0][tid], colamax[1][tid]), tw_nmax(colamax[2][tid], colamax[3][tid]));
+          float sc = tw_compute_scale(m, p.fp8_max, p.pow2);
+          colscale[tid] = sc;
+          if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / sc);
+        }
+      }
+      __syncthreads();
+    }
+
+    // ---- row pass: warp per row, lane = 16-byte chunk (4 consecutive k)
+    for (int r = warp; r < TILE; r += THREADS / 32) {
+      float4 x4 = *tile_chunk(tile, r, lane);
+      const int n = (r < rows) ? max(0, min(4, cols - 4 * lane)) : 0;
+      const int64_t gi = (r0 + r) * p.K + k0 + 4 * lane;
+      if (p.row) {
+        float sc = tscale;
+        if (mx) {
+          float m = warp_max(absmax4(x4), 8);
+          uint8_t e = tw_f32_to_e8m0_ceil_d(m * inv_max);
+          if ((lane & 7) == 0) rowe[r][lane >> 3] = e;
+          sc = tw_e8m0_quant_scale(e);
+        } else if (p.mode == TW_SCALE_BLOCK_1x128) {
+          float m = warp_max(absmax4(x4), 32);
+          sc = tw_compute_scale(m, p.fp8_max, p.pow2);
+          if (lane == 0 && r < rows) ((float *)p.row_si)[kc * p.rs_ld + r0 + r] = tw_canon(1.0f / sc);
+        }
+        if (n > 0) store4<VEC>(p.row_data + gi, quant4(x4, sc, p.fp8), n);
+      }
+      if (p.col && mx && n > 0) {
+        int rb = r >> 5, c = 4 * lane;
+        float4 q;
+        q.x = x4.x * tw_e8m0_quant_scale(cole[rb][c]);
+        q.y = x4.y * tw_e8m0_quant_scale(cole[rb][c + 1]);
+        q.z = x4.z * tw_e8m0_quant_scale(cole[rb][c + 2]);
+        q.w = x4.w * tw_e8m0_quant_scale(cole[rb][c + 3]);
+        store4<VEC>(p.col_data + gi, gpu_fp8x4_sat(q.x, q.y, q.z, q.w, p.fp8), n);
+      }
+    }
+
+    // ---- colwise transposed data (tensor and block modes): group g's block is [K, m_g] at o_g*K
+    if (p.col && !mx) {
+      for (int s = warp; s < 128; s += THREADS / 32) {
+        int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
+        if (r >= rows) continue;
+        float4 x4 = *tile_chunk(tile, r, c);
+        float4 sc = make_float4(tscale, tscale, tscale, tscale);
+        if (p.mode == TW_SCALE_BLOCK_1x128)
+          sc = make_float4(colscale[4 * c], colscale[4 * c + 1], colscale[4 * c + 2], colscale[4 * c + 3]);
+        uint32_t codes = gpu_fp8x4_sat(x4.x * sc.x, x4.y * sc.y, x4.z * sc.z, x4.w * sc.w, p.fp8);
+        uint8_t *base = p.col_data + og * p.K + (lr0 + r);
+        int n = max(0, min(4, cols - 4 * c));
+        for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * mg] = (uint8_t)(codes >> (8 * j));
+      }
+    }
+
+    // ---- per-tile scales
+    if (p.mode == TW_SCALE_BLOCK_128x128 && tid == 0) {
+      float si = tw_canon(1.0f / tscale);
+      if (p.row) ((float *)p.row_si)[t * p.rs_ld + kc] = si;
+      if (p.col) ((float *)p.col_si)[kc * p.cs_ld + t] = si;
+    }
+    if (mx) {
+      __syncthreads();
+      if (p.row && tid < TILE) {
+        // rowwise block [128 rows of this tile, 4 k-blocks]: C = 4 * nkc columns in all
+        uint8_t *S = (uint8_t *)p.row_si;
+        const int64_t C = 4 * nkc;
+        if (p.swz) {
+          int d = tid >> 2, b = tid & 3;  // 4 bytes at d*16 + b*4
+          uint8_t *o = S + t * TILE * C + kc * 512 + d * 16 + b * 4;
+          for (int f = 0; f < 4; f++) o[f] = rowe[32 * b + d][f];
+        } else {
+          uint8_t *o = S + (t * TILE + tid) * C + 4 * kc;
+          for (int f = 0; f < 4; f++) o[f] = rowe[tid][f];
+        }
+      }
+      if (p.col && tid < TILE) {
+        uint8_t *S = (uint8_t *)p.col_si;
+        const int64_t Cc = TILE * nkc;
+        if (p.swz) {
+          // the group's block transposed to [Cc, 4*ntiles] and tiled: this tile's 128 columns x
+          // 4 row-blocks form the tile (kc, a) of 512 bytes
+          const int64_t ntiles = p.tiles[g + 1] - tg0;
+          int d = tid >> 2, b = tid & 3;
+          uint8_t *o = S + 4 * tg0 * Cc + (kc * ntiles + a) * 512 + d * 16 + b * 4;
+          for (int f = 0; f < 4; f++) o[f] = cole[f][32 * b + d];
+        } else {
+          for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + tid] = cole[f][tid];
+        }
+      }
+    }
   }
-  if (mx) {
-    __syncthreads();
-    if (p.row && tid < TILE) {
-      // rowwise block [128 rows of this tile, 4 k-blocks]: C = 4 * gridDim.y columns in all
-      uint8_t *S = (uint8_t *)p.row_si;
-      const int64_t C = 4 * (int64_t)gridDim.y;
-      if (p.swz) {
-        int d = tid >> 2, b = tid & 3;  // 4 bytes at d*16 + b*4
-        uint8_t *o = S + t * TILE * C + (int64_t)blockIdx.y * 512 + d * 16 + b * 4;
-        for (int f = 0; f < 4; f++) o[f] = rowe[32 * b + d][f];
-      } else {
-        uint8_t *o = S + (t * TILE + tid) * C + 4 * (int64_t)blockIdx.y;
-        for (int f = 0; f < 4; f++) o[f] = rowe[tid][f];
-      }
-    }
-    if (p.col && tid < TILE) {
-      uint8_t *S = (uint8_t *)p.col_si;
-      const int64_t Cc = TILE * (int64_t)gridDim.y;
-      if (p.swz) {
-        // the group's block transposed to [Cc, 4*ntiles] and tiled: this tile's 128 columns x
-        // 4 row-blocks form the tile (blockIdx.y, a) of 512 bytes
-        const int64_t ntiles = p.tiles[g + 1] - tg0;
-        int d = tid >> 2, b = tid & 3;
-        uint8_t *o = S + 4 * tg0 * Cc + ((int64_t)blockIdx.y * ntiles + a) * 512 + d * 16 + b * 4;
-        for (int f = 0; f < 4; f++) o[f] = cole[f][32 * b + d];
-      } else {
-        for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + tid] = cole[f][tid];
-      }
-    }
+  // per-group amax: one atomic per CTA (current scaling's main pass has it from the amax pass)
+  if (AMAX_ONLY || (p.amax && p.mode != TW_SCALE_TENSOR_CURRENT)) {
+    float m = block_max(gmax, red);
+    if (tid == 0) atomic_amax(p.amax + g, m);
   }
 }
 
 // ---- the row kernel: rowwise-only outputs of current/delayed/MXFP8/1x128 ----------------------
 // No shared memory and no barriers: a lane owns 8 consecutive elements (one 16-byte load of
-// bf16/f16, two of f32), a warp a 256-column piece of a row, and each warp keeps 4 pieces (1024
-// columns of one row) in flight before it converts them. A CTA covers 128 group-relative rows
+// bf16/f16, two of f32), a warp a 256-column piece of a row, and each warp keeps ROW_PIECES
+// pieces (ROWS_SEG columns of one row) in flight before it converts them. A CTA covers 128 group-relative rows
 // (one tile, so the group lookup is done once) by ROWS_SEG columns. MXFP8 blocks of 32 are 4
 // lanes, 1x128 blocks 16 lanes (shuffle reductions). Needs K % 8 == 0 and aligned pointers.
 // AMAX_ONLY: the first pass of current scaling (per-group amax, nothing written).
 #define ROWS_SEG 1024
+#define ROW_PIECES (ROWS_SEG / 256)
 
 template <int XDT>
 __device__ __forceinline__ void load_x8(const void *x, int64_t i, float v[8]) {
@@ -386,10 +420,10 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
   const int row_end = mx ? TILE : rows;
   for (int r = warp; r < row_end; r += THREADS / 32) {
     const int64_t grow = r0 + r;
-    float v[4][8];
-    int64_t col[4];
+    float v[ROW_PIECES][8];
+    int64_t col[ROW_PIECES];
 #pragma unroll
-    for (int piece = 0; piece < 4; piece++) {
+    for (int piece = 0; piece < ROW_PIECES; piece++) {
       col[piece] = ks + piece * 256 + lane * 8;
       if (r < rows && col[piece] < p.K) load_x8<XDT>(p.x, grow * p.K + col[piece], v[piece]);
       else
@@ -397,7 +431,7 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
         for (int j = 0; j < 8; j++) v[piece][j] = 0.f;
     }
 #pragma unroll
-    for (int piece = 0; piece < 4; piece++) {
+    for (int piece = 0; piece < ROW_PIECES; piece++) {
       uint32_t m = absmax_bits8(v[piece]);
       gmax = max(gmax, m);
       if (AMAX_ONLY) continue;
@@ -571,7 +605,7 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
                                         "(got %s, layout %d, K = %lld)", tw_scaling_name(opts->mode),
                     (int)opts->layout, (long long)K);
   if (Tcap > 0 && K > 0) {
-    dim3 grid((unsigned)Tcap, (unsigned)((K + TILE - 1) / TILE));
+    dim3 grid((unsigned)Tcap, (unsigned)(((K + TILE - 1) / TILE + TILE_CHUNKS - 1) / TILE_CHUNKS));
     dim3 rgrid((unsigned)Tcap, (unsigned)((K + ROWS_SEG - 1) / ROWS_SEG));
     if (opts->mode == TW_SCALE_TENSOR_CURRENT) {
       if (rows_ok && forced != 1 && forced != 0)

@@ -105,6 +105,13 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
     return 1;
   }
+  tw_ctx *tile_ctx = NULL; /* the tile kernel forced: the row kernel's comparison */
+  cc.kernel = "quantize_tile_vec";
+  if (tw_ctx_create(&tile_ctx, &cc) != TW_OK) {
+    fprintf(stderr, "bench quantize: %s\n", tw_last_error());
+    tw_ctx_destroy(ctx);
+    return 1;
+  }
   cudaStream_t s = gpu_of(ctx)->stream;
   const int64_t M = BQ_M, K = BQ_K, n = M * K;
   int rc = 0;
@@ -180,9 +187,13 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           if (tw_tensor_bytes(parts[i]) > scale_bytes && i != 0 && i != 2) { rc = 1; goto done; }
           written += tw_tensor_bytes(parts[i]);
         }
-        q_arg qa = {ctx, &x, &gs, &o, &q};
-        double ms = time_median(s, warmup, iters, run_q, &qa);
-        if (ms < 0 || tw_ctx_check(ctx) != TW_OK) {
+        /* rowwise-only runs the row kernel; G = 8 also times the tile kernel on it */
+        int row_kernel = lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128;
+        for (int ver = 0; ver < (row_kernel && G == 8 ? 2 : 1); ver++) {
+        tw_ctx *vctx = ver ? tile_ctx : ctx;
+        q_arg qa = {vctx, &x, &gs, &o, &q};
+        double ms = time_median(gpu_of(vctx)->stream, warmup, iters, run_q, &qa);
+        if (ms < 0 || tw_ctx_check(vctx) != TW_OK) {
           fprintf(stderr, "bench quantize: %s\n", tw_last_error());
           rc = 1;
           goto done;
@@ -193,7 +204,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         snprintf(r.shape, sizeof r.shape, "%s %s G=%lld %lldx%lld bf16", tw_scaling_name(o.mode),
                  lay == TW_ROWWISE ? "row" : "row+col", (long long)G, (long long)M, (long long)K);
         r.backend = "gpu";
-        snprintf(r.version, sizeof r.version, "tile_vec");
+        snprintf(r.version, sizeof r.version, "%s", row_kernel && !ver ? "rows" : "tile_vec");
         r.ms = ms;
         r.rate = bytes / (ms * 1e6);
         r.unit = "GB/s";
@@ -205,6 +216,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           r.ratio = pms / ms;
         }
         tw_bench_print_row(&r, cfg->csv);
+        }
       }
   }
 done:
@@ -218,6 +230,7 @@ done:
   cudaFree(dam);
   cudaFree(dgs);
   cudaFree(dsc);
+  tw_ctx_destroy(tile_ctx);
   tw_ctx_destroy(ctx);
   return rc;
 }
