@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "twin/tw_npy.h"
 
@@ -205,6 +206,8 @@ tw_status tw_npy_load(const char *path, tw_tensor *out) {
   if (!path || !out) return tw_error(TW_ERR_NULL, "npy_load: NULL argument");
   char where[320];
   snprintf(where, sizeof where, "npy_load %s", path);
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return tw_error(TW_ERR_IO, "%s: is a directory", where);
   FILE *f = fopen(path, "rb");
   if (!f) return tw_error(TW_ERR_IO, "%s: cannot open (%s)", where, strerror(errno));
   unsigned char *buf = NULL;

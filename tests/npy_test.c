@@ -222,5 +222,6 @@ Test(npy, load_and_save_errors) {
   tt_path(path, sizeof path, dir, "bad.npy");
   tt_write_file(path, "not numpy at all", 16);
   tt_expect_status(tw_npy_load(path, &t), TW_ERR_IO, "bad.npy: not a .npy file (bad magic)");
+  tt_expect_status(tw_npy_load(dir, &t), TW_ERR_IO, "is a directory");
   free(dir);
 }
