@@ -1,0 +1,253 @@
+// gpu/grouped_gemm.cu — grouped GEMM on the GPU (twin of ref_grouped_gemm /
+// ref_grouped_gemm_wgrad). Group sizes stay in device memory.
+//
+// Versions (tw_ctx_kernel() may force one by name):
+//   gg_mma      (auto for bf16, f16 and fp8 operands, any sm_80+): the tensor-core kernel of
+//               gpu/grouped_gemm_kernel.cu; no host sync, no device-to-host copy, capturable.
+//   gg_fma      (auto when an operand is f32): the same kernel with exact f32 FMA.
+//   gg_lt_loop  (only when forced; for the bench): copies group_sizes to the host, synchronizes
+//               the stream and calls cuBLASLt once per group. Takes what gemm_lt takes:
+//               plain equal dtypes, fp8 with per-tensor scales in the K-major layouts.
+// Names this file does not know are left to the other operations (they are context-wide).
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gemm_common.cuh"
+
+typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2 } gg_version;
+
+static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP};
+
+static int has_f32(const tw_operand *a, const tw_operand *b) {
+  return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
+}
+
+// The one place that picks the version for this device and these operands.
+static tw_status choose_version(tw_ctx *ctx, const char *op, const tw_operand *a, const tw_operand *b,
+                                gg_version *v) {
+  gpu_state *st = gpu_of(ctx);
+  if (st->sm < 80)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: needs sm_80 or newer, device %d is sm_%d", op, st->device, st->sm);
+  const char *k = tw_ctx_kernel(ctx);
+  *v = has_f32(a, b) ? VER_FMA : VER_MMA;
+  if (!k) return TW_OK;
+  for (int i = 0; i < 3; ++i)
+    if (strcmp(k, gg_names[i]) == 0) *v = (gg_version)i;
+  if (*v == VER_MMA && has_f32(a, b))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' takes bf16, f16 or fp8 operands, not %s x %s", op, k,
+                    tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
+  return TW_OK;
+}
+
+static int compute_of(const tw_operand *a, const tw_operand *b, gg_version v) {
+  if (v == VER_FMA) return GG_FMA_F32;
+  if (a->mode != TW_SCALE_NONE) return GG_MMA_FP8;
+  return a->data.dtype == TW_F16 ? GG_MMA_F16 : GG_MMA_BF16;
+}
+
+static tw_status prefix(tw_ctx *ctx, const tw_tensor *gs, int64_t rows, int op_id, int64_t **offsets,
+                        int64_t **tiles) {
+  int64_t G = gs->shape[0];
+  TW_TRY(gpu_scratch(ctx, (size_t)(G + 1) * sizeof(int64_t), (void **)offsets));
+  TW_TRY(gpu_scratch(ctx, (size_t)(G + 1) * sizeof(int64_t), (void **)tiles));
+  return gpu_group_prefix(ctx, (const int32_t *)gs->data, G, rows, 1, op_id, *offsets, *tiles);
+}
+
+// ---- the host-sizes loop (version gg_lt_loop) --------------------------------------------------
+static tw_status host_sizes(tw_ctx *ctx, const tw_tensor *gs, int64_t rows, const char *op, int32_t **out) {
+  gpu_state *st = gpu_of(ctx);
+  int64_t G = gs->shape[0];
+  int32_t *h = (int32_t *)malloc((size_t)G * sizeof(int32_t));
+  if (!h) return tw_error(TW_ERR_MEMORY, "%s: out of host memory", op);
+  cudaError_t e = cudaMemcpyAsync(h, gs->data, (size_t)G * sizeof(int32_t), cudaMemcpyDeviceToHost, st->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);
+  if (e != cudaSuccess) {
+    free(h);
+    return gpu_cuda_status(e, "grouped_gemm (gg_lt_loop): copying group_sizes to the host");
+  }
+  int64_t sum = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    if (h[g] < 0) {
+      tw_status s = tw_error(TW_ERR_INVALID_ARG, "%s: group_sizes[%lld] = %d is negative", op, (long long)g, h[g]);
+      free(h);
+      return s;
+    }
+    sum += h[g];
+  }
+  if (sum > rows) {
+    free(h);
+    return tw_error(TW_ERR_INVALID_ARG, "%s: group_sizes sum to %lld but lhs has %lld rows", op, (long long)sum,
+                    (long long)rows);
+  }
+  *out = h;
+  return TW_OK;
+}
+
+static tw_status loop_supported(const char *op, const tw_operand *l, const tw_operand *r) {
+  int tensor = l->mode == TW_SCALE_TENSOR_CURRENT || l->mode == TW_SCALE_TENSOR_DELAYED;
+  if ((l->mode == TW_SCALE_NONE && l->data.dtype == r->data.dtype) || tensor) return TW_OK;
+  return tw_error(TW_ERR_UNSUPPORTED,
+                  "%s: kernel '%s' takes equal plain dtypes or per-tensor fp8, not %s %s x %s (use gg_mma)", op,
+                  GG_KERNEL_LT_LOOP, tw_scaling_name(l->mode), tw_dtype_name(l->data.dtype),
+                  tw_dtype_name(r->data.dtype));
+}
+
+static tw_status fwd_loop(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                          const tw_tensor *gs, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm";
+  TW_TRY(loop_supported(op, lhs, rhs));
+  int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = gs->shape[0];
+  int32_t *h;
+  TW_TRY(host_sizes(ctx, gs, M, op, &h));
+  int ea = tw_dtype_bits(lhs->data.dtype) / 8, eb = tw_dtype_bits(rhs->data.dtype) / 8;
+  int eo = tw_dtype_bits(out->dtype) / 8;
+  int64_t o = 0;
+  tw_status s = TW_OK;
+  for (int64_t g = 0; g < G && s == TW_OK; o += h[g], ++g) {
+    if (h[g] == 0) continue;
+    gemm_lt_args x;
+    memset(&x, 0, sizeof x);
+    x.a = (const char *)lhs->data.data + o * K * ea;
+    x.a_dtype = lhs->data.dtype;
+    x.op_a = TW_OP_N;
+    x.lda = K;
+    x.b = (const char *)rhs->data.data + g * K * N * eb;
+    x.b_dtype = rhs->data.dtype;
+    x.op_b = rhs_op;
+    x.ldb = rhs_op == TW_OP_N ? N : K;
+    x.out = (char *)out->data + o * N * eo;
+    x.out_dtype = out->dtype;
+    x.ldo = N;
+    x.M = h[g];
+    x.N = N;
+    x.K = K;
+    x.batch = 1;
+    if (lhs->mode != TW_SCALE_NONE) {
+      x.a_scale = (const float *)lhs->scale_inv.data + g;
+      x.b_scale = (const float *)rhs->scale_inv.data + g;
+    }
+    x.accumulate = accumulate;
+    s = gemm_lt(ctx, &x, op);
+  }
+  free(h);
+  return s;
+}
+
+static tw_status wgrad_loop(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                            const tw_tensor *gs, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm_wgrad";
+  TW_TRY(loop_supported(op, lhs, rhs));
+  int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
+  int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
+                                          : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);
+  int32_t *h;
+  TW_TRY(host_sizes(ctx, gs, M, op, &h));
+  int ea = tw_dtype_bits(lhs->data.dtype) / 8, eb = tw_dtype_bits(rhs->data.dtype) / 8;
+  int eo = tw_dtype_bits(out->dtype) / 8;
+  int64_t o = 0;
+  tw_status s = TW_OK;
+  for (int64_t g = 0; g < G && s == TW_OK; o += h[g], ++g) {
+    char *og = (char *)out->data + g * K * N * eo;
+    if (h[g] == 0) {
+      if (!accumulate)
+        s = gpu_cuda_status(cudaMemsetAsync(og, 0, (size_t)(K * N * eo), gpu_of(ctx)->stream), op);
+      continue;
+    }
+    gemm_lt_args x;
+    memset(&x, 0, sizeof x);
+    // out[g] [K, N] = lhs_g^T [K, m] @ rhs_g [m, N]
+    x.a = (const char *)lhs->data.data + o * K * ea;
+    x.a_dtype = lhs->data.dtype;
+    x.op_a = lhs_op == TW_OP_N ? TW_OP_T : TW_OP_N;
+    x.lda = lhs_op == TW_OP_N ? K : h[g];
+    x.b = (const char *)rhs->data.data + o * N * eb;
+    x.b_dtype = rhs->data.dtype;
+    x.op_b = rhs_op;
+    x.ldb = rhs_op == TW_OP_N ? N : h[g];
+    x.out = og;
+    x.out_dtype = out->dtype;
+    x.ldo = N;
+    x.M = K;
+    x.N = N;
+    x.K = h[g];
+    x.batch = 1;
+    if (lhs->mode != TW_SCALE_NONE) {
+      x.a_scale = (const float *)lhs->scale_inv.data + g;
+      x.b_scale = (const float *)rhs->scale_inv.data + g;
+    }
+    x.accumulate = accumulate;
+    s = gemm_lt(ctx, &x, op);
+  }
+  free(h);
+  return s;
+}
+
+// ---- entry points -------------------------------------------------------------------------------
+tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                           const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm";
+  gg_version v;
+  TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
+  gpu_scratch_reset(ctx);
+  if (v == VER_LT_LOOP) return fwd_loop(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate);
+  int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = group_sizes->shape[0];
+  gg_problem p;
+  memset(&p, 0, sizeof p);
+  TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  p.kind = GG_FWD_RAGGED;
+  p.compute = compute_of(lhs, rhs, v);
+  p.G = G;
+  p.Q = N;
+  p.R = K;
+  gg_operand_from(&p.a, lhs);  // lhs [M, K], rows of group g from o_g
+  p.a.kmajor = 1;
+  p.a.ragged = 1;
+  p.a.row_elems = K;
+  p.a.ld = K;
+  gg_operand_from(&p.b, rhs);  // rhs[g] stored [K, N] (op N) or [N, K] (op T)
+  p.b.kmajor = rhs_op == TW_OP_T;
+  p.b.group_stride = K * N;
+  p.b.ld = rhs_op == TW_OP_N ? N : K;
+  if (rhs->mode != TW_SCALE_NONE) p.b.src_group_rows = rhs->src_rows / G;
+  p.out = out->data;
+  p.out_dtype = out->dtype;
+  p.accumulate = accumulate;
+  return gg_run(ctx, &p, op);
+}
+
+tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs,
+                                 tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm_wgrad";
+  gg_version v;
+  TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
+  gpu_scratch_reset(ctx);
+  if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
+  int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
+  int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
+                                          : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);
+  gg_problem p;
+  memset(&p, 0, sizeof p);
+  TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  p.kind = GG_WGRAD;
+  p.compute = compute_of(lhs, rhs, v);
+  p.G = G;
+  p.P = K;
+  p.Q = N;
+  // A_g = lhs_g^T [K, m_g]: op N stores [m_g, K] rows (k contiguous in x), op T stores [K, m_g].
+  gg_operand_from(&p.a, lhs);
+  p.a.kmajor = lhs_op == TW_OP_T;
+  p.a.ragged = 1;
+  p.a.row_elems = K;
+  p.a.ld = lhs_op == TW_OP_N ? K : 0;
+  // B_g = rhs_g [m_g, N]: op N stores [m_g, N] rows, op T stores [N, m_g].
+  gg_operand_from(&p.b, rhs);
+  p.b.kmajor = rhs_op == TW_OP_T;
+  p.b.ragged = 1;
+  p.b.row_elems = N;
+  p.b.ld = rhs_op == TW_OP_N ? N : 0;
+  p.out = out->data;
+  p.out_dtype = out->dtype;
+  p.accumulate = accumulate;
+  p.out_group_stride = K * N;
+  return gg_run(ctx, &p, op);
+}

@@ -1,0 +1,651 @@
+/* Grouped GEMM, gpu vs ref: >= 500 seeded random cases per operation (forward ragged M and
+ * wgrad ragged K), every dtype and scaling mode, skewed and zero group sizes, tail rows, both
+ * kernel versions; plus the device error word for bad sizes.
+ *
+ * Bound (tw_check.h): expected = the ref backend's output, and each element may differ by the
+ * sum of both backends' bounds, tw_gemm_error_bound(|a||b| (+|init|), exact, K + 4, u_acc):
+ *   ref: OpenBLAS sgemm, f32 FMA accumulation, u_acc = 2^-24.
+ *   gpu: mma.sync with f32 accumulators. The tensor core's f32 accumulation is not specified
+ *        as round-to-nearest (it may truncate while aligning addends), so u_acc = 2^-23, one
+ *        f32 ulp per addition instead of half; the gg_fma version is RNE and meets it too.
+ *   K + 4: the fp8 scales add up to four f32 roundings per product (the dequantized operands
+ *        on ref, sa*sb and the promotion FMA on gpu), each at most u relative to |a||b|.
+ * Elements an operation must not write (rows past the groups) have bound -1: bit-equal.
+ * Empty wgrad groups have bound -1 too: out[g] must be exactly 0 (or untouched). */
+#include <cblas.h>
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "twin/tw_base.h"
+#include "twin/tw_check.h"
+#include "twin/tw_gemm.h"
+#include "twin/tw_numerics.h"
+#include "twin/tw_quantize.h"
+
+/* ---- helpers (host tensors, random data, device copies) --------------------------------- */
+static uint64_t rng_s;
+static uint64_t rnd(void) {
+  uint64_t z = (rng_s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double unif(void) { return (rnd() >> 11) * (1.0 / 9007199254740992.0); }
+static int64_t irange(int64_t lo, int64_t hi) { return lo + (int64_t)(rnd() % (uint64_t)(hi - lo + 1)); }
+/* log-uniform in [1, hi] */
+static int64_t logdim(int64_t hi) {
+  int64_t v = (int64_t)floor(exp(unif() * log((double)hi + 1)));
+  return v < 1 ? 1 : v > hi ? hi : v;
+}
+
+static tw_tensor host_new(tw_dtype t, int ndim, const int64_t *shape) {
+  tw_tensor x = tw_tensor_none();
+  x.dtype = t;
+  x.ndim = ndim;
+  for (int i = 0; i < ndim; ++i) x.shape[i] = shape[i];
+  x.mem = TW_MEM_HOST;
+  size_t b = tw_tensor_bytes(&x);
+  x.data = malloc(b ? b : 1);
+  memset(x.data, TW_POISON_BYTE, b);
+  return x;
+}
+static void host_free(tw_tensor *x) {
+  if (!tw_tensor_is_none(x)) free(x->data);
+  x->data = NULL;
+}
+
+static tw_ctx *ref_ctx, *gpu_ctx;
+static void ctx_for(const char *kernel) {
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ref_ctx, &c), TW_OK, "ref ctx: %s", tw_last_error());
+  c.backend = TW_BACKEND_GPU;
+  c.kernel = kernel;
+  cr_assert_eq(tw_ctx_create(&gpu_ctx, &c), TW_OK, "gpu ctx: %s", tw_last_error());
+}
+static void ctx_done(void) {
+  tw_ctx_destroy(gpu_ctx);
+  tw_ctx_destroy(ref_ctx);
+  gpu_ctx = ref_ctx = NULL;
+}
+
+static tw_tensor dev_copy(const tw_tensor *h) {
+  tw_tensor d = *h;
+  if (tw_tensor_is_none(h)) return d;
+  d.mem = TW_MEM_DEVICE;
+  d.data = NULL;
+  size_t b = tw_tensor_bytes(h);
+  cr_assert_eq(tw_alloc(gpu_ctx, b ? b : 16, &d.data), TW_OK, "%s", tw_last_error());
+  if (b) cr_assert_eq(tw_tensor_copy(gpu_ctx, &d, h), TW_OK, "%s", tw_last_error());
+  return d;
+}
+static void dev_free(tw_tensor *d) {
+  if (!tw_tensor_is_none(d) && d->data) tw_free(gpu_ctx, d->data);
+  d->data = NULL;
+}
+static void to_host(tw_tensor *h, const tw_tensor *d) {
+  cr_assert_eq(tw_tensor_copy(gpu_ctx, h, d), TW_OK, "%s", tw_last_error());
+}
+
+/* Random values with row magnitudes spread over 2^-6..2^6 (exercises per-block scales). */
+static void fill_random(tw_tensor *x, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double mag = ldexp(1.0, (int)irange(-6, 6));
+    for (int64_t c = 0; c < cols; ++c)
+      tw_store_from_f64(x->data, x->dtype, r * cols + c, (2 * unif() - 1) * mag, 1);
+  }
+}
+
+/* group sizes: skewed (one heavy group), zeros, uniform-ish; sum <= M. */
+static void random_groups(int64_t G, int64_t M, int32_t *gs) {
+  int style = (int)irange(0, 3);
+  int64_t S = style == 3 ? M : irange(0, M);
+  for (int64_t g = 0; g < G; ++g) gs[g] = 0;
+  if (style == 0) { /* uniform random split */
+    for (int64_t i = 0; i < S; ++i) gs[rnd() % G]++;
+  } else if (style == 1) { /* one heavy group, others small or empty */
+    int64_t heavy = irange(0, G - 1), left = S;
+    for (int64_t g = 0; g < G && left > 0; ++g) {
+      if (g == heavy) continue;
+      int64_t v = unif() < 0.5 ? 0 : irange(0, left / (G + 1) + 1);
+      if (v > left) v = left;
+      gs[g] = (int32_t)v;
+      left -= v;
+    }
+    gs[heavy] += (int32_t)left;
+  } else { /* chunks, many empty groups */
+    int64_t left = S;
+    while (left > 0) {
+      int64_t v = irange(1, left);
+      gs[rnd() % G] += (int32_t)v;
+      left -= v;
+    }
+  }
+}
+
+static const tw_scaling fp8_modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                       TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
+
+/* A quantized operand on both sides: the host qtensor (ref), device copy (gpu) and the f64
+ * values of the orientation used, as the source [R, C]. */
+typedef struct {
+  tw_qtensor hq, dq;
+  tw_operand h, d;
+  double *vals;
+  int colwise;
+} qop;
+
+static tw_tensor dev_none_or_copy(const tw_tensor *h) { return tw_tensor_is_none(h) ? *h : dev_copy(h); }
+
+static void qop_make(qop *o, tw_scaling mode, tw_dtype qd, const tw_tensor *x, const tw_tensor *gs, int colwise) {
+  memset(o, 0, sizeof *o);
+  int64_t R = x->shape[0], C = x->shape[1], G = gs->shape[0];
+  tw_quantize_opts qo = TW_QUANTIZE_OPTS_INIT;
+  qo.mode = mode;
+  qo.qdtype = qd;
+  qo.layout = colwise ? TW_COLWISE : TW_ROWWISE;
+  qo.pow2_scales = (int)(rnd() & 1);
+  qo.mxfp8_swizzled = (int)(rnd() & 1);
+  tw_tensor scale = tw_tensor_none();
+  if (mode == TW_SCALE_TENSOR_DELAYED) {
+    int64_t sh[1] = {G};
+    scale = host_new(TW_F32, 1, sh);
+    for (int64_t g = 0; g < G; ++g) ((float *)scale.data)[g] = (float)ldexp(1.0, (int)irange(0, 6));
+    qo.scale = scale;
+  }
+  cr_assert_eq(tw_quantize_output_shapes(&qo, R, C, G, &o->hq), TW_OK, "%s", tw_last_error());
+  tw_tensor *parts[5] = {&o->hq.row_data, &o->hq.row_scale_inv, &o->hq.col_data, &o->hq.col_scale_inv, &o->hq.amax};
+  for (int i = 0; i < 5; ++i)
+    if (!tw_tensor_is_none(parts[i])) *parts[i] = host_new(parts[i]->dtype, parts[i]->ndim, parts[i]->shape);
+  cr_assert_eq(tw_grouped_quantize(ref_ctx, x, gs, &qo, &o->hq), TW_OK, "quantize: %s", tw_last_error());
+  int64_t sh2[2] = {R, C};
+  tw_tensor deq = host_new(TW_F32, 2, sh2);
+  memset(deq.data, 0, tw_tensor_bytes(&deq));
+  cr_assert_eq(tw_grouped_dequantize(ref_ctx, &o->hq, gs, colwise, &deq), TW_OK, "dequantize: %s", tw_last_error());
+  o->vals = (double *)malloc((size_t)(R * C + 1) * sizeof(double));
+  for (int64_t i = 0; i < R * C; ++i) o->vals[i] = ((float *)deq.data)[i];
+  host_free(&deq);
+  host_free(&scale);
+  o->dq = o->hq;
+  tw_tensor *dparts[5] = {&o->dq.row_data, &o->dq.row_scale_inv, &o->dq.col_data, &o->dq.col_scale_inv, &o->dq.amax};
+  for (int i = 0; i < 5; ++i) *dparts[i] = dev_none_or_copy(parts[i]);
+  o->colwise = colwise;
+  o->h = colwise ? tw_operand_colwise(&o->hq) : tw_operand_rowwise(&o->hq);
+  o->d = colwise ? tw_operand_colwise(&o->dq) : tw_operand_rowwise(&o->dq);
+}
+static void qop_free(qop *o) {
+  tw_tensor *h[5] = {&o->hq.row_data, &o->hq.row_scale_inv, &o->hq.col_data, &o->hq.col_scale_inv, &o->hq.amax};
+  tw_tensor *d[5] = {&o->dq.row_data, &o->dq.row_scale_inv, &o->dq.col_data, &o->dq.col_scale_inv, &o->dq.amax};
+  for (int i = 0; i < 5; ++i) {
+    host_free(h[i]);
+    dev_free(d[i]);
+  }
+  free(o->vals);
+}
+
+/* Output init (accumulate) or poison, same on both sides. */
+static void init_out(tw_tensor *o, int accumulate) {
+  if (!accumulate) {
+    memset(o->data, TW_POISON_BYTE, tw_tensor_bytes(o));
+    return;
+  }
+  int64_t n = tw_tensor_numel(o);
+  for (int64_t i = 0; i < n; ++i) tw_store_from_f64(o->data, o->dtype, i, 2 * unif() - 1, 1);
+}
+
+/* Runs the check; on failure prints the case and fails. */
+static void check_case(const char *what, const tw_tensor *got, const tw_tensor *expected, const double *bound) {
+  int64_t n = tw_tensor_numel(got);
+  tw_tensor bt = tw_tensor_1d((void *)bound, TW_F64, n, TW_MEM_HOST);
+  tw_tensor g1 = tw_tensor_1d(got->data, got->dtype, n, TW_MEM_HOST);
+  tw_tensor e1 = tw_tensor_1d(expected->data, expected->dtype, n, TW_MEM_HOST);
+  tw_check_report rep;
+  cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &rep), TW_OK, "%s: check: %s", what, tw_last_error());
+  char buf[512];
+  cr_assert(rep.passed, "%s: %s", what, tw_check_format(&rep, buf, sizeof buf));
+}
+
+/* bound = gpu bound + ref bound for a block of `count` elements with contraction Kc. */
+static void add_bounds(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, double *bound) {
+  double *b2 = (double *)malloc((size_t)(count + 1) * sizeof(double));
+  tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -23), od, bound);
+  tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -24), od, b2);
+  for (int64_t i = 0; i < count; ++i) bound[i] += b2[i];
+  free(b2);
+}
+
+/* f64 product C[m, n] (+)= A[m, k] B[k, n] given strides; abs too. */
+static void dref(int64_t m, int64_t n, int64_t k, const double *A, int64_t as_m, int64_t as_k, const double *B,
+                 int64_t bs_k, int64_t bs_n, double *C, double *Cabs, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, sa = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double v = A[i * as_m + p * as_k] * B[p * bs_k + j * bs_n];
+        s += v;
+        sa += fabs(v);
+      }
+      C[i * ldc + j] += s;
+      Cabs[i * ldc + j] += sa;
+    }
+}
+
+static double *values_of(const tw_tensor *x) {
+  int64_t n = tw_tensor_numel(x);
+  double *v = (double *)malloc((size_t)(n + 1) * sizeof(double));
+  for (int64_t i = 0; i < n; ++i) v[i] = tw_load_as_f64(x->data, x->dtype, i);
+  return v;
+}
+
+static const tw_dtype out_types[] = {TW_F32, TW_BF16, TW_F16};
+
+/* ---- forward ---------------------------------------------------------------------------- */
+/* kind: 0 plain bf16, 1 plain f16, 2 plain f32 (or f32 x bf16), 3 fp8 */
+static void fwd_case(uint64_t seed, int kind, int64_t budget) {
+  rng_s = seed * 7919 + 17;
+  int64_t G = unif() < 0.3 ? irange(1, 4) : logdim(256);
+  int64_t M = logdim(8192), N = logdim(8192), K = logdim(8192);
+  while (M * N * K > budget || G * K * N > budget) {
+    if (M >= N && M >= K) M = (M + 1) / 2;
+    else if (N >= K) N = (N + 1) / 2;
+    else K = (K + 1) / 2;
+  }
+  if (unif() < 0.2) M = 0 + irange(0, 3); /* tiny or empty lhs */
+  tw_op rhs_op = (tw_op)(rnd() & 1);
+  tw_dtype od = out_types[rnd() % 3];
+  int accumulate = unif() < 0.25;
+  int64_t gsh[1] = {G};
+  tw_tensor gs = host_new(TW_I32, 1, gsh);
+  random_groups(G, M, (int32_t *)gs.data);
+  int64_t *off = (int64_t *)malloc((size_t)(G + 1) * sizeof(int64_t));
+  off[0] = 0;
+  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + ((int32_t *)gs.data)[g];
+
+  char what[256];
+  tw_operand lh, rh, ld, rd;
+  double *av = NULL, *bv = NULL; /* lhs [M, K]; rhs values and their strides below */
+  int64_t b_gs, b_sk, b_sn;      /* rhs[g](k, n) = bv[g*b_gs + k*b_sk + n*b_sn] */
+  tw_tensor lhs_h = tw_tensor_none(), rhs_h = tw_tensor_none(), lhs_d = tw_tensor_none(), rhs_d = tw_tensor_none();
+  qop ql, qr;
+  int quant = kind == 3;
+  tw_scaling mode = TW_SCALE_NONE;
+  if (!quant) {
+    tw_dtype dl = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32;
+    tw_dtype dr = dl;
+    if (kind == 2 && unif() < 0.5) dr = (rnd() & 1) ? TW_BF16 : TW_F16;
+    int64_t ls[2] = {M, K};
+    lhs_h = host_new(dl, 2, ls);
+    fill_random(&lhs_h, M, K);
+    int64_t rs[3] = {G, rhs_op == TW_OP_N ? K : N, rhs_op == TW_OP_N ? N : K};
+    rhs_h = host_new(dr, 3, rs);
+    fill_random(&rhs_h, G * rs[1], rs[2]);
+    lhs_d = dev_copy(&lhs_h);
+    rhs_d = dev_copy(&rhs_h);
+    lh = tw_operand_plain(&lhs_h);
+    rh = tw_operand_plain(&rhs_h);
+    ld = tw_operand_plain(&lhs_d);
+    rd = tw_operand_plain(&rhs_d);
+    av = values_of(&lhs_h);
+    bv = values_of(&rhs_h);
+    b_gs = K * N;
+    b_sk = rhs_op == TW_OP_N ? N : 1;
+    b_sn = rhs_op == TW_OP_N ? 1 : K;
+    snprintf(what, sizeof what, "fwd seed %llu: %s x %s -> %s G=%lld M=%lld N=%lld K=%lld rhs_op %c acc %d",
+             (unsigned long long)seed, tw_dtype_name(dl), tw_dtype_name(dr), tw_dtype_name(od), (long long)G,
+             (long long)M, (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
+  } else {
+    mode = fp8_modes[rnd() % 5];
+    tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
+    int64_t ls[2] = {M, K};
+    tw_tensor x = host_new(TW_F32, 2, ls);
+    fill_random(&x, M, K);
+    qop_make(&ql, mode, ql_t, &x, &gs, 0);
+    host_free(&x);
+    /* rhs source: [G*K, N] (kn) or [G*N, K]; orientation so that blocks lie on K */
+    int kn = (int)(rnd() & 1), col;
+    if (mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_MXFP8_1D) col = kn;
+    else col = (int)(rnd() & 1);
+    int64_t rsrc[2] = {G * (kn ? K : N), kn ? N : K};
+    tw_tensor w = host_new(TW_F32, 2, rsrc);
+    fill_random(&w, rsrc[0], rsrc[1]);
+    int64_t ush[1] = {G};
+    tw_tensor ugs = host_new(TW_I32, 1, ush);
+    for (int64_t g = 0; g < G; ++g) ((int32_t *)ugs.data)[g] = (int32_t)(kn ? K : N);
+    qop_make(&qr, mode, qr_t, &w, &ugs, col);
+    host_free(&w);
+    host_free(&ugs);
+    /* stored per group: kn rowwise [K,N] (N); kn colwise: transposed [N,K] (T), MXFP8 [K,N] (N);
+     * nk rowwise [N,K] (T); nk colwise transposed [K,N] (N) */
+    int transposed = col && mode != TW_SCALE_MXFP8_1D;
+    rhs_op = (kn ^ transposed) ? TW_OP_N : TW_OP_T;
+    lh = ql.h;
+    ld = ql.d;
+    rh = qr.h;
+    rd = qr.d;
+    av = ql.vals;
+    bv = qr.vals;
+    b_gs = K * N;
+    b_sk = kn ? N : 1;
+    b_sn = kn ? 1 : K;
+    snprintf(what, sizeof what,
+             "fwd seed %llu: fp8 %s %s x %s (rhs %s %s) -> %s G=%lld M=%lld N=%lld K=%lld rhs_op %c acc %d",
+             (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(ql_t), tw_dtype_name(qr_t),
+             kn ? "[G*K,N]" : "[G*N,K]", col ? "colwise" : "rowwise", tw_dtype_name(od), (long long)G, (long long)M,
+             (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
+  }
+
+  int64_t os[2] = {M, N};
+  tw_tensor out_r = host_new(od, 2, os), out_g = host_new(od, 2, os);
+  init_out(&out_r, accumulate);
+  memcpy(out_g.data, out_r.data, tw_tensor_bytes(&out_r));
+  double *init = values_of(&out_r);
+  tw_tensor out_d = dev_copy(&out_g);
+  tw_tensor gs_d = dev_copy(&gs);
+
+  cr_assert_eq(tw_grouped_gemm(ref_ctx, &lh, &rh, rhs_op, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s", what,
+               tw_last_error());
+  cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ld, &rd, rhs_op, &gs_d, &out_d, accumulate), TW_OK, "%s: gpu: %s", what,
+               tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s: gpu check: %s", what, tw_last_error());
+  to_host(&out_g, &out_d);
+
+  /* exact f64 result and bound */
+  double *ex = (double *)calloc((size_t)(M * N + 1), sizeof(double));
+  double *ab = (double *)calloc((size_t)(M * N + 1), sizeof(double));
+  double *bound = (double *)malloc((size_t)(M * N + 1) * sizeof(double));
+  for (int64_t i = 0; i < M * N; ++i) bound[i] = -1;
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t o = off[g], m = off[g + 1] - off[g];
+    if (m == 0) continue;
+    if (accumulate)
+      for (int64_t i = o * N; i < (o + m) * N; ++i) {
+        ex[i] = init[i];
+        ab[i] = fabs(init[i]);
+      }
+    dref(m, N, K, av + o * K, K, 1, bv + g * b_gs, b_sk, b_sn, ex + o * N, ab + o * N, N);
+    add_bounds(ab + o * N, ex + o * N, m * N, K, od, bound + o * N);
+  }
+  check_case(what, &out_g, &out_r, bound);
+
+  free(ex); free(ab); free(bound); free(init); free(off);
+  dev_free(&out_d); dev_free(&gs_d);
+  host_free(&out_r); host_free(&out_g); host_free(&gs);
+  if (quant) { qop_free(&ql); qop_free(&qr); }
+  else {
+    free(av); free(bv);
+    host_free(&lhs_h); host_free(&rhs_h); dev_free(&lhs_d); dev_free(&rhs_d);
+  }
+}
+
+/* ---- wgrad ------------------------------------------------------------------------------ */
+/* Plain operand stored N ([M, C]) or T (per-group [C, m_g] blocks at o_g*C). */
+static tw_tensor store_grouped(const tw_tensor *x, tw_op op, const int64_t *off, int64_t G) {
+  if (op == TW_OP_N) {
+    tw_tensor y = host_new(x->dtype, 2, x->shape);
+    memcpy(y.data, x->data, tw_tensor_bytes(x));
+    return y;
+  }
+  int64_t M = x->shape[0], C = x->shape[1];
+  int64_t sh[2] = {C, M};
+  tw_tensor y = host_new(x->dtype, 2, sh);
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t o = off[g], m = off[g + 1] - off[g];
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < C; ++c)
+        tw_store_from_f64(y.data, y.dtype, o * C + c * m + r, tw_load_as_f64(x->data, x->dtype, (o + r) * C + c), 0);
+  }
+  return y;
+}
+
+static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
+  rng_s = seed * 104729 + 3;
+  int64_t G = unif() < 0.3 ? irange(1, 4) : logdim(256);
+  int64_t M = logdim(8192), N = logdim(4096), K = logdim(4096);
+  while (M * N * K > budget || G * K * N > budget / 4) {
+    if (M >= N && M >= K) M = (M + 1) / 2;
+    else if (N >= K) N = (N + 1) / 2;
+    else K = (K + 1) / 2;
+  }
+  tw_dtype od = out_types[rnd() % 3];
+  int accumulate = unif() < 0.25;
+  int64_t gsh[1] = {G};
+  tw_tensor gs = host_new(TW_I32, 1, gsh);
+  random_groups(G, M, (int32_t *)gs.data);
+  int64_t *off = (int64_t *)malloc((size_t)(G + 1) * sizeof(int64_t));
+  off[0] = 0;
+  for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + ((int32_t *)gs.data)[g];
+
+  char what[256];
+  tw_operand lh, rh, ldv, rdv;
+  tw_op lop, rop;
+  double *av, *bv; /* source values lhs [M, K], rhs [M, N] */
+  tw_tensor ls_h = tw_tensor_none(), rs_h = tw_tensor_none(), ls_d = tw_tensor_none(), rs_d = tw_tensor_none();
+  qop ql, qr;
+  int quant = kind == 3;
+  int64_t lsh[2] = {M, K}, rsh[2] = {M, N};
+  if (!quant) {
+    tw_dtype dl = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32;
+    tw_dtype dr = dl;
+    if (kind == 2 && unif() < 0.5) dr = (rnd() & 1) ? TW_BF16 : TW_F16;
+    lop = (tw_op)(rnd() & 1);
+    rop = (tw_op)(rnd() & 1);
+    tw_tensor x = host_new(dl, 2, lsh), y = host_new(dr, 2, rsh);
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    av = values_of(&x);
+    bv = values_of(&y);
+    ls_h = store_grouped(&x, lop, off, G);
+    rs_h = store_grouped(&y, rop, off, G);
+    host_free(&x);
+    host_free(&y);
+    ls_d = dev_copy(&ls_h);
+    rs_d = dev_copy(&rs_h);
+    lh = tw_operand_plain(&ls_h);
+    rh = tw_operand_plain(&rs_h);
+    ldv = tw_operand_plain(&ls_d);
+    rdv = tw_operand_plain(&rs_d);
+    snprintf(what, sizeof what, "wgrad seed %llu: %s x %s -> %s G=%lld M=%lld N=%lld K=%lld ops %c%c acc %d",
+             (unsigned long long)seed, tw_dtype_name(dl), tw_dtype_name(dr), tw_dtype_name(od), (long long)G,
+             (long long)M, (long long)N, (long long)K, lop ? 'T' : 'N', rop ? 'T' : 'N', accumulate);
+  } else {
+    tw_scaling mode = fp8_modes[rnd() % 5];
+    tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
+    /* contraction over rows: 1x128 and MXFP8 need the colwise orientation */
+    int lc = (mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_MXFP8_1D) ? 1 : (int)(rnd() & 1);
+    int rc = (mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_MXFP8_1D) ? 1 : (int)(rnd() & 1);
+    tw_tensor x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop_make(&ql, mode, ql_t, &x, &gs, lc);
+    qop_make(&qr, mode, qr_t, &y, &gs, rc);
+    host_free(&x);
+    host_free(&y);
+    lop = (lc && mode != TW_SCALE_MXFP8_1D) ? TW_OP_T : TW_OP_N;
+    rop = (rc && mode != TW_SCALE_MXFP8_1D) ? TW_OP_T : TW_OP_N;
+    lh = ql.h; ldv = ql.d; rh = qr.h; rdv = qr.d;
+    av = ql.vals;
+    bv = qr.vals;
+    snprintf(what, sizeof what, "wgrad seed %llu: fp8 %s %s x %s -> %s G=%lld M=%lld N=%lld K=%lld ops %c%c acc %d",
+             (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(ql_t), tw_dtype_name(qr_t),
+             tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, lop ? 'T' : 'N',
+             rop ? 'T' : 'N', accumulate);
+  }
+
+  int64_t os[3] = {G, K, N};
+  tw_tensor out_r = host_new(od, 3, os), out_g = host_new(od, 3, os);
+  init_out(&out_r, accumulate);
+  memcpy(out_g.data, out_r.data, tw_tensor_bytes(&out_r));
+  double *init = values_of(&out_r);
+  tw_tensor out_d = dev_copy(&out_g);
+  tw_tensor gs_d = dev_copy(&gs);
+  cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
+               what, tw_last_error());
+  cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate), TW_OK, "%s: gpu: %s",
+               what, tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s: gpu check: %s", what, tw_last_error());
+  to_host(&out_g, &out_d);
+
+  int64_t n = G * K * N;
+  double *ex = (double *)calloc((size_t)(n + 1), sizeof(double));
+  double *ab = (double *)calloc((size_t)(n + 1), sizeof(double));
+  double *bound = (double *)malloc((size_t)(n + 1) * sizeof(double));
+  for (int64_t g = 0; g < G; ++g) {
+    int64_t o = off[g], m = off[g + 1] - off[g], b = g * K * N;
+    if (m == 0) { /* exactly 0, or untouched */
+      for (int64_t i = 0; i < K * N; ++i) bound[b + i] = -1;
+      continue;
+    }
+    if (accumulate)
+      for (int64_t i = 0; i < K * N; ++i) {
+        ex[b + i] = init[b + i];
+        ab[b + i] = fabs(init[b + i]);
+      }
+    /* out[g](k, n) = sum_r lhs[o+r][k] rhs[o+r][n] */
+    dref(K, N, m, av + o * K, 1, K, bv + o * N, N, 1, ex + b, ab + b, N);
+    add_bounds(ab + b, ex + b, K * N, m, od, bound + b);
+  }
+  check_case(what, &out_g, &out_r, bound);
+
+  free(ex); free(ab); free(bound); free(init); free(off);
+  dev_free(&out_d); dev_free(&gs_d);
+  host_free(&out_r); host_free(&out_g); host_free(&gs);
+  if (quant) { qop_free(&ql); qop_free(&qr); }
+  else {
+    free(av); free(bv);
+    host_free(&ls_h); host_free(&rs_h); dev_free(&ls_d); dev_free(&rs_d);
+  }
+}
+
+/* 500+ cases per operation: 4 kinds x 130 seeds on the auto version, plus the fma version. */
+#define CASES 130
+#define BUDGET ((int64_t)1 << 24)
+
+#define RANDOM_TESTS(op, fn)                                                              \
+  Test(op, random_bf16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(s, 0, BUDGET); ctx_done(); } \
+  Test(op, random_f16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(1000 + s, 1, BUDGET); ctx_done(); } \
+  Test(op, random_f32_mixed, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(2000 + s, 2, BUDGET); ctx_done(); } \
+  Test(op, random_fp8, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(3000 + s, 3, BUDGET); ctx_done(); } \
+  Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); } \
+  Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); ctx_done(); }
+
+RANDOM_TESTS(grouped_gemm_gpu, fwd_case)
+RANDOM_TESTS(grouped_gemm_wgrad_gpu, wgrad_case)
+
+/* ---- device error word ------------------------------------------------------------------ */
+/* Bad sizes in device memory: TW_ERR_DEVICE at the next check, and nothing written outside
+ * out (a guard band after it stays poisoned). */
+static void bad_sizes(const int32_t *sizes, int64_t G, int wgrad) {
+  ctx_for(NULL);
+  int64_t M = 64, N = 32, K = 16;
+  int64_t ls[2] = {M, K};
+  tw_tensor lhs = host_new(TW_BF16, 2, ls);
+  fill_random(&lhs, M, K);
+  tw_tensor lhs_d = dev_copy(&lhs);
+  int64_t gsh[1] = {G};
+  tw_tensor gs = host_new(TW_I32, 1, gsh);
+  memcpy(gs.data, sizes, (size_t)G * 4);
+  tw_tensor gs_d = dev_copy(&gs);
+  int64_t guard = 4096;
+  tw_tensor rhs, out;
+  size_t out_bytes;
+  if (!wgrad) {
+    int64_t rs[3] = {G, K, N};
+    rhs = host_new(TW_BF16, 3, rs);
+    fill_random(&rhs, G * K, N);
+    out_bytes = (size_t)(M * N * 2);
+  } else {
+    int64_t rs[2] = {M, N};
+    rhs = host_new(TW_BF16, 2, rs);
+    fill_random(&rhs, M, N);
+    out_bytes = (size_t)(G * K * N * 2);
+  }
+  tw_tensor rhs_d = dev_copy(&rhs);
+  void *buf;
+  cr_assert_eq(tw_alloc(gpu_ctx, out_bytes + (size_t)guard, &buf), TW_OK);
+  cr_assert_eq(tw_memset(gpu_ctx, buf, TW_POISON_BYTE, out_bytes + (size_t)guard), TW_OK);
+  tw_operand a = tw_operand_plain(&lhs_d), b = tw_operand_plain(&rhs_d);
+  tw_status s;
+  if (!wgrad) {
+    out = tw_tensor_2d(buf, TW_BF16, M, N, TW_MEM_DEVICE);
+    s = tw_grouped_gemm(gpu_ctx, &a, &b, TW_OP_N, &gs_d, &out, 0);
+  } else {
+    out = tw_tensor_3d(buf, TW_BF16, G, K, N, TW_MEM_DEVICE);
+    s = tw_grouped_gemm_wgrad(gpu_ctx, &a, TW_OP_N, &b, TW_OP_N, &gs_d, &out, 0);
+  }
+  cr_assert_eq(s, TW_OK, "enqueue: %s", tw_last_error());
+  s = tw_ctx_check(gpu_ctx);
+  cr_assert_eq(s, TW_ERR_DEVICE, "expected TW_ERR_DEVICE, got %s: %s", tw_status_name(s), tw_last_error());
+  cr_log_info("device error: %s", tw_last_error());
+  unsigned char *h = (unsigned char *)malloc((size_t)guard);
+  tw_tensor gd = tw_tensor_1d((char *)buf + out_bytes, TW_U8, guard, TW_MEM_DEVICE);
+  tw_tensor gh = tw_tensor_1d(h, TW_U8, guard, TW_MEM_HOST);
+  cr_assert_eq(tw_tensor_copy(gpu_ctx, &gh, &gd), TW_OK);
+  for (int64_t i = 0; i < guard; ++i) cr_assert_eq(h[i], TW_POISON_BYTE, "guard byte %lld written", (long long)i);
+  /* the context is usable again */
+  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s", tw_last_error());
+  free(h);
+  tw_free(gpu_ctx, buf);
+  dev_free(&lhs_d); dev_free(&rhs_d); dev_free(&gs_d);
+  host_free(&lhs); host_free(&rhs); host_free(&gs);
+  ctx_done();
+}
+
+Test(grouped_gemm_gpu, negative_size_sets_device_error) {
+  int32_t s[3] = {10, -5, 20};
+  bad_sizes(s, 3, 0);
+}
+Test(grouped_gemm_gpu, sum_past_rows_sets_device_error) {
+  int32_t s[3] = {40, 40, 40};
+  bad_sizes(s, 3, 0);
+}
+Test(grouped_gemm_wgrad_gpu, negative_size_sets_device_error) {
+  int32_t s[2] = {-1, 8};
+  bad_sizes(s, 2, 1);
+}
+Test(grouped_gemm_wgrad_gpu, sum_past_rows_sets_device_error) {
+  int32_t s[2] = {60, 2147483000};
+  bad_sizes(s, 2, 1);
+}
+
+/* The host-sizes loop reports bad sizes as a plain error (it reads them on the host). */
+Test(grouped_gemm_gpu, lt_loop_rejects_bad_sizes_on_host) {
+  ctx_for("gg_lt_loop");
+  int64_t M = 8, K = 16, N = 16, G = 2;
+  int64_t ls[2] = {M, K}, rs[3] = {G, K, N}, gsh[1] = {G}, os[2] = {M, N};
+  tw_tensor lhs = host_new(TW_BF16, 2, ls), rhs = host_new(TW_BF16, 3, rs), gs = host_new(TW_I32, 1, gsh);
+  fill_random(&lhs, M, K);
+  fill_random(&rhs, G * K, N);
+  ((int32_t *)gs.data)[0] = 4;
+  ((int32_t *)gs.data)[1] = 9;
+  tw_tensor ld = dev_copy(&lhs), rd = dev_copy(&rhs), gd = dev_copy(&gs), out = host_new(TW_BF16, 2, os);
+  tw_tensor od = dev_copy(&out);
+  tw_operand a = tw_operand_plain(&ld), b = tw_operand_plain(&rd);
+  tw_status s = tw_grouped_gemm(gpu_ctx, &a, &b, TW_OP_N, &gd, &od, 0);
+  cr_assert_eq(s, TW_ERR_INVALID_ARG, "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "sum to 13") != NULL, "message: %s", tw_last_error());
+  dev_free(&ld); dev_free(&rd); dev_free(&gd); dev_free(&od);
+  host_free(&lhs); host_free(&rhs); host_free(&gs); host_free(&out);
+  ctx_done();
+}
+
+/* A forced version that cannot take the operands says so. */
+Test(grouped_gemm_gpu, mma_version_rejects_f32) {
+  ctx_for("gg_mma");
+  int64_t M = 8, K = 16, N = 16, G = 1;
+  int64_t ls[2] = {M, K}, rs[3] = {G, K, N}, gsh[1] = {G}, os[2] = {M, N};
+  tw_tensor lhs = host_new(TW_F32, 2, ls), rhs = host_new(TW_F32, 3, rs), gs = host_new(TW_I32, 1, gsh);
+  ((int32_t *)gs.data)[0] = 8;
+  tw_tensor ld = dev_copy(&lhs), rd = dev_copy(&rhs), gd = dev_copy(&gs), out = host_new(TW_F32, 2, os);
+  tw_tensor od = dev_copy(&out);
+  tw_operand a = tw_operand_plain(&ld), b = tw_operand_plain(&rd);
+  tw_status s = tw_grouped_gemm(gpu_ctx, &a, &b, TW_OP_N, &gd, &od, 0);
+  cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "gg_mma") != NULL, "message: %s", tw_last_error());
+  dev_free(&ld); dev_free(&rd); dev_free(&gd); dev_free(&od);
+  host_free(&lhs); host_free(&rhs); host_free(&gs); host_free(&out);
+  ctx_done();
+}
