@@ -81,9 +81,7 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op) {
   float alpha = 1.f, beta = x->accumulate ? 1.f : 0.f;
   cublasOperation_t ta = x->op_b == TW_OP_N ? CUBLAS_OP_N : CUBLAS_OP_T;  // slot A = our b
   cublasOperation_t tb = x->op_a == TW_OP_N ? CUBLAS_OP_N : CUBLAS_OP_T;  // slot B = our a
-  size_t ws_max = st->workspace_bytes / 2;
-  if (ws_max > ((size_t)32 << 20)) ws_max = (size_t)32 << 20;
-  void *ws = NULL;
+  size_t ws_max = st->workspace_bytes;  // the context workspace is cuBLASLt's alone
 
   LT_TRY(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
   LT_TRY(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
@@ -121,12 +119,8 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op) {
       goto done;
     }
   }
-  if (res.workspaceSize > 0) {
-    s = gpu_scratch(ctx, res.workspaceSize, &ws);
-    if (s != TW_OK) goto done;
-  }
   LT_TRY(cublasLtMatmul(h, desc, &alpha, x->b, la, x->a, lb, &beta, x->out, lc,
-                        x->out, lc, &res.algo, ws, res.workspaceSize, st->stream),
+                        x->out, lc, &res.algo, st->workspace, res.workspaceSize, st->stream),
          "cublasLtMatmul");
 done:
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
