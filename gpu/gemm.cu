@@ -3,14 +3,18 @@
 // version "gemm_lt": cuBLASLt. out[B?, M, N] (row-major) is computed as the column-major
 //   product out^T = op(b)^T op(a)^T, so cuBLASLt's A slot holds our b and its B slot our a.
 //   f32 accumulation (CUBLAS_COMPUTE_32F, no TF32), alpha = 1, beta = accumulate.
-//   fp8 (Hopper): both operands K-major (a [M, K] op N, b [N, K] op T), scale_inv pointers as
+//   fp8 (Hopper, only when forced): both operands K-major (a [M, K] op N, b [N, K] op T), scale_inv pointers as
 //   A/B scales; per-tensor (SCALAR_32F) or 1x128 blocks (VEC128_32F, the MN-major
 //   [ceil(K/128), roundup(rows, 4)] layout of tw_quantize.h, sm_90+ only).
 // version "gg_mma" / "gg_fma": twin's own kernel (gpu/grouped_gemm_kernel.cu) with one group
 //   per batch entry. It takes every case cuBLASLt does not: mixed f32 x bf16/f16 operands,
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
-// Auto choice: cuBLASLt when its rules (gpu_gemm_alignment's comment) hold, else gg.
+// Auto choice: cuBLASLt for plain operands of one dtype, else gg. fp8 never goes to cuBLASLt
+//   unless forced: Hopper's fp8 tensor cores keep about 14 mantissa bits in the accumulator
+//   between promotions (measured here: errors of ~2^-13 relative to sum |a||b|; DeepSeek-V3
+//   report, DeepGEMM #37), which breaks tw_gemm.h's contract of f32 accumulation. gg decodes
+//   fp8 exactly to bf16 and accumulates in f32.
 #include <string.h>
 
 #include "gpu/gemm_common.cuh"
@@ -268,7 +272,7 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
                       (long long)d.M, (long long)d.N, (long long)d.K);
     return dense_lt(ctx, a, op_a, b, op_b, out, accumulate, &d);
   }
-  if (lt_eligible(st, a, op_a, b, op_b, out, &d)) {
+  if (a->mode == TW_SCALE_NONE && lt_eligible(st, a, op_a, b, op_b, out, &d)) {
     tw_status s = dense_lt(ctx, a, op_a, b, op_b, out, accumulate, &d);
     if (s != TW_ERR_UNSUPPORTED) return s;
     tw_clear_error();  // no cuBLASLt algorithm: the gg kernel takes it

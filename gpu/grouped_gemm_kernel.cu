@@ -484,14 +484,15 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
 }
 
 // Tile prefix over ragged groups: tile_start[g] = sum_{j<g} ceil(m_j/BM) * tilesQ.
-__global__ void gg_tile_prefix(const int64_t *__restrict__ offsets, int64_t G, int64_t tilesQ,
-                               int64_t *__restrict__ tile_start) {
-  typedef cub::BlockScan<int64_t, 1024> scan_t;
+#define GG_PREFIX_THREADS 256
+__global__ void __launch_bounds__(GG_PREFIX_THREADS)
+    gg_tile_prefix(const int64_t *__restrict__ offsets, int64_t G, int64_t tilesQ, int64_t *__restrict__ tile_start) {
+  typedef cub::BlockScan<int64_t, GG_PREFIX_THREADS> scan_t;
   __shared__ typename scan_t::TempStorage tmp;
   __shared__ int64_t carry;
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
-  for (int64_t base = 0; base < G; base += 1024) {
+  for (int64_t base = 0; base < G; base += GG_PREFIX_THREADS) {
     int64_t g = base + threadIdx.x;
     int64_t v = 0;
     if (g < G) v = ((offsets[g + 1] - offsets[g] + GG_BM - 1) / GG_BM) * tilesQ;
@@ -568,7 +569,7 @@ tw_status gg_run(tw_ctx *ctx, const gg_problem *pin, const char *op) {
   int64_t total_host = 0;
   if (p.kind == GG_FWD_RAGGED) {
     TW_TRY(gpu_scratch(ctx, (size_t)(p.G + 1) * sizeof(int64_t), (void **)&tile_start));
-    gg_tile_prefix<<<1, 1024, 0, gpu_of(ctx)->stream>>>(p.offsets, p.G, tilesQ, tile_start);
+    gg_tile_prefix<<<1, GG_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(p.offsets, p.G, tilesQ, tile_start);
     GPU_TRY_CUDA(cudaGetLastError(), op);
   } else {
     total_host = p.G * ((p.P + GG_BM - 1) / GG_BM) * tilesQ;

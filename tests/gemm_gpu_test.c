@@ -266,7 +266,10 @@ static void dense_case(uint64_t seed, int kind) {
           ex[(b * M + i) * N + j] = sx;
           ab[(b * M + i) * N + j] = sa;
         }
-    tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -23), od, bd);
+    /* cuBLASLt's fp8 (forced gemm_lt) accumulates with ~14 mantissa bits: u_acc = 2^-13 */
+    const char *kn = tw_ctx_kernel(gpu_ctx);
+    double u_gpu = quant && kn && !strcmp(kn, "gemm_lt") ? ldexp(1.0, -13) : ldexp(1.0, -23);
+    tw_gemm_error_bound(ab, ex, n, K + 4, u_gpu, od, bd);
     tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), od, b2);
     for (int64_t i = 0; i < n; ++i) bd[i] += b2[i];
     check(what, &outg, &outr, bd);

@@ -1,0 +1,361 @@
+/* `twin bench --backend gpu --op grouped_gemm`: the GPU GEMM bench (tw_bench_gpu_gemm).
+ *
+ * Rows, all timed in one run on one stream with CUDA events (median of max(iters, 10)):
+ *   dense 8192^3 bf16 and fp8 e4m3 (per-tensor): tw_gemm through cuBLASLt (gemm_lt) and the
+ *     gg kernel, next to a direct cublasLtMatmul call of the same problem (twin's overhead over
+ *     cuBLASLt; target within 3%) or the torch peer. The cuBLASLt rates are the floors
+ *     ("% of dense peak") of the grouped rows below.
+ *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
+ *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
+ *     (auto) and gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
+ *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
+ * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/bench.h"
+#include "twin/tw_base.h"
+#include "twin/tw_gemm.h"
+
+typedef struct { int64_t G, m, N, K; } gshape;
+static const gshape shapes[] = {
+    {4, 8192, 4096, 7168}, {4, 8192, 7168, 2048}, {8, 4096, 4096, 7168}, {32, 512, 2048, 7168}, {128, 128, 2048, 4096},
+};
+
+static cudaStream_t stream;
+static uint64_t rs = 0x62656e6368ull;
+static uint64_t rnd(void) {
+  uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Fills n elements of esize bytes with random finite values in about [-1, 1] (bf16) or
+ * random finite e4m3 codes (fp8), through a host chunk. */
+static int fill(void *d, int64_t n, int esize) {
+  enum { CH = 1 << 22 };
+  static uint8_t host[CH * 2];
+  static int ready[3];
+  if (!ready[esize]) {
+    for (int64_t i = 0; i < CH; ++i) {
+      uint64_t r = rnd();
+      if (esize == 2) { /* bf16: sign, exponent 2^-8..2^0, random mantissa */
+        uint16_t v = (uint16_t)(((r & 1) << 15) | ((119 + (r >> 1) % 8) << 7) | ((r >> 8) & 0x7F));
+        memcpy(host + 2 * i, &v, 2);
+      } else {
+        uint8_t c = (uint8_t)(r & 0xFF);
+        if ((c & 0x7F) == 0x7F) c ^= 1; /* no NaN codes */
+        host[i] = c;
+      }
+    }
+    ready[esize] = 1;
+  }
+  for (int64_t off = 0; off < n; off += CH) {
+    int64_t k = n - off < CH ? n - off : CH;
+    if (cudaMemcpy((char *)d + off * esize, host, (size_t)(k * esize), cudaMemcpyHostToDevice) != cudaSuccess) return -1;
+  }
+  return 0;
+}
+static int fill_f32(void *d, int64_t n, float v) {
+  float *h = (float *)malloc((size_t)n * 4);
+  for (int64_t i = 0; i < n; ++i) h[i] = v;
+  int rc = cudaMemcpy(d, h, (size_t)n * 4, cudaMemcpyHostToDevice) == cudaSuccess ? 0 : -1;
+  free(h);
+  return rc;
+}
+
+typedef tw_status (*op_fn)(void *arg);
+
+/* median ms of fn over iterations, each bracketed by events on the stream */
+static double time_it(op_fn fn, void *arg, int warmup, int iters, tw_ctx *ctx) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < warmup; ++i)
+    if (fn(arg) != TW_OK) return -1;
+  double *t = (double *)malloc(sizeof(double) * (size_t)iters);
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a, stream);
+    if (fn(arg) != TW_OK) { free(t); return -1; }
+    cudaEventRecord(b, stream);
+    cudaEventSynchronize(b);
+    float ms;
+    cudaEventElapsedTime(&ms, a, b);
+    t[i] = ms;
+  }
+  double med = tw_bench_median(t, iters);
+  free(t);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  if (ctx && tw_ctx_check(ctx) != TW_OK) return -1;
+  return med;
+}
+
+/* ---- peers ----------------------------------------------------------------------------- */
+static char *peers;
+static double peer_ms(const char *key, const char *peer) {
+  if (!peers) return -1;
+  char k[128];
+  snprintf(k, sizeof k, "\"%s\"", key);
+  const char *p = strstr(peers, k);
+  if (!p) return -1;
+  const char *end = strchr(p, '}');
+  snprintf(k, sizeof k, "\"%s\":", peer);
+  const char *q = strstr(p, k);
+  if (!q || (end && q > end)) return -1;
+  return strtod(q + strlen(k), NULL);
+}
+
+/* ---- the calls ------------------------------------------------------------------------- */
+typedef struct {
+  tw_ctx *ctx;
+  tw_operand a, b;
+  tw_op op_b;
+  tw_tensor gs, out;
+  int grouped;
+} call;
+
+static tw_status run_call(void *p) {
+  call *c = (call *)p;
+  if (c->grouped) return tw_grouped_gemm(c->ctx, &c->a, &c->b, c->op_b, &c->gs, &c->out, 0);
+  return tw_gemm(c->ctx, &c->a, TW_OP_N, &c->b, c->op_b, &c->out, 0);
+}
+
+/* direct cuBLASLt: out^T [N, M] = b^T-slot x a, both K-major (the layout of the rows above) */
+typedef struct {
+  cublasLtHandle_t h;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulHeuristicResult_t res;
+  const void *a, *b;
+  void *out, *ws;
+  size_t ws_bytes;
+} raw_lt;
+
+static tw_status run_raw(void *p) {
+  raw_lt *r = (raw_lt *)p;
+  float alpha = 1, beta = 0;
+  return cublasLtMatmul(r->h, r->desc, &alpha, r->b, r->la, r->a, r->lb, &beta, r->out, r->lc, r->out, r->lc,
+                        &r->res.algo, r->ws, r->res.workspaceSize, stream) == CUBLAS_STATUS_SUCCESS
+             ? TW_OK
+             : TW_ERR_CUDA;
+}
+
+static int raw_setup(raw_lt *r, int fp8, int64_t M, int64_t N, int64_t K, const void *a, const void *b, void *out,
+                     const float *sa, const float *sb) {
+  memset(r, 0, sizeof *r);
+  cudaDataType in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+  cublasOperation_t T = CUBLAS_OP_T, N_ = CUBLAS_OP_N;
+  r->ws_bytes = (size_t)32 << 20;
+  if (cudaMalloc(&r->ws, r->ws_bytes) != cudaSuccess) return -1;
+  if (cublasLtCreate(&r->h) != CUBLAS_STATUS_SUCCESS) return -1;
+  cublasLtMatmulDescCreate(&r->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  cublasLtMatmulDescSetAttribute(r->desc, CUBLASLT_MATMUL_DESC_TRANSA, &T, sizeof T);
+  cublasLtMatmulDescSetAttribute(r->desc, CUBLASLT_MATMUL_DESC_TRANSB, &N_, sizeof N_);
+  if (fp8) {
+    cublasLtMatmulDescSetAttribute(r->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb);
+    cublasLtMatmulDescSetAttribute(r->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa);
+  }
+  cublasLtMatrixLayoutCreate(&r->la, in, K, N, K);
+  cublasLtMatrixLayoutCreate(&r->lb, in, K, M, K);
+  cublasLtMatrixLayoutCreate(&r->lc, CUDA_R_16BF, N, M, N);
+  cublasLtMatmulPreference_t pref;
+  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &r->ws_bytes, sizeof r->ws_bytes);
+  int found = 0;
+  cublasLtMatmulAlgoGetHeuristic(r->h, r->desc, r->la, r->lb, r->lc, r->lc, pref, 1, &r->res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  r->a = a;
+  r->b = b;
+  r->out = out;
+  return found ? 0 : -1;
+}
+static void raw_free(raw_lt *r) {
+  if (r->desc) cublasLtMatmulDescDestroy(r->desc);
+  if (r->la) cublasLtMatrixLayoutDestroy(r->la);
+  if (r->lb) cublasLtMatrixLayoutDestroy(r->lb);
+  if (r->lc) cublasLtMatrixLayoutDestroy(r->lc);
+  if (r->h) cublasLtDestroy(r->h);
+  if (r->ws) cudaFree(r->ws);
+}
+
+static tw_ctx *make_ctx(const char *kernel) {
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  c.backend = TW_BACKEND_GPU;
+  c.stream = stream;
+  c.kernel = kernel;
+  tw_ctx *ctx = NULL;
+  if (tw_ctx_create(&ctx, &c) != TW_OK) fprintf(stderr, "bench gpu gemm: %s\n", tw_last_error());
+  return ctx;
+}
+
+static void row_out(const char *shape, const char *ver, double ms, double flop, double floor_tflops,
+                    const char *peer, double pms, FILE *csv) {
+  tw_bench_row r;
+  memset(&r, 0, sizeof r);
+  r.op = "grouped_gemm";
+  snprintf(r.shape, sizeof r.shape, "%s", shape);
+  r.backend = "gpu";
+  snprintf(r.version, sizeof r.version, "%s", ver);
+  r.ms = ms;
+  r.unit = "TFLOP/s";
+  r.rate = ms > 0 ? flop / (ms * 1e-3) / 1e12 : -1;
+  r.pct_of_floor = floor_tflops > 0 && ms > 0 ? 100.0 * r.rate / floor_tflops : -1;
+  snprintf(r.peer, sizeof r.peer, "%s", peer ? peer : "");
+  r.peer_ms = pms;
+  r.ratio = pms > 0 && ms > 0 ? pms / ms : -1;
+  if (!strncmp(shape, "dense", 5)) r.op = "gemm";
+  tw_bench_print_row(&r, csv);
+}
+
+int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
+  int iters = cfg->iters > 10 ? cfg->iters : 10, warmup = cfg->warmup > 2 ? cfg->warmup : 2;
+  if (cfg->op && strcmp(cfg->op, "all") && strcmp(cfg->op, "grouped_gemm") && strcmp(cfg->op, "gemm")) return 0;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    fprintf(stderr, "bench gpu gemm: no CUDA stream (no GPU?)\n");
+    return 1;
+  }
+  if (cfg->peers_json) {
+    FILE *f = fopen(cfg->peers_json, "rb");
+    if (!f) { fprintf(stderr, "bench gpu gemm: cannot open --peers %s\n", cfg->peers_json); return 1; }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    peers = (char *)calloc((size_t)n + 1, 1);
+    if (fread(peers, 1, (size_t)n, f) != (size_t)n) n = 0;
+    fclose(f);
+  }
+  tw_ctx *c_auto = make_ctx(NULL), *c_mma = make_ctx("gg_mma"), *c_loop = make_ctx("gg_lt_loop"),
+         *c_lt = make_ctx("gemm_lt");
+  if (!c_auto || !c_mma || !c_loop || !c_lt) return 1;
+  int rc = 0;
+  tw_bench_print_header();
+
+  /* ---- dense 8192^3: the floors ---- */
+  const int64_t D = 8192;
+  double peak_bf16 = -1, peak_fp8 = -1;
+  {
+    void *a, *b, *o, *a8, *b8, *s;
+    if (tw_alloc(c_auto, (size_t)(D * D * 2), &a) || tw_alloc(c_auto, (size_t)(D * D * 2), &b) ||
+        tw_alloc(c_auto, (size_t)(D * D * 2), &o) || tw_alloc(c_auto, (size_t)(D * D), &a8) ||
+        tw_alloc(c_auto, (size_t)(D * D), &b8) || tw_alloc(c_auto, 256, &s) || fill(a, D * D, 2) ||
+        fill(b, D * D, 2) || fill(a8, D * D, 1) || fill(b8, D * D, 1) || fill_f32(s, 8, 1.f)) {
+      fprintf(stderr, "bench gpu gemm: allocation failed\n");
+      return 1;
+    }
+    double flop = 2.0 * D * D * D;
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+      call c;
+      memset(&c, 0, sizeof c);
+      tw_tensor A = tw_tensor_2d(fp8 ? a8 : a, fp8 ? TW_E4M3 : TW_BF16, D, D, TW_MEM_DEVICE);
+      tw_tensor B = tw_tensor_2d(fp8 ? b8 : b, fp8 ? TW_E4M3 : TW_BF16, D, D, TW_MEM_DEVICE);
+      c.out = tw_tensor_2d(o, TW_BF16, D, D, TW_MEM_DEVICE);
+      c.a = tw_operand_plain(&A);
+      c.b = tw_operand_plain(&B);
+      c.op_b = TW_OP_T;
+      if (fp8) {
+        c.a.mode = c.b.mode = TW_SCALE_TENSOR_CURRENT;
+        c.a.scale_inv = tw_tensor_1d(s, TW_F32, 1, TW_MEM_DEVICE);
+        c.b.scale_inv = tw_tensor_1d((float *)s + 4, TW_F32, 1, TW_MEM_DEVICE);
+      }
+      raw_lt r;
+      double raw = -1;
+      if (raw_setup(&r, fp8, D, D, D, fp8 ? a8 : a, fp8 ? b8 : b, o, (float *)s, (float *)s + 4) == 0)
+        raw = time_it(run_raw, &r, warmup, iters, NULL);
+      raw_free(&r);
+      const char *shape = fp8 ? "dense 8192^3 e4m3 NT -> bf16" : "dense 8192^3 bf16 NT -> bf16";
+      c.ctx = c_lt;
+      double ms = time_it(run_call, &c, warmup, iters, c_lt);
+      if (ms < 0) { fprintf(stderr, "gemm_lt: %s\n", tw_last_error()); rc = 1; }
+      row_out(shape, "gemm_lt", ms, flop, -1, "cublasLtMatmul", raw, cfg->csv);
+      if (fp8) peak_fp8 = flop / (ms * 1e-3) / 1e12;
+      else peak_bf16 = flop / (ms * 1e-3) / 1e12;
+      const char *tp = fp8 ? "torch._scaled_mm" : "torch.matmul";
+      c.ctx = c_mma;
+      ms = time_it(run_call, &c, warmup, iters, c_mma);
+      if (ms < 0) { fprintf(stderr, "gg_mma: %s\n", tw_last_error()); rc = 1; }
+      row_out(shape, "gg_mma", ms, flop, fp8 ? peak_fp8 : peak_bf16, tp, peer_ms("dense_8192", tp), cfg->csv);
+    }
+    tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);
+    tw_free(c_auto, s);
+  }
+
+  /* ---- grouped forward ---- */
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+    const gshape sh = shapes[i];
+    int64_t M = sh.G * sh.m;
+    double flop = 2.0 * M * sh.N * sh.K;
+    void *a, *b, *o, *gs, *sa, *sb;
+    int64_t kb = (sh.K + 127) / 128, sa_n = kb * ((M + 3) / 4 * 4), sb_n = kb * ((sh.G * sh.N + 3) / 4 * 4);
+    if (tw_alloc(c_auto, (size_t)(M * sh.K * 2), &a) || tw_alloc(c_auto, (size_t)(sh.G * sh.N * sh.K * 2), &b) ||
+        tw_alloc(c_auto, (size_t)(M * sh.N * 2), &o) || tw_alloc(c_auto, (size_t)sh.G * 4, &gs) ||
+        tw_alloc(c_auto, (size_t)(sa_n * 4), &sa) || tw_alloc(c_auto, (size_t)(sb_n * 4), &sb) ||
+        fill_f32(sa, sa_n, 1.f) || fill_f32(sb, sb_n, 1.f)) {
+      fprintf(stderr, "bench gpu gemm: allocation failed\n");
+      return 1;
+    }
+    int32_t *h = (int32_t *)malloc((size_t)sh.G * 4);
+    for (int64_t g = 0; g < sh.G; ++g) h[g] = (int32_t)sh.m;
+    cudaMemcpy(gs, h, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
+    free(h);
+    char key[96];
+    snprintf(key, sizeof key, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
+             (long long)sh.K);
+    for (int kind = 0; kind < 3; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
+      int fp8 = kind > 0;
+      if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
+      call c;
+      memset(&c, 0, sizeof c);
+      c.grouped = 1;
+      c.op_b = TW_OP_T;
+      c.gs = tw_tensor_1d(gs, TW_I32, sh.G, TW_MEM_DEVICE);
+      c.out = tw_tensor_2d(o, TW_BF16, M, sh.N, TW_MEM_DEVICE);
+      tw_tensor A = tw_tensor_2d(a, fp8 ? TW_E4M3 : TW_BF16, M, sh.K, TW_MEM_DEVICE);
+      if (!fp8) {
+        tw_tensor B = tw_tensor_3d(b, TW_BF16, sh.G, sh.N, sh.K, TW_MEM_DEVICE);
+        c.a = tw_operand_plain(&A);
+        c.b = tw_operand_plain(&B);
+      } else {
+        tw_tensor B = tw_tensor_2d(b, TW_E4M3, sh.G * sh.N, sh.K, TW_MEM_DEVICE);
+        c.a = tw_operand_plain(&A);
+        c.b = tw_operand_plain(&B);
+        c.a.mode = c.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_BLOCK_1x128;
+        if (kind == 1) {
+          c.a.scale_inv = tw_tensor_1d(sa, TW_F32, sh.G, TW_MEM_DEVICE);
+          c.b.scale_inv = tw_tensor_1d(sb, TW_F32, sh.G, TW_MEM_DEVICE);
+        } else {
+          c.a.scale_inv = tw_tensor_2d(sa, TW_F32, kb, (M + 3) / 4 * 4, TW_MEM_DEVICE);
+          c.b.scale_inv = tw_tensor_2d(sb, TW_F32, kb, (sh.G * sh.N + 3) / 4 * 4, TW_MEM_DEVICE);
+        }
+        c.a.src_rows = M; c.a.src_cols = sh.K;
+        c.b.src_rows = sh.G * sh.N; c.b.src_cols = sh.K;
+      }
+      char shape[96];
+      snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
+               (long long)sh.N, (long long)sh.K, kind == 0 ? "bf16" : kind == 1 ? "e4m3" : "e4m3 1x128");
+      const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
+      double pms = kind == 2 ? -1 : peer_ms(key, peer);
+      double floor = fp8 ? peak_fp8 : peak_bf16;
+      tw_ctx *ctxs[2] = {c_mma, c_loop};
+      const char *names[2] = {"gg_mma", "gg_lt_loop"};
+      for (int v = 0; v < (kind == 2 ? 1 : 2); ++v) {
+        c.ctx = ctxs[v];
+        double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
+        if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
+        row_out(shape, names[v], ms, flop, floor, kind == 2 ? "" : peer, pms, cfg->csv);
+      }
+    }
+    tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, gs); tw_free(c_auto, sa);
+    tw_free(c_auto, sb);
+  }
+  tw_ctx_destroy(c_auto); tw_ctx_destroy(c_mma); tw_ctx_destroy(c_loop); tw_ctx_destroy(c_lt);
+  free(peers);
+  peers = NULL;
+  cudaStreamDestroy(stream);
+  return rc;
+}
