@@ -107,6 +107,13 @@ Test(gemm_gpu, goldens_gg_mma, .timeout = 600) { run_goldens("gg_mma"); }
 Test(gemm_gpu, goldens_gg_fma, .timeout = 600) { run_goldens("gg_fma"); }
 
 /* ---- random dense cases ----------------------------------------------------------------- */
+/* Failures are counted (the first 8 shown), so one run shows every failing case. */
+static int n_cases, n_failed;
+static void note_case(const char *what, const char *failure) {
+  ++n_cases;
+  if (!failure) return;
+  if (++n_failed <= 8) cr_log_error("%s: %s", what, failure);
+}
 static void check(const char *what, const tw_tensor *got, const tw_tensor *exp, const double *bound) {
   int64_t n = tw_tensor_numel(got);
   tw_tensor bt = tw_tensor_1d((void *)bound, TW_F64, n, TW_MEM_HOST);
@@ -115,7 +122,7 @@ static void check(const char *what, const tw_tensor *got, const tw_tensor *exp, 
   tw_check_report rep;
   cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &rep), TW_OK, "%s: %s", what, tw_last_error());
   char buf[512];
-  cr_assert(rep.passed, "%s: %s", what, tw_check_format(&rep, buf, sizeof buf));
+  note_case(what, rep.passed ? NULL : tw_check_format(&rep, buf, sizeof buf));
 }
 
 /* value of op(x)[b](i, j) for a stored [B?, r, c] tensor of logical [rows, cols] */
@@ -249,9 +256,12 @@ static void dense_case(uint64_t seed, int kind) {
     /* a forced version that does not take this case must say why; nothing else to check */
     cr_assert(strlen(tw_last_error()) > 0);
   } else {
-    cr_assert_eq(s, TW_OK, "%s: gpu: %s", what, tw_last_error());
-    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s: %s", what, tw_last_error());
-    cr_assert_eq(tw_tensor_copy(gpu_ctx, &outg, &outd), TW_OK, "%s", tw_last_error());
+    if (s == TW_OK) s = tw_ctx_check(gpu_ctx);
+    if (s == TW_OK) s = tw_tensor_copy(gpu_ctx, &outg, &outd);
+  }
+  if (s != TW_OK && !(s == TW_ERR_UNSUPPORTED && tw_ctx_kernel(gpu_ctx))) {
+    note_case(what, tw_last_error());
+  } else if (s == TW_OK) {
     double *ex = (double *)malloc((size_t)(n + 1) * 8), *ab = (double *)malloc((size_t)(n + 1) * 8);
     double *bd = (double *)malloc((size_t)(n + 1) * 8), *b2 = (double *)malloc((size_t)(n + 1) * 8);
     for (int64_t b = 0; b < Bn; ++b)
@@ -290,6 +300,7 @@ static void dense_case(uint64_t seed, int kind) {
     ctx_for(kernel);                                                                                \
     for (int s = 0; s < 210; ++s) dense_case((uint64_t)s + 7000 * (sizeof(#name) % 7), s % 7);     \
     ctx_done();                                                                                     \
+    cr_assert_eq(n_failed, 0, "%d of %d dense cases failed (first ones above)", n_failed, n_cases); \
   }
 DENSE_TESTS(auto, NULL)
 DENSE_TESTS(gg_mma, "gg_mma")

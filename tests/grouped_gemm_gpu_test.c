@@ -195,7 +195,20 @@ static void init_out(tw_tensor *o, int accumulate) {
   for (int64_t i = 0; i < n; ++i) tw_store_from_f64(o->data, o->dtype, i, 2 * unif() - 1, 1);
 }
 
-/* Runs the check; on failure prints the case and fails. */
+/* Failures are counted, not fatal, so one run shows every failing case (the first 8 in
+ * full); each Test asserts at its end that none failed. */
+static int n_cases, n_failed;
+static void note_case(const char *what, const char *failure) {
+  ++n_cases;
+  if (!failure) return;
+  if (++n_failed <= 8) cr_log_error("%s: %s", what, failure);
+}
+static void cases_done(const char *name) {
+  cr_assert_eq(n_failed, 0, "%s: %d of %d cases failed (first ones above)", name, n_failed, n_cases);
+  n_cases = n_failed = 0;
+}
+
+/* Runs the check; a failure is noted with the case. */
 static void check_case(const char *what, const tw_tensor *got, const tw_tensor *expected, const double *bound) {
   int64_t n = tw_tensor_numel(got);
   tw_tensor bt = tw_tensor_1d((void *)bound, TW_F64, n, TW_MEM_HOST);
@@ -204,7 +217,7 @@ static void check_case(const char *what, const tw_tensor *got, const tw_tensor *
   tw_check_report rep;
   cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &rep), TW_OK, "%s: check: %s", what, tw_last_error());
   char buf[512];
-  cr_assert(rep.passed, "%s: %s", what, tw_check_format(&rep, buf, sizeof buf));
+  note_case(what, rep.passed ? NULL : tw_check_format(&rep, buf, sizeof buf));
 }
 
 /* bound = gpu bound + ref bound for a block of `count` elements with contraction Kc. */
@@ -353,10 +366,9 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
 
   cr_assert_eq(tw_grouped_gemm(ref_ctx, &lh, &rh, rhs_op, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s", what,
                tw_last_error());
-  cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ld, &rd, rhs_op, &gs_d, &out_d, accumulate), TW_OK, "%s: gpu: %s", what,
-               tw_last_error());
-  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s: gpu check: %s", what, tw_last_error());
-  to_host(&out_g, &out_d);
+  tw_status gs_st = tw_grouped_gemm(gpu_ctx, &ld, &rd, rhs_op, &gs_d, &out_d, accumulate);
+  if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
+  if (gs_st == TW_OK) to_host(&out_g, &out_d);
 
   /* exact f64 result and bound */
   double *ex = (double *)calloc((size_t)(M * N + 1), sizeof(double));
@@ -374,7 +386,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     dref(m, N, K, av + o * K, K, 1, bv + g * b_gs, b_sk, b_sn, ex + o * N, ab + o * N, N);
     add_bounds(ab + o * N, ex + o * N, m * N, K, od, bound + o * N);
   }
-  check_case(what, &out_g, &out_r, bound);
+  if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
+  else note_case(what, tw_last_error());
 
   free(ex); free(ab); free(bound); free(init); free(off);
   dev_free(&out_d); dev_free(&gs_d);
@@ -490,10 +503,9 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   tw_tensor gs_d = dev_copy(&gs);
   cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
                what, tw_last_error());
-  cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate), TW_OK, "%s: gpu: %s",
-               what, tw_last_error());
-  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s: gpu check: %s", what, tw_last_error());
-  to_host(&out_g, &out_d);
+  tw_status gs_st = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate);
+  if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
+  if (gs_st == TW_OK) to_host(&out_g, &out_d);
 
   int64_t n = G * K * N;
   double *ex = (double *)calloc((size_t)(n + 1), sizeof(double));
@@ -514,7 +526,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     dref(K, N, m, av + o * K, 1, K, bv + o * N, N, 1, ex + b, ab + b, N);
     add_bounds(ab + b, ex + b, K * N, m, od, bound + b);
   }
-  check_case(what, &out_g, &out_r, bound);
+  if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
+  else note_case(what, tw_last_error());
 
   free(ex); free(ab); free(bound); free(init); free(off);
   dev_free(&out_d); dev_free(&gs_d);
@@ -531,12 +544,12 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
 #define BUDGET ((int64_t)1 << 24)
 
 #define RANDOM_TESTS(op, fn)                                                              \
-  Test(op, random_bf16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(s, 0, BUDGET); ctx_done(); } \
-  Test(op, random_f16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(1000 + s, 1, BUDGET); ctx_done(); } \
-  Test(op, random_f32_mixed, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(2000 + s, 2, BUDGET); ctx_done(); } \
-  Test(op, random_fp8, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(3000 + s, 3, BUDGET); ctx_done(); } \
-  Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); } \
-  Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); }
+  Test(op, random_bf16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(s, 0, BUDGET); ctx_done(); cases_done(#op ".bf16"); } \
+  Test(op, random_f16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(1000 + s, 1, BUDGET); ctx_done(); cases_done(#op ".f16"); } \
+  Test(op, random_f32_mixed, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(2000 + s, 2, BUDGET); ctx_done(); cases_done(#op ".f32"); } \
+  Test(op, random_fp8, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(3000 + s, 3, BUDGET); ctx_done(); cases_done(#op ".fp8"); } \
+  Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); cases_done(#op ".fma"); } \
+  Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); cases_done(#op ".lt_loop"); }
 
 RANDOM_TESTS(grouped_gemm_gpu, fwd_case)
 RANDOM_TESTS(grouped_gemm_wgrad_gpu, wgrad_case)
