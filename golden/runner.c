@@ -36,8 +36,7 @@ static tw_status load_from_dir(void *user, const char *name, tw_tensor *out, int
   return TW_OK;
 }
 
-/* Case name "<area>/<case>": the last two components of the directory. */
-static void case_name(const char *dir, char *buf, size_t n) {
+const char *tw_golden_case_name(const char *dir, char *buf, size_t n) {
   size_t len = strlen(dir);
   while (len > 1 && dir[len - 1] == '/') len--;
   size_t i = len, slashes = 0;
@@ -46,6 +45,7 @@ static void case_name(const char *dir, char *buf, size_t n) {
     i--;
   }
   snprintf(buf, n, "%.*s", (int)(len - i), dir + i);
+  return buf;
 }
 
 /* Folds one output's report into the result: the first failure, else the largest ratio. */
@@ -160,7 +160,7 @@ tw_status tw_golden_run_case(tw_ctx *ctx, const char *case_dir, tw_golden_result
   memset(res, 0, sizeof *res);
   res->worst.worst_index = -1;
   if (!ctx || !case_dir) return tw_error(TW_ERR_NULL, "golden: ctx or case_dir is NULL");
-  case_name(case_dir, res->name, sizeof res->name);
+  tw_golden_case_name(case_dir, res->name, sizeof res->name);
   char path[1024];
   snprintf(path, sizeof path, "%s/case.txt", case_dir);
   tw_case_keys *k = (tw_case_keys *)calloc(1, sizeof *k);

@@ -24,6 +24,9 @@ typedef struct {
 /* Runs the case in case_dir on ctx's backend; TW_OK means it ran (see res->passed). */
 tw_status tw_golden_run_case(tw_ctx *ctx, const char *case_dir, tw_golden_result *res);
 
+/* "<area>/<case>": the last two components of a case directory (what --filter matches). */
+const char *tw_golden_case_name(const char *case_dir, char *buf, size_t n);
+
 /* Case directories (those holding a case.txt) under root, sorted; *dirs is malloc'd, free
  * with tw_golden_free_list. Returns the count, or -1 with tw_last_error() set. */
 int tw_golden_list_cases(const char *root, char ***dirs);

@@ -405,6 +405,13 @@ Test(runner, list_cases_finds_case_dirs_sorted) {
   free(root);
 }
 
+Test(runner, case_name_is_area_and_case) {
+  char buf[64];
+  cr_assert_str_eq(tw_golden_case_name("/a/golden/data/gemm/x_1", buf, sizeof buf), "gemm/x_1");
+  cr_assert_str_eq(tw_golden_case_name("data/quantize/y/", buf, sizeof buf), "quantize/y");
+  cr_assert_str_eq(tw_golden_case_name("solo", buf, sizeof buf), "solo");
+}
+
 Test(runner, case_keys_parse_and_set) {
   char *dir = tt_make_tmpdir("keys");
   write_text(dir, "case.txt", "# comment\n\n  op = gemm  \nK=5\n");

@@ -49,17 +49,6 @@ static const char *default_golden_dir(char *buf, size_t n) {
   return "golden/data";
 }
 
-/* "area/case": the part of a case directory after the root's last two components. */
-static const char *case_name(const char *dir) {
-  size_t len = strlen(dir);
-  int slashes = 0;
-  while (len > 0) {
-    if (dir[len - 1] == '/' && ++slashes == 2) break;
-    len--;
-  }
-  return dir + len;
-}
-
 static void err_column(const tw_golden_result *r, char *buf, size_t n) {
   const tw_check_report *w = &r->worst;
   if (r->outputs == 0) snprintf(buf, n, "-");
@@ -135,7 +124,8 @@ int twin_cmd_check(int argc, char **argv) {
     }
     for (int i = 0; i < n; i++) {
       tw_golden_result r;
-      if (filter && !strstr(case_name(dirs[i]), filter)) continue;
+      char name[256];
+      if (filter && !strstr(tw_golden_case_name(dirs[i], name, sizeof name), filter)) continue;
       if (bi == 0) selected++;
       tw_golden_run_case(ctx, dirs[i], &r);
       char err[64];
