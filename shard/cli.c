@@ -14,6 +14,7 @@ static void plan_usage(FILE *f) {
           "                 [--pass fwd|dgrad|wgrad|all] [--x-shape 1024,256] [--w-shape 8,256,512]\n"
           "                 [--lhs-spec '[(ep,dp), None]'] [--rhs-spec '[None, fsdp, None]'] [--groups G]\n"
           "                 [--mode current|delayed|mxfp8|block1x128|block128x128] [--layout row|col|rowcol]\n"
+          "                 [--fp8] [--quantize-before-gather]   (grouped_gemm fwd: e4m3 inputs)\n"
           "Prints the plan of each pass: tensors (global/local shapes and specs), the collectives\n"
           "before and after the local op, and the rules that changed something; or the error\n"
           "naming the broken rule (exit 1). --x-spec/--w-spec are aliases of --lhs-spec/--rhs-spec.\n");
@@ -38,6 +39,7 @@ int tw_plan_main(int argc, char **argv) {
   const char *mesh_s = NULL, *op_s = NULL, *pass_s = "all", *xshape = NULL, *wshape = NULL;
   const char *xspec = NULL, *wspec = NULL, *mode_s = "current", *layout_s = "row";
   long long groups = -1;
+  int fp8 = 0, qbg = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define OPT(name, var) if (strcmp(a, name) == 0 && v) { var = v; i++; continue; }
@@ -46,6 +48,8 @@ int tw_plan_main(int argc, char **argv) {
     OPT("--w-spec", wspec) OPT("--mode", mode_s) OPT("--layout", layout_s)
 #undef OPT
     if (strcmp(a, "--groups") == 0 && v) { groups = atoll(v); i++; continue; }
+    if (strcmp(a, "--fp8") == 0) { fp8 = 1; continue; }
+    if (strcmp(a, "--quantize-before-gather") == 0) { fp8 = qbg = 1; continue; }
     if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { plan_usage(stdout); return 0; }
     fprintf(stderr, "twin plan: unknown or incomplete option '%s'\n", a);
     plan_usage(stderr);
@@ -76,6 +80,8 @@ int tw_plan_main(int argc, char **argv) {
   }
   tw_rule_opts ro = TW_RULE_OPTS_INIT;
   if (tw_scaling_from_name(mode_s, &ro.quant.mode) != 0) { fprintf(stderr, "twin plan: unknown mode '%s'\n", mode_s); return 2; }
+  ro.quantize_inputs = fp8;
+  ro.quantize_before_gather = qbg;
   ro.quant.layout = strcmp(layout_s, "col") == 0 ? TW_COLWISE : strcmp(layout_s, "rowcol") == 0 ? TW_ROWWISE_COLWISE : TW_ROWWISE;
   if (groups < 0) groups = op == TW_SHARD_GROUPED_GEMM ? w.shape[0] : 8;
   int first = 0, last = TW_PASS_COUNT - 1;

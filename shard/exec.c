@@ -120,6 +120,14 @@ static tw_status apply_step(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan_step *
   if (st->kind == TW_STEP_ALL_REDUCE)
     return tw_all_reduce(ctx, comm, cur->t.data, cur->t.data, tw_tensor_numel(&cur->t), cur->t.dtype, TW_REDUCE_SUM);
   int d = st->dim;
+  if (d < 0 || d >= nd)
+    return tw_error(TW_ERR_INVALID_ARG, "plan_run: a step on dim %d of a %d-d tensor", d, nd);
+  for (int k = 0; k < nd; k++) { /* a plan edited by hand must not make us write out of bounds */
+    int64_t want = k != d ? cur->t.shape[k] : st->kind == TW_STEP_ALL_GATHER ? cur->t.shape[k] * n : cur->t.shape[k] / n;
+    if (st->shape[k] != want || (k == d && st->kind != TW_STEP_ALL_GATHER && cur->t.shape[k] % n))
+      return tw_error(TW_ERR_INVALID_ARG, "plan_run: step over %s along dim %d expects dim %d = %lld, the tensor gives %lld",
+                      tw_axis_name(st->axis), d, k, (long long)st->shape[k], (long long)want);
+  }
   int64_t outer = prod(cur->t.shape, 0, d);
   size_t chunk = (size_t)prod(cur->t.shape, d, nd) * es; /* bytes of one outer row, before */
   buf nb, tmp = {{0}, 0};
@@ -237,43 +245,6 @@ static tw_status local_gemm(tw_ctx *ctx, const tw_plan *p, const tw_tensor *a_t,
   return tw_grouped_gemm_wgrad(ctx, &a, TW_OP_N, &b, TW_OP_N, gs, out, 0);
 }
 
-static tw_status run_gemm(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_shard_io *io) {
-  for (int i = 0; i < 2; i++) TW_TRY(check_io_tensor(p, i, &io->in[i], ctx));
-  TW_TRY(check_io_tensor(p, 2, &io->out, ctx));
-  buf in[2] = {{io->in[0], 0}, {io->in[1], 0}}, out = {{0}, 0}, gs = {{0}, 0};
-  tw_status s = TW_OK;
-  if (p->op == TW_SHARD_GROUPED_GEMM) s = local_groups(ctx, p, mc->rank, io->group_sizes, &gs);
-  for (int i = 0; i < p->nsteps && s == TW_OK; i++)
-    if (p->steps[i].tensor < 2) s = apply_step(ctx, mc, &p->steps[i], &in[p->steps[i].tensor]);
-  int after = 0, reduces = 0;
-  for (int i = 0; i < p->nsteps; i++)
-    if (p->steps[i].tensor == 2) {
-      after++;
-      reduces += p->steps[i].kind == TW_STEP_REDUCE_SCATTER || p->steps[i].kind == TW_STEP_ALL_REDUCE;
-    }
-  if (s == TW_OK) {
-    if (!after) {
-      out.t = io->out;
-    } else {
-      /* partial sums travel in f32 (the communicators reduce f32); rows past the groups are 0 */
-      s = buf_new(ctx, &out, reduces ? TW_F32 : io->out.dtype, p->t[2].ndim, p->t[2].op_local);
-      if (s == TW_OK) s = tw_memset(ctx, out.t.data, 0, tw_tensor_bytes(&out.t));
-    }
-  }
-  if (s == TW_OK) s = local_gemm(ctx, p, &in[0].t, &in[1].t, &gs.t, &out.t);
-  for (int i = 0; i < p->nsteps && s == TW_OK; i++)
-    if (p->steps[i].tensor == 2) s = apply_step(ctx, mc, &p->steps[i], &out);
-  if (s == TW_OK && after) {
-    if (out.t.dtype == io->out.dtype) s = tw_tensor_copy(ctx, &io->out, &out.t);
-    else s = tw_cast(ctx, &io->out, &out.t, 0);
-  }
-  buf_drop(ctx, &in[0]);
-  buf_drop(ctx, &in[1]);
-  buf_drop(ctx, &out);
-  buf_drop(ctx, &gs);
-  return s;
-}
-
 /* tw_quantize.h's compute_scale, in f32. */
 static float current_scale(float amax, tw_dtype q, int pow2) {
   if (amax == 0.0f || !isfinite(amax)) return 1.0f;
@@ -289,16 +260,189 @@ static float current_scale(float amax, tw_dtype q, int pow2) {
   return s;
 }
 
-static tw_status amax_reduce(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_qtensor *q) {
-  for (int i = 0; i < p->nsteps; i++) {
-    const tw_plan_step *st = &p->steps[i];
-    if (st->kind != TW_STEP_AMAX_MAX) continue;
+static tw_status amax_reduce(tw_ctx *ctx, tw_mesh_comms *mc, const tw_dimspec *axes, tw_tensor *amax) {
+  for (int i = 0; i < axes->n; i++) {
     tw_status s = TW_OK;
-    tw_comm *c = axis_comm(mc, st->axis, &s);
+    tw_comm *c = axis_comm(mc, axes->axis[i], &s);
     if (!c) return s;
-    TW_TRY(tw_all_reduce(ctx, c, q->amax.data, q->amax.data, p->groups, TW_F32, TW_REDUCE_MAX));
+    TW_TRY(tw_all_reduce(ctx, c, amax->data, amax->data, amax->shape[0], TW_F32, TW_REDUCE_MAX));
   }
   return TW_OK;
+}
+
+/* Tensor current scaling of x by gs with the per-group amax max-reduced over `axes` first, so
+ * every shard quantizes with the scales the unsharded tensor would get: a local quantize pass
+ * for the amax, the all-reduce, the scales (host, the formula above), then the quantize proper
+ * in the delayed form with those scales. q->amax ends as the global amax. */
+static tw_status quantize_global(tw_ctx *ctx, tw_mesh_comms *mc, const tw_tensor *x, const tw_tensor *gs,
+                                 const tw_quantize_opts *o, const tw_dimspec *axes, tw_qtensor *q) {
+  int64_t G = gs->shape[0];
+  tw_quantize_opts opts = *o;
+  buf scale = {{0}, 0};
+  tw_status s = tw_grouped_quantize(ctx, x, gs, &opts, q);
+  if (s == TW_OK) s = amax_reduce(ctx, mc, axes, &q->amax);
+  float *host = (float *)malloc(sizeof(float) * 2 * (size_t)(G ? G : 1));
+  if (!host && s == TW_OK) s = tw_error(TW_ERR_MEMORY, "plan_run: out of host memory");
+  tw_tensor hamax = tw_tensor_1d(host, TW_F32, G, TW_MEM_HOST);
+  tw_tensor hscale = tw_tensor_1d(host ? host + G : NULL, TW_F32, G, TW_MEM_HOST);
+  if (s == TW_OK) s = tw_tensor_copy(ctx, &hamax, &q->amax);
+  if (s == TW_OK) {
+    for (int64_t g = 0; g < G; g++) host[G + g] = current_scale(host[g], o->qdtype, o->pow2_scales);
+    s = buf_new(ctx, &scale, TW_F32, 1, &G);
+  }
+  if (s == TW_OK) s = tw_tensor_copy(ctx, &scale.t, &hscale);
+  if (s == TW_OK) {
+    tw_qtensor q2 = *q;
+    q2.mode = TW_SCALE_TENSOR_DELAYED;
+    opts.mode = TW_SCALE_TENSOR_DELAYED;
+    opts.pow2_scales = 0;
+    opts.scale = scale.t;
+    s = tw_grouped_quantize(ctx, x, gs, &opts, &q2);
+  }
+  if (s == TW_OK) s = tw_tensor_copy(ctx, &q->amax, &hamax); /* the global amax */
+  free(host);
+  buf_drop(ctx, &scale);
+  return s;
+}
+
+/* An fp8 input of the grouped GEMM: the data (same shape as the tensor it replaced), its
+ * per-group scale_inv and amax. */
+typedef struct {
+  int on;
+  buf scale, amax;
+} qin;
+
+static void qin_drop(tw_ctx *ctx, qin *q) {
+  buf_drop(ctx, &q->scale);
+  buf_drop(ctx, &q->amax);
+  q->on = 0;
+}
+
+/* Quantizes cur in place of itself: x [M, K] by the local groups; w [G, K, N] in the uniform
+ * form [G*K, N] with G groups of K rows. */
+static tw_status quantize_input(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, const tw_plan_step *st, buf *cur,
+                                const tw_tensor *gs_local, qin *out) {
+  int is_w = st->tensor == 1;
+  int64_t rows = is_w ? cur->t.shape[0] * cur->t.shape[1] : cur->t.shape[0];
+  int64_t cols = is_w ? cur->t.shape[2] : cur->t.shape[1];
+  int64_t G = is_w ? cur->t.shape[0] : gs_local->shape[0];
+  buf gs = {{0}, 0}, data = {{0}, 0};
+  tw_status s = TW_OK;
+  if (is_w) { /* uniform group sizes */
+    int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (size_t)(G ? G : 1));
+    if (!h) return tw_error(TW_ERR_MEMORY, "plan_run: out of host memory");
+    for (int64_t g = 0; g < G; g++) h[g] = (int32_t)cur->t.shape[1];
+    s = buf_new(ctx, &gs, TW_I32, 1, &G);
+    tw_tensor ht = tw_tensor_1d(h, TW_I32, G, TW_MEM_HOST);
+    if (s == TW_OK) s = tw_tensor_copy(ctx, &gs.t, &ht);
+    free(h);
+  } else {
+    gs.t = *gs_local;
+  }
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = TW_SCALE_TENSOR_CURRENT;
+  o.qdtype = p->opts.fp8;
+  o.layout = TW_ROWWISE;
+  tw_qtensor q;
+  if (s == TW_OK) s = tw_quantize_output_shapes(&o, rows, cols, G, &q);
+  if (s == TW_OK) s = buf_new(ctx, &data, o.qdtype, cur->t.ndim, cur->t.shape);
+  if (s == TW_OK) s = buf_new(ctx, &out->scale, TW_F32, 1, &G);
+  if (s == TW_OK) s = buf_new(ctx, &out->amax, TW_F32, 1, &G);
+  if (s == TW_OK) {
+    q.row_data.data = data.t.data;
+    q.row_data.mem = q.row_scale_inv.mem = q.amax.mem = tw_ctx_mem(ctx);
+    q.row_scale_inv.data = out->scale.t.data;
+    q.amax.data = out->amax.t.data;
+    tw_tensor x2 = tw_tensor_2d(cur->t.data, cur->t.dtype, rows, cols, tw_ctx_mem(ctx));
+    s = quantize_global(ctx, mc, &x2, &gs.t, &o, &st->axes, &q);
+  }
+  if (is_w) buf_drop(ctx, &gs);
+  if (s != TW_OK) {
+    buf_drop(ctx, &data);
+    qin_drop(ctx, out);
+    return s;
+  }
+  buf_drop(ctx, cur);
+  *cur = data;
+  out->on = 1;
+  return TW_OK;
+}
+
+/* The rowwise operand of an fp8 input: x [M, K], or w [G, K, N] as its uniform [G*K, N]. */
+static tw_operand qin_operand(const buf *cur, const qin *q, int is_w) {
+  tw_qtensor t;
+  memset(&t, 0, sizeof t);
+  t.mode = TW_SCALE_TENSOR_DELAYED;
+  t.qdtype = cur->t.dtype;
+  t.rows = is_w ? cur->t.shape[0] * cur->t.shape[1] : cur->t.shape[0];
+  t.cols = is_w ? cur->t.shape[2] : cur->t.shape[1];
+  t.row_data = tw_tensor_2d(cur->t.data, cur->t.dtype, t.rows, t.cols, cur->t.mem);
+  t.row_scale_inv = q->scale.t;
+  t.col_data = t.col_scale_inv = tw_tensor_none();
+  t.amax = q->amax.t;
+  return tw_operand_rowwise(&t);
+}
+
+static tw_status run_gemm(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_shard_io *io) {
+  for (int i = 0; i < 2; i++) TW_TRY(check_io_tensor(p, i, &io->in[i], ctx));
+  TW_TRY(check_io_tensor(p, 2, &io->out, ctx));
+  buf in[2] = {{io->in[0], 0}, {io->in[1], 0}}, out = {{0}, 0}, gs = {{0}, 0};
+  qin q[2];
+  memset(q, 0, sizeof q);
+  tw_status s = TW_OK;
+  if (p->op == TW_SHARD_GROUPED_GEMM) s = local_groups(ctx, p, mc->rank, io->group_sizes, &gs);
+  for (int i = 0; i < p->nsteps && s == TW_OK; i++) {
+    const tw_plan_step *st = &p->steps[i];
+    if (st->tensor >= 2) continue;
+    if (st->kind == TW_STEP_QUANTIZE) {
+      s = quantize_input(ctx, mc, p, st, &in[st->tensor], &gs.t, &q[st->tensor]);
+      continue;
+    }
+    if (q[st->tensor].on && st->dim == 0) { /* per-expert scales follow w's expert dim */
+      tw_plan_step ss = *st;
+      memset(ss.shape, 0, sizeof ss.shape);
+      ss.shape[0] = st->shape[0];
+      s = apply_step(ctx, mc, &ss, &q[st->tensor].scale);
+      if (s != TW_OK) break;
+    }
+    s = apply_step(ctx, mc, st, &in[st->tensor]);
+  }
+  int after = 0, reduces = 0;
+  for (int i = 0; i < p->nsteps; i++)
+    if (p->steps[i].tensor == 2) {
+      after++;
+      reduces += p->steps[i].kind == TW_STEP_REDUCE_SCATTER || p->steps[i].kind == TW_STEP_ALL_REDUCE;
+    }
+  if (s == TW_OK) {
+    if (!after) {
+      out.t = io->out;
+    } else {
+      /* partial sums travel in f32 (the communicators reduce f32); rows past the groups are 0 */
+      s = buf_new(ctx, &out, reduces ? TW_F32 : io->out.dtype, p->t[2].ndim, p->t[2].op_local);
+      if (s == TW_OK) s = tw_memset(ctx, out.t.data, 0, tw_tensor_bytes(&out.t));
+    }
+  }
+  if (s == TW_OK) {
+    if (q[0].on && q[1].on) {
+      tw_operand a = qin_operand(&in[0], &q[0], 0), b = qin_operand(&in[1], &q[1], 1);
+      s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gs.t, &out.t, 0);
+    } else {
+      s = local_gemm(ctx, p, &in[0].t, &in[1].t, &gs.t, &out.t);
+    }
+  }
+  for (int i = 0; i < p->nsteps && s == TW_OK; i++)
+    if (p->steps[i].tensor == 2) s = apply_step(ctx, mc, &p->steps[i], &out);
+  if (s == TW_OK && after) {
+    if (out.t.dtype == io->out.dtype) s = tw_tensor_copy(ctx, &io->out, &out.t);
+    else s = tw_cast(ctx, &io->out, &out.t, 0);
+  }
+  buf_drop(ctx, &in[0]);
+  buf_drop(ctx, &in[1]);
+  buf_drop(ctx, &out);
+  buf_drop(ctx, &gs);
+  qin_drop(ctx, &q[0]);
+  qin_drop(ctx, &q[1]);
+  return s;
 }
 
 static tw_status run_quantize(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_shard_io *io) {
@@ -309,41 +453,17 @@ static tw_status run_quantize(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, 
   int reduce = tensor_mode && p->amax_axes.n > 0;
   if (reduce && tw_tensor_is_none(&io->q->amax))
     return tw_error(TW_ERR_NULL, "plan_run: tensor scaling needs q->amax");
-  buf gs = {{0}, 0}, scale = {{0}, 0};
+  buf gs = {{0}, 0};
   tw_status s = local_groups(ctx, p, mc->rank, io->group_sizes, &gs);
   tw_quantize_opts opts = *o;
   if (o->mode == TW_SCALE_TENSOR_DELAYED) opts.scale = io->scale;
   if (s == TW_OK && o->mode == TW_SCALE_TENSOR_CURRENT && reduce) {
-    /* local amax (a full quantize pass), global amax, scales as the unsharded op derives them,
-     * then the real quantize with those scales (delayed form) */
-    s = tw_grouped_quantize(ctx, &io->in[0], &gs.t, &opts, io->q);
-    if (s == TW_OK) s = amax_reduce(ctx, mc, p, io->q);
-    float *host = (float *)malloc(sizeof(float) * 2 * (size_t)p->groups);
-    if (!host && s == TW_OK) s = tw_error(TW_ERR_MEMORY, "plan_run: out of host memory");
-    tw_tensor hamax = tw_tensor_1d(host, TW_F32, p->groups, TW_MEM_HOST);
-    tw_tensor hscale = tw_tensor_1d(host ? host + p->groups : NULL, TW_F32, p->groups, TW_MEM_HOST);
-    if (s == TW_OK) s = tw_tensor_copy(ctx, &hamax, &io->q->amax);
-    if (s == TW_OK) {
-      for (int64_t g = 0; g < p->groups; g++) host[p->groups + g] = current_scale(host[g], o->qdtype, o->pow2_scales);
-      s = buf_new(ctx, &scale, TW_F32, 1, &p->groups);
-    }
-    if (s == TW_OK) s = tw_tensor_copy(ctx, &scale.t, &hscale);
-    if (s == TW_OK) {
-      tw_qtensor q2 = *io->q;
-      q2.mode = TW_SCALE_TENSOR_DELAYED;
-      opts.mode = TW_SCALE_TENSOR_DELAYED;
-      opts.pow2_scales = 0;
-      opts.scale = scale.t;
-      s = tw_grouped_quantize(ctx, &io->in[0], &gs.t, &opts, &q2);
-    }
-    if (s == TW_OK) s = tw_tensor_copy(ctx, &io->q->amax, &hamax); /* the global amax */
-    free(host);
+    s = quantize_global(ctx, mc, &io->in[0], &gs.t, &opts, &p->amax_axes, io->q);
   } else if (s == TW_OK) {
     s = tw_grouped_quantize(ctx, &io->in[0], &gs.t, &opts, io->q);
-    if (s == TW_OK && reduce) s = amax_reduce(ctx, mc, p, io->q);
+    if (s == TW_OK && reduce) s = amax_reduce(ctx, mc, &p->amax_axes, &io->q->amax);
   }
   buf_drop(ctx, &gs);
-  buf_drop(ctx, &scale);
   return s;
 }
 

@@ -25,6 +25,7 @@ typedef struct {
   tw_axis axes[4];
   tw_scaling mode;
   tw_qlayout layout;
+  int qin, qbg; /* grouped_gemm: fp8 inputs; quantized before the gather */
 } rule_desc;
 
 #define DP TW_AXIS_DP
@@ -32,22 +33,24 @@ typedef struct {
 #define EP TW_AXIS_EP
 #define TP TW_AXIS_TP
 static const rule_desc rules[] = {
-    {"dense2", TW_SHARD_DENSE, 3, 2, 2, {16, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
-    {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
-    {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0},
-    {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0},
+    {"dense2", TW_SHARD_DENSE, 3, 2, 2, {16, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
+    {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
+    {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
+    {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0},
+    {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
+    {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
     {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE},
+     TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE, 0, 0},
     {"quantize.delayed", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_TENSOR_DELAYED, TW_ROWWISE},
+     TW_SCALE_TENSOR_DELAYED, TW_ROWWISE, 0, 0},
     {"quantize.mxfp8.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_MXFP8_1D, TW_ROWWISE},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE, 0, 0},
     {"quantize.mxfp8.rowcol", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_MXFP8_1D, TW_ROWWISE_COLWISE},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE_COLWISE, 0, 0},
     {"quantize.block1x128.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_BLOCK_1x128, TW_ROWWISE},
+     TW_SCALE_BLOCK_1x128, TW_ROWWISE, 0, 0},
     {"quantize.block128x128", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_BLOCK_128x128, TW_ROWWISE},
+     TW_SCALE_BLOCK_128x128, TW_ROWWISE, 0, 0},
 };
 #define NRULES ((int)(sizeof rules / sizeof rules[0]))
 
@@ -228,6 +231,54 @@ static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor 
   return TW_OK;
 }
 
+/* The unsharded fp8 forward: x quantized by its groups and w in the uniform form [G*K, N],
+ * both tensor current scaling (e4m3), then the grouped GEMM; the bound's |a||b| from the
+ * dequantized values. ax/aw are scratch of x's and w's sizes. */
+static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, float *ax, float *aw) {
+  int64_t M = r->xs[0], K = r->xs[1], G = r->ws[0], N = r->ws[2];
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = TW_SCALE_TENSOR_CURRENT;
+  o.qdtype = TW_E4M3;
+  o.layout = TW_ROWWISE;
+  tw_qtensor qx, qw;
+  memset(&qx, 0, sizeof qx);
+  memset(&qw, 0, sizeof qw);
+  int32_t *ugs = (int32_t *)malloc(sizeof(int32_t) * (size_t)G);
+  d->expect[0] = (float *)calloc((size_t)(M * N), sizeof(float));
+  d->absprod[0] = (float *)calloc((size_t)(M * N), sizeof(float));
+  if (!ugs || !d->expect[0] || !d->absprod[0]) { free(ugs); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
+  for (int64_t g = 0; g < G; g++) ugs[g] = (int32_t)K;
+  tw_tensor xt = host_t(d->x, TW_F32, 2, r->xs), wt = tw_tensor_2d(d->w, TW_F32, G * K, N, TW_MEM_HOST);
+  tw_tensor gst = tw_tensor_1d(d->gs, TW_I32, G, TW_MEM_HOST), ugst = tw_tensor_1d(ugs, TW_I32, G, TW_MEM_HOST);
+  tw_status s = tw_quantize_output_shapes(&o, M, K, G, &qx);
+  if (s == TW_OK) s = tw_quantize_output_shapes(&o, G * K, N, G, &qw);
+  if (s == TW_OK) s = q_alloc(ctx, &qx);
+  if (s == TW_OK) s = q_alloc(ctx, &qw);
+  if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &qx);
+  if (s == TW_OK) s = tw_grouped_quantize(ctx, &wt, &ugst, &o, &qw);
+  int64_t ys[2] = {M, N};
+  tw_tensor yt = host_t(d->expect[0], TW_F32, 2, ys), at = host_t(d->absprod[0], TW_F32, 2, ys);
+  if (s == TW_OK) {
+    tw_operand a = tw_operand_rowwise(&qx), b = tw_operand_rowwise(&qw);
+    s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &yt, 0);
+  }
+  tw_tensor dxt = host_t(ax, TW_F32, 2, r->xs), dwt = tw_tensor_2d(aw, TW_F32, G * K, N, TW_MEM_HOST);
+  if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qx, &gst, 0, &dxt);
+  if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qw, &ugst, 0, &dwt);
+  if (s == TW_OK) {
+    for (int64_t i = 0; i < M * K; i++) ax[i] = fabsf(ax[i]);
+    for (int64_t i = 0; i < G * K * N; i++) aw[i] = fabsf(aw[i]);
+    tw_tensor a3 = host_t(aw, TW_F32, 3, r->ws);
+    tw_operand a = tw_operand_plain(&dxt), b = tw_operand_plain(&a3);
+    s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &at, 0);
+  }
+  d->contract[0] = K;
+  q_free(ctx, &qx);
+  q_free(ctx, &qw);
+  free(ugs);
+  return s;
+}
+
 static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
   memset(d, 0, sizeof *d);
   d->ep = ep;
@@ -289,6 +340,12 @@ static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
   for (int64_t i = 0; i < ny; i++) ady[i] = fabsf(d->dy[i]);
   tw_ctx *ctx = NULL;
   tw_status s = host_ctx(&ctx, NULL);
+  if (s == TW_OK && r->qin) { /* fp8 forward: the unsharded quantize of x and w, then the GEMM */
+    s = fp8_expected(ctx, r, d, ax, aw);
+    tw_ctx_destroy(ctx);
+    free(ax); free(aw); free(ady);
+    return s;
+  }
   for (int p = 0; p < 3 && s == TW_OK; p++) {
     int64_t os[TW_MAX_DIMS];
     int ond;
@@ -637,6 +694,8 @@ static tw_status plan_cases(const tw_golden_cfg *cfg, const rule_desc *r, tw_pas
   long nx = count_specs(nopt, r->xnd), nw = r->wnd ? count_specs(nopt, r->wnd) : 1;
   tw_rule_opts ro = TW_RULE_OPTS_INIT;
   ro.quant = rule_qopts(r);
+  ro.quantize_inputs = r->qin;
+  ro.quantize_before_gather = r->qbg;
   long cap = 256, nv = 0;
   vcase *cases = (vcase *)malloc(sizeof(vcase) * (size_t)cap);
   if (!cases) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
@@ -719,7 +778,7 @@ static void collect(const tw_golden_cfg *cfg, const sweep *s, tw_golden_row *row
 }
 
 /* Every mesh over {dp, fsdp, ep, tp}: sizes 2, 4, 8, within [min, max] ranks. */
-static const rule_desc all_axes = {"", TW_SHARD_DENSE, 0, 0, 0, {0}, {0}, 0, 4, {DP, FSDP, EP, TP}, 0, 0};
+static const rule_desc all_axes = {"", TW_SHARD_DENSE, 0, 0, 0, {0}, {0}, 0, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0};
 
 static int mesh_fits(const tw_mesh *m, const rule_desc *r) {
   for (int i = 0; i < m->naxes; i++) {

@@ -262,6 +262,66 @@ static tw_status rule_dense(tw_plan *p, const tw_shard_operand *x, const tw_shar
 }
 
 /* ---- grouped GEMM ---------------------------------------------------------------------- */
+static void dims_axes(const tw_pspec *s, int from, int to, tw_dimspec *out) {
+  for (int d = from; d < to; d++)
+    for (int i = 0; i < s->dim[d].n; i++) ds_add(out, s->dim[d].axis[i]);
+}
+
+/* fp8 inputs: x quantized after its steps; w after its steps or, quantizing before the
+ * gather, before them. The step list is rebuilt in that order. */
+static tw_status add_quantize_steps(tw_plan *p) {
+  tw_plan_step old[TW_PLAN_MAX_STEPS];
+  int n = p->nsteps;
+  memcpy(old, p->steps, sizeof old);
+  if (n + 2 > TW_PLAN_MAX_STEPS) return tw_error(TW_ERR_INTERNAL, "plan: more than %d steps", TW_PLAN_MAX_STEPS);
+  tw_plan_step qx, qw;
+  memset(&qx, 0, sizeof qx);
+  memset(&qw, 0, sizeof qw);
+  qx.kind = qw.kind = TW_STEP_QUANTIZE;
+  qx.tensor = 0;
+  qw.tensor = 1;
+  qx.dim = qw.dim = -1;
+  memcpy(qx.shape, p->t[0].op_local, sizeof qx.shape);
+  int qbg = p->opts.quantize_before_gather;
+  memcpy(qw.shape, qbg ? p->t[1].local : p->t[1].op_local, sizeof qw.shape);
+  dims_axes(&p->t[0].op_spec, 0, 2, &qx.axes);
+  if (p->experts_on_ep) qx.axes = ds_without(&qx.axes, TW_AXIS_EP); /* ep ranks hold other experts */
+  dims_axes(qbg ? &p->t[1].spec : &p->t[1].op_spec, 1, 3, &qw.axes);
+  p->nsteps = 0;
+  for (int i = 0; i < n; i++)
+    if (old[i].tensor == 0) p->steps[p->nsteps++] = old[i];
+  p->steps[p->nsteps++] = qx;
+  /* before the gather, w first drops the experts of other ep ranks (slices along dim 0
+   * change no expert's amax), so only its own experts are quantized */
+  int moved[TW_PLAN_MAX_STEPS] = {0};
+  if (qbg)
+    for (int i = 0; i < n; i++)
+      if (old[i].tensor == 1 && old[i].kind == TW_STEP_SLICE && old[i].dim == 0) {
+        p->steps[p->nsteps++] = old[i];
+        memcpy(qw.shape, old[i].shape, sizeof qw.shape);
+        moved[i] = 1;
+      }
+  if (qbg) p->steps[p->nsteps++] = qw;
+  for (int i = 0; i < n; i++)
+    if (old[i].tensor == 1 && !moved[i]) p->steps[p->nsteps++] = old[i];
+  if (!qbg) p->steps[p->nsteps++] = qw;
+  /* the local shapes after each of w's steps, in the new order */
+  int64_t shape[TW_MAX_DIMS];
+  memcpy(shape, p->t[1].local, sizeof shape);
+  for (int i = 0; i < p->nsteps; i++) {
+    tw_plan_step *st = &p->steps[i];
+    if (st->tensor != 1) continue;
+    if (st->kind == TW_STEP_ALL_GATHER) shape[st->dim] *= tw_mesh_axis_size(&p->mesh, st->axis);
+    if (st->kind == TW_STEP_SLICE) shape[st->dim] /= tw_mesh_axis_size(&p->mesh, st->axis);
+    memcpy(st->shape, shape, sizeof shape);
+  }
+  for (int i = 0; i < n; i++)
+    if (old[i].tensor == 2) p->steps[p->nsteps++] = old[i];
+  note(p, "grouped_gemm: x and w quantized to %s (current scaling from the global amax)%s", tw_dtype_name(p->opts.fp8),
+       qbg ? "; w quantized before its collectives: fp8 bytes and per-expert scales travel" : "");
+  return TW_OK;
+}
+
 static tw_status rule_grouped_gemm(tw_plan *p, const tw_shard_operand *x, const tw_shard_operand *w) {
   char b1[64], b2[64];
   const tw_mesh *m = &p->mesh;
@@ -277,6 +337,18 @@ static tw_status rule_grouped_gemm(tw_plan *p, const tw_shard_operand *x, const 
                     (long long)p->groups, (long long)G);
   TW_TRY(tw_pspec_check(m, &x->spec, 2, x->shape, "x"));
   TW_TRY(tw_pspec_check(m, &w->spec, 3, w->shape, "w"));
+  if (p->opts.quantize_inputs) {
+    if (p->pass != TW_PASS_FWD)
+      return rule_error(p, "grouped_gemm.quantized_fwd_only", "quantize_inputs applies to the forward GEMM; the %s GEMM takes plain inputs here",
+                        tw_pass_name(p->pass));
+    if (!tw_dtype_is_fp8(p->opts.fp8))
+      return tw_error(TW_ERR_DTYPE, "plan grouped_gemm: opts.fp8 must be e4m3, got %s",
+                      tw_dtype_name(p->opts.fp8) ? tw_dtype_name(p->opts.fp8) : "?");
+    if (p->opts.fp8 == TW_E5M2)
+      return rule_error(p, "grouped_gemm.fp8_pair", "x and w both e5m2: e5m2 x e5m2 is no GEMM (TE rejects it); use e4m3");
+  } else if (p->opts.quantize_before_gather) {
+    return rule_error(p, "grouped_gemm.quantized_fwd_only", "quantize_before_gather needs quantize_inputs");
+  }
   tw_dimspec rows = x->spec.dim[0], wg = w->spec.dim[0];
   int ep_rows = ds_has(&rows, TW_AXIS_EP);
   if (ep_rows && rows.axis[0] != TW_AXIS_EP)
@@ -337,7 +409,8 @@ static tw_status rule_grouped_gemm(tw_plan *p, const tw_shard_operand *x, const 
       p->partial = row_partial; /* each row shard holds part of every local group */
       break;
   }
-  return finish(p);
+  TW_TRY(finish(p));
+  return p->opts.quantize_inputs ? add_quantize_steps(p) : TW_OK;
 }
 
 /* ---- grouped quantize ------------------------------------------------------------------ */
@@ -429,6 +502,7 @@ static const char *step_name(tw_step_kind k) {
     case TW_STEP_SLICE: return "slice";
     case TW_STEP_REDUCE_SCATTER: return "reduce-scatter(sum)";
     case TW_STEP_ALL_REDUCE: return "all-reduce(sum)";
+    case TW_STEP_QUANTIZE: return "quantize";
     default: return "all-reduce(max) amax";
   }
 }
@@ -471,8 +545,13 @@ const char *tw_plan_format(const tw_plan *p, char *buf, size_t n) {
   for (int i = 0; i < p->nsteps; i++) {
     const tw_plan_step *s = &p->steps[i];
     if (s->tensor >= 2) continue;
-    OUT("    %-5s %s over %s along dim %d -> %s\n", p->t[s->tensor].name, step_name(s->kind),
-        tw_axis_name(s->axis), s->dim, shape_str(p->t[s->tensor].ndim, s->shape, s1, sizeof s1));
+    if (s->kind == TW_STEP_QUANTIZE)
+      OUT("    %-5s quantize to %s, per-group amax max-reduced over %s -> %s\n", p->t[s->tensor].name,
+          tw_dtype_name(p->opts.fp8), s->axes.n ? ds_str(&s->axes, s2, sizeof s2) : "nothing",
+          shape_str(p->t[s->tensor].ndim, s->shape, s1, sizeof s1));
+    else
+      OUT("    %-5s %s over %s along dim %d -> %s\n", p->t[s->tensor].name, step_name(s->kind),
+          tw_axis_name(s->axis), s->dim, shape_str(p->t[s->tensor].ndim, s->shape, s1, sizeof s1));
   }
   OUT("  local: %s -> %s %s\n", local_op_desc(p), p->t[2].name, shape_str(p->t[2].ndim, p->t[2].op_local, s1, sizeof s1));
   if (p->partial.n) OUT("         (a partial sum over %s)\n", ds_str(&p->partial, s1, sizeof s1));

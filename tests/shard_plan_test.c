@@ -28,7 +28,7 @@ static tw_shard_operand operand(int nd, const int64_t *shape, const char *sp) {
 
 /* "kind tensor axis dim" strings of the plan's steps, joined by "; ". */
 static const char *steps_str(const tw_plan *p, char *buf, size_t n) {
-  static const char *k[] = {"AG", "SLICE", "RS", "AR", "AMAX"};
+  static const char *k[] = {"AG", "SLICE", "RS", "AR", "AMAX", "QUANT"};
   size_t u = 0;
   buf[0] = 0;
   for (int i = 0; i < p->nsteps && u < n; i++)
@@ -332,4 +332,43 @@ Test(plan, bad_calls) {
   cr_assert_eq(tw_plan_make(&m, TW_SHARD_GROUPED_GEMM, TW_PASS_FWD, &x, &w, 4, NULL, &p), TW_ERR_SHAPE);
   cr_assert(strstr(tw_last_error(), "4 groups but w has 8 experts"), "%s", tw_last_error());
   cr_assert_eq(tw_plan_make(&m, TW_SHARD_GROUPED_QUANTIZE, TW_PASS_WGRAD, &x, NULL, 4, NULL, &p), TW_ERR_INVALID_ARG);
+}
+
+/* ---- fp8 inputs of the grouped GEMM, quantized before the FSDP gather ---- */
+static tw_status gplan(const char *m, const char *xs, const char *ws, tw_pass pass, int qin, int qbg, tw_dtype fp8,
+                       tw_plan *p) {
+  tw_mesh me = mesh(m);
+  tw_shard_operand x = operand(2, GX, xs), w = operand(3, GW, ws);
+  tw_rule_opts ro = TW_RULE_OPTS_INIT;
+  ro.quantize_inputs = qin;
+  ro.quantize_before_gather = qbg;
+  ro.fp8 = fp8;
+  return tw_plan_make(&me, TW_SHARD_GROUPED_GEMM, pass, &x, &w, 8, &ro, p);
+}
+
+Test(grouped_rule, quantize_before_gather_moves_fp8) {
+  tw_plan p;
+  char b[512];
+  cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 1, TW_E4M3, &p), TW_OK, "%s",
+               tw_last_error());
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x dp; SLICE w ep d0; QUANT w dp; AG w fsdp d1");
+  cr_assert_eq(p.steps[0].axes.n, 1);
+  cr_assert_eq(p.steps[0].axes.axis[0], TW_AXIS_FSDP); /* x: rows over fsdp; ep ranks hold other experts */
+  cr_assert_eq(p.steps[2].axes.axis[0], TW_AXIS_FSDP); /* w: its fsdp shard of K */
+  cr_assert_eq(p.steps[2].shape[1], 16);               /* quantized before the gather: K/2 */
+  cr_assert_eq(p.steps[3].shape[1], 32);
+  cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_E4M3, &p), TW_OK);
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x dp; AG w fsdp d1; SLICE w ep d0; QUANT w dp");
+  cr_assert_eq(p.steps[3].axes.n, 0); /* after the gather w is whole: nothing to reduce */
+}
+
+Test(grouped_rule, fp8_errors_name_the_rule) {
+  tw_plan p;
+  cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_WGRAD, 1, 1, TW_E4M3, &p), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "rule grouped_gemm.quantized_fwd_only"), "%s", tw_last_error());
+  cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_E5M2, &p), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "rule grouped_gemm.fp8_pair"), "%s", tw_last_error());
+  cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_BF16, &p), TW_ERR_DTYPE);
+  cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 0, 1, TW_E4M3, &p), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "quantize_before_gather needs quantize_inputs"), "%s", tw_last_error());
 }

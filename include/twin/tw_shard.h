@@ -45,6 +45,11 @@
  *   grouped_gemm.rhs_k_and_n, grouped_gemm.axis_reuse (an axis of x's rows may not shard w's
  *                           K or N): errors. x's K follows w's K; K sharded -> all-reduce.
  *   Rows stay sharded (group sizes are clipped per row shard; the local op sees its rows).
+ *   quantized inputs (opts.quantize_inputs, fwd): x is quantized after its collectives, with
+ *     the amax reduced over the axes of x's op spec; w after its collectives, or, with
+ *     quantize_before_gather, before them (amax over w's given K/N axes, fsdp included) so the
+ *     all-gather moves fp8 bytes and the per-expert scales follow the expert dim.
+ *     grouped_gemm.quantized_fwd_only, grouped_gemm.fp8_pair: errors.
  *   dgrad: dx = dy w[g]^T per group, reduced over Nn, to x's spec.
  *   wgrad: dw[g] = x_g^T dy_g, partial over x's non-ep row axes, then to w's spec.
  * grouped_quantize  x [M, K] ragged along M -> q (same spec as x), amax [G] replicated
@@ -129,8 +134,15 @@ int tw_pass_from_name(const char *name, tw_pass *out);
 typedef struct {
   size_t size;            /* sizeof(tw_rule_opts) */
   tw_quantize_opts quant; /* grouped_quantize: the quantization (delayed: scale given at run) */
+  /* grouped_gemm fwd: quantize x and w to fp8 (tensor current scaling, per group/expert, from
+   * the global amax) right before the GEMM, and optionally quantize w's shard *before* its
+   * all-gather so fp8 bytes + per-expert scales travel instead of 16/32-bit weights. Both
+   * give the same bytes as quantizing the unsharded tensors. */
+  int quantize_inputs;
+  tw_dtype fp8;           /* e4m3 (e5m2 x e5m2 is no GEMM) */
+  int quantize_before_gather;
 } tw_rule_opts;
-#define TW_RULE_OPTS_INIT {sizeof(tw_rule_opts), TW_QUANTIZE_OPTS_INIT}
+#define TW_RULE_OPTS_INIT {sizeof(tw_rule_opts), TW_QUANTIZE_OPTS_INIT, 0, TW_E4M3, 0}
 
 /* One operand of the forward op as the caller holds it: global shape and spec. */
 typedef struct {
@@ -144,7 +156,8 @@ typedef enum {
   TW_STEP_SLICE = 1,
   TW_STEP_REDUCE_SCATTER = 2,
   TW_STEP_ALL_REDUCE = 3,     /* sum of a partial output */
-  TW_STEP_AMAX_MAX = 4        /* quantize: max-reduce the per-group amax */
+  TW_STEP_AMAX_MAX = 4,       /* quantize: max-reduce the per-group amax */
+  TW_STEP_QUANTIZE = 5        /* grouped_gemm: fp8-quantize an input here (amax over `axes`) */
 } tw_step_kind;
 
 typedef struct {
@@ -153,6 +166,7 @@ typedef struct {
   int dim;                          /* -1 for the all-reduces */
   tw_axis axis;
   int64_t shape[TW_MAX_DIMS];       /* local shape after the step */
+  tw_dimspec axes;                  /* TW_STEP_QUANTIZE: the amax is max-reduced over these */
 } tw_plan_step;
 
 #define TW_PLAN_MAX_STEPS 48
