@@ -37,6 +37,7 @@ static const rule_desc rules[] = {
     {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
     {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
     {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0},
+    /* on gpu K and N are 64 (shapes_for): fp8 shards keep 16-byte rows up to 4 ranks */
     {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
     {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
     {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
@@ -52,7 +53,20 @@ static const rule_desc rules[] = {
     {"quantize.block128x128", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
      TW_SCALE_BLOCK_128x128, TW_ROWWISE, 0, 0},
 };
-#define NRULES ((int)(sizeof rules / sizeof rules[0]))
+enum { NRULES = (int)(sizeof rules / sizeof rules[0]) };
+
+/* The rules as a backend runs them: the gpu's fp8 GEMMs want 16-byte leading dimensions
+ * (tw_gemm_alignment), so its fp8 shapes are wider; the ref keeps them small (its fp8 path
+ * is slow on purpose: plain loops). */
+static void shapes_for(tw_backend b, rule_desc *out) {
+  memcpy(out, rules, sizeof rules);
+  if (b != TW_BACKEND_GPU) return;
+  for (int i = 0; i < NRULES; i++)
+    if (out[i].qin) {
+      out[i].xs[1] = 64;
+      out[i].ws[1] = out[i].ws[2] = 64;
+    }
+}
 
 /* ---- data -------------------------------------------------------------------------------- */
 static uint64_t rng_state;
@@ -279,10 +293,10 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   return s;
 }
 
-static tw_status make_data(const rule_desc *r, int ep, golden_data *d) {
+static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d) {
   memset(d, 0, sizeof *d);
   d->ep = ep;
-  rng_state = 0x5eed0000ull + (uint64_t)(r - rules) * 131 + (uint64_t)ep;
+  rng_state = 0x5eed0000ull + (uint64_t)index * 131 + (uint64_t)ep;
   int64_t nx = numel(r->xnd, r->xs), nw = r->wnd ? numel(r->wnd, r->ws) : 0;
   int64_t ys[TW_MAX_DIMS];
   int ynd;
@@ -807,6 +821,9 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
   if (!rows_out || !nrows_out) return tw_error(TW_ERR_NULL, "golden_sharding: NULL output");
   *rows_out = NULL;
   *nrows_out = 0;
+  rule_desc rules_b[NRULES];
+  shapes_for(cfg.backend, rules_b);
+  const rule_desc *rules = rules_b;
   int use[NRULES] = {0}, nuse = 0;
   for (int ri = 0; ri < NRULES; ri++)
     if (!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) { use[ri] = 1; nuse++; }
@@ -822,7 +839,7 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
     int uses_ep = 0;
     for (int i = 0; i < rules[ri].naxes; i++) uses_ep |= rules[ri].axes[i] == EP;
     for (int e = 1, k = 0; e <= 8 && st == TW_OK; e *= 2, k++)
-      if (e == 1 || uses_ep) st = make_data(&rules[ri], e, &data[ri][k]);
+      if (e == 1 || uses_ep) st = make_data(&rules[ri], ri, e, &data[ri][k]);
   }
   int nm = st == TW_OK ? make_meshes(&all_axes, cfg.min_ranks, cfg.max_ranks, meshes, 256) : 0;
   int nrows = 0;

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "shard/golden.h"
 #include "twin/tw_comm.h"
@@ -142,6 +144,78 @@ Test(shard_nccl, a_missing_peer_times_out_and_aborts) {
   need_gpus(2);
   cr_assert_eq(run_gpus(2, body_missing_peer, 2.0), TW_OK, "%s", tw_last_error());
 }
+
+/* One process per GPU, the way users scale past one node: rank 0 makes the NCCL id, the
+ * launcher (here: this process, over pipes) hands it to the others, each process reads its
+ * rank from the environment and joins. Every process then all-reduces its rank. */
+static int child(int rank, int n, int id_in, int id_out) {
+  char v[16];
+  snprintf(v, sizeof v, "%d", rank);
+  setenv("TWIN_RANK", v, 1);
+  setenv("TWIN_LOCAL_RANK", v, 1);
+  snprintf(v, sizeof v, "%d", n);
+  setenv("TWIN_WORLD_SIZE", v, 1);
+  int r, size, local;
+  if (tw_comm_env_rank(&r, &size, &local) != 0 || r != rank || size != n || local != rank) return 10;
+  tw_comm_id id;
+  if (rank == 0) {
+    if (tw_comm_nccl_get_id(&id) != TW_OK) return 11;
+    if (write(id_out, &id, sizeof id) != (ssize_t)sizeof id) return 12;
+  } else if (read(id_in, &id, sizeof id) != (ssize_t)sizeof id) {
+    return 13;
+  }
+  tw_comm *c = NULL;
+  if (tw_comm_init_nccl_rank(&id, size, r, local, 60, &c) != TW_OK) { fprintf(stderr, "%s\n", tw_last_error()); return 14; }
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cfg.device = local;
+  cfg.comm = c;
+  if (tw_ctx_create(&ctx, &cfg) != TW_OK) { fprintf(stderr, "%s\n", tw_last_error()); return 15; }
+  float h = (float)(rank + 1), sum = 0;
+  void *d = NULL;
+  int rc = 0;
+  if (up(ctx, &h, sizeof h, &d) != TW_OK) rc = 16;
+  if (!rc && tw_all_reduce(ctx, c, d, d, 1, TW_F32, TW_REDUCE_SUM) != TW_OK) rc = 17;
+  if (!rc && tw_comm_wait(ctx, c) != TW_OK) rc = 18;
+  if (!rc && down(ctx, d, sizeof sum, &sum) != TW_OK) rc = 19;
+  if (!rc && sum != (float)(n * (n + 1) / 2)) rc = 20;
+  if (rc) fprintf(stderr, "rank %d: step %d: %s (sum %g)\n", rank, rc, tw_last_error(), sum);
+  tw_free(ctx, d);
+  tw_ctx_destroy(ctx);
+  tw_comm_destroy(c);
+  return rc;
+}
+
+static void process_per_gpu(int n) {
+  /* CUDA must not start in this process before the fork: count the GPUs in a child */
+  pid_t probe = fork();
+  if (probe == 0) _exit(tw_gpu_device_count() > 100 ? 100 : tw_gpu_device_count());
+  int pst = 0;
+  waitpid(probe, &pst, 0);
+  int have = WIFEXITED(pst) ? WEXITSTATUS(pst) : 0;
+  cr_assert(have >= n, "this test needs %d GPUs and sees %d (run it on nvidia-h200-x4)", n, have);
+  int to_parent[2], to_child[8][2];
+  cr_assert_eq(pipe(to_parent), 0);
+  pid_t pid[8];
+  for (int r = 0; r < n; r++) {
+    cr_assert_eq(pipe(to_child[r]), 0);
+    pid[r] = fork();
+    cr_assert(pid[r] >= 0);
+    if (pid[r] == 0) _exit(child(r, n, to_child[r][0], to_parent[1]));
+  }
+  tw_comm_id id;
+  cr_assert_eq(read(to_parent[0], &id, sizeof id), (ssize_t)sizeof id, "rank 0 sent no id");
+  for (int r = 1; r < n; r++) cr_assert_eq(write(to_child[r][1], &id, sizeof id), (ssize_t)sizeof id);
+  for (int r = 0; r < n; r++) {
+    int st = 0;
+    waitpid(pid[r], &st, 0);
+    cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "rank %d exited with %d", r, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+  }
+}
+
+Test(shard_nccl, one_process_per_gpu_2) { process_per_gpu(2); }
+Test(shard_nccl, one_process_per_gpu_4) { process_per_gpu(4); }
 
 static void sweep_gpu(const char *only) {
   need_gpus(2);
