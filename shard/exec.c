@@ -3,6 +3,7 @@
  * data rearrangement through tw_tensor_copy on byte views; nothing here knows the backend. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +66,22 @@ tw_comm *tw_mesh_comms_axis(const tw_mesh_comms *mc, tw_axis a) {
   return mc && (int)a >= 0 && a < TW_AXIS_COUNT ? mc->axis[a] : NULL;
 }
 int tw_mesh_comms_rank(const tw_mesh_comms *mc) { return mc ? mc->rank : -1; }
+
+tw_status tw_mesh_comms_wait(tw_ctx *ctx, tw_mesh_comms *mc) {
+  if (!ctx || !mc) return tw_error(TW_ERR_NULL, "mesh_comms_wait: NULL argument");
+  for (int a = 0; a < TW_AXIS_COUNT; a++) {
+    if (!mc->axis[a]) continue;
+    tw_status s = tw_comm_wait(ctx, mc->axis[a]);
+    if (s == TW_OK) continue;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", tw_last_error());
+    for (int b = 0; b < TW_AXIS_COUNT; b++)
+      if (mc->axis[b]) tw_comm_abort(mc->axis[b]);
+    if (tw_ctx_comm(ctx)) tw_comm_abort(tw_ctx_comm(ctx));
+    return tw_error(s, "%s", msg);
+  }
+  return TW_OK;
+}
 
 /* ---- buffers ------------------------------------------------------------------------- */
 /* A tensor and whether this executor allocated its data (freed with tw_free). */

@@ -556,6 +556,7 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   if (st == TW_OK) st = to_ctx(ctx, &h1, &io.in[1]);
   if (st == TW_OK) st = ctx_poisoned(ctx, TW_F32, ot->ndim, ot->local, &io.out);
   if (st == TW_OK) st = tw_plan_run(ctx, mc, p, &io);
+  if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
   lo = malloc(sizeof(float) * (size_t)(n ? n : 1));
   if (st == TW_OK && !lo) st = tw_error(TW_ERR_MEMORY, "golden: out of memory");
   tw_tensor hl = host_t(lo, TW_F32, ot->ndim, ot->local);
@@ -616,6 +617,7 @@ static tw_status run_quant_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mes
   if (st == TW_OK) st = tw_plan_quantize_shapes(p, &q);
   if (st == TW_OK) st = q_alloc(ctx, &q);
   if (st == TW_OK) st = tw_plan_run(ctx, mc, p, &io);
+  if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
   int64_t Ml = p->t[0].local[0], Kl = p->t[0].local[1], Gl = 0;
   size_t n = sizeof(float) * (size_t)(Ml * Kl);
   if (st == TW_OK) st = tw_plan_local_groups(p, rank, d->gs, lgs, &Gl);

@@ -60,6 +60,7 @@ static tw_status rank_body(int rank, tw_comm *comm, void *arg) {
   memcpy(io.out.shape, ot->local, sizeof io.out.shape);
   if (rank == j->corrupt_rank) io.in[0].shape[0] -= 1;
   if (s == TW_OK) s = tw_plan_run(ctx, mc, p, &io);
+  if (s == TW_OK) s = tw_mesh_comms_wait(ctx, mc);
   if (s == TW_OK && j->out_global) {
     tw_tensor gt = {j->out_global, j->out_dtype, ot->ndim, {0}, TW_MEM_HOST};
     memcpy(gt.shape, ot->global, sizeof gt.shape);
@@ -188,6 +189,8 @@ static tw_status mismatch_body(int rank, tw_comm *comm, void *arg) {
       want = tw_error(TW_ERR_INTERNAL, "rank %d: plan/mesh check: %s", rank, tw_last_error());
     if (tw_mesh_comms_axis(mc, TW_AXIS_DP) == NULL || tw_mesh_comms_axis(mc, TW_AXIS_TP) != NULL)
       want = tw_error(TW_ERR_INTERNAL, "rank %d: axis communicators", rank);
+    if (want == TW_OK && tw_mesh_comms_wait(ctx, mc) != TW_OK)
+      want = tw_error(TW_ERR_INTERNAL, "rank %d: mesh_comms_wait: %s", rank, tw_last_error());
   } else if (want == TW_OK) {
     want = s;
   }

@@ -227,6 +227,10 @@ typedef struct tw_mesh_comms tw_mesh_comms;
 tw_status tw_mesh_comms_create(tw_ctx *ctx, const tw_mesh *mesh, tw_mesh_comms **out);
 tw_status tw_mesh_comms_destroy(tw_mesh_comms *mc);
 tw_comm *tw_mesh_comms_axis(const tw_mesh_comms *mc, tw_axis a); /* NULL if size 1 */
+/* Waits for this rank's enqueued collectives (tw_comm_wait on each axis communicator); when
+ * one times out or fails, every axis communicator and ctx's communicator are aborted, so no
+ * rank hangs on a stuck peer. ref: returns at once (its calls block). */
+tw_status tw_mesh_comms_wait(tw_ctx *ctx, tw_mesh_comms *mc);
 int tw_mesh_comms_rank(const tw_mesh_comms *mc);
 
 typedef struct {
@@ -237,9 +241,10 @@ typedef struct {
   tw_tensor scale;            /* grouped_quantize, delayed: [G] f32 scales, ctx memory */
 } tw_shard_io;
 
-/* Runs the plan for this rank. Ranks must call it together with the same plan. For tensor
- * current scaling the per-group scales are derived on the host from the all-reduced amax
- * (one device->host copy). Rows past the groups of an output reached through collectives
+/* Runs the plan for this rank. Ranks must call it together with the same plan. On gpu it
+ * returns once the work is enqueued on ctx's stream (tw_mesh_comms_wait bounds the wait),
+ * except that tensor current scaling derives the per-group scales on the host from the
+ * all-reduced amax (one device->host copy). Rows past the groups of an output reached through collectives
  * come back as 0; without collectives they are left untouched. */
 tw_status tw_plan_run(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *plan, tw_shard_io *io);
 
