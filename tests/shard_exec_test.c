@@ -220,3 +220,83 @@ Test(shard_exec, mesh_and_plan_must_match_the_communicator) {
   tw_mesh_comms_destroy(mc);
   tw_ctx_destroy(ctx);
 }
+
+Test(shard_exec, bad_io_is_named_before_any_collective) {
+  tw_ctx *ctx = NULL;
+  cr_assert_eq(tw_ctx_create(&ctx, NULL), TW_OK);
+  tw_mesh one;
+  tw_mesh_parse("1", &one);
+  tw_mesh_comms *mc = NULL;
+  cr_assert_eq(tw_mesh_comms_create(ctx, &one, &mc), TW_OK);
+  int64_t xs[2] = {8, 4}, ws[3] = {2, 4, 4};
+  tw_plan p = make("1", TW_SHARD_GROUPED_GEMM, TW_PASS_FWD, 2, xs, "[None, None]", 3, ws, "[None, None, None]", 2);
+  float x[32], w[32], y[32];
+  tw_shard_io io;
+  memset(&io, 0, sizeof io);
+  io.in[0] = tw_tensor_2d(x, TW_F32, 8, 4, TW_MEM_HOST);
+  io.in[1] = tw_tensor_3d(w, TW_F32, 2, 4, 4, TW_MEM_HOST);
+  io.out = tw_tensor_2d(y, TW_F32, 8, 4, TW_MEM_HOST);
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, &io), TW_ERR_NULL);
+  cr_assert(strstr(tw_last_error(), "grouped_gemm needs group_sizes"), "%s", tw_last_error());
+  int32_t gs[2] = {5, 4}; /* 9 rows of 8 */
+  io.group_sizes = gs;
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, &io), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "group_sizes sum to 9 but x has 8 rows"), "%s", tw_last_error());
+  gs[1] = 3;
+  io.in[1].mem = TW_MEM_DEVICE;
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, &io), TW_ERR_MEMORY);
+  cr_assert(strstr(tw_last_error(), "w lives in device memory"), "%s", tw_last_error());
+  io.in[1].mem = TW_MEM_HOST;
+  io.out = tw_tensor_none();
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, &io), TW_ERR_SHAPE);
+  cr_assert(strstr(tw_last_error(), "y must be a 2-d tensor, got none"), "%s", tw_last_error());
+  io.out = tw_tensor_2d(y, TW_F32, 8, 4, TW_MEM_HOST);
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, &io), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_plan_run(ctx, mc, &p, NULL), TW_ERR_NULL);
+  tw_rule_opts ro = TW_RULE_OPTS_INIT;
+  tw_shard_operand xq = {2, {8, 4}, {0}};
+  tw_pspec_parse("[None, None]", &xq.spec);
+  tw_plan qp;
+  cr_assert_eq(tw_plan_make(&one, TW_SHARD_GROUPED_QUANTIZE, TW_PASS_FWD, &xq, NULL, 2, &ro, &qp), TW_OK, "%s", tw_last_error());
+  tw_shard_io qio;
+  memset(&qio, 0, sizeof qio);
+  qio.in[0] = io.in[0];
+  qio.group_sizes = gs;
+  cr_assert_eq(tw_plan_run(ctx, mc, &qp, &qio), TW_ERR_NULL);
+  cr_assert(strstr(tw_last_error(), "grouped_quantize needs io->q"), "%s", tw_last_error());
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+}
+
+Test(shard_exec, host_slice_rejects_mismatched_shapes) {
+  tw_mesh m;
+  tw_mesh_parse("dp=2", &m);
+  tw_pspec p;
+  tw_pspec_parse("[dp, None]", &p);
+  float g[8], l[8];
+  tw_tensor gt = tw_tensor_2d(g, TW_F32, 4, 2, TW_MEM_HOST), lt = tw_tensor_2d(l, TW_F32, 4, 2, TW_MEM_HOST);
+  cr_assert_eq(tw_shard_slice_host(&m, &p, 0, &gt, &lt), TW_ERR_SHAPE);
+  cr_assert(strstr(tw_last_error(), "dim 0: local 4 x 2 shards != global 4"), "%s", tw_last_error());
+  lt.shape[0] = 2;
+  cr_assert_eq(tw_shard_slice_host(&m, &p, 2, &gt, &lt), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "rank 2 of 2"), "%s", tw_last_error());
+  cr_assert_eq(tw_shard_slice_host(&m, &p, 1, &gt, &lt), TW_OK);
+}
+
+Test(shard_exec, a_hand_edited_plan_cannot_write_out_of_bounds) {
+  int64_t xs[2] = {16, 64}, ws[2] = {64, 32};
+  tw_plan p = make("tp=2", TW_SHARD_DENSE, TW_PASS_FWD, 2, xs, "[tp, None]", 2, ws, "[None, None]", 0);
+  cr_assert_eq(p.steps[0].kind, TW_STEP_ALL_GATHER);
+  p.steps[0].shape[0] = 64; /* claims a bigger gather than tp=2 gives */
+  float x[16 * 64], w[64 * 32];
+  fill(x, 16 * 64, 1);
+  fill(w, 64 * 32, 2);
+  exec_job j = {&p, x, w, NULL, TW_F32, NULL, -1};
+  int n = 2;
+  tw_comm *comms[2];
+  cr_assert_eq(tw_comm_init_threads(n, comms), TW_OK);
+  tw_status s = tw_run_ranks(n, comms, rank_body, &j);
+  for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+  cr_assert_eq(s, TW_ERR_INVALID_ARG, "%s", tw_status_name(s));
+  cr_assert(strstr(tw_last_error(), "step over tp along dim 0 expects dim 0 = 64, the tensor gives 16"), "%s", tw_last_error());
+}
