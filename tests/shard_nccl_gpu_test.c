@@ -15,7 +15,12 @@
 
 int tw_gpu_device_count(void); /* gpu/probe.cu */
 
+/* NVLink multicast stays off on shared hosts (it can take the GPUs out of service); set it
+ * here too in case the launcher's environment lost it. */
+static void nvls_off(void) { setenv("NCCL_NVLS_ENABLE", "0", 0); }
+
 static void need_gpus(int n) {
+  nvls_off();
   int have = tw_gpu_device_count();
   cr_assert(have >= n, "this test needs %d GPUs and sees %d (run it on nvidia-h200-x4)", n, have);
 }
@@ -188,6 +193,7 @@ static int child(int rank, int n, int id_in, int id_out) {
 }
 
 static void process_per_gpu(int n) {
+  nvls_off();
   /* CUDA must not start in this process before the fork: count the GPUs in a child */
   pid_t probe = fork();
   if (probe == 0) _exit(tw_gpu_device_count() > 100 ? 100 : tw_gpu_device_count());
