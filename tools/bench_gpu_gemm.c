@@ -234,7 +234,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
          *c_lt = make_ctx("gemm_lt");
   if (!c_auto || !c_mma || !c_loop || !c_lt) return 1;
   int rc = 0;
-  tw_bench_print_header();
+  /* cmd_bench printed the header */
 
   /* ---- dense 8192^3: the floors ---- */
   const int64_t D = 8192;
