@@ -6,7 +6,7 @@
 //   fp8 (Hopper, only when forced): both operands K-major (a [M, K] op N, b [N, K] op T), scale_inv pointers as
 //   A/B scales; per-tensor (SCALAR_32F) or 1x128 blocks (VEC128_32F, the MN-major
 //   [ceil(K/128), roundup(rows, 4)] layout of tw_quantize.h, sm_90+ only).
-// version "gg_mma" / "gg_mma_wide" / "gg_fma": twin's own kernel (gpu/grouped_gemm_kernel.cu) with one group
+// version "gg_mma" / "gg_fma": twin's own kernel (gpu/grouped_gemm_kernel.cu) with one group
 //   per batch entry. It takes every case cuBLASLt does not: mixed f32 x bf16/f16 operands,
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
@@ -191,11 +191,10 @@ static int compute_for(const tw_operand *a, const tw_operand *b, int force_fma) 
 }
 
 static tw_status dense_gg(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
-                          tw_tensor *out, int accumulate, const dense_dims *d, int force_fma, int wide) {
+                          tw_tensor *out, int accumulate, const dense_dims *d, int force_fma) {
   gg_problem p;
   memset(&p, 0, sizeof p);
   p.kind = GG_UNIFORM;
-  p.wide = wide;
   p.compute = compute_for(a, b, force_fma);
   p.G = d->batch;
   p.P = d->M;
@@ -256,13 +255,13 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
   if (d.batch == 0 || d.M == 0 || d.N == 0) return TW_OK;
   gpu_scratch_reset(ctx);
   const char *k = tw_ctx_kernel(ctx);
-  if (k && (strcmp(k, GG_KERNEL_MMA) == 0 || strcmp(k, GG_KERNEL_MMA_WIDE) == 0)) {
+  if (k && strcmp(k, GG_KERNEL_MMA) == 0) {
     if (compute_for(a, b, 0) == GG_FMA_F32)
       return tw_error(TW_ERR_UNSUPPORTED, "gemm: kernel '%s' takes bf16, f16 or fp8 operands, not %s x %s",
                       k, tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
-    return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0, strcmp(k, GG_KERNEL_MMA_WIDE) == 0);
+    return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0);
   }
-  if (k && strcmp(k, GG_KERNEL_FMA) == 0) return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 1, 0);
+  if (k && strcmp(k, GG_KERNEL_FMA) == 0) return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 1);
   if (k && strcmp(k, GEMM_KERNEL_LT) == 0) {
     if (!lt_eligible(st, a, op_a, b, op_b, out, &d))
       return tw_error(TW_ERR_UNSUPPORTED,
@@ -279,5 +278,5 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
     tw_clear_error();  // no cuBLASLt algorithm: the gg kernel takes it
     gpu_scratch_reset(ctx);
   }
-  return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0, 1);
+  return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0);
 }

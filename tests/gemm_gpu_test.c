@@ -304,6 +304,5 @@ static void dense_case(uint64_t seed, int kind) {
   }
 DENSE_TESTS(auto, NULL)
 DENSE_TESTS(gg_mma, "gg_mma")
-DENSE_TESTS(gg_mma_wide, "gg_mma_wide")
 DENSE_TESTS(gg_fma, "gg_fma")
 DENSE_TESTS(gemm_lt, "gemm_lt")

@@ -548,7 +548,6 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   Test(op, random_f16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(1000 + s, 1, BUDGET); ctx_done(); cases_done(#op ".f16"); } \
   Test(op, random_f32_mixed, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(2000 + s, 2, BUDGET); ctx_done(); cases_done(#op ".f32"); } \
   Test(op, random_fp8, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(3000 + s, 3, BUDGET); ctx_done(); cases_done(#op ".fp8"); } \
-  Test(op, random_gg_mma_version, .timeout = 600) { ctx_for("gg_mma"); for (int s = 0; s < 60; ++s) fn(6000 + s, (int)((s % 3) == 2 ? 3 : s % 3), BUDGET / 2); ctx_done(); cases_done(#op ".gg_mma"); } \
   Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); cases_done(#op ".fma"); } \
   Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); cases_done(#op ".lt_loop"); }
 
