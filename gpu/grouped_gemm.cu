@@ -83,6 +83,17 @@ static tw_status host_sizes(tw_ctx *ctx, const tw_tensor *gs, int64_t rows, cons
   return TW_OK;
 }
 
+// cuBLASLt wants 16-byte aligned scale pointers: per-group scale_inv g goes to slot 4g of a
+// scratch copy (one strided device-to-device copy).
+static tw_status aligned_scales(tw_ctx *ctx, const tw_operand *o, int64_t G, const char *op, float **out) {
+  *out = NULL;
+  if (o->mode == TW_SCALE_NONE) return TW_OK;
+  TW_TRY(gpu_scratch(ctx, (size_t)G * 16, (void **)out));
+  return gpu_cuda_status(cudaMemcpy2DAsync(*out, 16, o->scale_inv.data, 4, 4, (size_t)G, cudaMemcpyDeviceToDevice,
+                                           gpu_of(ctx)->stream),
+                         op);
+}
+
 static tw_status loop_supported(const char *op, const tw_operand *l, const tw_operand *r) {
   int tensor = l->mode == TW_SCALE_TENSOR_CURRENT || l->mode == TW_SCALE_TENSOR_DELAYED;
   if ((l->mode == TW_SCALE_NONE && l->data.dtype == r->data.dtype) || tensor) return TW_OK;
@@ -97,6 +108,9 @@ static tw_status fwd_loop(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   const char *op = "grouped_gemm";
   TW_TRY(loop_supported(op, lhs, rhs));
   int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = gs->shape[0];
+  float *sa, *sb;
+  TW_TRY(aligned_scales(ctx, lhs, G, op, &sa));
+  TW_TRY(aligned_scales(ctx, rhs, G, op, &sb));
   int32_t *h;
   TW_TRY(host_sizes(ctx, gs, M, op, &h));
   int ea = tw_dtype_bits(lhs->data.dtype) / 8, eb = tw_dtype_bits(rhs->data.dtype) / 8;
@@ -123,8 +137,8 @@ static tw_status fwd_loop(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
     x.K = K;
     x.batch = 1;
     if (lhs->mode != TW_SCALE_NONE) {
-      x.a_scale = (const float *)lhs->scale_inv.data + g;
-      x.b_scale = (const float *)rhs->scale_inv.data + g;
+      x.a_scale = sa + 4 * g;
+      x.b_scale = sb + 4 * g;
     }
     x.accumulate = accumulate;
     s = gemm_lt(ctx, &x, op);
@@ -140,6 +154,9 @@ static tw_status wgrad_loop(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, co
   int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
                                           : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);
+  float *sa, *sb;
+  TW_TRY(aligned_scales(ctx, lhs, G, op, &sa));
+  TW_TRY(aligned_scales(ctx, rhs, G, op, &sb));
   int32_t *h;
   TW_TRY(host_sizes(ctx, gs, M, op, &h));
   int ea = tw_dtype_bits(lhs->data.dtype) / 8, eb = tw_dtype_bits(rhs->data.dtype) / 8;
@@ -172,8 +189,8 @@ static tw_status wgrad_loop(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, co
     x.K = h[g];
     x.batch = 1;
     if (lhs->mode != TW_SCALE_NONE) {
-      x.a_scale = (const float *)lhs->scale_inv.data + g;
-      x.b_scale = (const float *)rhs->scale_inv.data + g;
+      x.a_scale = sa + 4 * g;
+      x.b_scale = sb + 4 * g;
     }
     x.accumulate = accumulate;
     s = gemm_lt(ctx, &x, op);
