@@ -9,12 +9,17 @@
 // The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
 // are read on the device only.
 //
-// Versions (tw_ctx_config.kernel):
-//   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto when
-//                         x, K and the outputs are 4-element aligned)
+// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_async
+// (bf16/f16 x), tile_vec, tile_scalar:
+//   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto for f32
+//                         x when x, K and the outputs are 4-element aligned)
 //   quantize_tile_scalar  the same kernel with element loads and byte stores (any alignment)
 //   quantize_rows         rowwise-only current/delayed/MXFP8/1x128 without shared memory (auto
 //                         when K % 8 == 0 and x is 16-byte aligned); also the amax pass
+//   quantize_tile_async   the tile kernel rebuilt around a cp.async double-buffered raw tile,
+//                         512 threads at <= 64 registers, column statistics folded into the row
+//                         pass, transposed output through a per-warp stage with 16-byte stores
+//                         (any shape: element loads where cp.async cannot). Auto for bf16/f16.
 //
 // Per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
 // so that both the row pass and the 32-row column strips are free of bank conflicts); column
@@ -394,8 +399,40 @@ __device__ __forceinline__ uint2 quant8(const float v[8], float s, int fp8) {
   return r;
 }
 
+// sat(v * s) for 8 values known not to give a NaN product (no NaN input, s finite and > 0):
+// the hardware conversion alone, without gpu_fp8x4_sat's canonical-NaN patch.
+__device__ __forceinline__ uint32_t fp8x4_sat_nonan(float v0, float v1, float v2, float v3, int fp8) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short lo, hi;
+  if (fp8 == 0) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
+  }
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+#else
+  return gpu_fp8x4_sat(v0, v1, v2, v3, fp8);
+#endif
+}
+// gpu_fp8x4_sat when `may_nan`, else the bare conversion (one code path, a skipped check).
+__device__ __forceinline__ uint32_t fp8x4_sat_checked(float v0, float v1, float v2, float v3, int fp8, bool may_nan) {
+  uint32_t r = fp8x4_sat_nonan(v0, v1, v2, v3, fp8);
+  if (may_nan && (tw_isnan(v0) | tw_isnan(v1) | tw_isnan(v2) | tw_isnan(v3))) r = gpu_fp8x4_sat(v0, v1, v2, v3, fp8);
+  return r;
+}
+__device__ __forceinline__ uint2 quant8_checked(const float v[8], float s, int fp8, bool may_nan) {
+  uint2 r;
+  r.x = fp8x4_sat_checked(v[0] * s, v[1] * s, v[2] * s, v[3] * s, fp8, may_nan);
+  r.y = fp8x4_sat_checked(v[4] * s, v[5] * s, v[6] * s, v[7] * s, fp8, may_nan);
+  return r;
+}
+// A scale that turns no non-NaN input into NaN (0 * inf or a NaN scale would).
+__device__ __forceinline__ bool scale_keeps_numbers(float s) { return s > 0.0f && s - s == 0.0f; }
+
 template <int XDT, bool AMAX_ONLY>
-__global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
+__global__ void __launch_bounds__(THREADS, 3) quantize_rows_kernel(QParams p) {
   __shared__ uint32_t red[THREADS / 32];
   const int64_t t = blockIdx.x;
   if (t >= p.tiles[p.G]) return;
@@ -414,6 +451,8 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
     else if (p.mode == TW_SCALE_TENSOR_DELAYED) s = p.scale[g];
   }
   const float inv_max = 1.0f / p.fp8_max;
+  // 1x128 scales come from compute_scale (finite, > 0); tensor scales may be anything
+  const bool s_keeps = b128 || scale_keeps_numbers(s);
   const int64_t C = Kpad / 32;  // MXFP8 rowwise scale columns = roundup(ceil(K/32), 4)
   uint32_t gmax = 0;
   // MXFP8 writes padding rows' zero scales too, so it walks all 128 rows
@@ -437,8 +476,11 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
       if (AMAX_ONLY) continue;
       const bool in_k = col[piece] < p.K, live = r < rows && in_k;
       float sc = s;
+      // no NaN can come out of this lane's products: skip the canonical-NaN patch
+      bool nonan = m <= 0x7F800000u && s_keeps;
       if (mx) {
         uint32_t bm = shfl_umax(m, 4);
+        nonan = bm <= 0x7F800000u;  // 2^(127-e) is finite and > 0 unless the block is NaN
         uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(bm) * inv_max);
         sc = tw_e8m0_quant_scale(e);
         if ((lane & 3) == 0 && col[piece] < Kpad) {
@@ -453,7 +495,8 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
         if ((lane & 15) == 0 && live)
           ((float *)p.row_si)[(col[piece] >> 7) * p.rs_ld + grow] = tw_canon(1.0f / sc);
       }
-      if (live) *(uint2 *)(p.row_data + grow * p.K + col[piece]) = quant8(v[piece], sc, p.fp8);
+      if (live)
+        *(uint2 *)(p.row_data + grow * p.K + col[piece]) = quant8_checked(v[piece], sc, p.fp8, !nonan);
     }
   }
   if (AMAX_ONLY || p.amax) {
@@ -466,6 +509,349 @@ __global__ void __launch_bounds__(THREADS) quantize_rows_kernel(QParams p) {
       for (int w = 0; w < THREADS / 32; w++) m = max(m, red[w]);
       atomic_amax(p.amax + g, tw_u2f(m));
     }
+  }
+}
+
+// ---- quantize_tile_async: the tile kernel with the raw tile staged by cp.async ----------------
+// Same tiles and outputs as quantize_tile_kernel; what changes is where the time went there:
+// - x is copied raw (bf16/f16/f32 bytes, no conversion) into shared memory with cp.async, two
+//   buffers, so chunk j+1 streams in while chunk j is processed and no register holds it;
+//   16 warps per CTA, <= 64 registers, 2 CTAs (32 warps) per SM for 16-bit x.
+// - one row pass (warp w owns rows 8w..8w+7, lane = 4 consecutive k) writes the rowwise
+//   output and folds in the column statistics (per-lane column max over the warp's 8 rows,
+//   then 4 or 16 partials per column in shared memory), so colwise scales need no extra pass.
+// - transposed colwise output: a lane reads 4 rows of one 16-byte column chunk (8 or 4
+//   columns), packs each column's 4 codes into one word, the words go through a per-warp
+//   transposed stage, and a lane stores 16 consecutive rows of one column with one 16-byte
+//   store (4-byte or byte stores where the address or a partial tile does not allow it).
+// Raw tile layout: row r is 256 (16-bit x) or 512 (f32) bytes; its 16-byte chunk c lives at
+// chunk c ^ ((r >> 2) & 7), so the row pass (8-byte or 16-byte lanes along a row) and the
+// column pass (8 lanes reading rows 4l+j of one chunk) are both free of bank conflicts.
+// VEC: cp.async 16-byte loads and word stores (K % (16/esz) == 0, x 16-byte aligned, outputs
+// 4-byte aligned); otherwise element loads into the same layout and byte stores (any shape).
+#define TA_THREADS 512
+#define TA_WARPS (TA_THREADS / 32)
+#define TA_ROWS_PER_WARP (TILE / TA_WARPS)
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <int XDT>
+struct TA {
+  static constexpr int ESZ = XDT == XDT_F32 ? 4 : 2;
+  static constexpr int RB = TILE * ESZ;     // bytes per tile row
+  static constexpr int NC = RB / 16;        // 16-byte chunks per row
+  static constexpr int EPC = 16 / ESZ;      // elements per chunk
+  static constexpr int BUF = TILE * RB;     // one raw tile
+  static constexpr int STAGE = EPC * 32 * 4;  // per-warp transposed stage (bytes)
+  static constexpr int SMEM = 2 * BUF + TA_WARPS * STAGE;
+};
+
+__device__ __forceinline__ uint8_t *ta_chunk(uint8_t *buf, int rb, int r, int c) {
+  return buf + r * rb + ((c ^ ((r >> 2) & 7)) << 4);
+}
+
+// Element e (0..EPC-1) of a raw 16-byte chunk as f32.
+template <int XDT>
+__device__ __forceinline__ float ta_elem(uint4 u, int e) {
+  if (XDT == XDT_F32) {
+    uint32_t v = e == 0 ? u.x : e == 1 ? u.y : e == 2 ? u.z : u.w;
+    return tw_u2f(v);
+  }
+  const int wi = e >> 1;
+  uint32_t v = wi == 0 ? u.x : wi == 1 ? u.y : wi == 2 ? u.z : u.w;
+  if (XDT == XDT_BF16) return tw_u2f((e & 1) ? (v & 0xFFFF0000u) : (v << 16));
+  return tw_f16_to_f32_d((uint16_t)((e & 1) ? (v >> 16) : v));
+}
+
+// The 4 elements 4*lane..4*lane+3 of row r of a raw tile.
+template <int XDT>
+__device__ __forceinline__ float4 ta_row4(uint8_t *buf, int r, int lane) {
+  if (XDT == XDT_F32) return *(const float4 *)ta_chunk(buf, TA<XDT>::RB, r, lane);
+  uint2 u = *(const uint2 *)(ta_chunk(buf, TA<XDT>::RB, r, lane >> 1) + ((lane & 1) << 3));
+  return raw_to_f4<XDT>(make_uint4(u.x, u.y, 0u, 0u));
+}
+
+__device__ __forceinline__ uint32_t absbits(float v) { return tw_f2u(v) & 0x7FFFFFFFu; }
+
+// Stores n (0..4) codes; word store when allowed.
+template <bool VEC>
+__device__ __forceinline__ void ta_store4(uint8_t *p, uint32_t codes, int n) {
+  if (VEC) {  // VEC shapes have whole 4-element lanes only
+    if (n == 4) *(uint32_t *)p = codes;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      if (i < n) p[i] = (uint8_t)(codes >> (8 * i));
+  }
+}
+
+// max over the CTA of a per-thread value (bit patterns of non-negative floats; NaN sticks)
+__device__ __forceinline__ uint32_t ta_block_umax(uint32_t v, uint32_t *red) {
+  v = shfl_umax(v, 32);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  uint32_t m = 0;
+#pragma unroll
+  for (int w = 0; w < TA_WARPS; w++) m = max(m, red[w]);
+  __syncthreads();
+  return m;
+}
+
+template <int XDT, bool VEC>
+__global__ void __launch_bounds__(TA_THREADS, 2) quantize_tile_async_kernel(QParams p) {
+  typedef TA<XDT> L;
+  extern __shared__ __align__(16) uint8_t ta_smem[];
+  __shared__ __align__(16) uint32_t colpart[TA_WARPS][TILE];  // per-warp column max bits
+  __shared__ __align__(16) uint8_t rowe[TILE][4];
+  __shared__ __align__(16) uint8_t cole[4][TILE];
+  __shared__ float colscale[TILE];
+  __shared__ uint32_t red[TA_WARPS];
+
+  const int64_t t = blockIdx.x;
+  const int64_t Ttot = p.tiles[p.G];
+  if (t >= Ttot) return;
+  const int64_t g = find_group(p.tiles, p.G, t);
+  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int64_t a = t - tg0;
+  const int64_t lr0 = a * TILE;
+  const int rows = (int)min((int64_t)TILE, mg - lr0);
+  const int64_t r0 = og + lr0;
+  const int64_t nkc = (p.K + TILE - 1) / TILE;
+  const int64_t kc_begin = (int64_t)blockIdx.y * TILE_CHUNKS;
+  const int64_t kc_end = min(nkc, kc_begin + TILE_CHUNKS);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool mx = p.mode == TW_SCALE_MXFP8_1D, b128 = p.mode == TW_SCALE_BLOCK_1x128;
+  const bool t128 = p.mode == TW_SCALE_BLOCK_128x128;
+  const bool need_colstats = p.col && (mx || b128);
+  const float inv_max = 1.0f / p.fp8_max;
+  uint8_t *stage = ta_smem + 2 * L::BUF + warp * L::STAGE;
+  uint32_t gmax = 0;
+
+  float tensor_scale = 1.f;
+  if (p.mode == TW_SCALE_TENSOR_CURRENT) tensor_scale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
+  else if (p.mode == TW_SCALE_TENSOR_DELAYED) tensor_scale = p.scale[g];
+  const bool tensor_mode = p.mode == TW_SCALE_TENSOR_CURRENT || p.mode == TW_SCALE_TENSOR_DELAYED;
+  const bool tensor_keeps = scale_keeps_numbers(tensor_scale);
+
+  // raw chunk (r, c) of column chunk kc into buffer b; out-of-range chunks are zeros, so every
+  // statistic may include them
+  auto fill = [&](int64_t kc, int b) {
+    uint8_t *buf = ta_smem + b * L::BUF;
+    const int64_t k0 = kc * TILE;
+    const int cols = (int)min((int64_t)TILE, p.K - k0);
+#pragma unroll
+    for (int i = 0; i < TILE * L::NC / TA_THREADS; i++) {
+      const int id = i * TA_THREADS + tid, r = id / L::NC, c = id % L::NC;
+      const int n = r < rows ? max(0, min(L::EPC, cols - L::EPC * c)) : 0;
+      const int64_t e0 = (r0 + r) * p.K + k0 + L::EPC * c;
+      uint8_t *dst = ta_chunk(buf, L::RB, r, c);
+      if (VEC) {
+        cp_async16(dst, n ? (const void *)((const uint8_t *)p.x + e0 * L::ESZ) : p.x, n ? 16 : 0);
+      } else {
+        uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int e = 0; e < L::EPC; e++) {
+          if (e >= n) break;
+          if (L::ESZ == 4) w[e] = ((const uint32_t *)p.x)[e0 + e];
+          else w[e >> 1] |= (uint32_t)((const uint16_t *)p.x)[e0 + e] << (16 * (e & 1));
+        }
+        *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    if (VEC) cp_async_commit();
+  };
+
+  fill(kc_begin, 0);
+  for (int64_t kc = kc_begin; kc < kc_end; kc++) {
+    const int b = (int)((kc - kc_begin) & 1);
+    const bool more = kc + 1 < kc_end;
+    if (more) fill(kc + 1, b ^ 1);
+    if (VEC) {
+      if (more) cp_async_wait_all_but_one();
+      else cp_async_wait_all();
+    }
+    __syncthreads();  // chunk kc is in buffer b for every thread
+    uint8_t *buf = ta_smem + b * L::BUF;
+    const int64_t k0 = kc * TILE;
+    const int cols = (int)min((int64_t)TILE, p.K - k0);
+
+    // 128x128: the tile's amax before anything is scaled
+    float tscale = tensor_scale;
+    if (t128) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int i = 0; i < TILE * L::NC / TA_THREADS; i++) {
+        const int id = i * TA_THREADS + tid, r = id / L::NC, c = id % L::NC;
+        const uint4 u = *(const uint4 *)ta_chunk(buf, L::RB, r, c);
+#pragma unroll
+        for (int e = 0; e < L::EPC; e++) m = max(m, absbits(ta_elem<XDT>(u, e)));
+      }
+      tscale = tw_compute_scale(tw_u2f(ta_block_umax(m, red)), p.fp8_max, p.pow2);
+    }
+
+    // ---- row pass: rowwise output, per-group amax, column statistics
+    uint32_t cm0 = 0, cm1 = 0, cm2 = 0, cm3 = 0;
+    const int n4 = max(0, min(4, cols - 4 * lane));
+#pragma unroll 1
+    for (int i = 0; i < TA_ROWS_PER_WARP; i++) {
+      const int r = warp * TA_ROWS_PER_WARP + i;
+      const float4 v = ta_row4<XDT>(buf, r, lane);
+      const uint32_t a0 = absbits(v.x), a1 = absbits(v.y), a2 = absbits(v.z), a3 = absbits(v.w);
+      cm0 = max(cm0, a0);
+      cm1 = max(cm1, a1);
+      cm2 = max(cm2, a2);
+      cm3 = max(cm3, a3);
+      const uint32_t m = max(max(a0, a1), max(a2, a3));
+      gmax = max(gmax, m);
+      if (p.row) {
+        float sc = tscale;
+        uint32_t nan_check = m;  // the products can be NaN only if this is (see quantize_rows)
+        if (mx) {
+          nan_check = shfl_umax(m, 8);
+          const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(nan_check) * inv_max);
+          if ((lane & 7) == 0) rowe[r][lane >> 3] = e;
+          sc = tw_e8m0_quant_scale(e);
+        } else if (b128) {
+          sc = tw_compute_scale(tw_u2f(shfl_umax(m, 32)), p.fp8_max, p.pow2);
+          if (lane == 0 && r < rows) ((float *)p.row_si)[kc * p.rs_ld + r0 + r] = tw_canon(1.0f / sc);
+        }
+        const uint32_t codes = fp8x4_sat_checked(v.x * sc, v.y * sc, v.z * sc, v.w * sc, p.fp8,
+                                                 nan_check > 0x7F800000u || (tensor_mode && !tensor_keeps));
+        if (r < rows) ta_store4<VEC>(p.row_data + (r0 + r) * p.K + k0 + 4 * lane, codes, n4);
+      }
+    }
+
+    // colwise passes skip the canonical-NaN patch when the chunk holds no NaN (their scales
+    // are then finite and > 0, except a tensor scale, checked once)
+    bool col_nonan = false;
+    if (p.col) col_nonan = !__syncthreads_or(max(max(cm0, cm1), max(cm2, cm3)) > 0x7F800000u) &&
+                           (!tensor_mode || tensor_keeps);
+    if (need_colstats) {
+      *(uint4 *)&colpart[warp][4 * lane] = make_uint4(cm0, cm1, cm2, cm3);
+      __syncthreads();
+      if (mx) {  // thread = (32-row block, column); warps 4rb..4rb+3 cover the block's rows
+        const int rb = tid >> 7, c = tid & (TILE - 1);
+        const uint32_t m = max(max(colpart[4 * rb][c], colpart[4 * rb + 1][c]),
+                               max(colpart[4 * rb + 2][c], colpart[4 * rb + 3][c]));
+        cole[rb][c] = tw_f32_to_e8m0_ceil_d(tw_u2f(m) * inv_max);
+      } else if (tid < TILE) {
+        uint32_t m = 0;
+#pragma unroll
+        for (int w = 0; w < TA_WARPS; w++) m = max(m, colpart[w][tid]);
+        const float sc = tw_compute_scale(tw_u2f(m), p.fp8_max, p.pow2);
+        colscale[tid] = sc;
+        if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / sc);
+      }
+      __syncthreads();
+    }
+
+    // ---- MXFP8 colwise data: [M, K] like x, scales per 32-row block and column
+    if (p.col && mx) {
+#pragma unroll 1
+      for (int i = 0; i < TA_ROWS_PER_WARP; i++) {
+        const int r = warp * TA_ROWS_PER_WARP + i;
+        if (r >= rows) break;
+        const float4 v = ta_row4<XDT>(buf, r, lane);
+        const uint32_t ew = *(const uint32_t *)&cole[r >> 5][4 * lane];
+        const float q0 = v.x * tw_e8m0_quant_scale((uint8_t)ew), q1 = v.y * tw_e8m0_quant_scale((uint8_t)(ew >> 8));
+        const float q2 = v.z * tw_e8m0_quant_scale((uint8_t)(ew >> 16)), q3 = v.w * tw_e8m0_quant_scale((uint8_t)(ew >> 24));
+        const uint32_t codes = fp8x4_sat_checked(q0, q1, q2, q3, p.fp8, !col_nonan);
+        ta_store4<VEC>(p.col_data + (r0 + r) * p.K + k0 + 4 * lane, codes, n4);
+      }
+    }
+
+    // ---- transposed colwise data (tensor and block modes): group g's block is [K, m_g] at o_g*K
+    if (p.col && !mx) {
+      uint8_t *colg = p.col_data + og * p.K;
+      for (int cc = warp; cc < L::NC; cc += TA_WARPS) {
+        if (L::EPC * cc >= cols) break;
+        uint4 u[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) u[j] = *(const uint4 *)ta_chunk(buf, L::RB, 4 * lane + j, cc);
+#pragma unroll
+        for (int e = 0; e < L::EPC; e++) {
+          const float sc = b128 ? colscale[L::EPC * cc + e] : tscale;
+          const float q0 = ta_elem<XDT>(u[0], e) * sc, q1 = ta_elem<XDT>(u[1], e) * sc;
+          const float q2 = ta_elem<XDT>(u[2], e) * sc, q3 = ta_elem<XDT>(u[3], e) * sc;
+          const uint32_t codes = fp8x4_sat_checked(q0, q1, q2, q3, p.fp8, !col_nonan);
+          ((uint32_t *)stage)[e * 32 + lane] = codes;  // stage[e][rows 4*lane..+3]
+        }
+        __syncwarp();
+        // item = (column e, 16-row segment s): 8 lanes write one column's 128 rows
+#pragma unroll
+        for (int it = lane; it < L::EPC * 8; it += 32) {
+          const int e = it >> 3, s = it & 7;
+          const int k = L::EPC * cc + e, n = min(16, rows - 16 * s);
+          if (k >= cols || n <= 0) continue;
+          const uint4 w = *(const uint4 *)(stage + e * 128 + s * 16);
+          uint8_t *o = colg + (k0 + k) * mg + lr0 + 16 * s;
+          const uintptr_t ad = (uintptr_t)o;
+          if (n == 16 && (ad & 15) == 0) {
+            *(uint4 *)o = w;
+          } else if (n == 16 && (ad & 3) == 0) {
+            ((uint32_t *)o)[0] = w.x;
+            ((uint32_t *)o)[1] = w.y;
+            ((uint32_t *)o)[2] = w.z;
+            ((uint32_t *)o)[3] = w.w;
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+              if (j >= n) break;
+              const uint32_t word = j < 4 ? w.x : j < 8 ? w.y : j < 12 ? w.z : w.w;
+              o[j] = (uint8_t)(word >> (8 * (j & 3)));
+            }
+          }
+        }
+        __syncwarp();  // the stage is reused by the next column chunk
+      }
+    }
+
+    // ---- per-tile scales
+    if (t128 && tid == 0) {
+      const float si = tw_canon(1.0f / tscale);
+      if (p.row) ((float *)p.row_si)[t * p.rs_ld + kc] = si;
+      if (p.col) ((float *)p.col_si)[kc * p.cs_ld + t] = si;
+    }
+    if (mx) {
+      __syncthreads();  // rowe (row pass) complete
+      if (p.row && tid < TILE) {
+        uint8_t *S = (uint8_t *)p.row_si;
+        const int64_t C = 4 * nkc;
+        if (p.swz) {  // 4 bytes at d*16 + b*4 of the 512-byte tile (kc)
+          const int d = tid >> 2, bq = tid & 3;
+          uint8_t *o = S + t * TILE * C + kc * 512 + d * 16 + bq * 4;  // u8 scales: any alignment
+          for (int f = 0; f < 4; f++) o[f] = rowe[32 * bq + d][f];
+        } else {
+          uint8_t *o = S + (t * TILE + tid) * C + 4 * kc;
+          for (int f = 0; f < 4; f++) o[f] = rowe[tid][f];
+        }
+      }
+      if (p.col && tid >= TA_THREADS - TILE) {  // other threads than the row writers
+        const int c = tid - (TA_THREADS - TILE);
+        uint8_t *S = (uint8_t *)p.col_si;
+        const int64_t Cc = TILE * nkc;
+        if (p.swz) {
+          const int64_t ntiles = p.tiles[g + 1] - tg0;
+          const int d = c >> 2, bq = c & 3;
+          uint8_t *o = S + 4 * tg0 * Cc + (kc * ntiles + a) * 512 + d * 16 + bq * 4;
+          for (int f = 0; f < 4; f++) o[f] = cole[f][32 * bq + d];
+        } else {
+          for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + c] = cole[f][c];
+        }
+      }
+    }
+    __syncthreads();  // buffer b, the stats and the exponents are free for chunk kc + 2
+  }
+  if (p.amax && p.mode != TW_SCALE_TENSOR_CURRENT) {
+    const uint32_t m = ta_block_umax(gmax, red);
+    if (tid == 0) atomic_amax(p.amax + g, tw_u2f(m));
   }
 }
 
@@ -500,6 +886,26 @@ static cudaError_t launch_q_dt(int xdt, bool vec, const QParams &p, dim3 grid, c
   if (xdt == XDT_F32) return vec ? launch_q<XDT_F32, true, AMAX>(p, grid, s) : launch_q<XDT_F32, false, AMAX>(p, grid, s);
   if (xdt == XDT_BF16) return vec ? launch_q<XDT_BF16, true, AMAX>(p, grid, s) : launch_q<XDT_BF16, false, AMAX>(p, grid, s);
   return vec ? launch_q<XDT_F16, true, AMAX>(p, grid, s) : launch_q<XDT_F16, false, AMAX>(p, grid, s);
+}
+
+template <int XDT, bool VEC>
+static cudaError_t launch_async(const QParams &p, dim3 grid, cudaStream_t s) {
+  const int smem = TA<XDT>::SMEM;
+  cudaError_t e = cudaFuncSetAttribute(quantize_tile_async_kernel<XDT, VEC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  // all of the unified L1 as shared memory: two CTAs need ~180 KB, and x is streamed anyway
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(quantize_tile_async_kernel<XDT, VEC>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             (int)cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  quantize_tile_async_kernel<XDT, VEC><<<grid, TA_THREADS, smem, s>>>(p);
+  return cudaGetLastError();
+}
+
+static cudaError_t launch_async_dt(int xdt, bool vec, const QParams &p, dim3 grid, cudaStream_t s) {
+  if (xdt == XDT_F32) return vec ? launch_async<XDT_F32, true>(p, grid, s) : launch_async<XDT_F32, false>(p, grid, s);
+  if (xdt == XDT_BF16) return vec ? launch_async<XDT_BF16, true>(p, grid, s) : launch_async<XDT_BF16, false>(p, grid, s);
+  return vec ? launch_async<XDT_F16, true>(p, grid, s) : launch_async<XDT_F16, false>(p, grid, s);
 }
 
 template <int XDT, bool AMAX>
@@ -537,14 +943,17 @@ static tw_status forced_version(tw_ctx *ctx, const char *op, const char *prefix,
   return tw_error(TW_ERR_INVALID_ARG, "%s: no kernel version named '%s' (have %s)", op, k, have);
 }
 
-static const char *const quantize_versions[] = {"quantize_tile_vec", "quantize_tile_scalar", "quantize_rows"};
+// Index = the forced value below; a promoted version keeps its name.
+static const char *const quantize_versions[] = {"quantize_tile_vec", "quantize_tile_scalar", "quantize_rows",
+                                                "quantize_tile_async"};
+enum { QV_TILE_VEC = 0, QV_TILE_SCALAR = 1, QV_ROWS = 2, QV_TILE_ASYNC = 3, QV_COUNT = 4 };
 
 extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
                                           const tw_quantize_opts *opts, tw_qtensor *q) {
   gpu_state *st = gpu_of(ctx);
   cudaStream_t s = st->stream;
   int forced;
-  TW_TRY(forced_version(ctx, "grouped_quantize", "quantize_", quantize_versions, 3, &forced));
+  TW_TRY(forced_version(ctx, "grouped_quantize", "quantize_", quantize_versions, QV_COUNT, &forced));
   const int64_t M = x->shape[0], K = x->shape[1], G = group_sizes->shape[0];
   const int64_t Gn = G < M ? G : M, Tcap = (M + 127 * Gn) / 128;
   gpu_scratch_reset(ctx);
@@ -594,27 +1003,39 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
   // the row kernel: 8-element lanes, rowwise output only, modes without a 2-D block
   const bool rows_ok = K % 8 == 0 && aligned(x->data, 16) && (!p.row_data || aligned(p.row_data, 8));
   const bool rows_mode = !p.col && opts->mode != TW_SCALE_BLOCK_128x128;
-  bool use_rows = rows_ok && rows_mode && forced != 0 && forced != 1;
-  if (forced == 1) vec = false;
-  if (forced == 0 && !vec)
+  // the async tile kernel takes any shape; 16-byte cp.async chunks need whole chunks per row
+  const bool async_vec = K % (int64_t)(16 / esz) == 0 && aligned(x->data, 16) &&
+                         (!p.row_data || aligned(p.row_data, 4)) && (!p.col_data || aligned(p.col_data, 4));
+  if (forced == QV_TILE_SCALAR) vec = false;
+  if (forced == QV_TILE_VEC && !vec)
     return tw_error(TW_ERR_ALIGNMENT, "grouped_quantize: quantize_tile_vec needs K %% 4 == 0 and 4-element "
                                       "aligned x and outputs (K = %lld)", (long long)K);
-  if (forced == 2 && !(rows_ok && rows_mode))
+  if (forced == QV_ROWS && !(rows_ok && rows_mode))
     return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_rows takes rowwise-only current, delayed, "
                                         "mxfp8 and block1x128 with K %% 8 == 0 and 16-byte aligned x "
                                         "(got %s, layout %d, K = %lld)", tw_scaling_name(opts->mode),
                     (int)opts->layout, (long long)K);
+  // auto: the row kernel where it applies, else the async tile kernel for 16-bit x (f32 x
+  // needs 139 KB of shared memory per CTA there: forced only), else the old tile kernel
+  int version = forced;
+  if (version < 0) {
+    if (rows_ok && rows_mode) version = QV_ROWS;
+    else if (esz == 2) version = QV_TILE_ASYNC;
+    else version = vec ? QV_TILE_VEC : QV_TILE_SCALAR;
+  }
   if (Tcap > 0 && K > 0) {
     dim3 grid((unsigned)Tcap, (unsigned)(((K + TILE - 1) / TILE + TILE_CHUNKS - 1) / TILE_CHUNKS));
     dim3 rgrid((unsigned)Tcap, (unsigned)((K + ROWS_SEG - 1) / ROWS_SEG));
     if (opts->mode == TW_SCALE_TENSOR_CURRENT) {
-      if (rows_ok && forced != 1 && forced != 0)
+      if (rows_ok && version != QV_TILE_VEC && version != QV_TILE_SCALAR)
         GPU_TRY_CUDA(launch_rows_dt<true>(xdt, p, rgrid, s), "grouped_quantize: amax pass");
       else
         GPU_TRY_CUDA(launch_q_dt<true>(xdt, vec, p, grid, s), "grouped_quantize: amax pass");
     }
-    if (use_rows) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
-    else GPU_TRY_CUDA(launch_q_dt<false>(xdt, vec, p, grid, s), "grouped_quantize: tile kernel");
+    if (version == QV_ROWS) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
+    else if (version == QV_TILE_ASYNC)
+      GPU_TRY_CUDA(launch_async_dt(xdt, async_vec, p, grid, s), "grouped_quantize: async tile kernel");
+    else GPU_TRY_CUDA(launch_q_dt<false>(xdt, version == QV_TILE_VEC, p, grid, s), "grouped_quantize: tile kernel");
   }
   if (tensor) {
     tensor_finalize_kernel<<<(unsigned)((G + 255) / 256), 256, 0, s>>>(

@@ -2,7 +2,8 @@
  * every stored golden case on the gpu backend, then seeded random cases (shapes 1..8192,
  * G 1..256, skewed and zero-size groups, ragged tails, NaN/inf/huge/tiny values) run on both
  * backends from poisoned outputs and compared bit for bit with the one checker; bad group
- * sizes found on the device (error word, no write out of bounds); forced kernel versions. */
+ * sizes found on the device (error word, no write out of bounds); forced kernel versions
+ * (quantize_tile_async over every golden case, >= 200 random cases and 45 large-tile cases). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -26,26 +27,31 @@ static tw_ctx *gpu_ctx_named(const char *kernel) {
 
 /* ---- golden cases on the gpu ----------------------------------------------------------- */
 
-Test(quantize_gpu, every_stored_golden_case_passes_on_the_gpu) {
+static void golden_cases_on(const char *kernel) {
   char root[1024];
   snprintf(root, sizeof root, "%s/quantize", tt_golden_root());
   char **dirs = NULL;
   int n = tw_golden_list_cases(root, &dirs);
   cr_assert_geq(n, 100, "only %d cases under %s: %s", n, root, tw_last_error());
-  tw_ctx *ctx = gpu_ctx_named(NULL);
+  tw_ctx *ctx = gpu_ctx_named(kernel);
   int failed = 0;
   for (int i = 0; i < n; i++) {
     tw_golden_result res;
     tw_status s = tw_golden_run_case(ctx, dirs[i], &res);
     if (s != TW_OK || !res.passed) {
       failed++;
-      cr_log_error("%s: %s %s", res.name, s != TW_OK ? tw_last_error() : res.worst_output, res.detail);
+      cr_log_error("[kernel %s] %s: %s %s", kernel ? kernel : "auto", res.name,
+                   s != TW_OK ? tw_last_error() : res.worst_output, res.detail);
     }
   }
-  cr_assert_eq(failed, 0, "%d of %d golden cases failed on the gpu", failed, n);
+  cr_assert_eq(failed, 0, "%d of %d golden cases failed on the gpu (kernel %s)", failed, n, kernel ? kernel : "auto");
   tw_golden_free_list(dirs, n);
   tw_ctx_destroy(ctx);
 }
+
+Test(quantize_gpu, every_stored_golden_case_passes_on_the_gpu) { golden_cases_on(NULL); }
+/* the async tile kernel takes every shape (element loads where cp.async cannot): all goldens */
+Test(quantize_gpu, every_stored_golden_case_passes_forced_tile_async) { golden_cases_on("quantize_tile_async"); }
 
 /* ---- random cases ------------------------------------------------------------------------ */
 
@@ -302,6 +308,81 @@ Test(quantize_gpu, forced_tile_vec_version_matches_ref_on_aligned_cases, .timeou
   }
   tw_ctx_destroy(ref);
   tw_ctx_destroy(gpu);
+}
+
+/* quantize_tile_async (the default tile kernel for bf16/f16): random cases of every shape, so
+ * both its cp.async path (K % 8 == 0) and its element-load path run; at least 60 of each. */
+Test(quantize_gpu, forced_tile_async_version_matches_ref, .timeout = 600) {
+  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_async");
+  int vec = 0, scalar = 0;
+  for (int i = 0; i < 400 && (vec < 60 || scalar < 60 || vec + scalar < 200); i++) {
+    qcase c;
+    make_case(&c, 12000 + (uint64_t)i * 7919u, -1);
+    if (c.K % (c.xdt == TW_F32 ? 4 : 8) == 0) vec++;
+    else scalar++;
+    run_quantize_case(ref, gpu, &c);
+    free_case(&c);
+  }
+  cr_assert_geq(vec, 60, "only %d cp.async-shaped cases", vec);
+  cr_assert_geq(scalar, 60, "only %d element-load cases", scalar);
+  tw_ctx_destroy(ref);
+  tw_ctx_destroy(gpu);
+}
+
+/* Full 128-row tiles, K past one CTA's 8 column chunks (both buffers reused several times),
+ * a group size that is not a multiple of 16 (4-byte and byte colwise stores) next to one that
+ * is (16-byte stores), an empty group and a ragged tail: every mode x layout x input dtype,
+ * forced async and auto. */
+Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 600) {
+  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_async"), *aut = gpu_ctx_named(NULL);
+  static const tw_dtype xdts[] = {TW_BF16, TW_F16, TW_F32};
+  static const int32_t sizes[] = {384, 0, 298, 2};  /* S = 684 of M = 700 */
+  int ran = 0;
+  for (int m = 1; m < TW_SCALE_COUNT; m++)
+    for (int lay = 1; lay <= 3; lay++)
+      for (int d = 0; d < 3; d++) {
+        uint64_t st = 4242 + (uint64_t)(m * 100 + lay * 10 + d);
+        qcase c;
+        memset(&c, 0, sizeof c);
+        c.M = 700;
+        c.K = 1168; /* 9.125 chunks of 128: a partial last chunk, K % 16 == 0 */
+        c.G = 4;
+        c.S = 684;
+        c.sizes = malloc(sizeof sizes);
+        memcpy(c.sizes, sizes, sizeof sizes);
+        c.xdt = xdts[d];
+        tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+        o.mode = (tw_scaling)m;
+        o.layout = (tw_qlayout)lay;
+        o.qdtype = (m + lay) % 2 ? TW_E4M3 : TW_E5M2;
+        o.pow2_scales = (m + d) % 2;
+        o.mxfp8_swizzled = (lay + d) % 2;
+        c.opts = o;
+        c.with_amax = 1;
+        int64_t n = c.M * c.K;
+        c.x = malloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) {
+          float v = (float)(tt_rand_uniform(&st, -1.0, 1.0) * ldexp(1.0, (int)((i / c.K) % 9) - 4 + (int)((i % c.K) % 5)));
+          if (i % 50021 == 7) v = special_value(&st);
+          if (c.xdt == TW_F32) ((float *)c.x)[i] = v;
+          else if (c.xdt == TW_BF16) ((uint16_t *)c.x)[i] = tw_f32_to_bf16(v);
+          else ((uint16_t *)c.x)[i] = tw_f32_to_f16(v);
+        }
+        if (m == TW_SCALE_TENSOR_DELAYED) {
+          c.scale = malloc(sizeof(float) * 4);
+          for (int g = 0; g < 4; g++) c.scale[g] = (float)ldexp(1.5, g - 2);
+        }
+        snprintf(c.name, sizeof c.name, "large tile case: %s %s layout %d x %s [700, 1168] G=4",
+                 tw_scaling_name(o.mode), tw_dtype_name(o.qdtype), lay, tw_dtype_name(c.xdt));
+        run_quantize_case(ref, gpu, &c);
+        run_quantize_case(ref, aut, &c);
+        free_case(&c);
+        ran++;
+      }
+  cr_assert_eq(ran, 45);
+  tw_ctx_destroy(ref);
+  tw_ctx_destroy(gpu);
+  tw_ctx_destroy(aut);
 }
 
 /* ---- dequantize ------------------------------------------------------------------------- */

@@ -105,10 +105,17 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
     return 1;
   }
-  tw_ctx *tile_ctx = NULL; /* the tile kernel forced: the row kernel's comparison */
+  tw_ctx *tile_ctx = NULL, *async_ctx = NULL; /* forced versions, compared at G = 8 */
   cc.kernel = "quantize_tile_vec";
   if (tw_ctx_create(&tile_ctx, &cc) != TW_OK) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
+    tw_ctx_destroy(ctx);
+    return 1;
+  }
+  cc.kernel = "quantize_tile_async";
+  if (tw_ctx_create(&async_ctx, &cc) != TW_OK) {
+    fprintf(stderr, "bench quantize: %s\n", tw_last_error());
+    tw_ctx_destroy(tile_ctx);
     tw_ctx_destroy(ctx);
     return 1;
   }
@@ -187,10 +194,14 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           if (tw_tensor_bytes(parts[i]) > scale_bytes && i != 0 && i != 2) { rc = 1; goto done; }
           written += tw_tensor_bytes(parts[i]);
         }
-        /* rowwise-only runs the row kernel; G = 8 also times the tile kernel on it */
+        /* auto runs the row kernel on rowwise-only, the async tile kernel on the rest (bf16);
+         * G = 8 also times the other versions: tile_vec, and tile_async where auto is rows */
         int row_kernel = lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128;
-        for (int ver = 0; ver < (row_kernel && G == 8 ? 2 : 1); ver++) {
-        tw_ctx *vctx = ver ? tile_ctx : ctx;
+        tw_ctx *vctxs[3] = {ctx, tile_ctx, async_ctx};
+        const char *vnames[3] = {row_kernel ? "rows" : "tile_async", "tile_vec", "tile_async"};
+        int nver = G == 8 ? (row_kernel ? 3 : 2) : 1;
+        for (int ver = 0; ver < nver; ver++) {
+        tw_ctx *vctx = vctxs[ver];
         q_arg qa = {vctx, &x, &gs, &o, &q};
         double ms = time_median(gpu_of(vctx)->stream, warmup, iters, run_q, &qa);
         if (ms < 0 || tw_ctx_check(vctx) != TW_OK) {
@@ -204,7 +215,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         snprintf(r.shape, sizeof r.shape, "%s %s G=%lld %lldx%lld bf16", tw_scaling_name(o.mode),
                  lay == TW_ROWWISE ? "row" : "row+col", (long long)G, (long long)M, (long long)K);
         r.backend = "gpu";
-        snprintf(r.version, sizeof r.version, "%s", row_kernel && !ver ? "rows" : "tile_vec");
+        snprintf(r.version, sizeof r.version, "%s", vnames[ver]);
         r.ms = ms;
         r.rate = bytes / (ms * 1e6);
         r.unit = "GB/s";
@@ -230,6 +241,7 @@ done:
   cudaFree(dam);
   cudaFree(dgs);
   cudaFree(dsc);
+  tw_ctx_destroy(async_ctx);
   tw_ctx_destroy(tile_ctx);
   tw_ctx_destroy(ctx);
   return rc;
