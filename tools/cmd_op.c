@@ -298,7 +298,8 @@ int twin_cmd_op(int argc, char **argv) {
   }
   for (int i = 0; i < outs.n && s == TW_OK; i++) {
     char path[4096], shape[96];
-    snprintf(path, sizeof path, "%s/%s.npy", out_dir, outs.name[i]);
+    size_t len = strlen(out_dir);
+    snprintf(path, sizeof path, "%s%s%s.npy", out_dir, len && out_dir[len - 1] == '/' ? "" : "/", outs.name[i]);
     s = tw_npy_save(path, &outs.t[i]);
     if (s == TW_OK) printf("%s %s\n", path, tw_tensor_str(&outs.t[i], shape, sizeof shape));
   }
