@@ -197,7 +197,12 @@ tw_status tw_check_bound(const tw_tensor *got, const tw_tensor *expected, const 
     double err = abs_err(g, e);
     double ratio;
     int bad;
-    if (isnan(b)) { /* a NaN bound is a broken bound, never a pass */
+    int special_differs = nan_mismatch(g, e) || inf_mismatch(g, e);
+    int special_same = (isnan(g) && isnan(e)) || (isinf(g) && g == e);
+    if (special_differs || special_same) { /* no bound, not even an infinite one, excuses these */
+      bad = special_differs; ratio = bad ? INFINITY : 0;
+      if (!(b >= 0)) b = 0;
+    } else if (isnan(b)) { /* a NaN bound is a broken bound, never a pass */
       bad = 1; ratio = INFINITY;
     } else if (b < 0) { /* must be left exactly as it was */
       bad = err != 0; ratio = bad ? INFINITY : 0;

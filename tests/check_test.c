@@ -188,6 +188,21 @@ Test(check, bound_nan_inf_placement) {
   cr_assert_eq(r.worst_index, 1);
 }
 
+Test(check, bound_specials_must_match_whatever_the_bound) {
+  /* an infinite (or NaN) bound, e.g. from inf inputs, never excuses a NaN or inf mismatch */
+  float got[5] = {NAN, INFINITY, 1.0f, INFINITY, NAN};
+  float exp[5] = {INFINITY, 1.0f, NAN, INFINITY, NAN};
+  double bnd[5] = {INFINITY, INFINITY, INFINITY, NAN, NAN};
+  tw_tensor g = tw_tensor_1d(got, TW_F32, 5, TW_MEM_HOST), e = tw_tensor_1d(exp, TW_F32, 5, TW_MEM_HOST),
+            b = tw_tensor_1d(bnd, TW_F64, 5, TW_MEM_HOST);
+  tw_check_report r;
+  cr_assert_eq(tw_check_bound(&g, &e, &b, &r), TW_OK);
+  cr_assert_eq(r.mismatches, 3); /* [3] inf meets inf and [4] NaN meets NaN, even with NaN bounds */
+  cr_assert_eq(r.nan_mismatches, 2);
+  cr_assert_eq(r.inf_mismatches, 1);
+  cr_assert_eq(r.worst_index, 0);
+}
+
 Test(check, bound_negative_demands_exact_and_counts_unwritten) {
   uint16_t got[3] = {0x3F80, 0xA5A5, 0x3F81}; /* bf16: 1.0, poison, 1.0078125 */
   float exp[3] = {1.0f, 1.0f, 1.0f};
