@@ -29,6 +29,10 @@ np.save(d + "/big.npy", np.ones((2, 3), '>f4'))
 np.save(d + "/fortran.npy", np.asfortranarray(np.ones((2, 3), np.float32)))
 np.save(d + "/gs_neg.npy", np.array([3, -1], np.int32))
 np.save(d + "/x5.npy", np.ones((5, 7), np.float32))
+np.save(d + "/gs_huge.npy", np.array([2**40], np.int64))
+np.save(d + "/gs_2d.npy", np.ones((2, 2), np.int32))
+np.save(d + "/hist.npy", np.ones((2, 4), np.float32))
+np.save(d + "/v2.npy", np.ones(2, np.float32))
 open(d + "/garbage.npy", "wb").write(b"definitely not numpy")
 b = open(d + "/a23.npy", "rb").read()
 open(d + "/trunc.npy", "wb").write(b[:-5])
@@ -63,6 +67,13 @@ expect op_quantize_bad_mode 2 "'mode' = 'fp4' is not a scaling mode" -- op quant
 expect op_quantize_bad_layout 2 "layout 'diagonal'" -- op quantize --mode current --layout diagonal --in x=$T/x5.npy $O
 expect op_quantize_negative_group 2 "group_sizes[1] = -1 is negative" -- op quantize --mode current --in x=$T/x5.npy --in group_sizes=$T/gs_neg.npy $O
 expect op_quantize_1d_x 2 "input 'x' is [2] i32; give f32 values" -- op quantize --mode current --in x=$T/gs_neg.npy $O
+expect op_group_sizes_overflow 2 "group_sizes'[0] = 1099511627776 does not fit i32" -- op quantize --mode current --in x=$T/x5.npy --in group_sizes=$T/gs_huge.npy $O
+expect op_group_sizes_2d 2 "group_sizes is [2, 2] i32, expected 1-D [G]" -- op quantize --mode current --in x=$T/x5.npy --in group_sizes=$T/gs_2d.npy $O
+expect op_dequantize_needs_rows 2 "missing key 'rows'" -- op dequantize --mode current --in data=$T/x5.npy --in scale_inv=$T/v2.npy $O
+expect op_dequantize_f32_data 2 "input 'data' is [5, 7] f32, cannot use it as e4m3 (give u8 codes)" -- op dequantize --mode current --rows 5 --cols 7 --in data=$T/x5.npy --in scale_inv=$T/v2.npy $O
+expect op_delayed_bad_algo 2 "algo 'mean' is not max or most_recent" -- op delayed_scale_update --algo mean --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
+expect op_delayed_bad_margin 2 "margin 'two' is not a number" -- op delayed_scale_update --margin two --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
+expect op_delayed_runs 0 "scale_out.npy [2] f32" -- op delayed_scale_update --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
 expect op_gpu_unavailable 2 "gpu" -- op gemm --backend gpu --in a=$T/a23.npy --in b=$T/b32.npy $O
 expect op_out_dir_is_a_file 2 "cannot create --out-dir" -- op gemm --in a=$T/a23.npy --in b=$T/b32.npy --out-dir $T/a23.npy/x
 expect check_bad_backend 2 "unknown backend 'cpu'" -- check --backend cpu
