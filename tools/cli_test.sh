@@ -79,6 +79,9 @@ expect op_out_dir_is_a_file 2 "cannot create --out-dir" -- op gemm --in a=$T/a23
 expect check_bad_backend 2 "unknown backend 'cpu'" -- check --backend cpu
 expect check_missing_golden 2 "is not a directory" -- check --golden $T/none
 expect check_empty_golden 1 "no golden cases" -- check --golden $T
+mkdir -p "$T/one/area/c1" && printf 'op = delayed_scale_update\n' > "$T/one/area/c1/case.txt"
+cp "$T/hist.npy" "$T/one/area/c1/amax_history.npy"; cp "$T/v2.npy" "$T/one/area/c1/scale.npy"; cp "$T/v2.npy" "$T/one/area/c1/amax.npy"
+expect check_one_case_missing_expected 1 "lacks amax_history_out.npy" -- check --backend ref --golden $T/one/area/c1
 expect check_unknown_option 2 "unknown option '--fast'" -- check --fast 1
 expect bench_bad_iters 2 "--iters wants an integer" -- bench --iters lots
 expect bench_bad_op 2 "unknown --op 'conv'" -- bench --op conv

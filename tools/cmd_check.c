@@ -22,7 +22,8 @@ static void usage(FILE *f) {
           "passes on every backend, 1 if any fails, 2 on bad arguments.\n"
           "\n"
           "  --backend NAME   ref, gpu or all (default all: ref, plus gpu where a GPU is visible)\n"
-          "  --golden DIR     case root (default: golden/data of the workspace)\n"
+          "  --golden DIR     case root, or one case directory (default: golden/data of the\n"
+          "                   workspace)\n"
           "  --filter S       only cases whose name (area/case) contains S\n"
           "  --verbose        print the checker's full line for every case, not only failures\n"
           "  --sharding       run the sharded-vs-unsharded checks instead (shard/)\n");
