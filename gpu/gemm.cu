@@ -72,6 +72,14 @@ static tw_status lt_layout(cublasLtMatrixLayout_t *l, int dt, int64_t rows, int6
   return TW_OK;
 }
 
+// Largest power of two (at most 256) dividing the address.
+static uint32_t ptr_alignment(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  uint32_t al = 256;
+  while (al > 1 && (a & (al - 1))) al >>= 1;
+  return al;
+}
+
 tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op) {
   cublasLtHandle_t h;
   TW_TRY(lt_handle(ctx, &h, op));
@@ -111,6 +119,20 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op) {
   LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
   LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
          "preference workspace");
+  {
+    // The heuristic assumes 256-byte aligned pointers unless told otherwise; per-group slices
+    // (o_g * K elements in) are often less aligned, and an algorithm chosen for 256 then
+    // fails with "not supported". Tell it each pointer's real alignment.
+    uint32_t al_a = ptr_alignment(x->b), al_b = ptr_alignment(x->a), al_c = ptr_alignment(x->out);
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
+           "preference alignment A");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
+           "preference alignment B");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
+           "preference alignment C");
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
+           "preference alignment D");
+  }
   {
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, &res, &found);
     if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
