@@ -47,6 +47,7 @@ typedef struct {
 typedef struct {
   int kind;              // gg_kind
   int compute;           // gg_compute
+  int wide;              // bf16/f16: 128x256 CTA tiles (kernel version 3, gg_mma_wide)
   int64_t G;
   int64_t P, Q, R;       // fixed dims (P unused for FWD_RAGGED, R unused for WGRAD)
   gg_operand a, b;
@@ -83,6 +84,7 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op);
 
 // The version names tw_ctx_kernel() may force (gpu/NOTES-gemm.md).
 #define GG_KERNEL_MMA "gg_mma"
+#define GG_KERNEL_MMA_WIDE "gg_mma_wide"
 #define GG_KERNEL_FMA "gg_fma"
 #define GG_KERNEL_LT_LOOP "gg_lt_loop"
 #define GEMM_KERNEL_LT "gemm_lt"

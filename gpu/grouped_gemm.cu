@@ -3,7 +3,12 @@
 //
 // Versions (tw_ctx_kernel() may force one by name):
 //   gg_mma      (auto for bf16, f16 and fp8 operands, any sm_80+): the tensor-core kernel of
-//               gpu/grouped_gemm_kernel.cu; no host sync, no device-to-host copy, capturable.
+//               gpu/grouped_gemm_kernel.cu, 128x128x32 tiles; no host sync, no device-to-host
+//               copy, capturable.
+//   gg_mma_wide (only when forced until measured; bf16/f16): the same kernel with 128x256x64
+//               tiles, 3 stages, a hoisted loader for interior tiles; needs 162 KiB of shared
+//               memory (sm_80, sm_90; TW_ERR_UNSUPPORTED elsewhere). Forced on fp8 operands it
+//               runs gg_mma (fp8 is decoded to bf16 in shared memory and keeps the narrow tile).
 //   gg_fma      (auto when an operand is f32): the same kernel with exact f32 FMA.
 //   gg_lt_loop  (only when forced; for the bench): copies group_sizes to the host, synchronizes
 //               the stream and calls cuBLASLt once per group. Takes what gemm_lt takes:
@@ -14,9 +19,9 @@
 
 #include "gpu/gemm_common.cuh"
 
-typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2 } gg_version;
+typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3 } gg_version;
 
-static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP};
+static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE};
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -29,11 +34,11 @@ static tw_status choose_version(tw_ctx *ctx, const char *op, const tw_operand *a
   if (st->sm < 80)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: needs sm_80 or newer, device %d is sm_%d", op, st->device, st->sm);
   const char *k = tw_ctx_kernel(ctx);
-  *v = has_f32(a, b) ? VER_FMA : VER_MMA;
+  *v = has_f32(a, b) ? VER_FMA : VER_MMA;  // gg_mma_wide: auto once measured (NOTES-gemm.md)
   if (!k) return TW_OK;
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < 4; ++i)
     if (strcmp(k, gg_names[i]) == 0) *v = (gg_version)i;
-  if (*v == VER_MMA && has_f32(a, b))
+  if ((*v == VER_MMA || *v == VER_MMA_WIDE) && has_f32(a, b))
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' takes bf16, f16 or fp8 operands, not %s x %s", op, k,
                     tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
   return TW_OK;
@@ -213,6 +218,7 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   p.kind = GG_FWD_RAGGED;
   p.compute = compute_of(lhs, rhs, v);
+  p.wide = v == VER_MMA_WIDE;
   p.G = G;
   p.Q = N;
   p.R = K;
@@ -247,6 +253,7 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   p.kind = GG_WGRAD;
   p.compute = compute_of(lhs, rhs, v);
+  p.wide = v == VER_MMA_WIDE;
   p.G = G;
   p.P = K;
   p.Q = N;

@@ -98,11 +98,11 @@ __host__ __device__ __forceinline__ int gg_esize(int dtype) {
 
 // Raw stage of one operand: kmajor [X][BK] or [BK][X] elements, each row padded by 16 bytes
 // (keeps ldmatrix rows on distinct banks and cp.async destinations 16-byte aligned).
-__host__ __device__ __forceinline__ int gg_row_bytes(int kmajor, int X, int es) {
-  return kmajor ? GG_BK * es + 16 : X * es + 16;
+__host__ __device__ __forceinline__ int gg_row_bytes(int kmajor, int X, int es, int bk = GG_BK) {
+  return kmajor ? bk * es + 16 : X * es + 16;
 }
-__host__ __device__ __forceinline__ int gg_stage_bytes(int es) {
-  int km = GG_BM * (GG_BK * es + 16), xm = GG_BK * (GG_BM * es + 16);
+__host__ __device__ __forceinline__ int gg_stage_bytes(int es, int X, int bk = GG_BK) {
+  int km = X * (bk * es + 16), xm = bk * (X * es + 16);
   return km > xm ? km : xm;
 }
 
@@ -128,14 +128,16 @@ __device__ __forceinline__ gg_view gg_make_view(const gg_operand &o, int64_t g, 
   return v;
 }
 
-// Copies tile (x0.., k0..) of an operand into a raw stage (see gg_row_bytes).
+// Copies tile (x0.., k0..) of an operand into a raw stage (see gg_row_bytes). General path:
+// any bounds, any alignment (per chunk: cp.async, zero fill or element copy).
+template <int BK_ = GG_BK>
 __device__ __forceinline__ void gg_load_tile(char *stage, const gg_view &v, int64_t x0, int64_t k0,
                                              int X, int tid) {
   const int es = v.es;
-  const int rows = v.kmajor ? X : GG_BK, cols = v.kmajor ? GG_BK : X;
+  const int rows = v.kmajor ? X : BK_, cols = v.kmajor ? BK_ : X;
   const int64_t r0 = v.kmajor ? x0 : k0, c0 = v.kmajor ? k0 : x0;
   const int64_t rlim = v.kmajor ? v.xlim : v.klim, clim = v.kmajor ? v.klim : v.xlim;
-  const int rb = gg_row_bytes(v.kmajor, X, es);
+  const int rb = gg_row_bytes(v.kmajor, X, es, BK_);
   const int epc = 16 / es;
   const int cpr = cols / epc;
   for (int c = tid; c < rows * cpr; c += GG_THREADS) {
@@ -237,19 +239,55 @@ __device__ __forceinline__ void gg_store(void *out, int dtype, int64_t idx, floa
   }
 }
 
+// Interior tiles of the wide kernel: each thread copies the same chunks of every k-tile (rows
+// r, r+RSTEP, ... of the stage, chunk column c), so their addresses are computed once per work
+// item and advanced by one constant per k-tile: no bounds tests, no divisions, no 64-bit
+// index math per chunk. Same bytes to the same places as gg_load_tile's general path.
+template <bool KM, int X, int BK_, int ES>
+struct gg_fast_loader {
+  static constexpr int ROWS = KM ? X : BK_, CPR = (KM ? BK_ : X) * ES / 16;
+  static constexpr int RSTEP = GG_THREADS / CPR, N = ROWS * CPR / GG_THREADS;
+  static constexpr int RB = KM ? BK_ * ES + 16 : X * ES + 16;  // = gg_row_bytes
+  static_assert(GG_THREADS % CPR == 0 && (ROWS * CPR) % GG_THREADS == 0, "chunks per thread");
+  const char *src;   // this thread's first chunk at k-tile 0
+  int64_t row_step;  // bytes between its chunks in global memory
+  int64_t k_step;    // bytes per k-tile
+  int dst;           // its first chunk's byte offset in a stage
+  __device__ __forceinline__ void init(const gg_view &v, int64_t x0, int tid) {
+    const int r = tid / CPR, c = tid % CPR;
+    src = v.base + (KM ? (x0 + r) * v.ld + c * (16 / ES) : r * v.ld + x0 + c * (16 / ES)) * ES;
+    row_step = (int64_t)RSTEP * v.ld * ES;
+    k_step = KM ? (int64_t)BK_ * ES : (int64_t)BK_ * v.ld * ES;
+    dst = r * RB + c * 16;
+  }
+  __device__ __forceinline__ void load(char *stage, int kt) const {
+    const char *s = src + kt * k_step;
+#pragma unroll
+    for (int i = 0; i < N; ++i) cp_async16(stage + dst + i * RSTEP * RB, s + i * row_step);
+  }
+};
+
 // ---- the kernel ------------------------------------------------------------------------------
 // COMPUTE: gg_compute. AK/BKM: operand layouts for the direct mma paths (kmajor).
-// BLOCKED: block scales (promotion every kb_len along K).
-template <int COMPUTE, bool AK, bool BKM, bool BLOCKED, int STAGES>
-__global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32) ? 1 : 2)
+// BLOCKED: block scales (promotion every kb_len along K). BN_: CTA tile width, 128 (warp
+// tiles 64x32, 2 CTAs per SM) or 256 (kernel version 3, gg_mma_wide: warp tiles 64x64,
+// twice the mma per ldmatrix, 1 CTA per SM; bf16/f16 only; BK = 64, 3 stages, interior
+// tiles through gg_fast_loader).
+template <int COMPUTE, bool AK, bool BKM, bool BLOCKED, int STAGES, int BN_>
+__global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 || BN_ > 128) ? 1 : 2)
     gg_kernel(const gg_problem p, const int64_t *__restrict__ tile_start, int64_t total_host,
               int kb_len) {
+  static_assert(BN_ == GG_BM || COMPUTE == GG_MMA_BF16 || COMPUTE == GG_MMA_F16, "wide tiles: bf16/f16 only");
+  constexpr bool WIDE = BN_ > 128;
+  static_assert(!WIDE || !BLOCKED, "wide tiles: no block scales");
+  constexpr int WN = BN_ / 4, NT = WN / 8;  // warp tile width, its n8 tiles
+  constexpr int BK_ = WIDE ? 64 : GG_BK;    // contracting depth of one stage
   extern __shared__ __align__(16) char smem[];
   const int esA = COMPUTE == GG_FMA_F32 ? 4 : COMPUTE == GG_MMA_FP8 ? 1 : 2;
-  const int stage_bytes = gg_stage_bytes(esA);
+  const int sbA = gg_stage_bytes(esA, GG_BM, BK_), sbB = gg_stage_bytes(esA, BN_, BK_);
   char *sA = smem;
-  char *sB = smem + STAGES * stage_bytes;
-  char *conv = smem + 2 * STAGES * stage_bytes;  // decoded tiles (fp8 / f32 paths)
+  char *sB = smem + STAGES * sbA;
+  char *conv = sB + STAGES * sbB;  // decoded tiles (fp8 / f32 paths)
   uint16_t *lut = (uint16_t *)(conv + (COMPUTE == GG_FMA_F32 ? 2 * GG_BK * (GG_BM + 4) * 4
                                                               : 2 * GG_BM * (GG_BK + 8) * 2));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -264,7 +302,7 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
     __syncthreads();
   }
 
-  const int64_t tilesQ = (p.Q + GG_BN - 1) / GG_BN;
+  const int64_t tilesQ = (p.Q + BN_ - 1) / BN_;
   const int64_t total = p.kind == GG_FWD_RAGGED ? tile_start[p.G] : total_host;
 
   for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
@@ -292,36 +330,50 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
     }
     const int64_t Pg = p.kind == GG_FWD_RAGGED ? mg : p.P;
     const int64_t Rg = p.kind == GG_WGRAD ? mg : p.R;
-    const int64_t p0 = (local / tilesQ) * GG_BM, q0 = (local % tilesQ) * GG_BN;
+    const int64_t p0 = (local / tilesQ) * GG_BM, q0 = (local % tilesQ) * BN_;
     if (Rg == 0 && p.accumulate) continue;  // adds exactly nothing: leave out untouched
 
     const gg_view va = gg_make_view(p.a, g, og, mg, Pg, Rg);
     const gg_view vb = gg_make_view(p.b, g, og, mg, p.Q, Rg);
-    const int ktiles = (int)((Rg + GG_BK - 1) / GG_BK);
+    const int ktiles = (int)((Rg + BK_ - 1) / BK_);
+    gg_fast_loader<AK, GG_BM, BK_, 2> lda;
+    gg_fast_loader<BKM, BN_, BK_, 2> ldb;
+    bool a_inside = false, b_inside = false;  // the tile's rows (x) are all in bounds, aligned
+    if (WIDE) {
+      lda.init(va, p0, tid);
+      ldb.init(vb, q0, tid);
+      a_inside = va.vec_ok && p0 + GG_BM <= Pg;
+      b_inside = vb.vec_ok && q0 + BN_ <= p.Q;
+    }
+    auto load_stage = [&](int s, int kk) {
+      char *dA = sA + s * sbA, *dB = sB + s * sbB;
+      const bool k_inside = (int64_t)(kk + 1) * BK_ <= Rg;
+      if (WIDE && a_inside && k_inside) lda.load(dA, kk);
+      else gg_load_tile<BK_>(dA, va, p0, (int64_t)kk * BK_, GG_BM, tid);
+      if (WIDE && b_inside && k_inside) ldb.load(dB, kk);
+      else gg_load_tile<BK_>(dB, vb, q0, (int64_t)kk * BK_, BN_, tid);
+    };
 
-    float acc[4][4][4];
-    float tot[BLOCKED ? 4 : 1][BLOCKED ? 4 : 1][BLOCKED ? 4 : 1];
+    float acc[4][NT][4];
+    float tot[BLOCKED ? 4 : 1][BLOCKED ? NT : 1][BLOCKED ? 4 : 1];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
     if (BLOCKED) {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
+        for (int j = 0; j < NT; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e) tot[BLOCKED ? i : 0][BLOCKED ? j : 0][BLOCKED ? e : 0] = 0.f;
     }
 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < ktiles) {
-        gg_load_tile(sA + s * stage_bytes, va, p0, (int64_t)s * GG_BK, GG_BM, tid);
-        gg_load_tile(sB + s * stage_bytes, vb, q0, (int64_t)s * GG_BK, GG_BN, tid);
-      }
+      if (s < ktiles) load_stage(s, s);
       cp_async_commit();
     }
 
@@ -330,15 +382,11 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
       __syncthreads();
       {
         int nk = kt + STAGES - 1;
-        if (nk < ktiles) {
-          int s = nk % STAGES;
-          gg_load_tile(sA + s * stage_bytes, va, p0, (int64_t)nk * GG_BK, GG_BM, tid);
-          gg_load_tile(sB + s * stage_bytes, vb, q0, (int64_t)nk * GG_BK, GG_BN, tid);
-        }
+        if (nk < ktiles) load_stage(nk % STAGES, nk);
         cp_async_commit();
       }
-      const char *stA = sA + (kt % STAGES) * stage_bytes;
-      const char *stB = sB + (kt % STAGES) * stage_bytes;
+      const char *stA = sA + (kt % STAGES) * sbA;
+      const char *stB = sB + (kt % STAGES) * sbB;
 
       if (COMPUTE == GG_FMA_F32) {
         // widen both tiles to f32, k-outer: cA[k][x], cB[k][x]
@@ -354,21 +402,21 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
         __syncthreads();
 #pragma unroll 4
         for (int k = 0; k < GG_BK; ++k) {
-          float av[8], bv[8];
+          float av[8], bv[2 * NT];
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt) {
             av[2 * mt] = cA[k * (GG_BM + 4) + wm * 64 + mt * 16 + gq];
             av[2 * mt + 1] = cA[k * (GG_BM + 4) + wm * 64 + mt * 16 + gq + 8];
           }
 #pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            bv[2 * nt] = cB[k * (GG_BN + 4) + wn * 32 + nt * 8 + 2 * t4];
-            bv[2 * nt + 1] = cB[k * (GG_BN + 4) + wn * 32 + nt * 8 + 2 * t4 + 1];
+          for (int nt = 0; nt < NT; ++nt) {
+            bv[2 * nt] = cB[k * (GG_BN + 4) + wn * WN + nt * 8 + 2 * t4];
+            bv[2 * nt + 1] = cB[k * (GG_BN + 4) + wn * WN + nt * 8 + 2 * t4 + 1];
           }
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
               for (int e = 0; e < 4; ++e)
                 acc[mt][nt][e] = fmaf(av[2 * mt + (e >> 1)], bv[2 * nt + (e & 1)], acc[mt][nt][e]);
@@ -396,14 +444,14 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
         } else {
           tA = (const __nv_bfloat16 *)stA;
           tB = (const __nv_bfloat16 *)stB;
-          strA = AK ? GG_BK + 8 : GG_BM + 8;
-          strB = BKM ? GG_BK + 8 : GG_BN + 8;
+          strA = AK ? BK_ + 8 : GG_BM + 8;
+          strB = BKM ? BK_ + 8 : BN_ + 8;
         }
         const int q = lane >> 3, l8 = lane & 7;
 #pragma unroll
-        for (int ks = 0; ks < GG_BK / 16; ++ks) {
+        for (int ks = 0; ks < BK_ / 16; ++ks) {
           const int k0 = ks * 16;
-          uint32_t af[4][4], bf[4][2];
+          uint32_t af[4][4], bf[NT][2];
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt) {
             int r0 = wm * 64 + mt * 16;
@@ -411,8 +459,8 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
             else ldsm_x4_t(af[mt], tA + (k0 + (q >> 1) * 8 + l8) * strA + r0 + (q & 1) * 8);
           }
 #pragma unroll
-          for (int np = 0; np < 2; ++np) {
-            int n0 = wn * 32 + np * 16;
+          for (int np = 0; np < NT / 2; ++np) {
+            int n0 = wn * WN + np * 16;
             uint32_t r[4];
             if (bk) ldsm_x4(r, tB + (n0 + (q >> 1) * 8 + l8) * strB + k0 + (q & 1) * 8);
             else ldsm_x4_t(r, tB + (k0 + (q & 1) * 8 + l8) * strB + n0 + (q >> 1) * 8);
@@ -424,7 +472,7 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) mma16816<COMPUTE == GG_MMA_F16>(acc[mt][nt], af[mt], bf[nt]);
+            for (int nt = 0; nt < NT; ++nt) mma16816<COMPUTE == GG_MMA_F16>(acc[mt][nt], af[mt], bf[nt]);
         }
       }
 
@@ -433,18 +481,21 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
         if (kend % kb_len == 0 || kt == ktiles - 1) {
           int64_t kb0 = ((int64_t)kt * GG_BK / kb_len) * kb_len;
           gg_sgroup sa = gg_scale_group(p.a, g, og, mg, tg), sb = gg_scale_group(p.b, g, og, mg, tg);
-          float fa[8], fb[8];
+          float fa[8], fb[2 * NT];
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             int64_t x = p0 + wm * 64 + (i >> 1) * 16 + gq + (i & 1) * 8;
             fa[i] = x < Pg ? gg_scale_at(p.a, sa, g, x, kb0) : 0.f;
-            int64_t y = q0 + wn * 32 + (i >> 1) * 8 + 2 * t4 + (i & 1);
+          }
+#pragma unroll
+          for (int i = 0; i < 2 * NT; ++i) {
+            int64_t y = q0 + wn * WN + (i >> 1) * 8 + 2 * t4 + (i & 1);
             fb[i] = y < p.Q ? gg_scale_at(p.b, sb, g, y, kb0) : 0.f;
           }
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 float f = fa[2 * mt + (e >> 1)] * fb[2 * nt + (e & 1)];
@@ -470,10 +521,10 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32)
         int64_t x = p0 + wm * 64 + mt * 16 + gq + h * 8;
         if (x >= Pg) continue;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            int64_t y = q0 + wn * 32 + nt * 8 + 2 * t4 + e;
+            int64_t y = q0 + wn * WN + nt * 8 + 2 * t4 + e;
             if (y >= p.Q) continue;
             float v = BLOCKED ? tot[BLOCKED ? mt : 0][BLOCKED ? nt : 0][BLOCKED ? 2 * h + e : 0]
                               : acc[mt][nt][2 * h + e] * tensor_f;
@@ -507,9 +558,10 @@ __global__ void __launch_bounds__(GG_PREFIX_THREADS)
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-static size_t gg_smem_bytes(int compute, int stages) {
+static size_t gg_smem_bytes(int compute, int stages, int bn) {
   int es = compute == GG_FMA_F32 ? 4 : compute == GG_MMA_FP8 ? 1 : 2;
-  size_t s = (size_t)2 * stages * gg_stage_bytes(es);
+  int bk = bn > GG_BN ? 64 : GG_BK;  // as BK_ in gg_kernel
+  size_t s = (size_t)stages * (gg_stage_bytes(es, GG_BM, bk) + gg_stage_bytes(es, bn, bk));
   if (compute == GG_FMA_F32) s += (size_t)2 * GG_BK * (GG_BM + 4) * 4;
   if (compute == GG_MMA_FP8) s += (size_t)2 * GG_BM * (GG_BK + 8) * 2 + 512 * 2;
   return s;
@@ -517,16 +569,23 @@ static size_t gg_smem_bytes(int compute, int stages) {
 
 typedef void (*gg_fn)(const gg_problem, const int64_t *, int64_t, int);
 
-template <int C, bool AK, bool BKM, bool BL, int S>
+template <int C, bool AK, bool BKM, bool BL, int S, int BN_ = GG_BN>
 static tw_status gg_launch_t(tw_ctx *ctx, const gg_problem *p, const int64_t *tile_start,
                              int64_t total_host, int kb_len, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  gg_fn fn = gg_kernel<C, AK, BKM, BL, S>;
-  size_t smem = gg_smem_bytes(C, S);
+  gg_fn fn = gg_kernel<C, AK, BKM, BL, S, BN_>;
+  size_t smem = gg_smem_bytes(C, S, BN_);
   // Per device: attribute and occupancy (host-only queries, no stream work).
   static int occ_cache[64];
   int dev = st->device < 64 ? st->device : 0;
   if (!occ_cache[dev]) {
+    int optin = 0;
+    GPU_TRY_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st->device),
+                 "grouped_gemm: shared memory query");
+    if (smem > (size_t)optin)  // e.g. gg_mma_wide (162 KiB) on sm_86/sm_89 (99 KiB)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' needs %zu bytes of shared memory per block, device %d has %d",
+                      op, BN_ > GG_BN ? GG_KERNEL_MMA_WIDE : C == GG_FMA_F32 ? GG_KERNEL_FMA : GG_KERNEL_MMA, smem,
+                      st->device, optin);
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "grouped_gemm: cudaFuncSetAttribute");
     int occ = 0;
@@ -564,7 +623,9 @@ tw_status gg_run(tw_ctx *ctx, const gg_problem *pin, const char *op) {
   int blocked = p.a.smode == TW_SCALE_BLOCK_1x128 || p.a.smode == TW_SCALE_BLOCK_128x128 ||
                 p.a.smode == TW_SCALE_MXFP8_1D;
   int kb_len = p.a.smode == TW_SCALE_MXFP8_1D ? 32 : 128;
-  const int64_t tilesQ = (p.Q + GG_BN - 1) / GG_BN;
+  const int wide = p.wide && (p.compute == GG_MMA_BF16 || p.compute == GG_MMA_F16);
+  const int bn = wide ? 2 * GG_BN : GG_BN;
+  const int64_t tilesQ = (p.Q + bn - 1) / bn;
   int64_t *tile_start = NULL;
   int64_t total_host = 0;
   if (p.kind == GG_FWD_RAGGED) {
@@ -575,6 +636,16 @@ tw_status gg_run(tw_ctx *ctx, const gg_problem *pin, const char *op) {
     total_host = p.G * ((p.P + GG_BM - 1) / GG_BM) * tilesQ;
   }
   const int ak = p.a.kmajor, bk = p.b.kmajor;
+  if (wide) {
+#define GG_WIDE(C)                                                                                       \
+  if (ak && bk) return gg_launch_t<C, true, true, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);   \
+  if (ak) return gg_launch_t<C, true, false, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);        \
+  if (bk) return gg_launch_t<C, false, true, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);        \
+  return gg_launch_t<C, false, false, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);
+    if (p.compute == GG_MMA_BF16) { GG_WIDE(GG_MMA_BF16) }
+    GG_WIDE(GG_MMA_F16)
+#undef GG_WIDE
+  }
   switch (p.compute) {
     case GG_MMA_BF16:
       if (ak && bk) return gg_launch_t<GG_MMA_BF16, true, true, false, 4>(ctx, &p, tile_start, total_host, kb_len, op);

@@ -58,7 +58,8 @@ static void compare(const char *what, const tw_tensor *got, const tw_tensor *ref
   free(b2);
 }
 
-static void graph_replay(int wgrad) {
+/* kernel: NULL (auto) or a forced version (tw_ctx_kernel). */
+static void graph_replay(int wgrad, const char *kernel) {
   cudaStream_t stream;
   CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   tw_ctx *ref, *gpu;
@@ -66,9 +67,11 @@ static void graph_replay(int wgrad) {
   cr_assert_eq(tw_ctx_create(&ref, &c), TW_OK, "%s", tw_last_error());
   c.backend = TW_BACKEND_GPU;
   c.stream = stream;
+  c.kernel = kernel;
   cr_assert_eq(tw_ctx_create(&gpu, &c), TW_OK, "%s", tw_last_error());
 
-  const int64_t G = 8, M = 1000, K = 192, N = 136;
+  /* N = 264: one full 256-wide tile (gg_mma_wide's fast loader) and a ragged one */
+  const int64_t G = 8, M = 1000, K = 192, N = 264;
   int64_t ls[2] = {M, K}, rs3[3] = {G, K, N}, rs2[2] = {M, N}, gsh[1] = {G};
   tw_tensor lhs = host_new(TW_BF16, 2, ls);
   tw_tensor rhs = wgrad ? host_new(TW_BF16, 2, rs2) : host_new(TW_BF16, 3, rs3);
@@ -164,7 +167,7 @@ static void graph_replay(int wgrad) {
       o += m;
     }
     char what[64];
-    snprintf(what, sizeof what, "%s replay %d", wgrad ? "wgrad" : "fwd", rep);
+    snprintf(what, sizeof what, "%s replay %d (%s)", wgrad ? "wgrad" : "fwd", rep, kernel ? kernel : "auto");
     compare(what, &out_g, &out_r, ex, ab, kmax, written);
     free(ex);
     free(ab);
@@ -179,5 +182,7 @@ static void graph_replay(int wgrad) {
   cudaStreamDestroy(stream);
 }
 
-Test(graph_gpu, grouped_gemm_replays_with_new_sizes, .timeout = 300) { graph_replay(0); }
-Test(graph_gpu, grouped_gemm_wgrad_replays_with_new_sizes, .timeout = 300) { graph_replay(1); }
+Test(graph_gpu, grouped_gemm_replays_with_new_sizes, .timeout = 300) { graph_replay(0, NULL); }
+Test(graph_gpu, grouped_gemm_wgrad_replays_with_new_sizes, .timeout = 300) { graph_replay(1, NULL); }
+Test(graph_gpu, gg_mma_wide_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_mma_wide"); }
+Test(graph_gpu, gg_mma_wide_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_mma_wide"); }

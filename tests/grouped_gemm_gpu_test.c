@@ -253,6 +253,9 @@ static double *values_of(const tw_tensor *x) {
 }
 
 static const tw_dtype out_types[] = {TW_F32, TW_BF16, TW_F16};
+/* Shapes in multiples of 64 with groups of hundreds of rows: most tiles are interior, so the
+ * gg_mma_wide fast loader (aligned, in-bounds tiles) runs next to its edge path. */
+static int aligned_dims;
 /* gg_lt_loop runs cuBLASLt, which writes f32 or the input dtype (no bf16 -> f16). */
 static int lt_loop_outs;
 static tw_dtype pick_out(tw_dtype in) {
@@ -272,6 +275,12 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     else K = (K + 1) / 2;
   }
   if (unif() < 0.2) M = 0 + irange(0, 3); /* tiny or empty lhs */
+  if (aligned_dims) {
+    N = 64 * irange(1, 6);
+    K = 64 * irange(1, 6);
+    if (G > 16) G = irange(1, 16);
+    M = irange(0, 4 * budget / (N * K));
+  }
   tw_op rhs_op = (tw_op)(rnd() & 1);
   tw_dtype od = pick_out(kind == 1 ? TW_F16 : TW_BF16);
   int accumulate = unif() < 0.25;
@@ -428,6 +437,12 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     else if (N >= K) N = (N + 1) / 2;
     else K = (K + 1) / 2;
   }
+  if (aligned_dims) {
+    N = 64 * irange(1, 6);
+    K = 64 * irange(1, 6);
+    if (G > 16) G = irange(1, 16);
+    M = irange(0, 4 * budget / (N * K));
+  }
   tw_dtype od = pick_out(kind == 1 ? TW_F16 : TW_BF16);
   int accumulate = unif() < 0.25;
   int64_t gsh[1] = {G};
@@ -539,7 +554,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   }
 }
 
-/* 500+ cases per operation: 4 kinds x 130 seeds on the auto version, plus the fma version. */
+/* 500+ cases per operation: 4 kinds x 130 seeds on the auto version, plus each forced version
+ * (gg_mma_wide: 120 random + 100 aligned bf16/f16 cases). */
 #define CASES 130
 #define BUDGET ((int64_t)1 << 24)
 
@@ -548,6 +564,10 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   Test(op, random_f16, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(1000 + s, 1, BUDGET); ctx_done(); cases_done(#op ".f16"); } \
   Test(op, random_f32_mixed, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(2000 + s, 2, BUDGET); ctx_done(); cases_done(#op ".f32"); } \
   Test(op, random_fp8, .timeout = 600) { ctx_for(NULL); for (int s = 0; s < CASES; ++s) fn(3000 + s, 3, BUDGET); ctx_done(); cases_done(#op ".fp8"); } \
+  Test(op, random_gg_mma_version, .timeout = 600) { ctx_for("gg_mma"); for (int s = 0; s < 60; ++s) fn(6000 + s, (int)((s % 3) == 2 ? 3 : s % 3), BUDGET / 2); ctx_done(); cases_done(#op ".gg_mma"); } \
+  Test(op, random_gg_mma_wide_version, .timeout = 600) { ctx_for("gg_mma_wide"); for (int s = 0; s < 120; ++s) fn(7000 + s, (int)(s % 2), BUDGET); ctx_done(); cases_done(#op ".gg_mma_wide"); } \
+  Test(op, aligned_gg_mma_wide_version, .timeout = 600) { ctx_for("gg_mma_wide"); aligned_dims = 1; for (int s = 0; s < 100; ++s) fn(8000 + s, (int)(s % 2), BUDGET); aligned_dims = 0; ctx_done(); cases_done(#op ".gg_mma_wide_aligned"); } \
+  Test(op, aligned_gg_mma_version, .timeout = 600) { ctx_for("gg_mma"); aligned_dims = 1; for (int s = 0; s < 40; ++s) fn(8000 + s, (int)(s % 2), BUDGET); aligned_dims = 0; ctx_done(); cases_done(#op ".gg_mma_aligned"); } \
   Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); cases_done(#op ".fma"); } \
   Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); cases_done(#op ".lt_loop"); }
 
