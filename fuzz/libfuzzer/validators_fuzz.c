@@ -111,7 +111,7 @@ static tw_tensor shaped(src *s, tw_dtype dt, int ndim, int64_t a, int64_t b, int
   t.shape[0] = a; t.shape[1] = b; t.shape[2] = c;
   t.mem = TW_MEM_HOST;
   uint8_t p = u8(s);
-  if (p < 16) t.shape[p % 3] += (p & 4) ? 1 : -1;
+  if (p < 16 && t.shape[p % 3] > -(1LL << 40) && t.shape[p % 3] < (1LL << 40)) t.shape[p % 3] += (p & 4) ? 1 : -1;
   else if (p < 20) t.dtype = (tw_dtype)(p % TW_DTYPE_COUNT);
   else if (p < 22) t.ndim = -1;
   back(s, &t);
@@ -125,7 +125,7 @@ static tw_tensor group_sizes(src *s, int64_t G, int64_t M) {
     int64_t left = M;
     for (int64_t i = 0; i < t.shape[0]; i++) {
       uint8_t b = u8(s);
-      if (b < 200) { g[i] = (int32_t)(left > 0 ? b % (left + 1) : 0); left -= g[i]; }
+      if (b < 200) { g[i] = (int32_t)(left > 0 ? b % (left < 256 ? left + 1 : 256) : 0); left -= g[i]; }
       else g[i] = (int32_t)u32(s); /* anything: negative, huge, overflowing sums */
     }
   }
@@ -197,6 +197,17 @@ static tw_ctx *ref_ctx(void) {
     if (tw_ctx_create(&ctx, &cfg) != TW_OK) abort();
   }
   return ctx;
+}
+
+/* Entry points left out while a known finding in them is open (run.sh sets it from
+ * known_findings.txt), so the rest keeps being fuzzed. */
+static int skipped(const char *entry) {
+  const char *v = getenv("TWIN_LIBFUZZER_SKIP");
+  if (!v) return 0;
+  size_t n = strlen(entry);
+  for (const char *p = strstr(v, entry); p; p = strstr(p + 1, entry))
+    if ((p == v || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+  return 0;
 }
 
 static void touch_message(tw_status st) {
@@ -303,8 +314,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     default: { /* tensor copy, memset and the checker on arbitrary tensors */
       tw_tensor a = any_tensor(&s), b = any_tensor(&s);
-      st = tw_tensor_copy(ctx, &b, &a);
-      touch_message(st);
+      if (!skipped("tensor_copy")) {
+        st = tw_tensor_copy(ctx, &b, &a);
+        touch_message(st);
+      }
       tw_check_report r;
       st = tw_check_exact(&a, &b, &r);
       touch_message(st);
