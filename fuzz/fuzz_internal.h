@@ -111,6 +111,7 @@ typedef struct {
   int nchecks;
   fz_check checks[FZ_MAX_CHECKS];
   char first_failure[64]; /* name of the first failing check (or "status") */
+  int severity;           /* of that check: 0 err <= 4x bound, 1 beyond, 2 exact/NaN/inf mismatch */
   char message[512];      /* first failure line, or the error */
 } fz_result;
 

@@ -118,6 +118,7 @@ static int remove_group(fz_case *c, int64_t g) {
 typedef struct {
   tw_ctx *subject, *oracle;
   const char *target;
+  int severity;
   double deadline;
   fz_shrink_stats *st;
 } shrinker;
@@ -127,7 +128,8 @@ static int try_accept(shrinker *sh, fz_case *best, fz_case *cand) {
   sh->st->attempts++;
   fz_result r;
   fz_run_case(sh->subject, sh->oracle, cand, &r);
-  if (r.verdict == FZ_FAIL && strcmp(r.first_failure, sh->target) == 0) {
+  /* the same check, at least as badly: a gross error must not shrink into a marginal one */
+  if (r.verdict == FZ_FAIL && strcmp(r.first_failure, sh->target) == 0 && r.severity >= sh->severity) {
     fz_case_free(best);
     *best = *cand;
     sh->st->accepted++;
@@ -247,7 +249,7 @@ void fz_shrink(tw_ctx *subject, tw_ctx *oracle, fz_case *c, const fz_result *fai
                double max_seconds, fz_shrink_stats *st) {
   memset(st, 0, sizeof *st);
   double t0 = now_s();
-  shrinker sh = {subject, oracle, failing->first_failure, t0 + max_seconds, st};
+  shrinker sh = {subject, oracle, failing->first_failure, failing->severity, t0 + max_seconds, st};
   st->elements_before = fz_case_elements(c);
   while (!timed_out(&sh)) {
     if (shrink_structure(&sh, c)) continue;
