@@ -199,7 +199,7 @@ static tw_operand any_operand(src *s, int64_t R, int64_t C, int64_t G, const tw_
    * [K, M] shape; while it is open, keep col_data's count right so the rest is fuzzed */
   if ((b & 2) && skipped("colwise_view") && !tw_tensor_is_none(&q.col_data) &&
       small_numel(&q.col_data) >= 0 && q.rows >= 0 && q.cols >= 0 &&
-      tw_tensor_numel(&q.col_data) != q.rows * q.cols)
+      ((double)q.rows * (double)q.cols > 9.0e15 || tw_tensor_numel(&q.col_data) != q.rows * q.cols))
     q.col_data = tw_tensor_none();
   o = (b & 2) ? tw_operand_colwise(&q) : tw_operand_rowwise(&q);
   if (u8(s) < 20) o.src_rows = dim(s);
