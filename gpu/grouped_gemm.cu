@@ -5,10 +5,11 @@
 //   gg_mma      (auto for bf16, f16 and fp8 operands, any sm_80+): the tensor-core kernel of
 //               gpu/grouped_gemm_kernel.cu, 128x128x32 tiles; no host sync, no device-to-host
 //               copy, capturable.
-//   gg_mma_wide (only when forced until measured; bf16/f16): the same kernel with 128x256x64
-//               tiles, 3 stages, a hoisted loader for interior tiles; needs 162 KiB of shared
-//               memory (sm_80, sm_90; TW_ERR_UNSUPPORTED elsewhere). Forced on fp8 operands it
-//               runs gg_mma (fp8 is decoded to bf16 in shared memory and keeps the narrow tile).
+//   gg_mma_wide (only when forced until measured): the same kernel with 128x256x64 tiles,
+//               3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
+//               per-tensor scales (decoded exactly to f16); fp8 with block scales runs gg_mma.
+//               Needs up to 162 KiB of shared memory (sm_80, sm_90; TW_ERR_UNSUPPORTED naming
+//               it elsewhere).
 //   gg_fma      (auto when an operand is f32): the same kernel with exact f32 FMA.
 //   gg_lt_loop  (only when forced; for the bench): copies group_sizes to the host, synchronizes
 //               the stream and calls cuBLASLt once per group. Takes what gemm_lt takes:

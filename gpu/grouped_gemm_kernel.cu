@@ -20,6 +20,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <stdio.h>
 
@@ -267,17 +268,55 @@ struct gg_fast_loader {
   }
 };
 
+// fp8 stage -> f16, k-contiguous [X][BK_ + 8] (the wide kernel's fp8 path). Every e4m3 / e5m2
+// value is an f16 value (e4m3: 4 exponent bits, 3 mantissa bits, smallest 2^-9; e5m2 is the
+// top byte of an f16), so the conversion is exact, and f16 x f16 products are exact in the f32
+// accumulator, as with bf16. sm_89+: one cvt per 2 codes; sm_80: cuda_fp8.h's software path.
+__device__ __forceinline__ uint32_t gg_fp8x2_to_f16x2(uint32_t two, __nv_fp8_interpretation_t kind) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)two, kind);  // low byte -> .x
+  return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+template <bool KM, int X, int BK_>
+__device__ __forceinline__ void gg_decode_fp8_f16(uint16_t *dst, const char *stage, int dtype, int tid) {
+  const __nv_fp8_interpretation_t kind = dtype == TW_E4M3 ? __NV_E4M3 : __NV_E5M2;
+  constexpr int DS = BK_ + 8;  // dst row stride in elements
+  if (KM) {                    // stage [X][BK_ + 16 bytes]: 4 codes along k per word
+    constexpr int WPR = BK_ / 4, RB = BK_ + 16;
+#pragma unroll
+    for (int w = tid; w < X * WPR; w += GG_THREADS) {
+      const int x = w / WPR, kw = w % WPR;
+      const uint32_t c = *(const uint32_t *)(stage + x * RB + kw * 4);
+      uint2 o;
+      o.x = gg_fp8x2_to_f16x2(c & 0xffffu, kind);
+      o.y = gg_fp8x2_to_f16x2(c >> 16, kind);
+      *(uint2 *)(dst + x * DS + kw * 4) = o;
+    }
+  } else {  // stage [BK_][X + 16 bytes]: 4 codes along x per word; lanes walk k (dst rows contiguous)
+    constexpr int WPR = X / 4, RB = X + 16;
+#pragma unroll 4
+    for (int w = tid; w < BK_ * WPR; w += GG_THREADS) {
+      const int k = w % BK_, xw = w / BK_;
+      const uint32_t c = *(const uint32_t *)(stage + k * RB + xw * 4);
+      const uint32_t lo = gg_fp8x2_to_f16x2(c & 0xffffu, kind), hi = gg_fp8x2_to_f16x2(c >> 16, kind);
+      dst[(4 * xw + 0) * DS + k] = (uint16_t)lo;
+      dst[(4 * xw + 1) * DS + k] = (uint16_t)(lo >> 16);
+      dst[(4 * xw + 2) * DS + k] = (uint16_t)hi;
+      dst[(4 * xw + 3) * DS + k] = (uint16_t)(hi >> 16);
+    }
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // COMPUTE: gg_compute. AK/BKM: operand layouts for the direct mma paths (kmajor).
 // BLOCKED: block scales (promotion every kb_len along K). BN_: CTA tile width, 128 (warp
 // tiles 64x32, 2 CTAs per SM) or 256 (kernel version 3, gg_mma_wide: warp tiles 64x64,
-// twice the mma per ldmatrix, 1 CTA per SM; bf16/f16 only; BK = 64, 3 stages, interior
-// tiles through gg_fast_loader).
+// twice the mma per ldmatrix, 1 CTA per SM; BK = 64, 3 stages, interior tiles through
+// gg_fast_loader; bf16/f16, and fp8 with per-tensor scales decoded to f16).
 template <int COMPUTE, bool AK, bool BKM, bool BLOCKED, int STAGES, int BN_>
 __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 || BN_ > 128) ? 1 : 2)
     gg_kernel(const gg_problem p, const int64_t *__restrict__ tile_start, int64_t total_host,
               int kb_len) {
-  static_assert(BN_ == GG_BM || COMPUTE == GG_MMA_BF16 || COMPUTE == GG_MMA_F16, "wide tiles: bf16/f16 only");
+  static_assert(BN_ == GG_BM || COMPUTE != GG_FMA_F32, "wide tiles: no f32 FMA path");
   constexpr bool WIDE = BN_ > 128;
   static_assert(!WIDE || !BLOCKED, "wide tiles: no block scales");
   constexpr int WN = BN_ / 4, NT = WN / 8;  // warp tile width, its n8 tiles
@@ -289,12 +328,12 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
   char *sB = smem + STAGES * sbA;
   char *conv = sB + STAGES * sbB;  // decoded tiles (fp8 / f32 paths)
   uint16_t *lut = (uint16_t *)(conv + (COMPUTE == GG_FMA_F32 ? 2 * GG_BK * (GG_BM + 4) * 4
-                                                              : 2 * GG_BM * (GG_BK + 8) * 2));
+                                                              : (GG_BM + BN_) * (BK_ + 8) * 2));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;
   const int gq = lane >> 2, t4 = lane & 3;
 
-  if (COMPUTE == GG_MMA_FP8) {  // fp8 code -> bf16 bits, for both operands
+  if (COMPUTE == GG_MMA_FP8 && !WIDE) {  // fp8 code -> bf16 bits, for both operands
     __nv_bfloat16 va = __float2bfloat16_rn(gg_fp8_to_f32(tid, p.a.dtype));
     __nv_bfloat16 vb = __float2bfloat16_rn(gg_fp8_to_f32(tid, p.b.dtype));
     lut[tid] = *(uint16_t *)&va;
@@ -336,8 +375,9 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
     const gg_view va = gg_make_view(p.a, g, og, mg, Pg, Rg);
     const gg_view vb = gg_make_view(p.b, g, og, mg, p.Q, Rg);
     const int ktiles = (int)((Rg + BK_ - 1) / BK_);
-    gg_fast_loader<AK, GG_BM, BK_, 2> lda;
-    gg_fast_loader<BKM, BN_, BK_, 2> ldb;
+    constexpr int ESL = COMPUTE == GG_MMA_FP8 ? 1 : 2;  // element bytes (the loaders run only when WIDE)
+    gg_fast_loader<AK, GG_BM, BK_, ESL> lda;
+    gg_fast_loader<BKM, BN_, BK_, ESL> ldb;
     bool a_inside = false, b_inside = false;  // the tile's rows (x) are all in bounds, aligned
     if (WIDE) {
       lda.init(va, p0, tid);
@@ -426,20 +466,25 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
         int strA, strB;
         bool ak = AK, bk = BKM;
         if (COMPUTE == GG_MMA_FP8) {
-          // decode to bf16, kmajor [X][BK+8] for both
-          uint16_t *cA = (uint16_t *)conv, *cB = cA + GG_BM * (GG_BK + 8);
-          int ra = gg_row_bytes(va.kmajor, GG_BM, 1), rbb = gg_row_bytes(vb.kmajor, GG_BN, 1);
-          for (int e = tid; e < GG_BK * GG_BM; e += GG_THREADS) {
-            int x = e / GG_BK, k = e % GG_BK;
-            uint8_t ca = va.kmajor ? stA[x * ra + k] : stA[k * ra + x];
-            uint8_t cb = vb.kmajor ? stB[x * rbb + k] : stB[k * rbb + x];
-            cA[x * (GG_BK + 8) + k] = lut[ca];
-            cB[x * (GG_BK + 8) + k] = lut[256 + cb];
+          // decode, kmajor [X][BK+8] for both: v1 to bf16 through the table, wide to f16
+          uint16_t *cA = (uint16_t *)conv, *cB = cA + GG_BM * (BK_ + 8);
+          if (WIDE) {
+            gg_decode_fp8_f16<AK, GG_BM, BK_>(cA, stA, p.a.dtype, tid);
+            gg_decode_fp8_f16<BKM, BN_, BK_>(cB, stB, p.b.dtype, tid);
+          } else {
+            int ra = gg_row_bytes(va.kmajor, GG_BM, 1), rbb = gg_row_bytes(vb.kmajor, GG_BN, 1);
+            for (int e = tid; e < GG_BK * GG_BM; e += GG_THREADS) {
+              int x = e / GG_BK, k = e % GG_BK;
+              uint8_t ca = va.kmajor ? stA[x * ra + k] : stA[k * ra + x];
+              uint8_t cb = vb.kmajor ? stB[x * rbb + k] : stB[k * rbb + x];
+              cA[x * (GG_BK + 8) + k] = lut[ca];
+              cB[x * (GG_BK + 8) + k] = lut[256 + cb];
+            }
           }
           __syncthreads();
           tA = (const __nv_bfloat16 *)cA;
           tB = (const __nv_bfloat16 *)cB;
-          strA = strB = GG_BK + 8;
+          strA = strB = BK_ + 8;
           ak = bk = true;
         } else {
           tA = (const __nv_bfloat16 *)stA;
@@ -472,7 +517,7 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
 #pragma unroll
           for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) mma16816<COMPUTE == GG_MMA_F16>(acc[mt][nt], af[mt], bf[nt]);
+            for (int nt = 0; nt < NT; ++nt) mma16816<COMPUTE == GG_MMA_F16 || (WIDE && COMPUTE == GG_MMA_FP8)>(acc[mt][nt], af[mt], bf[nt]);
         }
       }
 
@@ -563,7 +608,7 @@ static size_t gg_smem_bytes(int compute, int stages, int bn) {
   int bk = bn > GG_BN ? 64 : GG_BK;  // as BK_ in gg_kernel
   size_t s = (size_t)stages * (gg_stage_bytes(es, GG_BM, bk) + gg_stage_bytes(es, bn, bk));
   if (compute == GG_FMA_F32) s += (size_t)2 * GG_BK * (GG_BM + 4) * 4;
-  if (compute == GG_MMA_FP8) s += (size_t)2 * GG_BM * (GG_BK + 8) * 2 + 512 * 2;
+  if (compute == GG_MMA_FP8) s += (size_t)(GG_BM + bn) * (bk + 8) * 2 + 512 * 2;
   return s;
 }
 
@@ -623,7 +668,8 @@ tw_status gg_run(tw_ctx *ctx, const gg_problem *pin, const char *op) {
   int blocked = p.a.smode == TW_SCALE_BLOCK_1x128 || p.a.smode == TW_SCALE_BLOCK_128x128 ||
                 p.a.smode == TW_SCALE_MXFP8_1D;
   int kb_len = p.a.smode == TW_SCALE_MXFP8_1D ? 32 : 128;
-  const int wide = p.wide && (p.compute == GG_MMA_BF16 || p.compute == GG_MMA_F16);
+  // wide: bf16/f16, and fp8 with per-tensor scales (block scales keep the 128x128x32 tile)
+  const int wide = p.wide && (p.compute == GG_MMA_BF16 || p.compute == GG_MMA_F16 || (p.compute == GG_MMA_FP8 && !blocked));
   const int bn = wide ? 2 * GG_BN : GG_BN;
   const int64_t tilesQ = (p.Q + bn - 1) / bn;
   int64_t *tile_start = NULL;
@@ -643,6 +689,7 @@ tw_status gg_run(tw_ctx *ctx, const gg_problem *pin, const char *op) {
   if (bk) return gg_launch_t<C, false, true, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);        \
   return gg_launch_t<C, false, false, false, 3, 256>(ctx, &p, tile_start, total_host, kb_len, op);
     if (p.compute == GG_MMA_BF16) { GG_WIDE(GG_MMA_BF16) }
+    if (p.compute == GG_MMA_FP8) { GG_WIDE(GG_MMA_FP8) }
     GG_WIDE(GG_MMA_F16)
 #undef GG_WIDE
   }

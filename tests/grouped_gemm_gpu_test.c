@@ -125,6 +125,8 @@ static void random_groups(int64_t G, int64_t M, int32_t *gs) {
   }
 }
 
+/* fp8_mode_count = 2: per-tensor scales only (the modes gg_mma_wide takes itself) */
+static int fp8_mode_count = 5;
 static const tw_scaling fp8_modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
                                        TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
 
@@ -324,7 +326,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
              (unsigned long long)seed, tw_dtype_name(dl), tw_dtype_name(dr), tw_dtype_name(od), (long long)G,
              (long long)M, (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
   } else {
-    mode = fp8_modes[rnd() % 5];
+    mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
     int64_t ls[2] = {M, K};
@@ -485,7 +487,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
              (unsigned long long)seed, tw_dtype_name(dl), tw_dtype_name(dr), tw_dtype_name(od), (long long)G,
              (long long)M, (long long)N, (long long)K, lop ? 'T' : 'N', rop ? 'T' : 'N', accumulate);
   } else {
-    tw_scaling mode = fp8_modes[rnd() % 5];
+    tw_scaling mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
     /* contraction over rows: 1x128 and MXFP8 need the colwise orientation */
@@ -555,7 +557,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
 }
 
 /* 500+ cases per operation: 4 kinds x 130 seeds on the auto version, plus each forced version
- * (gg_mma_wide: 120 random + 100 aligned bf16/f16 cases). */
+ * (gg_mma_wide: 120 random + 100 aligned bf16/f16 cases, 100 + 100 fp8 per-tensor cases). */
 #define CASES 130
 #define BUDGET ((int64_t)1 << 24)
 
@@ -567,6 +569,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   Test(op, random_gg_mma_version, .timeout = 600) { ctx_for("gg_mma"); for (int s = 0; s < 60; ++s) fn(6000 + s, (int)((s % 3) == 2 ? 3 : s % 3), BUDGET / 2); ctx_done(); cases_done(#op ".gg_mma"); } \
   Test(op, random_gg_mma_wide_version, .timeout = 600) { ctx_for("gg_mma_wide"); for (int s = 0; s < 120; ++s) fn(7000 + s, (int)(s % 2), BUDGET); ctx_done(); cases_done(#op ".gg_mma_wide"); } \
   Test(op, aligned_gg_mma_wide_version, .timeout = 600) { ctx_for("gg_mma_wide"); aligned_dims = 1; for (int s = 0; s < 100; ++s) fn(8000 + s, (int)(s % 2), BUDGET); aligned_dims = 0; ctx_done(); cases_done(#op ".gg_mma_wide_aligned"); } \
+  Test(op, random_gg_mma_wide_fp8, .timeout = 600) { ctx_for("gg_mma_wide"); fp8_mode_count = 2; for (int s = 0; s < 100; ++s) fn(9000 + s, 3, BUDGET); fp8_mode_count = 5; ctx_done(); cases_done(#op ".gg_mma_wide_fp8"); } \
+  Test(op, aligned_gg_mma_wide_fp8, .timeout = 600) { ctx_for("gg_mma_wide"); fp8_mode_count = 2; aligned_dims = 1; for (int s = 0; s < 100; ++s) fn(9500 + s, 3, BUDGET); aligned_dims = 0; fp8_mode_count = 5; ctx_done(); cases_done(#op ".gg_mma_wide_fp8_aligned"); } \
   Test(op, aligned_gg_mma_version, .timeout = 600) { ctx_for("gg_mma"); aligned_dims = 1; for (int s = 0; s < 40; ++s) fn(8000 + s, (int)(s % 2), BUDGET); aligned_dims = 0; ctx_done(); cases_done(#op ".gg_mma_aligned"); } \
   Test(op, random_fma_version, .timeout = 600) { ctx_for("gg_fma"); for (int s = 0; s < 40; ++s) fn(4000 + s, (int)(s % 4), BUDGET / 4); ctx_done(); cases_done(#op ".fma"); } \
   Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); cases_done(#op ".lt_loop"); }

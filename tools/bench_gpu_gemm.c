@@ -7,7 +7,7 @@
  *     ("% of dense peak") of the grouped rows below.
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
  *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
- *     (auto), gg_mma_wide (bf16 rows; forced) and gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
+ *     (auto), gg_mma_wide (bf16 and per-tensor fp8 rows; forced) and gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
 #include <cublasLt.h>
@@ -343,7 +343,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       double floor = fp8 ? peak_fp8 : peak_bf16;
       tw_ctx *ctxs[3] = {c_mma, c_loop, c_wide};
       const char *names[3] = {"gg_mma", "gg_lt_loop", "gg_mma_wide"};
-      for (int v = 0; v < (kind == 2 ? 1 : kind == 1 ? 2 : 3); ++v) {
+      for (int v = 0; v < (kind == 2 ? 1 : 3); ++v) {
         c.ctx = ctxs[v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
