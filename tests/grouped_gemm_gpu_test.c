@@ -676,8 +676,8 @@ Test(grouped_gemm_gpu, lt_loop_rejects_bad_sizes_on_host) {
 }
 
 /* A forced version that cannot take the operands says so. */
-Test(grouped_gemm_gpu, mma_version_rejects_f32) {
-  ctx_for("gg_mma");
+static void rejects_f32(const char *kernel) {
+  ctx_for(kernel);
   int64_t M = 8, K = 16, N = 16, G = 1;
   int64_t ls[2] = {M, K}, rs[3] = {G, K, N}, gsh[1] = {G}, os[2] = {M, N};
   tw_tensor lhs = host_new(TW_F32, 2, ls), rhs = host_new(TW_F32, 3, rs), gs = host_new(TW_I32, 1, gsh);
@@ -687,8 +687,10 @@ Test(grouped_gemm_gpu, mma_version_rejects_f32) {
   tw_operand a = tw_operand_plain(&ld), b = tw_operand_plain(&rd);
   tw_status s = tw_grouped_gemm(gpu_ctx, &a, &b, TW_OP_N, &gd, &od, 0);
   cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
-  cr_assert(strstr(tw_last_error(), "gg_mma") != NULL, "message: %s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), kernel) != NULL, "message: %s", tw_last_error());
   dev_free(&ld); dev_free(&rd); dev_free(&gd); dev_free(&od);
   host_free(&lhs); host_free(&rhs); host_free(&gs); host_free(&out);
   ctx_done();
 }
+Test(grouped_gemm_gpu, mma_version_rejects_f32) { rejects_f32("gg_mma"); }
+Test(grouped_gemm_gpu, mma_wide_version_rejects_f32) { rejects_f32("gg_mma_wide"); }
