@@ -306,6 +306,43 @@ __device__ __forceinline__ void gg_decode_fp8_f16(uint16_t *dst, const char *sta
   }
 }
 
+// Two adjacent outputs (idx even, 4- or 8-byte aligned): one store, each value rounded as
+// gg_store rounds it.
+__device__ __forceinline__ void gg_store2(void *out, int dtype, int64_t idx, float v0, float v1, int accumulate) {
+  switch (dtype) {
+    case TW_F32: {
+      float2 *p = (float2 *)((float *)out + idx);
+      if (accumulate) {
+        float2 o = *p;
+        v0 = o.x + v0;
+        v1 = o.y + v1;
+      }
+      *p = make_float2(v0, v1);
+      break;
+    }
+    case TW_BF16: {
+      __nv_bfloat162 *p = (__nv_bfloat162 *)((__nv_bfloat16 *)out + idx);
+      if (accumulate) {
+        __nv_bfloat162 o = *p;
+        v0 = __low2float(o) + v0;
+        v1 = __high2float(o) + v1;
+      }
+      *p = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+      break;
+    }
+    default: {
+      __half2 *p = (__half2 *)((__half *)out + idx);
+      if (accumulate) {
+        __half2 o = *p;
+        v0 = __low2float(o) + v0;
+        v1 = __high2float(o) + v1;
+      }
+      *p = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+      break;
+    }
+  }
+}
+
 // ---- the kernel ------------------------------------------------------------------------------
 // COMPUTE: gg_compute. AK/BKM: operand layouts for the direct mma paths (kmajor).
 // BLOCKED: block scales (promotion every kb_len along K). BN_: CTA tile width, 128 (warp
@@ -559,6 +596,9 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
     if (p.a.smode == TW_SCALE_TENSOR_CURRENT || p.a.smode == TW_SCALE_TENSOR_DELAYED)
       tensor_f = ((const float *)p.a.scale)[g] * ((const float *)p.b.scale)[g];
     const int64_t obase = p.kind == GG_FWD_RAGGED ? og * p.Q : g * p.out_group_stride;
+    // wide: column pairs (y even) in one store when every pair start is even and aligned
+    const bool pairs = WIDE && (p.Q & 1) == 0 && (obase & 1) == 0 &&
+                       ((uintptr_t)p.out & (p.out_dtype == TW_F32 ? 7 : 3)) == 0;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -566,15 +606,22 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
         int64_t x = p0 + wm * 64 + mt * 16 + gq + h * 8;
         if (x >= Pg) continue;
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt) {
+          const int64_t y0 = q0 + wn * WN + nt * 8 + 2 * t4;
+          if (pairs && !BLOCKED && y0 < p.Q) {  // Q even, y0 even: y0 + 1 < Q too
+            gg_store2(p.out, p.out_dtype, obase + x * p.Q + y0, acc[mt][nt][2 * h] * tensor_f,
+                      acc[mt][nt][2 * h + 1] * tensor_f, p.accumulate);
+            continue;
+          }
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            int64_t y = q0 + wn * WN + nt * 8 + 2 * t4 + e;
+            int64_t y = y0 + e;
             if (y >= p.Q) continue;
             float v = BLOCKED ? tot[BLOCKED ? mt : 0][BLOCKED ? nt : 0][BLOCKED ? 2 * h + e : 0]
                               : acc[mt][nt][2 * h + e] * tensor_f;
             gg_store(p.out, p.out_dtype, obase + x * p.Q + y, v, p.accumulate);
           }
+        }
       }
   }
 }
