@@ -48,7 +48,10 @@ tw_operand tw_operand_colwise(const tw_qtensor *q) {
   o.mxfp8_swizzled = q->mxfp8_swizzled;
   o.src_rows = q->rows;
   o.src_cols = q->cols;
-  if (transposed_colwise(q->mode) && !tw_tensor_is_none(&q->col_data)) {
+  if (transposed_colwise(q->mode) && !tw_tensor_is_none(&q->col_data) &&
+      q->rows >= 0 && q->cols >= 0 && (double)q->rows * (double)q->cols <= 9.0e15 &&
+      tw_tensor_numel(&q->col_data) == q->rows * q->cols) {
+    /* only a correctly sized copy gets the [K, M] view; a wrong one keeps its shape and fails validation */
     /* per-group transposed blocks; as one matrix this is [K, M] (exact for one group) */
     o.data.ndim = 2;
     o.data.shape[0] = q->cols;
@@ -80,7 +83,7 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
   if (!gs && groups > 0 && R % groups != 0)
     return tw_error(TW_ERR_SHAPE, "%s: %s source has %lld rows, not divisible into %lld equal groups",
                     op, name, (long long)R, (long long)groups);
-  if (tw_tensor_numel(&o->data) != R * C)
+  if ((double)R * (double)C > 9.0e15 || tw_tensor_numel(&o->data) != R * C)
     return tw_error(TW_ERR_SHAPE, "%s: %s data has %lld elements but its source is [%lld, %lld]", op,
                     name, (long long)tw_tensor_numel(&o->data), (long long)R, (long long)C);
   /* A 2-D view must be the orientation's storage as one matrix: [R, C], or [C, R] for a

@@ -57,6 +57,10 @@ tw_status tw_quantize_output_shapes(const tw_quantize_opts *opts, int64_t M, int
   if (M < 0 || K < 1 || G < 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: M = %lld, K = %lld, G = %lld (need M >= 0, K >= 1, G >= 1)",
                     op, (long long)M, (long long)K, (long long)G);
+  /* keeps every size below (M*K, 128*T_cap, padded K) far from int64 overflow */
+  if ((double)M * (double)(K > 0 ? K : 1) > 9.0e15 || K > ((int64_t)1 << 40) || G > ((int64_t)1 << 31))
+    return tw_error(TW_ERR_SHAPE, "%s: M = %lld, K = %lld, G = %lld is too large", op, (long long)M,
+                    (long long)K, (long long)G);
   memset(q, 0, sizeof *q);
   q->mode = opts->mode;
   q->qdtype = opts->qdtype;

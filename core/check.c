@@ -80,6 +80,9 @@ static tw_status check_host_tensor(const char *op, const char *name, const tw_te
     if (t->shape[d] < 0)
       return tw_error(TW_ERR_SHAPE, "%s: %s has negative dim %d (%lld)", op, name, d,
                       (long long)t->shape[d]);
+  double n = 1; /* as tw_v_tensor: a count no buffer can hold is a bad shape, not a read */
+  for (int d = 0; d < t->ndim; d++) n *= (double)t->shape[d];
+  if (n > 9.0e15) return tw_error(TW_ERR_SHAPE, "%s: %s has %.3g elements (too many)", op, name, n);
   if (t->mem != TW_MEM_HOST)
     return tw_error(TW_ERR_MEMORY, "%s: %s lives in device memory; copy it to the host first", op, name);
   if (tw_tensor_numel(t) > 0 && !t->data) return tw_error(TW_ERR_NULL, "%s: %s data is NULL", op, name);

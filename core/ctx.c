@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/validate.h"
 
 /* Weak: a binary contains the backends it links. */
 extern const tw_backend_ops tw_ref_ops __attribute__((weak));
@@ -127,6 +128,8 @@ tw_status tw_memset(tw_ctx *ctx, void *p, int byte, size_t bytes) {
 
 tw_status tw_tensor_copy(tw_ctx *ctx, tw_tensor *dst, const tw_tensor *src) {
   if (!ctx || !dst || !src) return tw_error(TW_ERR_NULL, "tensor_copy: NULL argument");
+  TW_TRY(tw_v_tensor("tensor_copy", "dst", dst, dst->mem, -1));
+  TW_TRY(tw_v_tensor("tensor_copy", "src", src, src->mem, -1));
   char a[96], b[96];
   if (dst->dtype != src->dtype || dst->ndim != src->ndim ||
       tw_tensor_numel(dst) != tw_tensor_numel(src))

@@ -51,8 +51,12 @@ size_t tw_dtype_storage_bytes(tw_dtype t, int64_t n) {
 
 int64_t tw_tensor_numel(const tw_tensor *t) {
   if (!t || t->ndim < 0) return 0;
+  int nd = t->ndim < TW_MAX_DIMS ? t->ndim : TW_MAX_DIMS;
+  for (int i = 0; i < nd; i++)
+    if (t->shape[i] <= 0) return 0; /* an empty or invalid (negative) shape holds nothing */
   int64_t n = 1;
-  for (int i = 0; i < t->ndim && i < TW_MAX_DIMS; i++) n *= t->shape[i];
+  for (int i = 0; i < nd; i++)
+    if (__builtin_mul_overflow(n, t->shape[i], &n)) return INT64_MAX; /* validators reject it */
   return n;
 }
 

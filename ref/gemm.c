@@ -177,12 +177,14 @@ static tw_status source_open(const char *op, const char *name, int slot, const t
   src->p = NULL;
   src->owned = NULL;
   if (o->mode == TW_SCALE_NONE && o->data.dtype == TW_F32) {
-    src->p = (const float *)o->data.data;
+    static const float empty_f32[1];
+    src->p = o->data.data ? (const float *)o->data.data : empty_f32;
     return TW_OK;
   }
   int64_t n = o->mode == TW_SCALE_NONE ? n_read : tw_tensor_numel(&o->data);
   TW_TRY(alloc_f32(op, name, slot, n, &src->owned));
-  src->p = src->owned;
+  static const float empty_source[1];
+  src->p = src->owned ? src->owned : empty_source; /* never NULL: callers offset it */
   if (n == 0) return TW_OK;
   if (o->mode == TW_SCALE_NONE) {
     widen(o->data.data, o->data.dtype, n, src->owned);

@@ -10,6 +10,17 @@
  * inf - inf give NaN; a result that is exactly zero may come out +0 where the exact sign
  * is -0 (a sum starts from +0).
  *
+ * Domain of quantized operands: every dequantized value decode(q) * scale_inv must be
+ * finite in f32. Quantizing +-inf, or a value within one rounding step of FLT_MAX, produces
+ * codes whose dequantized value overflows (e.g. inf -> 57344 * 2^127); a GEMM on such an
+ * operand has an unspecified result: ref multiplies the overflowed values (inf, NaN), gpu
+ * applies the scales to f32 block sums (finite). NaN codes and NaN scales are in the domain
+ * and propagate as NaN. (Found by `twin fuzz --backend gpu`; fuzz/FINDINGS.md.)
+ * Subnormal 16-bit inputs: a backend may treat f16/bf16 subnormal input values as zero —
+ * the gpu backend's tensor-core paths do for f16 on the H200 (mma.sync and cuBLASLt alike).
+ * The products that involve such an input may then be lost; twin's checkers allow exactly
+ * their sum of |a||b| on top of tw_gemm_error_bound. The ref backend keeps them.
+ *
  * tw_op says how an operand is stored relative to the product (row-major names):
  *   dense:   a: N = [B?, M, K], T = [B?, K, M];  b: N = [B?, K, N], T = [B?, N, K]
  *   out [B?, M, N] = op(a) @ op(b); B is present when either operand has 3 dims; a 2-D
