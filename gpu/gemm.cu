@@ -123,6 +123,16 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op) {
   LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof ws_max),
          "preference workspace");
   {
+    // Split-K partial sums may only be reduced in f32 (the compute type): reductions in the
+    // output type (bf16/f16) or in place in the output round every partial sum, which the
+    // fuzzer caught on H200 as errors far past the f32-accumulation bound (bf16 outputs with
+    // cancellation, and accumulate=1). Algorithms without split-K are unaffected.
+    uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                                                sizeof reduction),
+           "preference reduction scheme");
+  }
+  {
     // The heuristic assumes 256-byte aligned pointers unless told otherwise; per-group slices
     // (o_g * K elements in) are often less aligned, and an algorithm chosen for 256 then
     // fails with "not supported". Tell it each pointer's real alignment.
