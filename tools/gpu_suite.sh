@@ -27,7 +27,7 @@ while [ $i -lt ${#steps[@]} ]; do
       done
       tar czf "$O/xml.tgz" -C "$O" xml && rm -rf "$O/xml" ;;
     check)
-      run bin/twin check --backend all --golden "$B/golden" >"$O/check.log" 2>&1 || rc=1
+      run bin/twin check --backend all --golden golden/data >"$O/check.log" 2>&1 || rc=1
       tail -3 "$O/check.log" | tee -a "$O/summary.txt" ;;
     bench)
       python3 tools/peers/torch_quantize.py >"$O/peers_quantize.json" 2>>"$O/bench.log"
