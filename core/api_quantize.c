@@ -1,4 +1,5 @@
 /* Public entry points of tw_quantize.h: output shapes, argument validation, dispatch. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +22,19 @@ int tw_scaling_from_name(const char *name, tw_scaling *out) {
       return 0;
     }
   return -1;
+}
+
+float tw_scale_from_amax(float amax, float fp8_max, int pow2_scales) {
+  if (amax == 0.0f || !isfinite(amax)) return 1.0f;
+  float s = fp8_max / amax;
+  if (isinf(s)) s = FLT_MAX;
+  if (pow2_scales) {
+    uint32_t bits;
+    memcpy(&bits, &s, 4);
+    bits &= 0xFF800000u;
+    memcpy(&s, &bits, 4);
+  }
+  return s;
 }
 
 static tw_tensor shape_only(tw_dtype t, int ndim, int64_t a, int64_t b) {

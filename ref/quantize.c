@@ -63,16 +63,7 @@ static double fp8_max_of(tw_dtype t) { return t == TW_E4M3 ? 448.0 : 57344.0; }
 
 /* compute_scale of tw_quantize.h (tensor current scaling and the block modes). */
 static float compute_scale(float amax, float fp8_max, int pow2) {
-  if (amax == 0.0f || !isfinite(amax)) return 1.0f;
-  float s = fp8_max / amax;
-  if (isinf(s)) s = FLT_MAX;
-  if (pow2) {
-    uint32_t bits;
-    memcpy(&bits, &s, 4);
-    bits &= 0xFF800000u;
-    memcpy(&s, &bits, 4);
-  }
-  return s;
+  return tw_scale_from_amax(amax, fp8_max, pow2);
 }
 
 /* ---- layout ----------------------------------------------------------------------------- */

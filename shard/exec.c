@@ -264,17 +264,7 @@ static tw_status local_gemm(tw_ctx *ctx, const tw_plan *p, const tw_tensor *a_t,
 
 /* tw_quantize.h's compute_scale, in f32. */
 static float current_scale(float amax, tw_dtype q, int pow2) {
-  if (amax == 0.0f || !isfinite(amax)) return 1.0f;
-  float fp8_max = q == TW_E4M3 ? 448.0f : 57344.0f;
-  float s = fp8_max / amax;
-  if (isinf(s)) s = FLT_MAX;
-  if (pow2) {
-    uint32_t bits;
-    memcpy(&bits, &s, 4);
-    bits &= 0xFF800000u;
-    memcpy(&s, &bits, 4);
-  }
-  return s;
+  return tw_scale_from_amax(amax, q == TW_E4M3 ? 448.0f : 57344.0f, pow2);
 }
 
 static tw_status amax_reduce(tw_ctx *ctx, tw_mesh_comms *mc, const tw_dimspec *axes, tw_tensor *amax) {

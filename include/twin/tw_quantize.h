@@ -171,6 +171,11 @@ tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *
 tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *group_sizes,
                                 int colwise, tw_tensor *out);
 
+/* compute_scale above, in f32: 1 for amax 0 or not finite, else fp8_max / amax (FLT_MAX if
+ * that overflows), mantissa cleared when pow2_scales. One definition for every host user
+ * (ref, the sharded executor); the GPU's device copy is tested against it. */
+float tw_scale_from_amax(float amax, float fp8_max, int pow2_scales);
+
 typedef enum { TW_AMAX_MAX = 0, TW_AMAX_MOST_RECENT = 1 } tw_amax_algo;
 
 /* Delayed scaling update, per group g (TE's DelayedScaleQuantizer.update), f32:
