@@ -694,6 +694,23 @@ static tw_status doubled(arena *A, const tw_tensor *bound, tw_tensor *out) {
   return TW_OK;
 }
 
+/* After per-group dense tw_gemm calls wrote dout (on the subject): their result must meet the
+ * f64 expectation (name_f64) and agree with the grouped op's own output `got` within twice the
+ * bound (name_vs): both are f32 results, each within its bound of the exact value. */
+static void slices_agree(tw_ctx *subject, arena *A, fz_result *res, const fz_case *c, const gemm_expect *ge,
+                         const tw_tensor *got, const tw_tensor *dout, const char *name_f64, const char *name_vs) {
+  tw_tensor dense_host, b2, gexp;
+  if (tw_ctx_check(subject) != TW_OK || to_host(A, subject, dout, &dense_host) != TW_OK ||
+      doubled(A, &ge->bound, &b2) != TW_OK || host_like(A, &ge->expected, &gexp) != TW_OK) {
+    fail(res, FZ_ERROR, "copy", tw_last_error());
+    return;
+  }
+  check_bound(res, name_f64, &dense_host, &ge->expected, &ge->bound);
+  int64_t n = tw_tensor_numel(&ge->expected);
+  for (int64_t i = 0; i < n; i++) ((double *)gexp.data)[i] = tw_load_as_f64(got->data, c->out_dtype, i);
+  check_bound(res, name_vs, &dense_host, &gexp, &b2);
+}
+
 static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *A, fz_result *res) {
   int64_t M = c->M, N = c->N, K = c->K;
   gemm_outside_domain = 0;
@@ -803,14 +820,7 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
     if (status_check(res, "gemm (per-group slice)", s)) return;
     o += mg;
   }
-  tw_tensor dense_host, b2;
-  if (tw_ctx_check(subject) != TW_OK || to_host(A, subject, &dout, &dense_host) != TW_OK ||
-      doubled(A, &ge.bound, &b2) != TW_OK) { fail(res, FZ_ERROR, "copy", tw_last_error()); return; }
-  check_bound(res, "dense_per_group_vs_f64", &dense_host, &ge.expected, &ge.bound);
-  tw_tensor gexp;
-  if (host_like(A, &ge.expected, &gexp) != TW_OK) return;
-  for (int64_t i = 0; i < M * N; i++) ((double *)gexp.data)[i] = tw_load_as_f64(got.data, c->out_dtype, i);
-  check_bound(res, "grouped_vs_dense", &dense_host, &gexp, &b2);
+  slices_agree(subject, A, res, c, &ge, &got, &dout, "dense_per_group_vs_f64", "grouped_vs_dense");
 }
 
 /* Per-group transposed storage of a logical [M, C] ragged matrix: group g's [C, m_g] block
@@ -906,15 +916,7 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
     if (status_check(res, "gemm (per-group slice)", s)) return;
     o += mg;
   }
-  tw_tensor dense_host, b2, gexp;
-  if (tw_ctx_check(subject) != TW_OK || to_host(A, subject, &dout, &dense_host) != TW_OK ||
-      doubled(A, &ge.bound, &b2) != TW_OK || host_like(A, &ge.expected, &gexp) != TW_OK) {
-    fail(res, FZ_ERROR, "copy", tw_last_error());
-    return;
-  }
-  check_bound(res, "dense_slices_vs_f64", &dense_host, &ge.expected, &ge.bound);
-  for (int64_t i = 0; i < G * K * N; i++) ((double *)gexp.data)[i] = tw_load_as_f64(got.data, c->out_dtype, i);
-  check_bound(res, "wgrad_vs_dense", &dense_host, &gexp, &b2);
+  slices_agree(subject, A, res, c, &ge, &got, &dout, "dense_slices_vs_f64", "wgrad_vs_dense");
 }
 
 /* ====================================================================================== */
