@@ -6,11 +6,11 @@
 //   fp8 (Hopper, only when forced): both operands K-major (a [M, K] op N, b [N, K] op T), scale_inv pointers as
 //   A/B scales; per-tensor (SCALAR_32F) or 1x128 blocks (VEC128_32F, the MN-major
 //   [ceil(K/128), roundup(rows, 4)] layout of tw_quantize.h, sm_90+ only).
-// version "gg_mma" / "gg_fma": twin's own kernel (gpu/grouped_gemm_kernel.cu) with one group
+// version "gg_mma_wide" / "gg_mma" / "gg_fma": twin's own kernel (gpu/grouped_gemm_kernel.cu) with one group
 //   per batch entry. It takes every case cuBLASLt does not: mixed f32 x bf16/f16 operands,
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
-// Auto choice: cuBLASLt for plain operands of one dtype, else gg. fp8 never goes to cuBLASLt
+// Auto choice: cuBLASLt for plain operands of one dtype, else gg (gg_mma_wide where it fits). fp8 never goes to cuBLASLt
 //   unless forced: Hopper's fp8 tensor cores keep about 14 mantissa bits in the accumulator
 //   between promotions (measured here: errors of ~2^-13 relative to sum |a||b|; DeepSeek-V3
 //   report, DeepGEMM #37), which breaks tw_gemm.h's contract of f32 accumulation. gg decodes
@@ -225,12 +225,14 @@ static int compute_for(const tw_operand *a, const tw_operand *b, int force_fma) 
   return GG_FMA_F32;
 }
 
+// ver: 0 = gg_mma, 1 = gg_fma, 2 = gg_mma_wide (gg_run keeps block-scaled fp8 on the 128x128 tile)
 static tw_status dense_gg(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
-                          tw_tensor *out, int accumulate, const dense_dims *d, int force_fma) {
+                          tw_tensor *out, int accumulate, const dense_dims *d, int ver) {
   gg_problem p;
   memset(&p, 0, sizeof p);
   p.kind = GG_UNIFORM;
-  p.compute = compute_for(a, b, force_fma);
+  p.compute = compute_for(a, b, ver == 1);
+  p.wide = ver == 2 && p.compute != GG_FMA_F32;
   p.G = d->batch;
   p.P = d->M;
   p.Q = d->N;
@@ -290,11 +292,11 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
   if (d.batch == 0 || d.M == 0 || d.N == 0) return TW_OK;
   gpu_scratch_reset(ctx);
   const char *k = tw_ctx_kernel(ctx);
-  if (k && strcmp(k, GG_KERNEL_MMA) == 0) {
+  if (k && (strcmp(k, GG_KERNEL_MMA) == 0 || strcmp(k, GG_KERNEL_MMA_WIDE) == 0)) {
     if (compute_for(a, b, 0) == GG_FMA_F32)
       return tw_error(TW_ERR_UNSUPPORTED, "gemm: kernel '%s' takes bf16, f16 or fp8 operands, not %s x %s",
                       k, tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
-    return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0);
+    return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, strcmp(k, GG_KERNEL_MMA) == 0 ? 0 : 2);
   }
   if (k && strcmp(k, GG_KERNEL_FMA) == 0) return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 1);
   if (k && strcmp(k, GEMM_KERNEL_LT) == 0) {
@@ -317,5 +319,6 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
     tw_clear_error();  // no cuBLASLt algorithm: the gg kernel takes it
     gpu_scratch_reset(ctx);
   }
-  return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 0);
+  // the gg fallback: the wide tile where it fits (gg_mma_wide measured 1.3-1.8x gg_mma, NOTES-gemm.md run 6)
+  return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, gg_wide_fits(ctx) ? 2 : 0);
 }

@@ -61,6 +61,7 @@ typedef struct {
 
 // Launches the kernel on ctx's stream (no host sync); scratch must be reset by the caller.
 tw_status gg_run(tw_ctx *ctx, const gg_problem *p, const char *op);
+int gg_wide_fits(tw_ctx *ctx);  // gg_mma_wide's shared memory fits this device
 
 // Fills a gg_operand from a tw_operand (data pointer, dtype, scales); the caller sets the
 // addressing (kmajor, ragged, row_elems, group_stride, ld, src_group_rows).

@@ -2,14 +2,16 @@
 // ref_grouped_gemm_wgrad). Group sizes stay in device memory.
 //
 // Versions (tw_ctx_kernel() may force one by name):
-//   gg_mma      (auto for bf16, f16 and fp8 operands, any sm_80+): the tensor-core kernel of
-//               gpu/grouped_gemm_kernel.cu, 128x128x32 tiles; no host sync, no device-to-host
-//               copy, capturable.
-//   gg_mma_wide (only when forced until measured): the same kernel with 128x256x64 tiles,
-//               3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
-//               per-tensor scales (decoded exactly to f16); fp8 with block scales runs gg_mma.
-//               Needs up to 162 KiB of shared memory (sm_80, sm_90; TW_ERR_UNSUPPORTED naming
-//               it elsewhere).
+//   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
+//               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
+//               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
+//               per-tensor scales (decoded exactly to f16); fp8 with block scales runs the
+//               128x128 tile. Needs up to 162 KiB of shared memory (sm_80, sm_90); forced on a
+//               device with less it is TW_ERR_UNSUPPORTED naming it. Measured 1.2-1.8x gg_mma
+//               on an H200 (bf16 197-282 vs 155-166 TFLOP/s, fp8 169-189 vs 100-105;
+//               gpu/NOTES-gemm.md), hence the default.
+//   gg_mma      (auto where gg_mma_wide does not fit, e.g. sm_86/sm_89 with 99 KiB): the same
+//               kernel with 128x128x32 tiles; no host sync, no device-to-host copy, capturable.
 //   gg_fma      (auto when an operand is f32): the same kernel with exact f32 FMA.
 //   gg_lt_loop  (only when forced; for the bench): copies group_sizes to the host, synchronizes
 //               the stream and calls cuBLASLt once per group. Takes what gemm_lt takes:
@@ -35,7 +37,7 @@ static tw_status choose_version(tw_ctx *ctx, const char *op, const tw_operand *a
   if (st->sm < 80)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: needs sm_80 or newer, device %d is sm_%d", op, st->device, st->sm);
   const char *k = tw_ctx_kernel(ctx);
-  *v = has_f32(a, b) ? VER_FMA : VER_MMA;  // gg_mma_wide: auto once measured (NOTES-gemm.md)
+  *v = has_f32(a, b) ? VER_FMA : gg_wide_fits(ctx) ? VER_MMA_WIDE : VER_MMA;
   if (!k) return TW_OK;
   for (int i = 0; i < 4; ++i)
     if (strcmp(k, gg_names[i]) == 0) *v = (gg_version)i;

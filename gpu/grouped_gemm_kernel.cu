@@ -661,6 +661,20 @@ static size_t gg_smem_bytes(int compute, int stages, int bn) {
 
 typedef void (*gg_fn)(const gg_problem, const int64_t *, int64_t, int);
 
+// Whether this device grants the shared memory of every gg_mma_wide instantiation (the fp8
+// one needs the most: its f16 decode stage comes on top of the raw tiles).
+int gg_wide_fits(tw_ctx *ctx) {
+  gpu_state *st = gpu_of(ctx);
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, st->device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  size_t need = gg_smem_bytes(GG_MMA_FP8, 3, 2 * GG_BN);
+  if (gg_smem_bytes(GG_MMA_BF16, 3, 2 * GG_BN) > need) need = gg_smem_bytes(GG_MMA_BF16, 3, 2 * GG_BN);
+  return need <= (size_t)optin;
+}
+
 template <int C, bool AK, bool BKM, bool BL, int S, int BN_ = GG_BN>
 static tw_status gg_launch_t(tw_ctx *ctx, const gg_problem *p, const int64_t *tile_start,
                              int64_t total_host, int kb_len, const char *op) {

@@ -1,6 +1,6 @@
 /* Dense GEMM on the gpu backend: every stored golden GEMM case (gemm, grouped_gemm,
  * grouped_gemm_wgrad) through the golden runner, and seeded random dense cases gpu vs ref
- * on each version (cuBLASLt, gg_mma, gg_fma), any layout, batched and broadcast, fp8 with
+ * on each version (cuBLASLt, gg_mma, gg_mma_wide, gg_fma), any layout, batched and broadcast, fp8 with
  * per-tensor and block scales. Bound as in grouped_gemm_gpu_test.c: ref's output is expected,
  * each element may differ by the sum of both bounds (u_acc 2^-23 gpu, 2^-24 ref, K + 4). */
 #include <criterion/criterion.h>
@@ -307,5 +307,6 @@ static void dense_case(uint64_t seed, int kind) {
   }
 DENSE_TESTS(auto, NULL)
 DENSE_TESTS(gg_mma, "gg_mma")
+DENSE_TESTS(gg_mma_wide, "gg_mma_wide")
 DENSE_TESTS(gg_fma, "gg_fma")
 DENSE_TESTS(gemm_lt, "gemm_lt")

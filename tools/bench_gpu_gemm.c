@@ -2,12 +2,13 @@
  *
  * Rows, all timed in one run on one stream with CUDA events (median of max(iters, 10)):
  *   dense 8192^3 bf16 and fp8 e4m3 (per-tensor): tw_gemm through cuBLASLt (gemm_lt) and the
- *     gg kernel, next to a direct cublasLtMatmul call of the same problem (twin's overhead over
+ *     gg kernels (gg_mma, gg_mma_wide), next to a direct cublasLtMatmul call of the same problem (twin's overhead over
  *     cuBLASLt; target within 3%) or the torch peer. The cuBLASLt rates are the floors
  *     ("% of dense peak") of the grouped rows below.
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
  *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
- *     (auto), gg_mma_wide (bf16 and per-tensor fp8 rows; forced) and gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
+ *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows) and
+ *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
 #include <cublasLt.h>
@@ -276,10 +277,14 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       if (fp8) peak_fp8 = flop / (ms * 1e-3) / 1e12;
       else peak_bf16 = flop / (ms * 1e-3) / 1e12;
       const char *tp = fp8 ? "torch._scaled_mm" : "torch.matmul";
-      c.ctx = c_mma;
-      ms = time_it(run_call, &c, warmup, iters, c_mma);
-      if (ms < 0) { fprintf(stderr, "gg_mma: %s\n", tw_last_error()); rc = 1; }
-      row_out(shape, "gg_mma", ms, flop, fp8 ? peak_fp8 : peak_bf16, tp, peer_ms("dense_8192", tp), cfg->csv);
+      tw_ctx *own[2] = {c_mma, c_wide};
+      const char *own_names[2] = {"gg_mma", "gg_mma_wide"};
+      for (int v = 0; v < 2; ++v) {
+        c.ctx = own[v];
+        ms = time_it(run_call, &c, warmup, iters, own[v]);
+        if (ms < 0) { fprintf(stderr, "%s: %s\n", own_names[v], tw_last_error()); rc = 1; }
+        row_out(shape, own_names[v], ms, flop, fp8 ? peak_fp8 : peak_bf16, tp, peer_ms("dense_8192", tp), cfg->csv);
+      }
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);
     tw_free(c_auto, s);
