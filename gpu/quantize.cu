@@ -9,8 +9,8 @@
 // The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
 // are read on the device only.
 //
-// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_async
-// (bf16/f16 x), tile_vec, tile_scalar:
+// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_regs,
+// tile_async (bf16/f16 x), tile_vec, tile_scalar:
 //   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto for f32
 //                         x when x, K and the outputs are 4-element aligned)
 //   quantize_tile_scalar  the same kernel with element loads and byte stores (any alignment)
@@ -19,7 +19,12 @@
 //   quantize_tile_async   the tile kernel rebuilt around a cp.async double-buffered raw tile,
 //                         512 threads at <= 64 registers, column statistics folded into the row
 //                         pass, transposed output through a per-warp stage with 16-byte stores
-//                         (any shape: element loads where cp.async cannot). Auto for bf16/f16.
+//                         (any shape: element loads where cp.async cannot). Auto for bf16/f16
+//                         shapes the register-tile kernel does not take.
+//   quantize_tile_regs    one 128x128 tile per CTA held in registers (8 rows x 8 columns per
+//                         lane), every mode and layout, colwise codes of the tensor and 128x128
+//                         modes transposed from the rowwise ones in registers. Auto for bf16/f16
+//                         x with K % 8 == 0 (aligned) wherever the row kernel does not apply.
 //
 // Per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
 // so that both the row pass and the 32-row column strips are free of bank conflicts); column
@@ -855,6 +860,256 @@ __global__ void __launch_bounds__(TA_THREADS, 2) quantize_tile_async_kernel(QPar
   }
 }
 
+// ---- quantize_tile_regs: one 128x128 tile per CTA, held in registers -------------------------
+// Profiled on the H200 (ncu, session 2): quantize_tile_async is issue-bound (SM throughput
+// 76-79%, 41-74 instructions per element): every pass re-reads shared memory with swizzled
+// address math, 4 elements per lane, and the colwise codes are computed a second time. Here a
+// lane loads 8 consecutive rows x 8 consecutive columns (eight 16-byte loads, 32 registers of
+// raw bf16/f16) and keeps them: warp w owns rows 16w..16w+15, lane = (h, c8) with h = lane>>4
+// choosing rows 16w+8h..+7 and c8 = lane&15 columns 8*c8..+7, so each load instruction reads two
+// full 256-byte row pieces. Statistics come from registers (row blocks by 2 or 4 shuffles,
+// column blocks through one 8 KB shared table), the rowwise codes are stored as 8-byte words,
+// and the transposed colwise output of the tensor and 128x128 modes *is* the rowwise codes
+// transposed (same scale, same element): an 8x8 byte transpose in registers (prmt), one 8-byte
+// store per column. Needs bf16/f16 x, K % 8 == 0, x 16-byte and outputs 8-byte aligned.
+#define TR_THREADS 256
+
+// 4x4 byte transpose: w[r] holds bytes (r, 0..3) -> t[c] holds bytes (0..3, c)
+__device__ __forceinline__ void tr_t4(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t t[4]) {
+  const uint32_t a = __byte_perm(w0, w1, 0x5140), b = __byte_perm(w0, w1, 0x7362);
+  const uint32_t c = __byte_perm(w2, w3, 0x5140), d = __byte_perm(w2, w3, 0x7362);
+  t[0] = __byte_perm(a, c, 0x5410);
+  t[1] = __byte_perm(a, c, 0x7632);
+  t[2] = __byte_perm(b, d, 0x5410);
+  t[3] = __byte_perm(b, d, 0x7632);
+}
+
+template <int XDT>
+__device__ __forceinline__ void tr_f8(uint4 u, float f[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    if (XDT == XDT_BF16) {
+      f[2 * j] = tw_u2f(w[j] << 16);
+      f[2 * j + 1] = tw_u2f(w[j] & 0xFFFF0000u);
+    } else {  // hardware conversion: exact for every non-NaN half, and a NaN stays a NaN
+      asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * j]) : "h"((unsigned short)w[j]));
+      asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * j + 1]) : "h"((unsigned short)(w[j] >> 16)));
+    }
+  }
+}
+
+// the lane's 8 rows x 8 columns: rows as uint2 codes c[i] -> columns as uint2 (rows 0..7)
+__device__ __forceinline__ void tr_8x8(const uint2 c[8], uint2 col[8]) {
+  uint32_t a[4], b[4];
+  tr_t4(c[0].x, c[1].x, c[2].x, c[3].x, a);
+  tr_t4(c[4].x, c[5].x, c[6].x, c[7].x, b);
+#pragma unroll
+  for (int j = 0; j < 4; j++) col[j] = make_uint2(a[j], b[j]);
+  tr_t4(c[0].y, c[1].y, c[2].y, c[3].y, a);
+  tr_t4(c[4].y, c[5].y, c[6].y, c[7].y, b);
+#pragma unroll
+  for (int j = 0; j < 4; j++) col[4 + j] = make_uint2(a[j], b[j]);
+}
+
+// 8 bytes of one column (rows row0..row0+7 of the lane) at o, n of them valid
+__device__ __forceinline__ void tr_store8(uint8_t *o, uint2 w, int n) {
+  if (n >= 8 && ((uintptr_t)o & 7) == 0) {
+    *(uint2 *)o = w;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 8; j++)
+    if (j < n) o[j] = (uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j & 3)));
+}
+
+template <int XDT>
+__global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QParams p) {
+  __shared__ __align__(16) uint32_t colpart[16][TILE];  // column max bits per 8-row group
+  __shared__ float colscale[TILE];
+  __shared__ uint8_t cole[4][TILE];
+  __shared__ uint32_t red[TR_THREADS / 32];
+
+  const int64_t t = blockIdx.x;
+  if (t >= p.tiles[p.G]) return;
+  const int64_t g = find_group(p.tiles, p.G, t);
+  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int64_t a = t - tg0, lr0 = a * TILE;
+  const int rows = (int)min((int64_t)TILE, mg - lr0);
+  const int64_t r0 = og + lr0;
+  const int64_t kc = blockIdx.y, k0 = kc * TILE, nkc = (p.K + TILE - 1) / TILE;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int h = lane >> 4, c8 = lane & 15;
+  const int rb = 16 * warp + 8 * h;            // the lane's first tile row
+  const int64_t col = k0 + 8 * c8;             // the lane's first column
+  const bool in_k = col < p.K;
+  const int nrow = max(0, min(8, rows - rb));  // the lane's rows inside the group
+  const bool mx = p.mode == TW_SCALE_MXFP8_1D, b128 = p.mode == TW_SCALE_BLOCK_1x128;
+  const bool t128 = p.mode == TW_SCALE_BLOCK_128x128;
+  const bool tensor_mode = p.mode == TW_SCALE_TENSOR_CURRENT || p.mode == TW_SCALE_TENSOR_DELAYED;
+  const float inv_max = 1.0f / p.fp8_max;
+
+  // ---- load: eight 16-byte pieces, zeros outside the group or past K
+  uint4 raw[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    raw[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (i < nrow && in_k) raw[i] = __ldg((const uint4 *)((const uint16_t *)p.x + (r0 + rb + i) * p.K + col));
+  }
+
+  // ---- statistics from registers: lane max, per-row max, per-column max
+  uint32_t lmax = 0, rmax[8], cmax[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) cmax[j] = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    float f[8];
+    tr_f8<XDT>(raw[i], f);
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const uint32_t ab = absbits(f[j]);
+      m = max(m, ab);
+      cmax[j] = max(cmax[j], ab);
+    }
+    rmax[i] = m;
+    lmax = max(lmax, m);
+  }
+  const bool lane_nan = lmax > 0x7F800000u;
+  const bool same_codes = tensor_mode || t128;
+  if (p.col && !same_codes) {  // column partials now: frees the registers (read after a barrier)
+    *(uint4 *)&colpart[2 * warp + h][8 * c8] = make_uint4(cmax[0], cmax[1], cmax[2], cmax[3]);
+    *(uint4 *)&colpart[2 * warp + h][8 * c8 + 4] = make_uint4(cmax[4], cmax[5], cmax[6], cmax[7]);
+  }
+
+  // tile max: the 128x128 scale, and the per-group amax (current scaling has it already)
+  const bool want_gmax = p.amax && p.mode != TW_SCALE_TENSOR_CURRENT;
+  uint32_t tmax = 0;
+  if (t128 || want_gmax) {
+    const uint32_t m = shfl_umax(lmax, 32);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < TR_THREADS / 32; w++) tmax = max(tmax, red[w]);
+  }
+  float tscale = 1.f;
+  if (p.mode == TW_SCALE_TENSOR_CURRENT) tscale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
+  else if (p.mode == TW_SCALE_TENSOR_DELAYED) tscale = p.scale[g];
+  else if (t128) tscale = tw_compute_scale(tw_u2f(tmax), p.fp8_max, p.pow2);
+  const bool tscale_keeps = !tensor_mode || scale_keeps_numbers(tscale);
+
+  // ---- rowwise codes
+  if (p.row) {
+    const int64_t C = 4 * nkc;  // MXFP8 rowwise scale columns
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      float sc = tscale;
+      bool may_nan = lane_nan || !tscale_keeps;
+      const int r = rb + i;
+      if (mx) {  // block = 32 columns = 4 lanes
+        const uint32_t bm = shfl_umax(rmax[i], 4);
+        const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(bm) * inv_max);
+        sc = tw_e8m0_quant_scale(e);
+        may_nan = lane_nan || bm > 0x7F800000u;
+        if (p.row && (c8 & 3) == 0) {  // every tile row and scale column up to Kpad gets one
+          const int64_t kb = col >> 5;
+          uint8_t *S = (uint8_t *)p.row_si;
+          if (p.swz) S[t * TILE * C + (kb >> 2) * 512 + (r & 31) * 16 + (r >> 5) * 4 + (kb & 3)] = e;
+          else S[(t * TILE + r) * C + kb] = e;
+        }
+      } else if (b128) {  // block = 128 columns = 16 lanes
+        const uint32_t bm = shfl_umax(rmax[i], 16);
+        sc = tw_compute_scale(tw_u2f(bm), p.fp8_max, p.pow2);
+        if (p.row && c8 == 0 && i < nrow) ((float *)p.row_si)[kc * p.rs_ld + r0 + r] = tw_canon(1.0f / sc);
+      }
+      float f[8];
+      tr_f8<XDT>(raw[i], f);
+      const uint2 c = quant8_checked(f, sc, p.fp8, may_nan);
+      if (i < nrow && in_k) *(uint2 *)(p.row_data + (r0 + r) * p.K + col) = c;
+    }
+  }
+
+  // ---- colwise
+  if (p.col && same_codes) {  // the rowwise codes (same scale) transposed: group g's [K, m_g] at o_g*K
+    if (in_k && nrow > 0) {
+      uint2 codes[8], cw[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        float f[8];
+        tr_f8<XDT>(raw[i], f);
+        codes[i] = quant8_checked(f, tscale, p.fp8, lane_nan || !tscale_keeps);
+      }
+      tr_8x8(codes, cw);
+      uint8_t *o = p.col_data + og * p.K + col * mg + lr0 + rb;
+#pragma unroll
+      for (int j = 0; j < 8; j++) tr_store8(o + j * mg, cw[j], nrow);
+    }
+  } else if (p.col) {  // MXFP8 (32-row blocks, [M, K] layout) and 1x128 (128-row blocks, transposed)
+    __syncthreads();  // colpart complete
+    if (mx) {  // 4 blocks x 128 columns, two per thread
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        const int id = tid + q * TR_THREADS, f = id >> 7, c = id & (TILE - 1);
+        const uint32_t m = max(max(colpart[4 * f][c], colpart[4 * f + 1][c]), max(colpart[4 * f + 2][c], colpart[4 * f + 3][c]));
+        const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(m) * inv_max);
+        cole[f][c] = e;
+        uint8_t *S = (uint8_t *)p.col_si;
+        const int64_t Cc = TILE * nkc;
+        if (p.swz) {  // the group's scales tiled: this tile's 128 columns x 4 row blocks = tile (kc, a)
+          const int64_t ntiles = p.tiles[g + 1] - tg0;
+          S[4 * tg0 * Cc + (kc * ntiles + a) * 512 + (c & 31) * 16 + (c >> 5) * 4 + f] = e;
+        } else {
+          S[(4 * t + f) * Cc + k0 + c] = e;
+        }
+      }
+    } else if (tid < TILE) {
+      uint32_t m = 0;
+#pragma unroll
+      for (int w = 0; w < 16; w++) m = max(m, colpart[w][tid]);
+      const float sc = tw_compute_scale(tw_u2f(m), p.fp8_max, p.pow2);
+      colscale[tid] = sc;
+      if (k0 + tid < p.K) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / sc);
+    }
+    __syncthreads();
+    float csc[8];
+    bool cnan = lane_nan;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      if (mx) {
+        const uint8_t e = cole[warp >> 1][8 * c8 + j];  // the lane's rows lie in block warp/2
+        csc[j] = tw_e8m0_quant_scale(e);
+        cnan |= e == 0xFF;
+      } else {
+        csc[j] = colscale[8 * c8 + j];
+      }
+    }
+    uint2 cc[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      float f[8];
+      tr_f8<XDT>(raw[i], f);
+#pragma unroll
+      for (int j = 0; j < 8; j++) f[j] *= csc[j];
+      cc[i] = quant8_checked(f, 1.0f, p.fp8, cnan);
+      if (mx && i < nrow && in_k) *(uint2 *)(p.col_data + (r0 + rb + i) * p.K + col) = cc[i];
+    }
+    if (b128 && in_k && nrow > 0) {
+      uint2 cw[8];
+      tr_8x8(cc, cw);
+      uint8_t *o = p.col_data + og * p.K + col * mg + lr0 + rb;
+#pragma unroll
+      for (int j = 0; j < 8; j++) tr_store8(o + j * mg, cw[j], nrow);
+    }
+  }
+
+  if (t128 && tid == 0) {
+    const float si = tw_canon(1.0f / tscale);
+    if (p.row) ((float *)p.row_si)[t * p.rs_ld + kc] = si;
+    if (p.col) ((float *)p.col_si)[kc * p.cs_ld + t] = si;
+  }
+  if (want_gmax && tid == 0) atomic_amax(p.amax + g, tw_u2f(tmax));
+}
+
 // Per-group slots of the tensor modes: scale_inv (both buffers) and, for current scaling, the
 // amax already accumulated. Empty groups get amax 0 and scale 1.
 __global__ void tensor_finalize_kernel(int64_t G, int mode, float fp8_max, int pow2, const float *amax,
@@ -921,6 +1176,12 @@ static cudaError_t launch_rows_dt(int xdt, const QParams &p, dim3 grid, cudaStre
   return launch_rows<XDT_F16, AMAX>(p, grid, s);
 }
 
+static cudaError_t launch_regs_dt(int xdt, const QParams &p, dim3 grid, cudaStream_t s) {
+  if (xdt == XDT_BF16) quantize_tile_regs_kernel<XDT_BF16><<<grid, TR_THREADS, 0, s>>>(p);
+  else quantize_tile_regs_kernel<XDT_F16><<<grid, TR_THREADS, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
 static int aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
 
 // The forced version for ops of family `prefix` ("quantize_"), or NULL for auto. Names of other
@@ -945,8 +1206,8 @@ static tw_status forced_version(tw_ctx *ctx, const char *op, const char *prefix,
 
 // Index = the forced value below; a promoted version keeps its name.
 static const char *const quantize_versions[] = {"quantize_tile_vec", "quantize_tile_scalar", "quantize_rows",
-                                                "quantize_tile_async"};
-enum { QV_TILE_VEC = 0, QV_TILE_SCALAR = 1, QV_ROWS = 2, QV_TILE_ASYNC = 3, QV_COUNT = 4 };
+                                                "quantize_tile_async", "quantize_tile_regs"};
+enum { QV_TILE_VEC = 0, QV_TILE_SCALAR = 1, QV_ROWS = 2, QV_TILE_ASYNC = 3, QV_TILE_REGS = 4, QV_COUNT = 5 };
 
 extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
                                           const tw_quantize_opts *opts, tw_qtensor *q) {
@@ -1006,7 +1267,14 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
   // the async tile kernel takes any shape; 16-byte cp.async chunks need whole chunks per row
   const bool async_vec = K % (int64_t)(16 / esz) == 0 && aligned(x->data, 16) &&
                          (!p.row_data || aligned(p.row_data, 4)) && (!p.col_data || aligned(p.col_data, 4));
+  // the register-tile kernel: 8 columns of 16-bit x per 16-byte load, 8-byte code stores
+  const bool regs_ok = esz == 2 && K % 8 == 0 && aligned(x->data, 16) && (!p.row_data || aligned(p.row_data, 8)) &&
+                       (!p.col_data || aligned(p.col_data, 8));
   if (forced == QV_TILE_SCALAR) vec = false;
+  if (forced == QV_TILE_REGS && !regs_ok)
+    return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_tile_regs takes bf16/f16 x with K %% 8 == 0, "
+                                        "x 16-byte and outputs 8-byte aligned (got %s x, K = %lld)",
+                    tw_dtype_name(x->dtype), (long long)K);
   if (forced == QV_TILE_VEC && !vec)
     return tw_error(TW_ERR_ALIGNMENT, "grouped_quantize: quantize_tile_vec needs K %% 4 == 0 and 4-element "
                                       "aligned x and outputs (K = %lld)", (long long)K);
@@ -1015,11 +1283,13 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
                                         "mxfp8 and block1x128 with K %% 8 == 0 and 16-byte aligned x "
                                         "(got %s, layout %d, K = %lld)", tw_scaling_name(opts->mode),
                     (int)opts->layout, (long long)K);
-  // auto: the row kernel where it applies, else the async tile kernel for 16-bit x (f32 x
-  // needs 139 KB of shared memory per CTA there: forced only), else the old tile kernel
+  // auto: the row kernel where it applies, else the register-tile kernel, else the async tile
+  // kernel for 16-bit x (f32 x needs 139 KB of shared memory per CTA there: forced only), else
+  // the first tile kernel
   int version = forced;
   if (version < 0) {
     if (rows_ok && rows_mode) version = QV_ROWS;
+    else if (regs_ok) version = QV_TILE_REGS;
     else if (esz == 2) version = QV_TILE_ASYNC;
     else version = vec ? QV_TILE_VEC : QV_TILE_SCALAR;
   }
@@ -1033,6 +1303,9 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
         GPU_TRY_CUDA(launch_q_dt<true>(xdt, vec, p, grid, s), "grouped_quantize: amax pass");
     }
     if (version == QV_ROWS) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
+    else if (version == QV_TILE_REGS)
+      GPU_TRY_CUDA(launch_regs_dt(xdt, p, dim3((unsigned)Tcap, (unsigned)((K + TILE - 1) / TILE)), s),
+                   "grouped_quantize: register tile kernel");
     else if (version == QV_TILE_ASYNC)
       GPU_TRY_CUDA(launch_async_dt(xdt, async_vec, p, grid, s), "grouped_quantize: async tile kernel");
     else GPU_TRY_CUDA(launch_q_dt<false>(xdt, version == QV_TILE_VEC, p, grid, s), "grouped_quantize: tile kernel");

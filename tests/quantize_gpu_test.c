@@ -3,7 +3,9 @@
  * G 1..256, skewed and zero-size groups, ragged tails, NaN/inf/huge/tiny values) run on both
  * backends from poisoned outputs and compared bit for bit with the one checker; bad group
  * sizes found on the device (error word, no write out of bounds); forced kernel versions
- * (quantize_tile_async over every golden case, >= 200 random cases and 45 large-tile cases). */
+ * (quantize_tile_async over every golden case, >= 200 random cases and 45 large-tile cases;
+ * quantize_tile_regs over every golden case it takes, >= 250 random cases and the 30 16-bit
+ * large-tile cases). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,24 +29,34 @@ static tw_ctx *gpu_ctx_named(const char *kernel) {
 
 /* ---- golden cases on the gpu ----------------------------------------------------------- */
 
-static void golden_cases_on(const char *kernel) {
+/* Every stored golden case on `kernel`; with `skip_unsupported`, cases the kernel does not take
+ * (TW_ERR_UNSUPPORTED) are skipped and at least `min_ran` others must run. */
+static void golden_cases_on_some(const char *kernel, int skip_unsupported, int min_ran);
+static void golden_cases_on(const char *kernel) { golden_cases_on_some(kernel, 0, 0); }
+static void golden_cases_on_some(const char *kernel, int skip_unsupported, int min_ran) {
   char root[1024];
   snprintf(root, sizeof root, "%s/quantize", tt_golden_root());
   char **dirs = NULL;
   int n = tw_golden_list_cases(root, &dirs);
   cr_assert_geq(n, 100, "only %d cases under %s: %s", n, root, tw_last_error());
   tw_ctx *ctx = gpu_ctx_named(kernel);
-  int failed = 0;
+  int failed = 0, ran = 0;
   for (int i = 0; i < n; i++) {
     tw_golden_result res;
     tw_status s = tw_golden_run_case(ctx, dirs[i], &res);
+    if (skip_unsupported && s == TW_ERR_UNSUPPORTED) {
+      tw_clear_error();
+      continue;
+    }
+    ran++;
     if (s != TW_OK || !res.passed) {
       failed++;
       cr_log_error("[kernel %s] %s: %s %s", kernel ? kernel : "auto", res.name,
                    s != TW_OK ? tw_last_error() : res.worst_output, res.detail);
     }
   }
-  cr_assert_eq(failed, 0, "%d of %d golden cases failed on the gpu (kernel %s)", failed, n, kernel ? kernel : "auto");
+  cr_assert_eq(failed, 0, "%d of %d golden cases failed on the gpu (kernel %s)", failed, ran, kernel ? kernel : "auto");
+  cr_assert_geq(ran, min_ran, "only %d of %d golden cases ran on kernel %s", ran, n, kernel ? kernel : "auto");
   tw_golden_free_list(dirs, n);
   tw_ctx_destroy(ctx);
 }
@@ -52,6 +64,8 @@ static void golden_cases_on(const char *kernel) {
 Test(quantize_gpu, every_stored_golden_case_passes_on_the_gpu) { golden_cases_on(NULL); }
 /* the async tile kernel takes every shape (element loads where cp.async cannot): all goldens */
 Test(quantize_gpu, every_stored_golden_case_passes_forced_tile_async) { golden_cases_on("quantize_tile_async"); }
+/* the register-tile kernel takes bf16/f16 x with K % 8 == 0: every such golden case */
+Test(quantize_gpu, every_eligible_golden_case_passes_forced_tile_regs) { golden_cases_on_some("quantize_tile_regs", 1, 20); }
 
 /* ---- random cases ------------------------------------------------------------------------ */
 
@@ -329,12 +343,34 @@ Test(quantize_gpu, forced_tile_async_version_matches_ref, .timeout = 600) {
   tw_ctx_destroy(gpu);
 }
 
+/* quantize_tile_regs: >= 250 random cases of the shapes it takes (16-bit x, K % 8 == 0), every
+ * mode and layout, ragged and empty groups, tails; others must be refused with a message. */
+Test(quantize_gpu, forced_tile_regs_version_matches_ref, .timeout = 600) {
+  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_regs");
+  int ran = 0, modes[TW_SCALE_COUNT] = {0};
+  for (int i = 0; i < 4000 && ran < 250; i++) {
+    qcase c;
+    make_case(&c, 31000 + (uint64_t)i * 7919u, -1);
+    if (c.K % 8 == 0 && c.xdt != TW_F32) {
+      run_quantize_case(ref, gpu, &c);
+      ran++;
+      modes[c.opts.mode]++;
+    }
+    free_case(&c);
+  }
+  cr_assert_geq(ran, 250, "only %d eligible cases", ran);
+  for (int m = 1; m < TW_SCALE_COUNT; m++) cr_assert_geq(modes[m], 20, "mode %d: only %d cases", m, modes[m]);
+  tw_ctx_destroy(ref);
+  tw_ctx_destroy(gpu);
+}
+
 /* Full 128-row tiles, K past one CTA's 8 column chunks (both buffers reused several times),
  * a group size that is not a multiple of 16 (4-byte and byte colwise stores) next to one that
  * is (16-byte stores), an empty group and a ragged tail: every mode x layout x input dtype,
  * forced async and auto. */
 Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 600) {
-  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_async"), *aut = gpu_ctx_named(NULL);
+  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_async"), *aut = gpu_ctx_named(NULL),
+         *regs = gpu_ctx_named("quantize_tile_regs");
   static const tw_dtype xdts[] = {TW_BF16, TW_F16, TW_F32};
   static const int32_t sizes[] = {384, 0, 298, 2};  /* S = 684 of M = 700 */
   int ran = 0;
@@ -376,6 +412,7 @@ Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 60
                  tw_scaling_name(o.mode), tw_dtype_name(o.qdtype), lay, tw_dtype_name(c.xdt));
         run_quantize_case(ref, gpu, &c);
         run_quantize_case(ref, aut, &c);
+        if (c.xdt != TW_F32) run_quantize_case(ref, regs, &c);
         free_case(&c);
         ran++;
       }
@@ -383,6 +420,7 @@ Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 60
   tw_ctx_destroy(ref);
   tw_ctx_destroy(gpu);
   tw_ctx_destroy(aut);
+  tw_ctx_destroy(regs);
 }
 
 /* ---- dequantize ------------------------------------------------------------------------- */
@@ -616,6 +654,16 @@ Test(quantize_gpu, unknown_or_misaligned_forced_versions_are_errors) {
   tw_free(rows, dx.data);
   tw_free(rows, ds.data);
   tw_ctx_destroy(rows);
+
+  tw_ctx *regs = gpu_ctx_named("quantize_tile_regs"); /* f32 x, K = 5: not its shape */
+  dx = to_device(regs, &hx);
+  ds = to_device(regs, &hs);
+  alloc_q(regs, &shape, 1, &q);
+  tt_expect_status(tw_grouped_quantize(regs, &dx, &ds, &o, &q), TW_ERR_UNSUPPORTED, "quantize_tile_regs takes bf16/f16 x");
+  free_q(regs, &q);
+  tw_free(regs, dx.data);
+  tw_free(regs, ds.data);
+  tw_ctx_destroy(regs);
 
   /* a forced name of another family is not ours to judge */
   tw_ctx *other = gpu_ctx_named("gemm_something");
