@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "shard/golden.h"
@@ -150,6 +151,63 @@ static tw_status body_missing_peer(int r, tw_comm *c, tw_ctx *ctx) {
 Test(shard_nccl, a_missing_peer_times_out_and_aborts, .timeout = 60) {
   need_gpus(2);
   cr_assert_eq(run_gpus(2, body_missing_peer, 2.0), TW_OK, "%s", tw_last_error());
+}
+
+/* Rank 1 never calls the split: rank 0's split (host-side, polled under the timeout) must
+ * time out, abort the parent, and leave it failing at once. */
+static tw_status body_missing_peer_in_split(int r, tw_comm *c, tw_ctx *ctx) {
+  if (r == 1) return TW_OK;
+  tw_comm *half = NULL;
+  tw_status s = tw_comm_split(c, 0, r, &half);
+  CHECK(s == TW_ERR_TIMEOUT && strstr(tw_last_error(), "aborted"), "rank %d: expected a timeout, got %s: %s", r,
+        tw_status_name(s), tw_last_error());
+  CHECK(half == NULL, "rank %d: a failed split returned a communicator", r);
+  void *d = NULL;
+  TW_TRY(tw_alloc(ctx, 1024, &d));
+  s = tw_all_reduce(ctx, c, d, d, 256, TW_F32, TW_REDUCE_SUM);
+  CHECK(s != TW_OK, "rank %d: the aborted parent still took an all_reduce", r);
+  tw_free(ctx, d);
+  return TW_OK;
+}
+
+Test(shard_nccl, a_missing_peer_in_a_split_times_out, .timeout = 60) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_missing_peer_in_split, 2.0), TW_OK, "%s", tw_last_error());
+}
+
+static double secs(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Rank 0 gives up (tw_comm_abort) after one all-reduce; rank 1 enqueues a second one that
+ * can never complete. The abort must reach rank 1 through the shared family long before its
+ * 30 s timeout, its kernel must stop (the context's stream sync and cudaFree return), and
+ * destroying both handles must not wait for anything. */
+static tw_status body_abort_reaches_a_waiting_rank(int r, tw_comm *c, tw_ctx *ctx) {
+  void *d = NULL;
+  TW_TRY(tw_alloc(ctx, 1024, &d));
+  double t0 = secs();
+  tw_status s = tw_all_reduce(ctx, c, d, d, 256, TW_F32, TW_REDUCE_SUM);
+  if (s == TW_OK) s = tw_comm_wait(ctx, c);
+  if (r == 0) {
+    TW_TRY(s);
+    TW_TRY(tw_comm_abort(c));
+  } else {
+    if (s == TW_OK) s = tw_all_reduce(ctx, c, d, d, 256, TW_F32, TW_REDUCE_SUM);
+    if (s == TW_OK) s = tw_comm_wait(ctx, c);
+    CHECK(s != TW_OK && strstr(tw_last_error(), "aborted"), "rank %d: expected an abort, got %s: %s", r,
+          tw_status_name(s), tw_last_error());
+    CHECK(secs() - t0 < 20, "rank %d: the abort took %.3g s to arrive (timeout 30 s)", r, secs() - t0);
+  }
+  tw_free(ctx, d);
+  return TW_OK;
+}
+
+Test(shard_nccl, an_abort_reaches_a_rank_waiting_on_the_device, .timeout = 60) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_abort_reaches_a_waiting_rank, 30.0), TW_OK, "%s", tw_last_error());
 }
 
 /* One process per GPU, the way users scale past one node: rank 0 makes the NCCL id, the

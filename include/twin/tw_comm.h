@@ -10,7 +10,10 @@
  *        in the dtype's own arithmetic), so results are reproducible bit for bit.
  *   gpu  (tw_comm_init_nccl_*): NCCL. Calls are stream-ordered: they return once enqueued on
  *        the context's stream; tw_comm_wait() blocks until the stream drained, reports NCCL's
- *        asynchronous errors and aborts the communicator when the timeout passes.
+ *        asynchronous errors and aborts the communicator when the timeout passes. A call that
+ *        waits for its peers on the host (connecting at the first collective, a split) is
+ *        bounded by the same timeout. An abort reaches the communicators created with it in
+ *        this process (one init call) and those split from them: their next call fails.
  * Every rank of a thread communicator that waits longer than the timeout (a peer that never
  * came, or a peer that called tw_comm_abort) returns TW_ERR_TIMEOUT / TW_ERR_NCCL; after an
  * abort every later call on any rank of that communicator fails at once instead of hanging.
@@ -86,7 +89,9 @@ tw_status tw_comm_split(tw_comm *parent, int color, int key, tw_comm **out);
 /* Marks the communicator failed on every rank (peers blocked in a call return an error);
  * call it when a rank gives up mid-plan so the others do not wait for it. */
 tw_status tw_comm_abort(tw_comm *comm);
-tw_status tw_comm_destroy(tw_comm *comm); /* NULL is fine */
+/* NULL is fine. gpu: lets this rank's work drain for at most the timeout (ncclCommFinalize),
+ * else aborts; a communicator whose group saw an abort is aborted at once. */
+tw_status tw_comm_destroy(tw_comm *comm);
 
 /* ---- ref: N ranks as N threads ------------------------------------------------------ */
 /* Creates the n handles of one group: comms[r] belongs to the thread playing rank r. */
@@ -101,7 +106,8 @@ tw_status tw_run_ranks(int nranks, tw_comm **comms, tw_rank_fn fn, void *arg);
 /* ---- gpu: NCCL ---------------------------------------------------------------------- */
 typedef struct { char bytes[128]; } tw_comm_id; /* = ncclUniqueId */
 
-/* One process, several GPUs: comms[i] is rank i on devices[i] (ncclCommInitAll). */
+/* One process, several GPUs: comms[i] is rank i on devices[i] (like ncclCommInitAll, with
+ * non-blocking communicators; initialization is bounded by 60 s). */
 tw_status tw_comm_init_nccl_local(int ndev, const int *devices, tw_comm **comms);
 /* One process per GPU: rank 0 makes the id and hands it to every other process (MPI_Bcast,
  * a file, the launcher's store); each process then calls init_rank with it. Initialization
