@@ -403,9 +403,12 @@ static tw_status wrap(ncclComm_t comm, int device, family *fam, double timeout_s
   return TW_OK;
 }
 
-// Collective over the parent. A non-blocking split reports its progress on the parent, and
-// NCCL stores the child into `child` from its own thread once the split ended, so the
-// child is read only after the parent settled (or its abort joined that thread).
+// Collective over the parent. With a non-blocking config NCCL runs the split as a job on
+// its own thread and stores the child handle only when that job ends (seen on 2 H200s, NCCL
+// 2.28: the parent reports success at once and the handle is still NULL), so the handle is
+// polled until it appears, then the child until it is ready, both under the timeout. The
+// slot lives on the heap: if the split never ends, NCCL may still write it after we return,
+// so on that path it is left allocated on purpose.
 static tw_status nc_split(tw_comm *c, int color, int key, tw_comm **out) {
   nccl_impl *im = I(c);
   if (im->aborted) return tw_error(TW_ERR_NCCL, "comm_split: rank %d: the communicator was aborted earlier", c->rank);
@@ -413,20 +416,45 @@ static tw_status nc_split(tw_comm *c, int color, int key, tw_comm **out) {
   GPU_TRY_CUDA(cudaSetDevice(im->device), "comm_split: cudaSetDevice");
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
-  ncclComm_t child = NULL;
-  tw_status s = settle(c, ncclCommSplit(im->comm, color, key, &child, &cfg), "comm_split");
-  ncclComm_t made = __atomic_load_n(&child, __ATOMIC_ACQUIRE);
-  if (s != TW_OK) {
-    if (made) ncclCommAbort(made);  // half-made: the parent's abort stopped its initialization
-    return s;
+  ncclComm_t *slot = (ncclComm_t *)calloc(1, sizeof *slot);
+  if (!slot) return tw_error(TW_ERR_MEMORY, "comm_split: out of host memory");
+  ncclResult_t r = ncclCommSplit(im->comm, color, key, slot, &cfg);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    tw_status s = abort_comm(c, nccl_error(im->comm, r, "comm_split"));
+    return s;  // NCCL refused the call: no job holds the slot, but leave it (a few bytes) to be safe
   }
-  if (!made) return tw_error(TW_ERR_NCCL, "comm_split: rank %d: NCCL made no communicator for color %d", c->rank, color);
+  const double t0 = now_s();
+  ncclComm_t made = NULL;
+  for (;;) {
+    made = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (made) break;
+    ncclResult_t st = ncclSuccess;
+    ncclResult_t q = ncclCommGetAsyncError(im->comm, &st);
+    if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
+      return abort_comm(c, nccl_error(im->comm, q != ncclSuccess ? q : st, "comm_split"));
+    if (family_aborted(im->fam)) return family_check(c, "comm_split");
+    if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s) {
+      tw_status s = abort_comm(c, tw_error(TW_ERR_TIMEOUT, "comm_split: rank %d of %d: no communicator for color %d after "
+                                                           "%.3g s (a peer did not join?); communicator aborted",
+                                           c->rank, c->size, color, c->timeout_s));
+      made = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+      if (made) {  // it ended while we gave up
+        ncclCommAbort(made);
+        free(slot);
+      }
+      return s;
+    }
+    nap_us(100);
+  }
+  free(slot);
   int gave_up;
-  ncclResult_t r = poll_comm(made, c->timeout_s, NULL, &gave_up);
+  r = poll_comm(made, c->timeout_s, im->fam, &gave_up);
   if (r != ncclSuccess) {
-    s = gave_up ? tw_error(TW_ERR_TIMEOUT, "comm_split: rank %d: the new communicator was not ready after %.3g s; aborted",
-                           c->rank, c->timeout_s)
-                : nccl_error(made, r, "comm_split: the new communicator");
+    tw_status s = gave_up == GAVE_UP_TIMEOUT
+                      ? tw_error(TW_ERR_TIMEOUT, "comm_split: rank %d: the new communicator was not ready after %.3g s; aborted",
+                                 c->rank, c->timeout_s)
+                  : gave_up == GAVE_UP_FAMILY ? family_check(c, "comm_split")
+                                              : nccl_error(made, r, "comm_split: the new communicator");
     ncclCommAbort(made);
     return s;
   }

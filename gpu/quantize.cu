@@ -9,8 +9,8 @@
 // The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
 // are read on the device only.
 //
-// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_regs,
-// tile_async (bf16/f16 x), tile_vec, tile_scalar:
+// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_async
+// (bf16/f16 x), tile_vec, tile_scalar (tile_regs is forced only):
 //   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto for f32
 //                         x when x, K and the outputs are 4-element aligned)
 //   quantize_tile_scalar  the same kernel with element loads and byte stores (any alignment)
@@ -23,8 +23,9 @@
 //                         shapes the register-tile kernel does not take.
 //   quantize_tile_regs    one 128x128 tile per CTA held in registers (8 rows x 8 columns per
 //                         lane), every mode and layout, colwise codes of the tensor and 128x128
-//                         modes transposed from the rowwise ones in registers. Auto for bf16/f16
-//                         x with K % 8 == 0 (aligned) wherever the row kernel does not apply.
+//                         modes transposed from the rowwise ones in registers; bf16/f16 x with
+//                         K % 8 == 0, aligned. Forced only: measured 0.97-1.4x slower than
+//                         tile_async (H200, gpu/NOTES-quantize.md run 5), issue-bound too.
 //
 // Per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
 // so that both the row pass and the 32-row column strips are free of bank conflicts); column
@@ -1298,14 +1299,12 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
                                         "mxfp8 and block1x128 with K %% 8 == 0 and 16-byte aligned x "
                                         "(got %s, layout %d, K = %lld)", tw_scaling_name(opts->mode),
                     (int)opts->layout, (long long)K);
-  // auto: the row kernel where it applies, else the register-tile kernel, else the async tile
-  // kernel for 16-bit x (f32 x needs 139 KB of shared memory per CTA there: forced only), else
-  // the first tile kernel
+  // auto: the row kernel where it applies, else the async tile kernel for 16-bit x (f32 x
+  // needs 139 KB of shared memory per CTA there: forced only), else the first tile kernel
   int version = forced;
   if (version < 0) {
     if (rows_ok && rows_mode) version = QV_ROWS;
-    else if (regs_ok) version = QV_TILE_REGS;
-    else if (esz == 2) version = QV_TILE_ASYNC;
+    else if (esz == 2) version = QV_TILE_ASYNC;  // quantize_tile_regs measured slower: forced only
     else version = vec ? QV_TILE_VEC : QV_TILE_SCALAR;
   }
   if (Tcap > 0 && K > 0) {
