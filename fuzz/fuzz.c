@@ -3,6 +3,7 @@
  *   twin fuzz --backend gpu|ref --op all|<op>[,<op>...] (--seconds N | --cases N) --seed S
  *             [--out DIR] [--no-shrink] [--shrink-seconds N] [--max-failures N] [--plant BUG]
  *   twin fuzz --replay DIR [--backend gpu|ref] [--plant BUG]
+ *   ... --mesh all|MESH: sharded cases (shard_run.c)
  *
  * Case i of seed S is op[i % nops] drawn from fz_case_seed(S, i): the same on every machine.
  * Each case is written to OUT/current/ before it runs (a crash leaves it there); a failing
@@ -38,9 +39,11 @@ void fz_options_default(fz_options *o) {
   o->out_dir = dflt;
 }
 
-/* Subject and oracle contexts; the oracle is the subject itself for plain --backend ref. */
+/* Subject and oracle contexts; the oracle is the subject itself for plain --backend ref. A
+ * communicator bug (sharded runs) leaves the contexts alone. */
 static int open_contexts(tw_backend backend, const char *plant, tw_ctx **subject, tw_ctx **oracle) {
   *subject = *oracle = NULL;
+  if (plant && fz_plant_is_comm(plant)) plant = NULL;
   tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
   if (tw_ctx_create(oracle, &cfg) != TW_OK) {
     fprintf(stderr, "twin fuzz: cannot create the ref oracle: %s\n", tw_last_error());
@@ -84,28 +87,65 @@ static void close_contexts(tw_ctx *subject, tw_ctx *oracle) {
   tw_ctx_destroy(oracle);
 }
 
-static void report_failure(const fz_options *o, tw_ctx *subject, tw_ctx *oracle, fz_case *c,
+/* The mesh option, the environment of sharded runs and its rank limit; 0 or 2 (usage). */
+static int open_sharding(const fz_options *o, tw_ctx *oracle, fz_mesh_opt *mo, fz_shard_env **env) {
+  char err[400];
+  *env = NULL;
+  if (fz_mesh_opt_parse(o->mesh, mo, err, sizeof err) != 0) {
+    fprintf(stderr, "twin fuzz: %s\n", err);
+    return 2;
+  }
+  *env = fz_shard_env_open(o->backend, o->plant, oracle, err, sizeof err);
+  if (!*env) {
+    fprintf(stderr, "twin fuzz: %s\n", err);
+    return 2;
+  }
+  int have = fz_shard_env_max_ranks(*env);
+  if (mo->all) {
+    while (mo->max_ranks > have) mo->max_ranks /= 2;
+  } else if (tw_mesh_ranks(&mo->mesh) > have) {
+    char mb[96];
+    fprintf(stderr, "twin fuzz: --mesh %s needs %d ranks; backend %s runs at most %d here\n",
+            tw_mesh_str(&mo->mesh, mb, sizeof mb), tw_mesh_ranks(&mo->mesh), tw_backend_name(o->backend), have);
+    fz_shard_env_close(*env);
+    *env = NULL;
+    return 2;
+  }
+  return 0;
+}
+
+static fz_verdict run_one(tw_ctx *subject, tw_ctx *oracle, fz_shard_env *env, const fz_case *c, fz_result *r) {
+  if (c->sharded) return fz_run_sharded(env, c, r);
+  return fz_run_case(subject, oracle, c, r);
+}
+
+static void report_failure(const fz_options *o, tw_ctx *subject, tw_ctx *oracle, fz_shard_env *env, fz_case *c,
                            const fz_result *r, int64_t index, double t_start, fz_summary *s) {
-  char dir[1200], sdir[1300], desc[512], extra[1500];
+  char dir[1200], sdir[1300], desc[512], extra[6000];
   snprintf(dir, sizeof dir, "%s/%s-%llu-%lld", o->out_dir, fz_op_name(c->op), (unsigned long long)o->seed,
            (long long)index);
   const char *bname = tw_backend_name(o->backend);
   fz_case_describe(c, desc, sizeof desc);
   fprintf(stderr, "\nFAIL case %lld %s\n", (long long)index, desc);
   fz_result_print(r, stderr);
-  snprintf(extra, sizeof extra, "case %lld of seed %llu: %s", (long long)index, (unsigned long long)o->seed, desc);
+  char plan[4096] = "";
+  if (c->sharded) fz_shard_plan_text(c, plan, sizeof plan);
+  snprintf(extra, sizeof extra, "case %lld of seed %llu: %s\n%s", (long long)index, (unsigned long long)o->seed, desc, plan);
   if (fz_case_write(dir, c, bname, o->plant) != TW_OK || fz_report_write(dir, r, extra) != TW_OK)
     fprintf(stderr, "  (could not write the repro: %s)\n", tw_last_error());
   const char *final_dir = dir;
   if (o->shrink && r->verdict == FZ_FAIL) {
     fz_shrink_stats st;
-    fz_shrink(subject, oracle, c, r, o->shrink_seconds, &st);
+    if (c->sharded) fz_shrink_sharded(env, c, r, o->shrink_seconds, &st);
+    else fz_shrink(subject, oracle, c, r, o->shrink_seconds, &st);
     fz_result r2;
-    fz_run_case(subject, oracle, c, &r2);
+    run_one(subject, oracle, env, c, &r2);
     snprintf(sdir, sizeof sdir, "%s/shrunk", dir);
     fz_case_describe(c, desc, sizeof desc);
-    snprintf(extra, sizeof extra, "shrunk from %lld to %lld input elements in %.1f s (%d runs): %s",
-             (long long)st.elements_before, (long long)st.elements_after, st.seconds, st.attempts, desc);
+    if (c->sharded) fz_shard_plan_text(c, plan, sizeof plan);
+    snprintf(extra, sizeof extra, "shrunk from %lld to %lld input elements in %.1f s (%d runs): %s\n%s",
+             (long long)st.elements_before, (long long)st.elements_after, st.seconds, st.attempts, desc,
+             c->sharded ? plan : "");
     if (fz_case_write(sdir, c, bname, o->plant) != TW_OK || fz_report_write(sdir, &r2, extra) != TW_OK)
       fprintf(stderr, "  (could not write the shrunk repro: %s)\n", tw_last_error());
     fprintf(stderr, "  shrunk: %s\n", extra);
@@ -123,6 +163,22 @@ static void report_failure(const fz_options *o, tw_ctx *subject, tw_ctx *oracle,
   }
 }
 
+/* --mesh with no op that has a rule, or a communicator bug without --mesh: one line, 2. */
+static int sharding_usage(const fz_options *o) {
+  if (o->mesh) {
+    int any = 0;
+    for (int i = 0; i < FZ_OP_COUNT; i++) any |= (o->op_mask & (1 << i)) && fz_op_shardable((fz_op)i);
+    if (!any) {
+      fprintf(stderr, "twin fuzz: --mesh: none of the selected ops has a sharding rule (quantize, gemm, grouped_gemm and wgrad have; cast has none)\n");
+      return 2;
+    }
+  } else if (o->plant && fz_plant_is_comm(o->plant)) {
+    fprintf(stderr, "twin fuzz: planted bug '%s' lives in the communicator of sharded runs; add --mesh all\n", o->plant);
+    return 2;
+  }
+  return 0;
+}
+
 int fz_run(const fz_options *o, fz_summary *s) {
   memset(s, 0, sizeof *s);
   s->first_failure_seconds = -1;
@@ -131,9 +187,22 @@ int fz_run(const fz_options *o, fz_summary *s) {
   int nops = 0;
   for (int i = 0; i < FZ_OP_COUNT; i++)
     if (o->op_mask & (1 << i)) ops[nops++] = (fz_op)i;
+  if (sharding_usage(o) != 0) return 2;
+  if (o->mesh) { /* only the ops with a sharding rule */
+    int k = 0;
+    for (int i = 0; i < nops; i++)
+      if (fz_op_shardable(ops[i])) ops[k++] = ops[i];
+    nops = k;
+  }
   if (!nops) { fprintf(stderr, "twin fuzz: no op selected\n"); return 2; }
   tw_ctx *subject, *oracle;
   if (open_contexts(o->backend, o->plant, &subject, &oracle) != 0) return 2;
+  fz_mesh_opt mo;
+  fz_shard_env *env = NULL;
+  if (o->mesh && open_sharding(o, oracle, &mo, &env) != 0) {
+    close_contexts(subject, oracle);
+    return 2;
+  }
   char cur[1100];
   snprintf(cur, sizeof cur, "%s/current", o->out_dir);
   double t0 = now_s(), last = t0;
@@ -144,7 +213,7 @@ int fz_run(const fz_options *o, fz_summary *s) {
     if (o->max_failures > 0 && s->failures >= o->max_failures) break;
     fz_op op = ops[i % nops];
     fz_case c;
-    if (fz_generate(&c, op, o->seed, (uint64_t)i) != 0) {
+    if ((env ? fz_generate_sharded(&c, op, o->seed, (uint64_t)i, &mo) : fz_generate(&c, op, o->seed, (uint64_t)i)) != 0) {
       fprintf(stderr, "twin fuzz: could not generate case %lld (out of memory)\n", (long long)i);
       rc = 2;
       break;
@@ -158,15 +227,21 @@ int fz_run(const fz_options *o, fz_summary *s) {
     }
     fz_result r;
     double tc = now_s();
-    fz_verdict v = fz_run_case(subject, oracle, &c, &r);
+    fz_verdict v = run_one(subject, oracle, env, &c, &r);
     s->per_op_seconds[op] += now_s() - tc;
     s->cases++;
     s->per_op_cases[op]++;
+    if (c.sharded) {
+      if (r.ranks >= 1 && r.ranks <= 64) s->by_ranks[r.ranks]++;
+      s->expected_errors += r.expected_error;
+      s->exact_cases += r.exact;
+      for (int k = 0; k < 6; k++) s->steps[k] += r.steps[k];
+    }
     if (v != FZ_PASS) {
       s->failures++;
       if (v == FZ_ERROR) s->errors++;
       s->per_op_failures[op]++;
-      report_failure(o, subject, oracle, &c, &r, i, t0, s);
+      report_failure(o, subject, oracle, env, &c, &r, i, t0, s);
     }
     fz_case_free(&c);
     t = now_s();
@@ -177,6 +252,7 @@ int fz_run(const fz_options *o, fz_summary *s) {
     }
   }
   s->seconds = now_s() - t0;
+  fz_shard_env_close(env);
   close_contexts(subject, oracle);
   if (rc) return rc;
   return s->failures ? 1 : 0;
@@ -192,6 +268,18 @@ void fz_summary_print(const fz_summary *s, FILE *f) {
   }
   fprintf(f, "%-14s %10lld %9lld %10.1f   (%.1f s)\n", "total", (long long)s->cases, (long long)s->failures,
           s->seconds > 0 ? s->cases / s->seconds : 0.0, s->seconds);
+  int64_t sharded = 0;
+  for (int i = 0; i <= 64; i++) sharded += s->by_ranks[i];
+  if (sharded) {
+    fprintf(f, "sharded: %lld cases by ranks:", (long long)sharded);
+    for (int i = 0; i <= 64; i++)
+      if (s->by_ranks[i]) fprintf(f, " %d:%lld", i, (long long)s->by_ranks[i]);
+    fprintf(f, "; %lld invalid specs/shapes refused with the expected rule; %lld exact plans\n",
+            (long long)s->expected_errors, (long long)s->exact_cases);
+    fprintf(f, "plan steps run: all-gather %lld, slice %lld, reduce-scatter %lld, all-reduce %lld, amax max-reduce %lld, fp8 quantize %lld\n",
+            (long long)s->steps[0], (long long)s->steps[1], (long long)s->steps[2], (long long)s->steps[3],
+            (long long)s->steps[4], (long long)s->steps[5]);
+  }
   if (s->failures) fprintf(f, "first failure after %.1f s; repro: %s\n", s->first_failure_seconds, s->first_repro);
 }
 
@@ -205,18 +293,38 @@ int fz_replay(const char *dir, tw_backend backend, const char *plant, fz_result 
     return 2;
   }
   tw_ctx *subject, *oracle;
-  if (open_contexts(backend, plant, &subject, &oracle) != 0) {
+  if ((plant && fz_plant_is_comm(plant) && !c.sharded) || open_contexts(backend, plant, &subject, &oracle) != 0) {
+    if (plant && fz_plant_is_comm(plant) && !c.sharded)
+      fprintf(stderr, "twin fuzz --replay: planted bug '%s' lives in the communicator; %s is not a sharded case\n", plant, dir);
     fz_case_free(&c);
     memset(res, 0, sizeof *res);
     res->verdict = FZ_ERROR;
     return 2;
   }
+  fz_shard_env *env = NULL;
+  if (c.sharded) {
+    char err[400];
+    env = fz_shard_env_open(backend, plant, oracle, err, sizeof err);
+    if (!env) {
+      fprintf(stderr, "twin fuzz --replay: %s\n", err);
+      close_contexts(subject, oracle);
+      fz_case_free(&c);
+      memset(res, 0, sizeof *res);
+      res->verdict = FZ_ERROR;
+      return 2;
+    }
+  }
   char desc[512];
   fz_case_describe(&c, desc, sizeof desc);
-  fz_verdict v = fz_run_case(subject, oracle, &c, res);
+  fz_verdict v = run_one(subject, oracle, env, &c, res);
   printf("%s %s on %s%s%s\n", v == FZ_PASS ? "PASS" : v == FZ_FAIL ? "FAIL" : "ERROR", desc,
          tw_backend_name(backend), plant ? "+" : "", plant ? plant : "");
+  if (c.sharded) {
+    char plan[8192];
+    fputs(fz_shard_plan_text(&c, plan, sizeof plan), stdout);
+  }
   fz_result_print(res, stdout);
+  fz_shard_env_close(env);
   close_contexts(subject, oracle);
   fz_case_free(&c);
   return v == FZ_PASS ? 0 : 1;
@@ -227,12 +335,17 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: twin fuzz [--backend ref|gpu] [--op all|OP[,OP...]] [--seconds N | --cases N]\n"
           "                 [--seed S] [--out DIR] [--no-shrink] [--shrink-seconds N]\n"
-          "                 [--max-failures N] [--plant BUG] [--quiet]\n"
+          "                 [--max-failures N] [--plant BUG] [--quiet] [--mesh all|MESH]\n"
           "       twin fuzz --replay DIR [--backend ref|gpu] [--plant BUG]\n"
-          "       twin fuzz --write-case DIR --op OP --seed S --index I   (export one case)\n"
+          "       twin fuzz --write-case DIR --op OP --seed S --index I [--mesh all|MESH]   (export one case)\n"
           "       twin fuzz --list\n"
           "ops: quantize cast gemm grouped_gemm wgrad (default all). Default: --cases 200 --seed 1.\n"
-          "--backend ref checks the oracle's self-consistency; gpu is compared with ref.\n");
+          "--backend ref checks the oracle's self-consistency; gpu is compared with ref.\n"
+          "--mesh runs sharded cases (fuzz/README.md): 'all' draws a mesh of 1, 2, 4 or 8 ranks over the\n"
+          "rule's axes per case, a mesh such as dp=2,ep=4 is used for every case; each case draws a\n"
+          "partition spec per operand, plans it (some deliberately invalid: the planner must refuse\n"
+          "them with the rule's error), runs the plan on every rank (ref: threads; gpu: GPU r over\n"
+          "NCCL) and compares each rank's shard with the unsharded oracle. cast has no rule.\n");
 }
 
 static int parse_num(const char *flag, const char *v, double *out) {
@@ -270,8 +383,9 @@ int tw_fuzz_main(int argc, char **argv) {
     double d;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
     else if (!strcmp(a, "--list")) {
-      printf("ops: quantize cast gemm grouped_gemm wgrad\nplanted bugs:");
-      for (int k = 0; k < fz_plant_count(); k++) printf(" %s(%s)", fz_plant_name(k), fz_plant_op(k));
+      printf("ops: quantize cast gemm grouped_gemm wgrad (--mesh: all but cast)\nplanted bugs:");
+      for (int k = 0; k < fz_plant_count(); k++)
+        printf(" %s(%s%s)", fz_plant_name(k), fz_plant_op(k), fz_plant_is_comm(fz_plant_name(k)) ? ", --mesh" : "");
       printf("\n");
       return 0;
     } else if (!strcmp(a, "--backend")) {
@@ -327,6 +441,15 @@ int tw_fuzz_main(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--quiet")) {
       o.quiet = 1;
+    } else if (!strcmp(a, "--mesh")) {
+      fz_mesh_opt mo;
+      char err[400];
+      if (fz_mesh_opt_parse(v, &mo, err, sizeof err) != 0) {
+        fprintf(stderr, "twin fuzz: %s\n", err);
+        return 2;
+      }
+      o.mesh = v;
+      i++;
     } else {
       fprintf(stderr, "twin fuzz: unknown argument '%s'\n", a);
       usage(stderr);
@@ -342,7 +465,16 @@ int tw_fuzz_main(int argc, char **argv) {
     for (int k = FZ_OP_COUNT - 1; k >= 0; k--)
       if (o.op_mask & (1 << k)) op = (fz_op)k;
     fz_case c;
-    if (fz_generate(&c, op, o.seed, (uint64_t)index) != 0) { fprintf(stderr, "twin fuzz: out of memory\n"); return 2; }
+    fz_mesh_opt mo;
+    char err[400];
+    if (o.mesh && (fz_mesh_opt_parse(o.mesh, &mo, err, sizeof err) != 0 || !fz_op_shardable(op))) {
+      fprintf(stderr, "twin fuzz: --write-case --mesh: %s\n", fz_op_shardable(op) ? err : "this op has no sharding rule");
+      return 2;
+    }
+    if ((o.mesh ? fz_generate_sharded(&c, op, o.seed, (uint64_t)index, &mo) : fz_generate(&c, op, o.seed, (uint64_t)index)) != 0) {
+      fprintf(stderr, "twin fuzz: out of memory\n");
+      return 2;
+    }
     tw_status st = fz_case_write(write_dir, &c, tw_backend_name(o.backend), o.plant);
     char desc[512];
     fz_case_describe(&c, desc, sizeof desc);
@@ -356,9 +488,11 @@ int tw_fuzz_main(int argc, char **argv) {
     return 2;
   }
   if (o.seconds == 0 && o.cases == 0) o.cases = 200;
-  fprintf(stderr, "twin fuzz: backend %s%s%s, seed %llu, %s %g, repros under %s\n", tw_backend_name(o.backend),
+  if (sharding_usage(&o) != 0) return 2;
+  fprintf(stderr, "twin fuzz: backend %s%s%s, seed %llu, %s %g%s%s, repros under %s\n", tw_backend_name(o.backend),
           o.plant ? "+" : "", o.plant ? o.plant : "", (unsigned long long)o.seed,
-          o.cases ? "cases" : "seconds", o.cases ? (double)o.cases : o.seconds, o.out_dir);
+          o.cases ? "cases" : "seconds", o.cases ? (double)o.cases : o.seconds, o.mesh ? ", sharded on mesh " : "",
+          o.mesh ? o.mesh : "", o.out_dir);
   fz_summary s;
   int rc = fz_run(&o, &s);
   if (rc == 2) return 2;

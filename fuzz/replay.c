@@ -62,6 +62,23 @@ tw_status fz_case_write(const char *dir, const fz_case *c, const char *backend_n
           (unsigned long long)c->seed, (long long)c->M, (long long)c->K, (long long)c->N, (long long)c->G);
   fprintf(f, "backend = %s\n", backend_name ? backend_name : "ref");
   if (plant) fprintf(f, "plant = %s\n", plant);
+  if (c->sharded) {
+    char mb[96], xs[160], ws[160];
+    fprintf(f, "sharded = 1\nrule = %s\npass = %s\nmesh = %s\nx_spec = %s\n", tw_shard_op_name(c->rule),
+            tw_pass_name(c->pass), tw_mesh_str(&c->mesh, mb, sizeof mb), tw_pspec_str(&c->x_spec, xs, sizeof xs));
+    if (c->rule != TW_SHARD_GROUPED_QUANTIZE) fprintf(f, "w_spec = %s\n", tw_pspec_str(&c->w_spec, ws, sizeof ws));
+    if (c->rule == TW_SHARD_DENSE) fprintf(f, "B = %lld\nw_batched = %d\n", (long long)c->B, c->w_batched);
+    if (c->fp8_inputs) fprintf(f, "fp8_inputs = 1\nquantize_before_gather = %d\n", c->quantize_before_gather);
+    const char *want = fz_shard_expected_error(c);
+    fprintf(f, "# the rules say: %s%s%s\n", want ? "refuse with '" : "plan", want ? want : "", want ? "'" : "");
+    if (c->rule == TW_SHARD_GROUPED_QUANTIZE)
+      fprintf(f, "mode = %s\nqdtype = %s\nlayout = %d\npow2_scales = %d\nswizzled = %d\nx_dtype = %s\n",
+              tw_scaling_name(c->mode), tw_dtype_name(c->qdtype), (int)c->layout, c->pow2, c->swizzled,
+              tw_dtype_name(c->x_dtype));
+    else
+      fprintf(f, "a_dtype = %s\nb_dtype = %s\nout_dtype = %s\n", tw_dtype_name(c->sa.dtype), tw_dtype_name(c->sb.dtype),
+              tw_dtype_name(c->out_dtype));
+  } else
   switch (c->op) {
     case FZ_QUANTIZE:
       fprintf(f, "mode = %s\nqdtype = %s\nlayout = %d\npow2_scales = %d\nswizzled = %d\nx_dtype = %s\n",
@@ -87,6 +104,19 @@ tw_status fz_case_write(const char *dir, const fz_case *c, const char *backend_n
     TW_TRY(tw_npy_save(path, &t));
   }
   int64_t mk[2] = {c->M, c->K};
+  if (c->sharded) { /* the plan's inputs in their global shapes */
+    int nd[3];
+    int64_t shape[3][TW_MAX_DIMS];
+    fz_shard_shapes(c, nd, shape, NULL);
+    if (c->x) TW_TRY(save_f32(dir, "x", c->x, 2, mk));
+    if (c->a) TW_TRY(save_f32(dir, "a", c->a, nd[0], shape[0]));
+    if (c->b) TW_TRY(save_f32(dir, "b", c->b, nd[1], shape[1]));
+    if (c->scale) {
+      int64_t g[1] = {c->G};
+      TW_TRY(save_f32(dir, "scale", c->scale, 1, g));
+    }
+    return TW_OK;
+  }
   if (c->x) TW_TRY(save_f32(dir, "x", c->x, 2, mk));
   if (c->a) TW_TRY(save_f32(dir, "a", c->a, 2, mk));
   if (c->b) {
@@ -274,6 +304,46 @@ static tw_status read_case(const char *dir, fz_case *c) {
   snprintf(c->note, sizeof c->note, "%s", note ? note : "");
   const char *plant = get(t, "plant");
   snprintf(c->plant, sizeof c->plant, "%s", plant ? plant : "");
+  TRY(get_int(t, "sharded", 0, &v)); c->sharded = v != 0;
+  if (c->sharded) {
+    const char *rule = get(t, "rule"), *pass = get(t, "pass"), *mesh = get(t, "mesh");
+    const char *xs = get(t, "x_spec"), *ws = get(t, "w_spec");
+    if (!rule || tw_shard_op_from_name(rule, &c->rule) != 0) {
+      s = tw_error(TW_ERR_IO, "fuzz: %s: rule = '%s' is not dense, grouped_gemm or grouped_quantize", path, rule ? rule : "(missing)");
+      goto done;
+    }
+    if (pass && tw_pass_from_name(pass, &c->pass) != 0) {
+      s = tw_error(TW_ERR_IO, "fuzz: %s: pass = '%s' is not fwd, dgrad or wgrad", path, pass);
+      goto done;
+    }
+    if (!mesh || tw_mesh_parse(mesh, &c->mesh) != TW_OK || tw_mesh_ranks(&c->mesh) > 64) {
+      s = tw_error(TW_ERR_IO, "fuzz: %s: mesh = '%s': %s", path, mesh ? mesh : "(missing)",
+                   mesh ? (tw_mesh_ranks(&c->mesh) > 64 ? "more than 64 ranks" : tw_last_error()) : "needed");
+      goto done;
+    }
+    if (!xs || tw_pspec_parse(xs, &c->x_spec) != TW_OK ||
+        (c->rule != TW_SHARD_GROUPED_QUANTIZE && (!ws || tw_pspec_parse(ws, &c->w_spec) != TW_OK))) {
+      s = tw_error(TW_ERR_IO, "fuzz: %s: x_spec/w_spec: %s", path, xs ? tw_last_error() : "missing");
+      goto done;
+    }
+    TRY(get_int(t, "B", 0, &c->B));
+    TRY(get_int(t, "w_batched", 0, &v)); c->w_batched = v != 0;
+    TRY(get_int(t, "fp8_inputs", 0, &v)); c->fp8_inputs = v != 0;
+    TRY(get_int(t, "quantize_before_gather", 0, &v)); c->quantize_before_gather = v != 0;
+    if (c->B < 0 || c->B > (1 << 16)) {
+      s = tw_error(TW_ERR_IO, "fuzz: %s: B out of range", path);
+      goto done;
+    }
+    if (c->G > 0) TRY(load_array(dir, "group_sizes", TW_I32, c->G, (void **)&c->group_sizes));
+    if (c->rule == TW_SHARD_GROUPED_QUANTIZE) {
+      TRY(load_array(dir, "x", TW_F32, c->M * c->K, (void **)&c->x));
+      if (c->mode == TW_SCALE_TENSOR_DELAYED) TRY(load_array(dir, "scale", TW_F32, c->G, (void **)&c->scale));
+    } else {
+      TRY(load_array(dir, "a", TW_F32, fz_numel_a(c), (void **)&c->a));
+      TRY(load_array(dir, "b", TW_F32, fz_numel_b(c), (void **)&c->b));
+    }
+    goto done;
+  }
   if (c->G > 0) TRY(load_array(dir, "group_sizes", TW_I32, c->G, (void **)&c->group_sizes));
   if (fz_numel_x(c) > 0 || c->op == FZ_QUANTIZE || c->op == FZ_CAST)
     TRY(load_array(dir, "x", TW_F32, fz_numel_x(c), (void **)&c->x));

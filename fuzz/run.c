@@ -959,6 +959,7 @@ static int case_sane(const fz_case *c, char *msg, size_t n) {
 fz_verdict fz_run_case(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, fz_result *res) {
   memset(res, 0, sizeof *res);
   char why[160];
+  if (c->sharded) { fail(res, FZ_ERROR, "case", "a sharded case: run it with fz_run_sharded"); return res->verdict; }
   if (!case_sane(c, why, sizeof why)) { fail(res, FZ_ERROR, "case", why); return res->verdict; }
   arena *A = calloc(1, sizeof *A);
   if (!A) { fail(res, FZ_ERROR, "setup", "out of memory"); return res->verdict; }
@@ -980,3 +981,17 @@ void fz_result_print(const fz_result *r, FILE *f) {
   for (int i = 0; i < r->nchecks; i++) fprintf(f, "  %-28s %s\n", r->checks[i].name, r->checks[i].line);
   if (r->verdict != FZ_PASS) fprintf(f, "  => %s\n", r->message);
 }
+
+/* ---- the checks' bookkeeping for other runners (shard_run.c) ---- */
+void fz_check_exact(fz_result *res, const char *name, const tw_tensor *got, const tw_tensor *exp) {
+  check_exact(res, name, got, exp);
+}
+void fz_check_bound(fz_result *res, const char *name, const tw_tensor *got, const tw_tensor *exp,
+                    const tw_tensor *bound) {
+  check_bound(res, name, got, exp, bound);
+}
+void fz_check_note(fz_result *res, const char *name, const char *line) {
+  fz_check *c = add_check(res, name);
+  if (c) snprintf(c->line, sizeof c->line, "%.300s", line);
+}
+void fz_fail(fz_result *res, fz_verdict v, const char *name, const char *msg) { fail(res, v, name, msg); }

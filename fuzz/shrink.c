@@ -117,6 +117,7 @@ static int remove_group(fz_case *c, int64_t g) {
 
 typedef struct {
   tw_ctx *subject, *oracle;
+  fz_shard_env *env; /* sharded cases run through it */
   const char *target;
   int severity;
   double deadline;
@@ -127,7 +128,8 @@ typedef struct {
 static int try_accept(shrinker *sh, fz_case *best, fz_case *cand) {
   sh->st->attempts++;
   fz_result r;
-  fz_run_case(sh->subject, sh->oracle, cand, &r);
+  if (cand->sharded) fz_run_sharded(sh->env, cand, &r);
+  else fz_run_case(sh->subject, sh->oracle, cand, &r);
   /* the same check, at least as badly: a gross error must not shrink into a marginal one */
   if (r.verdict == FZ_FAIL && strcmp(r.first_failure, sh->target) == 0 && r.severity >= sh->severity) {
     fz_case_free(best);
@@ -249,10 +251,170 @@ void fz_shrink(tw_ctx *subject, tw_ctx *oracle, fz_case *c, const fz_result *fai
                double max_seconds, fz_shrink_stats *st) {
   memset(st, 0, sizeof *st);
   double t0 = now_s();
-  shrinker sh = {subject, oracle, failing->first_failure, failing->severity, t0 + max_seconds, st};
+  shrinker sh = {subject, oracle, NULL, failing->first_failure, failing->severity, t0 + max_seconds, st};
   st->elements_before = fz_case_elements(c);
   while (!timed_out(&sh)) {
     if (shrink_structure(&sh, c)) continue;
+    if (shrink_values(&sh, c)) continue;
+    break;
+  }
+  st->elements_after = fz_case_elements(c);
+  st->seconds = now_s() - t0;
+}
+
+/* ======================================================================================
+ * sharded cases: fewer ranks, simpler specs, smaller dims, fewer groups, then values
+ * ====================================================================================== */
+static void spec_drop_axis(tw_pspec *p, tw_axis a) {
+  for (int d = 0; d < p->ndim; d++) {
+    tw_dimspec *ds = &p->dim[d];
+    int w = 0;
+    for (int i = 0; i < ds->n; i++)
+      if (ds->axis[i] != a) ds->axis[w++] = ds->axis[i];
+    ds->n = w;
+  }
+}
+
+/* Drop a mesh axis (and it from the specs), or halve it. */
+static int shrink_mesh(shrinker *sh, fz_case *best) {
+  fz_case cand;
+  for (int i = best->mesh.naxes - 1; i >= 0 && !timed_out(sh); i--) {
+    if (fz_case_copy(&cand, best)) return 0;
+    tw_axis a = cand.mesh.axis[i];
+    tw_mesh m = cand.mesh;
+    for (int k = i; k + 1 < m.naxes; k++) { m.axis[k] = m.axis[k + 1]; m.size[k] = m.size[k + 1]; }
+    m.naxes--;
+    cand.mesh = m;
+    spec_drop_axis(&cand.x_spec, a);
+    spec_drop_axis(&cand.w_spec, a);
+    if (try_accept(sh, best, &cand)) return 1;
+  }
+  for (int i = 0; i < best->mesh.naxes && !timed_out(sh); i++) {
+    if (best->mesh.size[i] % 2 || best->mesh.size[i] < 4) continue; /* size 2: dropping it is the step */
+    if (fz_case_copy(&cand, best)) return 0;
+    cand.mesh.size[i] /= 2;
+    if (try_accept(sh, best, &cand)) return 1;
+  }
+  return 0;
+}
+
+/* Drop the last axis of one dim's spec. */
+static int shrink_specs(shrinker *sh, fz_case *best) {
+  fz_case cand;
+  for (int t = 0; t < 2; t++) {
+    const tw_pspec *p = t ? &best->w_spec : &best->x_spec;
+    for (int d = 0; d < p->ndim && !timed_out(sh); d++) {
+      if (!p->dim[d].n) continue;
+      if (fz_case_copy(&cand, best)) return 0;
+      tw_pspec *q = t ? &cand.w_spec : &cand.x_spec;
+      q->dim[d].n--;
+      if (try_accept(sh, best, &cand)) return 1;
+    }
+  }
+  return 0;
+}
+
+static int64_t *dim_of(fz_case *c, char L) {
+  return L == 'B' ? &c->B : L == 'M' ? &c->M : L == 'K' ? &c->K : L == 'N' ? &c->N : &c->G;
+}
+
+/* Removes [start, start+cnt) along logical dim L from every array holding it (and from the
+ * group sizes for rows, and w's experts / the scales for G). */
+static int remove_logical(fz_case *c, char L, int64_t start, int64_t cnt) {
+  int64_t *D = dim_of(c, L);
+  if (cnt <= 0 || start < 0 || start + cnt > *D) return -1;
+  int nd[3];
+  int64_t shape[3][TW_MAX_DIMS];
+  char dims[3][TW_MAX_DIMS + 1];
+  fz_shard_shapes(c, nd, shape, dims);
+  float *arr[2] = {c->rule == TW_SHARD_GROUPED_QUANTIZE ? c->x : c->a, c->b};
+  for (int t = 0; t < 2; t++) {
+    if (!arr[t] || nd[t] == 0) continue;
+    for (int d = 0; d < nd[t]; d++) {
+      if (dims[t][d] != L) continue;
+      int64_t before = 1, after = 1;
+      for (int k = 0; k < d; k++) before *= shape[t][k];
+      for (int k = d + 1; k < nd[t]; k++) after *= shape[t][k];
+      remove_axis(arr[t], before, shape[t][d], after, 1, start, cnt);
+    }
+  }
+  if (L == 'M' && c->group_sizes) { /* each removed row leaves its group (or the tail) */
+    for (int64_t row = start + cnt - 1; row >= start; row--) {
+      int64_t o = 0;
+      for (int64_t g = 0; g < c->G; g++) {
+        if (row < o + c->group_sizes[g]) { c->group_sizes[g]--; break; }
+        o += c->group_sizes[g];
+      }
+    }
+  }
+  if (L == 'G') {
+    memmove(c->group_sizes + start, c->group_sizes + start + cnt, sizeof(int32_t) * (size_t)(c->G - start - cnt));
+    if (c->scale) memmove(c->scale + start, c->scale + start + cnt, sizeof(float) * (size_t)(c->G - start - cnt));
+  }
+  *D -= cnt;
+  return 0;
+}
+
+/* The rows per block that must stay together: x's rows on ep make ep blocks of M/ep rows
+ * whose groups are that ep rank's experts. */
+static int64_t ep_blocks(const fz_case *c) {
+  if (c->rule != TW_SHARD_GROUPED_GEMM) return 1;
+  for (int i = 0; i < c->x_spec.dim[0].n; i++)
+    if (c->x_spec.dim[0].axis[i] == TW_AXIS_EP) {
+      int64_t e = tw_mesh_axis_size(&c->mesh, TW_AXIS_EP);
+      return e > 0 && c->M % e == 0 && c->G % e == 0 ? e : 1;
+    }
+  return 1;
+}
+
+/* Smaller dims: halves and single quanta (the shard count of the dim) from the end; rows in
+ * every ep block alike; whole groups when no ep blocks bind them. */
+static int shrink_sharded_dims(shrinker *sh, fz_case *best) {
+  fz_case cand;
+  int R = tw_mesh_ranks(&best->mesh);
+  const char *letters = best->rule == TW_SHARD_DENSE ? "BMKN" : best->rule == TW_SHARD_GROUPED_GEMM ? "MKNG" : "MK";
+  for (const char *L = letters; *L && !timed_out(sh); L++) {
+    if (*L == 'B' && best->B == 0) continue;
+    int64_t D = *dim_of(best, *L);
+    if (*L == 'G') {
+      if (ep_blocks(best) > 1) continue;
+      for (int64_t g = best->G - 1; g >= 0 && best->G > 1 && !timed_out(sh); g--) {
+        if (fz_case_copy(&cand, best)) return 0;
+        int64_t o = 0;
+        for (int64_t k = 0; k < g; k++) o += cand.group_sizes[k];
+        int64_t m = cand.group_sizes[g];
+        int ok = (m == 0 || remove_logical(&cand, 'M', o, m) == 0) && remove_logical(&cand, 'G', g, 1) == 0;
+        if (ok && try_accept(sh, best, &cand)) return 1;
+        if (!ok) fz_case_free(&cand);
+      }
+      continue;
+    }
+    int64_t E = *L == 'M' ? ep_blocks(best) : 1, per = D / E;
+    int64_t cuts[3] = {per / 2, R > 1 ? R : 1, 1};
+    for (int i = 0; i < 3 && !timed_out(sh); i++) {
+      int64_t cnt = cuts[i];
+      if (cnt <= 0 || cnt > per || (i > 0 && cnt == cuts[i - 1])) continue;
+      if (*L != 'M' && *L != 'B' && per - cnt < 1) continue; /* K, N stay >= 1 */
+      if (fz_case_copy(&cand, best)) return 0;
+      int ok = 1;
+      for (int64_t e = E - 1; e >= 0 && ok; e--) ok = remove_logical(&cand, *L, (e + 1) * per - cnt, cnt) == 0;
+      if (ok && try_accept(sh, best, &cand)) return 1;
+      if (!ok) fz_case_free(&cand);
+    }
+  }
+  return 0;
+}
+
+void fz_shrink_sharded(fz_shard_env *e, fz_case *c, const fz_result *failing, double max_seconds,
+                       fz_shrink_stats *st) {
+  memset(st, 0, sizeof *st);
+  double t0 = now_s();
+  shrinker sh = {NULL, NULL, e, failing->first_failure, failing->severity, t0 + max_seconds, st};
+  st->elements_before = fz_case_elements(c);
+  while (!timed_out(&sh)) {
+    if (shrink_mesh(&sh, c)) continue;
+    if (shrink_specs(&sh, c)) continue;
+    if (shrink_sharded_dims(&sh, c)) continue;
     if (shrink_values(&sh, c)) continue;
     break;
   }

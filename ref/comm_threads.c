@@ -145,7 +145,7 @@ static tw_status th_all_gather(tw_comm *c, tw_ctx *ctx, const void *send, void *
   g->send[c->rank] = send;
   TW_TRY(barrier(c, "all_gather"));
   size_t bytes = (size_t)count * esize(dtype);
-  for (int j = 0; j < g->n; j++) {
+  for (int j = 0; j < g->n && bytes; j++) { /* empty: recv may be NULL */
     char *dst = (char *)recv + (size_t)j * bytes;
     if (dst != g->send[j]) memcpy(dst, g->send[j], bytes);
   }
@@ -179,6 +179,7 @@ static void reduce_into(void *acc, const void *x, int64_t n, tw_dtype t, tw_redu
 static void reduce_ranks(group *g, size_t offset_bytes, void *out, int64_t count, tw_dtype t,
                          tw_reduce_op op) {
   size_t bytes = (size_t)count * esize(t);
+  if (bytes == 0) return; /* empty tensors may have NULL data: no memmove(NULL, ...) */
   memmove(out, (const char *)g->send[0] + offset_bytes, bytes);
   for (int j = 1; j < g->n; j++)
     reduce_into(out, (const char *)g->send[j] + offset_bytes, count, t, op);
@@ -197,7 +198,7 @@ static tw_status th_all_reduce(tw_comm *c, tw_ctx *ctx, const void *send, void *
   if (s == TW_OK) {
     reduce_ranks(g, 0, tmp, count, dtype, op);
     s = barrier(c, "all_reduce");
-    if (s == TW_OK) memcpy(recv, tmp, bytes);
+    if (s == TW_OK && bytes) memcpy(recv, tmp, bytes);
   }
   free(tmp);
   return s;
@@ -215,7 +216,7 @@ static tw_status th_reduce_scatter(tw_comm *c, tw_ctx *ctx, const void *send, vo
   if (s == TW_OK) {
     reduce_ranks(g, (size_t)c->rank * bytes, tmp, count, dtype, op);
     s = barrier(c, "reduce_scatter");
-    if (s == TW_OK) memcpy(recv, tmp, bytes);
+    if (s == TW_OK && bytes) memcpy(recv, tmp, bytes);
   }
   free(tmp);
   return s;

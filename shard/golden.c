@@ -388,11 +388,19 @@ static int has(const tw_dimspec *d, tw_axis a) {
   return 0;
 }
 static int shards(const tw_mesh *m, const tw_dimspec *d) { return tw_dimspec_shards(m, d); }
-static int spec_ok(const tw_mesh *m, const tw_pspec *p, const int64_t *shape) {
+static int in_mesh(const tw_mesh *m, tw_axis a) {
+  for (int i = 0; i < m->naxes; i++)
+    if (m->axis[i] == a) return 1;
+  return 0;
+}
+/* The spec names axes of the mesh, each once, has the tensor's rank, and every dim divides. */
+static int spec_ok(const tw_mesh *m, const tw_pspec *p, int nd, const int64_t *shape) {
   int used[TW_AXIS_COUNT] = {0};
+  if (p->ndim != nd) return 0;
   for (int d = 0; d < p->ndim; d++) {
     for (int i = 0; i < p->dim[d].n; i++) {
-      if (used[p->dim[d].axis[i]]++) return 0;
+      tw_axis a = p->dim[d].axis[i];
+      if ((int)a < 0 || a >= TW_AXIS_COUNT || !in_mesh(m, a) || used[a]++) return 0;
     }
     if (shape[d] % shards(m, &p->dim[d])) return 0;
   }
@@ -411,21 +419,23 @@ static int overlap(const tw_dimspec *a, const tw_dimspec *b) {
   return 0;
 }
 
-/* The text the planner's error must contain, or NULL if the case is valid. */
-static const char *expected_error(const rule_desc *r, const tw_mesh *m, const tw_pspec *xs, const tw_pspec *ws) {
-  if (!spec_ok(m, xs, r->xs)) return "spec:";
-  if (r->op == TW_SHARD_GROUPED_QUANTIZE) {
-    tw_quantize_opts o = rule_qopts(r);
-    int col = o.layout & TW_COLWISE, row = o.layout & TW_ROWWISE;
-    int along_m = (col && (o.mode == TW_SCALE_MXFP8_1D || o.mode == TW_SCALE_BLOCK_1x128)) || o.mode == TW_SCALE_BLOCK_128x128;
+const char *tw_shard_expected_error(const tw_mesh *m, tw_shard_op op, const tw_quantize_opts *q,
+                                    const tw_shard_operand *x, const tw_shard_operand *w) {
+  const tw_pspec *xs = &x->spec;
+  if (!spec_ok(m, xs, x->ndim, x->shape)) return "spec:";
+  if (op == TW_SHARD_GROUPED_QUANTIZE) {
+    int col = q->layout & TW_COLWISE, row = q->layout & TW_ROWWISE;
+    int along_m = (col && (q->mode == TW_SCALE_MXFP8_1D || q->mode == TW_SCALE_BLOCK_1x128)) || q->mode == TW_SCALE_BLOCK_128x128;
     if (along_m && xs->dim[0].n) return "rule quantize.blocks_along_m";
-    int kb = (row && o.mode == TW_SCALE_MXFP8_1D) ? 32 : ((row && o.mode == TW_SCALE_BLOCK_1x128) || o.mode == TW_SCALE_BLOCK_128x128) ? 128 : 0;
-    if (kb && (r->xs[1] / shards(m, &xs->dim[1])) % kb) return "rule quantize.k_block";
+    int kb = (row && q->mode == TW_SCALE_MXFP8_1D) ? 32 : ((row && q->mode == TW_SCALE_BLOCK_1x128) || q->mode == TW_SCALE_BLOCK_128x128) ? 128 : 0;
+    /* an unsharded K may end in a partial block (the quantizer pads it); a split one may not */
+    if (kb && xs->dim[1].n && (x->shape[1] / shards(m, &xs->dim[1])) % kb) return "rule quantize.k_block";
     return NULL;
   }
-  if (!spec_ok(m, ws, r->ws)) return "spec:";
-  if (r->op == TW_SHARD_DENSE) {
-    int xb = r->xnd == 3, wb = r->wnd == 3;
+  const tw_pspec *ws = &w->spec;
+  if (!spec_ok(m, ws, w->ndim, w->shape)) return "spec:";
+  if (op == TW_SHARD_DENSE) {
+    int xb = x->ndim == 3, wb = w->ndim == 3;
     tw_dimspec b = xb ? xs->dim[0] : (tw_dimspec){0, {0}};
     if (wb) {
       tw_pspec a1 = {1, {ws->dim[0]}}, a2 = {1, {b}};
@@ -434,18 +444,30 @@ static const char *expected_error(const rule_desc *r, const tw_mesh *m, const tw
     tw_dimspec R = nofsdp(&ws->dim[wb]), N = nofsdp(&ws->dim[wb + 1]);
     if (R.n && N.n) return "rule gemm.rhs_k_and_n";
     if (overlap(&b, &R) || overlap(&b, &N)) return "rule gemm.batch_axis_reuse";
-    if (R.n && xs->dim[xb].n && r->xs[xb] % shards(m, &R)) return "rule gemm.reduce_scatter_m";
+    if (R.n && xs->dim[xb].n && x->shape[xb] % shards(m, &R)) return "rule gemm.reduce_scatter_m";
     return NULL;
   }
   const tw_dimspec *rows = &xs->dim[0], *eg = &ws->dim[0];
   if (has(rows, EP) && rows->axis[0] != EP) return "rule grouped_gemm.ep_major";
   if (eg->n > 1 || (eg->n == 1 && eg->axis[0] != EP)) return "rule grouped_gemm.expert_dim";
   if (eg->n == 1 && !has(rows, EP)) return "rule grouped_gemm.ep_rows";
-  if (has(rows, EP) && eg->n == 0 && (has(&ws->dim[1], EP) || has(&ws->dim[2], EP))) return "rule grouped_gemm.axis_reuse";
+  if (has(rows, EP) && eg->n == 0) {
+    if (has(&ws->dim[1], EP) || has(&ws->dim[2], EP)) return "rule grouped_gemm.axis_reuse";
+    if (w->shape[0] % tw_mesh_axis_size(m, EP)) return "spec:"; /* ep injected into w's experts */
+  }
   tw_dimspec R = nofsdp(&ws->dim[1]), N = nofsdp(&ws->dim[2]);
   if (R.n && N.n) return "rule grouped_gemm.rhs_k_and_n";
   if (overlap(rows, &R) || overlap(rows, &N)) return "rule grouped_gemm.axis_reuse";
   return NULL;
+}
+
+/* The text the planner's error must contain, or NULL if the case is valid. */
+static const char *expected_error(const rule_desc *r, const tw_mesh *m, const tw_pspec *xs, const tw_pspec *ws) {
+  tw_shard_operand x = {r->xnd, {0}, *xs}, w = {r->wnd, {0}, *ws};
+  memcpy(x.shape, r->xs, sizeof r->xs);
+  memcpy(w.shape, r->ws, sizeof r->ws);
+  tw_quantize_opts q = rule_qopts(r);
+  return tw_shard_expected_error(m, r->op, &q, &x, &w);
 }
 
 /* ---- enumeration ----------------------------------------------------------------------- */

@@ -49,4 +49,12 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg, tw_golden_row **rows, int
 /* The coverage table; returns the number of rows with failures. */
 int tw_golden_print(FILE *f, const tw_golden_row *rows, int nrows);
 
+/* The rules of tw_shard.h restated independently of shard/plan.c: the text the planner's
+ * error must contain for the forward operands x, w (w unused for grouped_quantize, whose
+ * quantization is q) on mesh m ("spec:" for a bad spec or a dim that does not divide, "rule
+ * gemm.rhs_k_and_n", ...), or NULL when the case must plan. The sweep and `twin fuzz --mesh`
+ * judge the planner with it. */
+const char *tw_shard_expected_error(const tw_mesh *m, tw_shard_op op, const tw_quantize_opts *q,
+                                    const tw_shard_operand *x, const tw_shard_operand *w);
+
 #endif

@@ -76,6 +76,14 @@ expect op_delayed_bad_margin 2 "margin 'two' is not a number" -- op delayed_scal
 expect op_delayed_runs 0 "scale_out.npy [2] f32" -- op delayed_scale_update --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
 expect op_gpu_unavailable 2 "gpu" -- op gemm --backend gpu --in a=$T/a23.npy --in b=$T/b32.npy $O
 expect op_out_dir_is_a_file 2 "cannot create --out-dir" -- op gemm --in a=$T/a23.npy --in b=$T/b32.npy --out-dir $T/a23.npy/x
+expect fuzz_bad_mesh_axis 2 "mesh: unknown axis 'xp'" -- fuzz --mesh xp=2 --cases 1
+expect fuzz_bad_mesh_syntax 2 "expected ','" -- fuzz --mesh "dp=2;ep=2" --cases 1
+expect fuzz_bad_mesh_size 2 "has size 0" -- fuzz --mesh dp=0 --cases 1
+expect fuzz_mesh_too_many_ranks 2 "at most 64" -- fuzz --mesh dp=16,tp=16 --cases 1
+expect fuzz_mesh_without_value 2 "--mesh needs a value" -- fuzz --cases 1 --mesh
+expect fuzz_mesh_cast_has_no_rule 2 "cast has none" -- fuzz --op cast --mesh all --cases 1
+expect fuzz_comm_plant_needs_mesh 2 "add --mesh all" -- fuzz --plant amax_reduce_dropped --cases 1
+expect fuzz_mesh_runs 0 "sharded:" -- fuzz --mesh dp=2,ep=2 --cases 8 --out "$T-fuzz" # not under $T: check --golden $T must stay empty
 expect check_bad_backend 2 "unknown backend 'cpu'" -- check --backend cpu
 expect check_missing_golden 2 "is not a directory" -- check --golden $T/none
 expect check_empty_golden 1 "no golden cases" -- check --golden $T
