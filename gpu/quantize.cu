@@ -528,6 +528,28 @@ __global__ void __launch_bounds__(THREADS, 3) quantize_rows_kernel(QParams p) {
           for (int j = 0; j < 8; j++) v[piece][j] = 0.f;
       }
     }
+    // 1x128: the row's 8 blocks (2 per piece) get their scales from lanes 0..7, one block
+    // each, so a lane does one IEEE division pair per row instead of one per piece; the
+    // half-warps then take their block's scale back by shuffle
+    float bsc[ROW_PIECES];
+    if (!AMAX_ONLY && b128) {
+      uint32_t bm[ROW_PIECES];
+#pragma unroll
+      for (int piece = 0; piece < ROW_PIECES; piece++) bm[piece] = shfl_umax(absmax_bits8(v[piece]), 16);
+      const int jb = lane & (2 * ROW_PIECES - 1);
+      uint32_t mine = 0;
+#pragma unroll
+      for (int piece = 0; piece < ROW_PIECES; piece++) {
+        const uint32_t x = __shfl_sync(0xffffffffu, bm[piece], (jb & 1) * 16);
+        if (piece == (jb >> 1)) mine = x;
+      }
+      const float my_sc = tw_compute_scale(tw_u2f(mine), p.fp8_max, p.pow2);
+      const int64_t bcol = ks + (jb >> 1) * 256 + (jb & 1) * 128;
+      if (lane < 2 * ROW_PIECES && r < rows && bcol < p.K)
+        ((float *)p.row_si)[(bcol >> 7) * p.rs_ld + grow] = tw_canon(1.0f / my_sc);
+#pragma unroll
+      for (int piece = 0; piece < ROW_PIECES; piece++) bsc[piece] = __shfl_sync(0xffffffffu, my_sc, 2 * piece + (lane >> 4));
+    }
 #pragma unroll
     for (int piece = 0; piece < ROW_PIECES; piece++) {
       uint32_t m = absmax_bits8(v[piece]);
@@ -549,10 +571,7 @@ __global__ void __launch_bounds__(THREADS, 3) quantize_rows_kernel(QParams p) {
           else S[(t * TILE + r) * C + kb] = e;
         }
       } else if (b128) {
-        uint32_t bm = shfl_umax(m, 16);
-        sc = tw_compute_scale(tw_u2f(bm), p.fp8_max, p.pow2);
-        if ((lane & 15) == 0 && live)
-          ((float *)p.row_si)[(col[piece] >> 7) * p.rs_ld + grow] = tw_canon(1.0f / sc);
+        sc = bsc[piece];  // its scale_inv was written above
       }
       if (live)
         *(uint2 *)(p.row_data + grow * p.K + col[piece]) = quant8_checked(v[piece], sc, p.fp8, !nonan);
