@@ -395,18 +395,7 @@ __device__ __forceinline__ void load_x8(const void *x, int64_t i, float v[8]) {
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
     return;
   }
-  uint4 u = __ldg((const uint4 *)((const uint16_t *)x + i));
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    if (XDT == XDT_BF16) {
-      v[2 * j] = tw_u2f(w[j] << 16);
-      v[2 * j + 1] = tw_u2f(w[j] & 0xFFFF0000u);
-    } else {
-      v[2 * j] = tw_f16_to_f32_d((uint16_t)w[j]);
-      v[2 * j + 1] = tw_f16_to_f32_d((uint16_t)(w[j] >> 16));
-    }
-  }
+  raw8_to_f<XDT>(__ldg((const uint4 *)((const uint16_t *)x + i)), v);
 }
 
 // max |v| as the bits of a non-negative float: NaN patterns sort above inf, so they stick.
@@ -958,21 +947,6 @@ __device__ __forceinline__ void tr_t4(uint32_t w0, uint32_t w1, uint32_t w2, uin
   t[3] = __byte_perm(b, d, 0x7632);
 }
 
-template <int XDT>
-__device__ __forceinline__ void tr_f8(uint4 u, float f[8]) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    if (XDT == XDT_BF16) {
-      f[2 * j] = tw_u2f(w[j] << 16);
-      f[2 * j + 1] = tw_u2f(w[j] & 0xFFFF0000u);
-    } else {  // hardware conversion: exact for every non-NaN half, and a NaN stays a NaN
-      asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * j]) : "h"((unsigned short)w[j]));
-      asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * j + 1]) : "h"((unsigned short)(w[j] >> 16)));
-    }
-  }
-}
-
 // the lane's 8 rows x 8 columns: rows as uint2 codes c[i] -> columns as uint2 (rows 0..7)
 __device__ __forceinline__ void tr_8x8(const uint2 c[8], uint2 col[8]) {
   uint32_t a[4], b[4];
@@ -1042,7 +1016,7 @@ __global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QPara
 #pragma unroll
   for (int i = 0; i < 8; i++) {
     float f[8];
-    tr_f8<XDT>(raw[i], f);
+    raw8_to_f<XDT>(raw[i], f);
     uint32_t m = 0;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
@@ -1100,7 +1074,7 @@ __global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QPara
         if (p.row && c8 == 0 && i < nrow) ((float *)p.row_si)[kc * p.rs_ld + r0 + r] = tw_canon(1.0f / sc);
       }
       float f[8];
-      tr_f8<XDT>(raw[i], f);
+      raw8_to_f<XDT>(raw[i], f);
       const uint2 c = quant8_checked(f, sc, p.fp8, may_nan);
       if (i < nrow && in_k) *(uint2 *)(p.row_data + (r0 + r) * p.K + col) = c;
     }
@@ -1113,7 +1087,7 @@ __global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QPara
 #pragma unroll
       for (int i = 0; i < 8; i++) {
         float f[8];
-        tr_f8<XDT>(raw[i], f);
+        raw8_to_f<XDT>(raw[i], f);
         codes[i] = quant8_checked(f, tscale, p.fp8, lane_nan || !tscale_keeps);
       }
       tr_8x8(codes, cw);
@@ -1164,7 +1138,7 @@ __global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QPara
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       float f[8];
-      tr_f8<XDT>(raw[i], f);
+      raw8_to_f<XDT>(raw[i], f);
 #pragma unroll
       for (int j = 0; j < 8; j++) f[j] *= csc[j];
       cc[i] = quant8_checked(f, 1.0f, p.fp8, cnan);
