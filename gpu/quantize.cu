@@ -39,46 +39,14 @@
 
 #include "gpu/gpu.h"
 #include "gpu/numerics.cuh"
+#include "gpu/quantize.cuh"
 
-#define TILE 128
 #define THREADS 256
 #define SMEM_TILE_BYTES (TILE * TILE * 4)
 
-enum { XDT_F32 = 0, XDT_BF16 = 1, XDT_F16 = 2 };
 
-struct QParams {
-  const void *x;
-  int64_t M, K;
-  const int64_t *offsets, *tiles;  // [G+1], device
-  int64_t G, Tcap;
-  int mode, fp8, row, col, pow2, swz;
-  float fp8_max;
-  uint8_t *row_data, *col_data;
-  void *row_si, *col_si;  // f32 or e8m0 bytes
-  float *amax;            // [G] f32 atomics target (zeroed first), or NULL
-  const float *scale;     // [G]: delayed scales, or NULL
-  int64_t rs_ld, cs_ld;   // leading dims of the block-mode scale matrices
-};
 
-__device__ __forceinline__ int64_t find_group(const int64_t *tiles, int64_t G, int64_t t) {
-  // the last g with tiles[g] <= t (empty groups share their start with the next group)
-  int64_t lo = 0, hi = G;  // tiles[lo] <= t < tiles[hi]
-  while (hi - lo > 1) {
-    int64_t mid = (lo + hi) >> 1;
-    if (tiles[mid] <= t) lo = mid; else hi = mid;
-  }
-  return lo;
-}
 
-// A 1-D grid of (row tile t, column piece c) with c fastest: the CTAs resident together then
-// cover a few row tiles across all of K, so x is read in whole rows (DRAM pages) rather than
-// 256-byte pieces of a thousand different rows (the register-tile kernel ran at 37-44% of copy
-// bandwidth with the row tile fastest; H200, session 2).
-__device__ __forceinline__ void tile_of_block(int64_t ncol, int64_t *t, int64_t *c) {
-  const uint32_t b = blockIdx.x, n = (uint32_t)ncol, q = b / n;  // the host keeps the grid < 2^31
-  *t = q;
-  *c = b - q * n;
-}
 
 template <int XDT>
 __device__ __forceinline__ float load_x(const void *x, int64_t i) {
@@ -96,12 +64,6 @@ __device__ __forceinline__ float warp_max(float v, int width) {
   return v;
 }
 
-// NaN amax values go to the atomic as one canonical NaN, the largest unsigned pattern a
-// non-negative float can have, so the result does not depend on the order of arrival.
-__device__ __forceinline__ void atomic_amax(float *p, float v) {
-  uint32_t u = tw_isnan(v) ? 0x7FC00000u : tw_f2u(v);
-  atomicMax((unsigned int *)p, u);
-}
 
 __device__ __forceinline__ uint32_t quant4(float4 v, float s, int fp8) {
   return gpu_fp8x4_sat(v.x * s, v.y * s, v.z * s, v.w * s, fp8);
@@ -174,9 +136,6 @@ __device__ __forceinline__ float4 raw_to_f4(uint4 r) {
                      tw_f16_to_f32_d((uint16_t)r.y), tw_f16_to_f32_d((uint16_t)(r.y >> 16)));
 }
 
-// Column chunks (of 128) one tile CTA walks: the group lookup is paid once per CTA and the
-// loads of chunk j+1 are in flight while chunk j is processed from shared memory.
-#define TILE_CHUNKS 8
 
 template <int XDT, bool VEC, bool AMAX_ONLY>
 __global__ void __launch_bounds__(THREADS, 2) quantize_tile_kernel(QParams p) {
@@ -406,10 +365,6 @@ __device__ __forceinline__ uint32_t absmax_bits8(const float v[8]) {
   return m;
 }
 
-__device__ __forceinline__ uint32_t shfl_umax(uint32_t v, int width) {
-  for (int d = 1; d < width; d <<= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
-  return v;
-}
 
 // 8 codes of sat(v * s); `maybe_nan` when a product can be NaN (a NaN input, a NaN scale or a
 // zero scale against an inf), which sends the lane through the NaN patch.
@@ -449,8 +404,6 @@ __device__ __forceinline__ uint2 quant8_checked(const float v[8], float s, int f
   r.y = fp8x4_sat_checked(v[4] * s, v[5] * s, v[6] * s, v[7] * s, fp8, may_nan);
   return r;
 }
-// A scale that turns no non-NaN input into NaN (0 * inf or a NaN scale would).
-__device__ __forceinline__ bool scale_keeps_numbers(float s) { return s > 0.0f && s - s == 0.0f; }
 
 template <int XDT, bool AMAX_ONLY>
 __global__ void __launch_bounds__(THREADS, 3) quantize_rows_kernel(QParams p) {
@@ -600,13 +553,6 @@ __global__ void __launch_bounds__(THREADS, 3) quantize_rows_kernel(QParams p) {
 #define TA_WARPS (TA_THREADS / 32)
 #define TA_ROWS_PER_WARP (TILE / TA_WARPS)
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
-  uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 template <int XDT>
 struct TA {
@@ -923,244 +869,6 @@ __global__ void __launch_bounds__(TA_THREADS, 2) quantize_tile_async_kernel(QPar
   }
 }
 
-// ---- quantize_tile_regs: one 128x128 tile per CTA, held in registers -------------------------
-// Profiled on the H200 (ncu, session 2): quantize_tile_async is issue-bound (SM throughput
-// 76-79%, 41-74 instructions per element): every pass re-reads shared memory with swizzled
-// address math, 4 elements per lane, and the colwise codes are computed a second time. Here a
-// lane loads 8 consecutive rows x 8 consecutive columns (eight 16-byte loads, 32 registers of
-// raw bf16/f16) and keeps them: warp w owns rows 16w..16w+15, lane = (h, c8) with h = lane>>4
-// choosing rows 16w+8h..+7 and c8 = lane&15 columns 8*c8..+7, so each load instruction reads two
-// full 256-byte row pieces. Statistics come from registers (row blocks by 2 or 4 shuffles,
-// column blocks through one 8 KB shared table), the rowwise codes are stored as 8-byte words,
-// and the transposed colwise output of the tensor and 128x128 modes *is* the rowwise codes
-// transposed (same scale, same element): an 8x8 byte transpose in registers (prmt), one 8-byte
-// store per column. Needs bf16/f16 x, K % 8 == 0, x 16-byte and outputs 8-byte aligned.
-#define TR_THREADS 256
-
-// 4x4 byte transpose: w[r] holds bytes (r, 0..3) -> t[c] holds bytes (0..3, c)
-__device__ __forceinline__ void tr_t4(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3, uint32_t t[4]) {
-  const uint32_t a = __byte_perm(w0, w1, 0x5140), b = __byte_perm(w0, w1, 0x7362);
-  const uint32_t c = __byte_perm(w2, w3, 0x5140), d = __byte_perm(w2, w3, 0x7362);
-  t[0] = __byte_perm(a, c, 0x5410);
-  t[1] = __byte_perm(a, c, 0x7632);
-  t[2] = __byte_perm(b, d, 0x5410);
-  t[3] = __byte_perm(b, d, 0x7632);
-}
-
-// the lane's 8 rows x 8 columns: rows as uint2 codes c[i] -> columns as uint2 (rows 0..7)
-__device__ __forceinline__ void tr_8x8(const uint2 c[8], uint2 col[8]) {
-  uint32_t a[4], b[4];
-  tr_t4(c[0].x, c[1].x, c[2].x, c[3].x, a);
-  tr_t4(c[4].x, c[5].x, c[6].x, c[7].x, b);
-#pragma unroll
-  for (int j = 0; j < 4; j++) col[j] = make_uint2(a[j], b[j]);
-  tr_t4(c[0].y, c[1].y, c[2].y, c[3].y, a);
-  tr_t4(c[4].y, c[5].y, c[6].y, c[7].y, b);
-#pragma unroll
-  for (int j = 0; j < 4; j++) col[4 + j] = make_uint2(a[j], b[j]);
-}
-
-// 8 bytes of one column (rows row0..row0+7 of the lane) at o, n of them valid
-__device__ __forceinline__ void tr_store8(uint8_t *o, uint2 w, int n) {
-  if (n >= 8 && ((uintptr_t)o & 7) == 0) {
-    *(uint2 *)o = w;
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-    if (j < n) o[j] = (uint8_t)((j < 4 ? w.x : w.y) >> (8 * (j & 3)));
-}
-
-template <int XDT>
-__global__ void __launch_bounds__(TR_THREADS, 3) quantize_tile_regs_kernel(QParams p) {
-  __shared__ __align__(16) uint32_t colpart[16][TILE];  // column max bits per 8-row group
-  __shared__ float colscale[TILE];
-  __shared__ uint8_t cole[4][TILE];
-  __shared__ uint32_t red[TR_THREADS / 32];
-
-  const int64_t nkc = (p.K + TILE - 1) / TILE;
-  int64_t t, kc;
-  tile_of_block(nkc, &t, &kc);
-  if (t >= p.tiles[p.G]) return;
-  const int64_t g = find_group(p.tiles, p.G, t);
-  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
-  const int64_t a = t - tg0, lr0 = a * TILE;
-  const int rows = (int)min((int64_t)TILE, mg - lr0);
-  const int64_t r0 = og + lr0;
-  const int64_t k0 = kc * TILE;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int h = lane >> 4, c8 = lane & 15;
-  const int rb = 16 * warp + 8 * h;            // the lane's first tile row
-  const int64_t col = k0 + 8 * c8;             // the lane's first column
-  const bool in_k = col < p.K;
-  const int nrow = max(0, min(8, rows - rb));  // the lane's rows inside the group
-  const bool mx = p.mode == TW_SCALE_MXFP8_1D, b128 = p.mode == TW_SCALE_BLOCK_1x128;
-  const bool t128 = p.mode == TW_SCALE_BLOCK_128x128;
-  const bool tensor_mode = p.mode == TW_SCALE_TENSOR_CURRENT || p.mode == TW_SCALE_TENSOR_DELAYED;
-  const float inv_max = 1.0f / p.fp8_max;
-
-  // ---- load: eight 16-byte pieces, zeros outside the group or past K
-  uint4 raw[8];
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    raw[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (i < nrow && in_k) raw[i] = __ldg((const uint4 *)((const uint16_t *)p.x + (r0 + rb + i) * p.K + col));
-  }
-
-  // ---- statistics from registers: lane max, per-row max, per-column max (colwise MXFP8/1x128)
-  const bool same_codes = tensor_mode || t128;
-  const bool need_cmax = p.col && !same_codes;
-  uint32_t lmax = 0, rmax[8], cmax[8];
-#pragma unroll
-  for (int j = 0; j < 8; j++) cmax[j] = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    float f[8];
-    raw8_to_f<XDT>(raw[i], f);
-    uint32_t m = 0;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const uint32_t ab = absbits(f[j]);
-      m = max(m, ab);
-      if (need_cmax) cmax[j] = max(cmax[j], ab);
-    }
-    rmax[i] = m;
-    lmax = max(lmax, m);
-  }
-  const bool lane_nan = lmax > 0x7F800000u;
-  if (need_cmax) {  // column partials now: frees the registers (read after a barrier)
-    *(uint4 *)&colpart[2 * warp + h][8 * c8] = make_uint4(cmax[0], cmax[1], cmax[2], cmax[3]);
-    *(uint4 *)&colpart[2 * warp + h][8 * c8 + 4] = make_uint4(cmax[4], cmax[5], cmax[6], cmax[7]);
-  }
-
-  // tile max: the 128x128 scale, and the per-group amax (current scaling has it already)
-  const bool want_gmax = p.amax && p.mode != TW_SCALE_TENSOR_CURRENT;
-  uint32_t tmax = 0;
-  if (t128 || want_gmax) {
-    const uint32_t m = shfl_umax(lmax, 32);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < TR_THREADS / 32; w++) tmax = max(tmax, red[w]);
-  }
-  float tscale = 1.f;
-  if (p.mode == TW_SCALE_TENSOR_CURRENT) tscale = tw_compute_scale(p.amax[g], p.fp8_max, p.pow2);
-  else if (p.mode == TW_SCALE_TENSOR_DELAYED) tscale = p.scale[g];
-  else if (t128) tscale = tw_compute_scale(tw_u2f(tmax), p.fp8_max, p.pow2);
-  const bool tscale_keeps = !tensor_mode || scale_keeps_numbers(tscale);
-
-  // ---- rowwise codes
-  if (p.row) {
-    const int64_t C = 4 * nkc;  // MXFP8 rowwise scale columns
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      float sc = tscale;
-      bool may_nan = lane_nan || !tscale_keeps;
-      const int r = rb + i;
-      if (mx) {  // block = 32 columns = 4 lanes
-        const uint32_t bm = shfl_umax(rmax[i], 4);
-        const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(bm) * inv_max);
-        sc = tw_e8m0_quant_scale(e);
-        may_nan = lane_nan || bm > 0x7F800000u;
-        if (p.row && (c8 & 3) == 0) {  // every tile row and scale column up to Kpad gets one
-          const int64_t kb = col >> 5;
-          uint8_t *S = (uint8_t *)p.row_si;
-          if (p.swz) S[t * TILE * C + (kb >> 2) * 512 + (r & 31) * 16 + (r >> 5) * 4 + (kb & 3)] = e;
-          else S[(t * TILE + r) * C + kb] = e;
-        }
-      } else if (b128) {  // block = 128 columns = 16 lanes
-        const uint32_t bm = shfl_umax(rmax[i], 16);
-        sc = tw_compute_scale(tw_u2f(bm), p.fp8_max, p.pow2);
-        if (p.row && c8 == 0 && i < nrow) ((float *)p.row_si)[kc * p.rs_ld + r0 + r] = tw_canon(1.0f / sc);
-      }
-      float f[8];
-      raw8_to_f<XDT>(raw[i], f);
-      const uint2 c = quant8_checked(f, sc, p.fp8, may_nan);
-      if (i < nrow && in_k) *(uint2 *)(p.row_data + (r0 + r) * p.K + col) = c;
-    }
-  }
-
-  // ---- colwise
-  if (p.col && same_codes) {  // the rowwise codes (same scale) transposed: group g's [K, m_g] at o_g*K
-    if (in_k && nrow > 0) {
-      uint2 codes[8], cw[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        float f[8];
-        raw8_to_f<XDT>(raw[i], f);
-        codes[i] = quant8_checked(f, tscale, p.fp8, lane_nan || !tscale_keeps);
-      }
-      tr_8x8(codes, cw);
-      uint8_t *o = p.col_data + og * p.K + col * mg + lr0 + rb;
-#pragma unroll
-      for (int j = 0; j < 8; j++) tr_store8(o + j * mg, cw[j], nrow);
-    }
-  } else if (p.col) {  // MXFP8 (32-row blocks, [M, K] layout) and 1x128 (128-row blocks, transposed)
-    __syncthreads();  // colpart complete
-    if (mx) {  // 4 blocks x 128 columns, two per thread
-#pragma unroll
-      for (int q = 0; q < 2; q++) {
-        const int id = tid + q * TR_THREADS, f = id >> 7, c = id & (TILE - 1);
-        const uint32_t m = max(max(colpart[4 * f][c], colpart[4 * f + 1][c]), max(colpart[4 * f + 2][c], colpart[4 * f + 3][c]));
-        const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(m) * inv_max);
-        cole[f][c] = e;
-        uint8_t *S = (uint8_t *)p.col_si;
-        const int64_t Cc = TILE * nkc;
-        if (p.swz) {  // the group's scales tiled: this tile's 128 columns x 4 row blocks = tile (kc, a)
-          const int64_t ntiles = p.tiles[g + 1] - tg0;
-          S[4 * tg0 * Cc + (kc * ntiles + a) * 512 + (c & 31) * 16 + (c >> 5) * 4 + f] = e;
-        } else {
-          S[(4 * t + f) * Cc + k0 + c] = e;
-        }
-      }
-    } else if (tid < TILE) {
-      uint32_t m = 0;
-#pragma unroll
-      for (int w = 0; w < 16; w++) m = max(m, colpart[w][tid]);
-      const float sc = tw_compute_scale(tw_u2f(m), p.fp8_max, p.pow2);
-      colscale[tid] = sc;
-      if (k0 + tid < p.K) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / sc);
-    }
-    __syncthreads();
-    float csc[8];
-    bool cnan = lane_nan;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      if (mx) {
-        const uint8_t e = cole[warp >> 1][8 * c8 + j];  // the lane's rows lie in block warp/2
-        csc[j] = tw_e8m0_quant_scale(e);
-        cnan |= e == 0xFF;
-      } else {
-        csc[j] = colscale[8 * c8 + j];
-      }
-    }
-    uint2 cc[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      float f[8];
-      raw8_to_f<XDT>(raw[i], f);
-#pragma unroll
-      for (int j = 0; j < 8; j++) f[j] *= csc[j];
-      cc[i] = quant8_checked(f, 1.0f, p.fp8, cnan);
-      if (mx && i < nrow && in_k) *(uint2 *)(p.col_data + (r0 + rb + i) * p.K + col) = cc[i];
-    }
-    if (b128 && in_k && nrow > 0) {
-      uint2 cw[8];
-      tr_8x8(cc, cw);
-      uint8_t *o = p.col_data + og * p.K + col * mg + lr0 + rb;
-#pragma unroll
-      for (int j = 0; j < 8; j++) tr_store8(o + j * mg, cw[j], nrow);
-    }
-  }
-
-  if (t128 && tid == 0) {
-    const float si = tw_canon(1.0f / tscale);
-    if (p.row) ((float *)p.row_si)[t * p.rs_ld + kc] = si;
-    if (p.col) ((float *)p.col_si)[kc * p.cs_ld + t] = si;
-  }
-  if (want_gmax && tid == 0) atomic_amax(p.amax + g, tw_u2f(tmax));
-}
-
 // Per-group slots of the tensor modes: scale_inv (both buffers) and, for current scaling, the
 // amax already accumulated. Empty groups get amax 0 and scale 1.
 __global__ void tensor_finalize_kernel(int64_t G, int mode, float fp8_max, int pow2, const float *amax,
@@ -1227,11 +935,6 @@ static cudaError_t launch_rows_dt(int xdt, const QParams &p, dim3 grid, cudaStre
   return launch_rows<XDT_F16, AMAX>(p, grid, s);
 }
 
-static cudaError_t launch_regs_dt(int xdt, const QParams &p, dim3 grid, cudaStream_t s) {
-  if (xdt == XDT_BF16) quantize_tile_regs_kernel<XDT_BF16><<<grid, TR_THREADS, 0, s>>>(p);
-  else quantize_tile_regs_kernel<XDT_F16><<<grid, TR_THREADS, 0, s>>>(p);
-  return cudaGetLastError();
-}
 
 static int aligned(const void *ptr, size_t a) { return ((uintptr_t)ptr % a) == 0; }
 
@@ -1257,8 +960,8 @@ static tw_status forced_version(tw_ctx *ctx, const char *op, const char *prefix,
 
 // Index = the forced value below; a promoted version keeps its name.
 static const char *const quantize_versions[] = {"quantize_tile_vec", "quantize_tile_scalar", "quantize_rows",
-                                                "quantize_tile_async", "quantize_tile_regs"};
-enum { QV_TILE_VEC = 0, QV_TILE_SCALAR = 1, QV_ROWS = 2, QV_TILE_ASYNC = 3, QV_TILE_REGS = 4, QV_COUNT = 5 };
+                                                "quantize_tile_async", "quantize_tile_spec"};
+enum { QV_TILE_VEC = 0, QV_TILE_SCALAR = 1, QV_ROWS = 2, QV_TILE_ASYNC = 3, QV_TILE_SPEC = 4, QV_COUNT = 5 };
 
 extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *group_sizes,
                                           const tw_quantize_opts *opts, tw_qtensor *q) {
@@ -1318,12 +1021,12 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
   // the async tile kernel takes any shape; 16-byte cp.async chunks need whole chunks per row
   const bool async_vec = K % (int64_t)(16 / esz) == 0 && aligned(x->data, 16) &&
                          (!p.row_data || aligned(p.row_data, 4)) && (!p.col_data || aligned(p.col_data, 4));
-  // the register-tile kernel: 8 columns of 16-bit x per 16-byte load, 8-byte code stores
-  const bool regs_ok = esz == 2 && K % 8 == 0 && aligned(x->data, 16) && (!p.row_data || aligned(p.row_data, 8)) &&
+  // the specialized tile kernel: 8 columns of 16-bit x per 16-byte load, 8-byte code stores
+  const bool spec_ok = esz == 2 && K % 8 == 0 && aligned(x->data, 16) && (!p.row_data || aligned(p.row_data, 8)) &&
                        (!p.col_data || aligned(p.col_data, 8));
   if (forced == QV_TILE_SCALAR) vec = false;
-  if (forced == QV_TILE_REGS && !regs_ok)
-    return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_tile_regs takes bf16/f16 x with K %% 8 == 0, "
+  if (forced == QV_TILE_SPEC && !spec_ok)
+    return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_tile_spec takes bf16/f16 x with K %% 8 == 0, "
                                         "x 16-byte and outputs 8-byte aligned (got %s x, K = %lld)",
                     tw_dtype_name(x->dtype), (long long)K);
   if (forced == QV_TILE_VEC && !vec)
@@ -1339,17 +1042,18 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
   int version = forced;
   if (version < 0) {
     if (rows_ok && rows_mode) version = QV_ROWS;
-    else if (esz == 2) version = QV_TILE_ASYNC;  // quantize_tile_regs measured slower: forced only
+    else if (spec_ok) version = QV_TILE_SPEC;
+    else if (esz == 2) version = QV_TILE_ASYNC;
     else version = vec ? QV_TILE_VEC : QV_TILE_SCALAR;
   }
   if (Tcap > 0 && K > 0) {
     dim3 grid((unsigned)Tcap, (unsigned)(((K + TILE - 1) / TILE + TILE_CHUNKS - 1) / TILE_CHUNKS));
     // 1-D grids of the row, async and register-tile kernels (tile_of_block)
     const int64_t ngrid_rows = Tcap * ((K + ROWS_SEG - 1) / ROWS_SEG), ngrid_async = Tcap * (int64_t)grid.y,
-                  ngrid_regs = Tcap * ((K + TILE - 1) / TILE);
-    if (ngrid_regs > 0x7FFFFFFF)
+                  ngrid_tiles = Tcap * ((K + TILE - 1) / TILE);
+    if (ngrid_tiles > 0x7FFFFFFF)
       return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: %lld tiles of 128x128 exceed one grid (M = %lld, K = %lld)",
-                      (long long)ngrid_regs, (long long)M, (long long)K);
+                      (long long)ngrid_tiles, (long long)M, (long long)K);
     dim3 rgrid((unsigned)ngrid_rows), agrid((unsigned)ngrid_async);
     if (opts->mode == TW_SCALE_TENSOR_CURRENT) {
       if (rows_ok && version != QV_TILE_VEC && version != QV_TILE_SCALAR)
@@ -1358,9 +1062,8 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
         GPU_TRY_CUDA(launch_q_dt<true>(xdt, vec, p, grid, s), "grouped_quantize: amax pass");
     }
     if (version == QV_ROWS) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
-    else if (version == QV_TILE_REGS)
-      GPU_TRY_CUDA(launch_regs_dt(xdt, p, dim3((unsigned)ngrid_regs), s),
-                   "grouped_quantize: register tile kernel");
+    else if (version == QV_TILE_SPEC)
+      GPU_TRY_CUDA(launch_quantize_tile_spec(xdt, p, (unsigned)ngrid_async, s), "grouped_quantize: specialized tile kernel");
     else if (version == QV_TILE_ASYNC)
       GPU_TRY_CUDA(launch_async_dt(xdt, async_vec, p, agrid, s), "grouped_quantize: async tile kernel");
     else GPU_TRY_CUDA(launch_q_dt<false>(xdt, version == QV_TILE_VEC, p, grid, s), "grouped_quantize: tile kernel");

@@ -4,7 +4,7 @@
  * backends from poisoned outputs and compared bit for bit with the one checker; bad group
  * sizes found on the device (error word, no write out of bounds); forced kernel versions
  * (quantize_tile_async over every golden case, >= 200 random cases and 45 large-tile cases;
- * quantize_tile_regs over every golden case it takes, >= 250 random cases and the 30 16-bit
+ * quantize_tile_spec over every golden case it takes, >= 250 random cases and the 30 16-bit
  * large-tile cases). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -64,8 +64,8 @@ static void golden_cases_on_some(const char *kernel, int skip_unsupported, int m
 Test(quantize_gpu, every_stored_golden_case_passes_on_the_gpu) { golden_cases_on(NULL); }
 /* the async tile kernel takes every shape (element loads where cp.async cannot): all goldens */
 Test(quantize_gpu, every_stored_golden_case_passes_forced_tile_async) { golden_cases_on("quantize_tile_async"); }
-/* the register-tile kernel takes bf16/f16 x with K % 8 == 0: every such golden case */
-Test(quantize_gpu, every_eligible_golden_case_passes_forced_tile_regs) { golden_cases_on_some("quantize_tile_regs", 1, 20); }
+/* the specialized tile kernel takes bf16/f16 x with K % 8 == 0: every such golden case */
+Test(quantize_gpu, every_eligible_golden_case_passes_forced_tile_spec) { golden_cases_on_some("quantize_tile_spec", 1, 20); }
 
 /* ---- random cases ------------------------------------------------------------------------ */
 
@@ -343,10 +343,10 @@ Test(quantize_gpu, forced_tile_async_version_matches_ref, .timeout = 600) {
   tw_ctx_destroy(gpu);
 }
 
-/* quantize_tile_regs: >= 250 random cases of the shapes it takes (16-bit x, K % 8 == 0), every
+/* quantize_tile_spec: >= 250 random cases of the shapes it takes (16-bit x, K % 8 == 0), every
  * mode and layout, ragged and empty groups, tails; others must be refused with a message. */
-Test(quantize_gpu, forced_tile_regs_version_matches_ref, .timeout = 600) {
-  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_regs");
+Test(quantize_gpu, forced_tile_spec_version_matches_ref, .timeout = 600) {
+  tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_spec");
   int ran = 0, modes[TW_SCALE_COUNT] = {0};
   for (int i = 0; i < 4000 && ran < 250; i++) {
     qcase c;
@@ -370,7 +370,7 @@ Test(quantize_gpu, forced_tile_regs_version_matches_ref, .timeout = 600) {
  * forced async and auto. */
 Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 600) {
   tw_ctx *ref = tt_ref_ctx(), *gpu = gpu_ctx_named("quantize_tile_async"), *aut = gpu_ctx_named(NULL),
-         *regs = gpu_ctx_named("quantize_tile_regs");
+         *spec = gpu_ctx_named("quantize_tile_spec");
   static const tw_dtype xdts[] = {TW_BF16, TW_F16, TW_F32};
   static const int32_t sizes[] = {384, 0, 298, 2};  /* S = 684 of M = 700 */
   int ran = 0;
@@ -412,7 +412,7 @@ Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 60
                  tw_scaling_name(o.mode), tw_dtype_name(o.qdtype), lay, tw_dtype_name(c.xdt));
         run_quantize_case(ref, gpu, &c);
         run_quantize_case(ref, aut, &c);
-        if (c.xdt != TW_F32) run_quantize_case(ref, regs, &c);
+        if (c.xdt != TW_F32) run_quantize_case(ref, spec, &c);
         free_case(&c);
         ran++;
       }
@@ -420,7 +420,7 @@ Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 60
   tw_ctx_destroy(ref);
   tw_ctx_destroy(gpu);
   tw_ctx_destroy(aut);
-  tw_ctx_destroy(regs);
+  tw_ctx_destroy(spec);
 }
 
 /* ---- dequantize ------------------------------------------------------------------------- */
@@ -655,15 +655,15 @@ Test(quantize_gpu, unknown_or_misaligned_forced_versions_are_errors) {
   tw_free(rows, ds.data);
   tw_ctx_destroy(rows);
 
-  tw_ctx *regs = gpu_ctx_named("quantize_tile_regs"); /* f32 x, K = 5: not its shape */
-  dx = to_device(regs, &hx);
-  ds = to_device(regs, &hs);
-  alloc_q(regs, &shape, 1, &q);
-  tt_expect_status(tw_grouped_quantize(regs, &dx, &ds, &o, &q), TW_ERR_UNSUPPORTED, "quantize_tile_regs takes bf16/f16 x");
-  free_q(regs, &q);
-  tw_free(regs, dx.data);
-  tw_free(regs, ds.data);
-  tw_ctx_destroy(regs);
+  tw_ctx *spec = gpu_ctx_named("quantize_tile_spec"); /* f32 x, K = 5: not its shape */
+  dx = to_device(spec, &hx);
+  ds = to_device(spec, &hs);
+  alloc_q(spec, &shape, 1, &q);
+  tt_expect_status(tw_grouped_quantize(spec, &dx, &ds, &o, &q), TW_ERR_UNSUPPORTED, "quantize_tile_spec takes bf16/f16 x");
+  free_q(spec, &q);
+  tw_free(spec, dx.data);
+  tw_free(spec, ds.data);
+  tw_ctx_destroy(spec);
 
   /* a forced name of another family is not ours to judge */
   tw_ctx *other = gpu_ctx_named("gemm_something");

@@ -105,17 +105,17 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
     return 1;
   }
-  tw_ctx *tile_ctx = NULL, *async_ctx = NULL, *regs_ctx = NULL, *rows_ctx = NULL; /* forced, at G = 8 */
+  tw_ctx *tile_ctx = NULL, *async_ctx = NULL, *spec_ctx = NULL, *rows_ctx = NULL; /* forced, at G = 8 */
   cc.kernel = "quantize_tile_vec";
   if (tw_ctx_create(&tile_ctx, &cc) != TW_OK) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
     tw_ctx_destroy(ctx);
     return 1;
   }
-  cc.kernel = "quantize_tile_regs";
-  if (tw_ctx_create(&regs_ctx, &cc) != TW_OK || (cc.kernel = "quantize_rows", tw_ctx_create(&rows_ctx, &cc)) != TW_OK) {
+  cc.kernel = "quantize_tile_spec";
+  if (tw_ctx_create(&spec_ctx, &cc) != TW_OK || (cc.kernel = "quantize_rows", tw_ctx_create(&rows_ctx, &cc)) != TW_OK) {
     fprintf(stderr, "bench quantize: %s\n", tw_last_error());
-    tw_ctx_destroy(regs_ctx);
+    tw_ctx_destroy(spec_ctx);
     tw_ctx_destroy(tile_ctx);
     tw_ctx_destroy(ctx);
     return 1;
@@ -202,13 +202,13 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           if (tw_tensor_bytes(parts[i]) > scale_bytes && i != 0 && i != 2) { rc = 1; goto done; }
           written += tw_tensor_bytes(parts[i]);
         }
-        /* auto runs the row kernel on rowwise-only (not 128x128), the async tile kernel on the
+        /* auto runs the row kernel on rowwise-only (not 128x128), the specialized tile kernel on the
          * rest of these bf16 shapes */
         int row_kernel = lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128;
         /* auto first (named after the kernel it picks for these bf16 shapes), then at G = 8
          * every other version that takes the layout */
-        tw_ctx *vctxs[5] = {ctx, tile_ctx, async_ctx, regs_ctx, rows_ctx};
-        const char *vnames[5] = {row_kernel ? "rows" : "tile_async", "tile_vec", "tile_async", "tile_regs", "rows"};
+        tw_ctx *vctxs[5] = {ctx, tile_ctx, async_ctx, spec_ctx, rows_ctx};
+        const char *vnames[5] = {row_kernel ? "rows" : "tile_spec", "tile_vec", "tile_async", "tile_spec", "rows"};
         for (int ver = 0; ver < (G == 8 ? 5 : 1); ver++) {
         if (ver > 0 && !strcmp(vnames[ver], vnames[0])) continue;
         if (ver == 4 && !row_kernel) continue;
@@ -253,7 +253,7 @@ done:
   cudaFree(dgs);
   cudaFree(dsc);
   tw_ctx_destroy(async_ctx);
-  tw_ctx_destroy(regs_ctx);
+  tw_ctx_destroy(spec_ctx);
   tw_ctx_destroy(rows_ctx);
   tw_ctx_destroy(tile_ctx);
   tw_ctx_destroy(ctx);

@@ -1,0 +1,82 @@
+// gpu/quantize.cuh — what the grouped quantize kernels share (gpu/quantize.cu and
+// gpu/quantize_tile_spec.cu): parameters, the group-relative tile lookup, cp.async, the amax
+// atomic. Internal to gpu/.
+#ifndef TWIN_GPU_QUANTIZE_CUH
+#define TWIN_GPU_QUANTIZE_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "gpu/numerics.cuh"
+#include "twin/tw_quantize.h"
+
+#define TILE 128
+
+enum { XDT_F32 = 0, XDT_BF16 = 1, XDT_F16 = 2 };
+
+struct QParams {
+  const void *x;
+  int64_t M, K;
+  const int64_t *offsets, *tiles;  // [G+1], device
+  int64_t G, Tcap;
+  int mode, fp8, row, col, pow2, swz;
+  float fp8_max;
+  uint8_t *row_data, *col_data;
+  void *row_si, *col_si;  // f32 or e8m0 bytes
+  float *amax;            // [G] f32 atomics target (zeroed first), or NULL
+  const float *scale;     // [G]: delayed scales, or NULL
+  int64_t rs_ld, cs_ld;   // leading dims of the block-mode scale matrices
+};
+
+__device__ __forceinline__ int64_t find_group(const int64_t *tiles, int64_t G, int64_t t) {
+  // the last g with tiles[g] <= t (empty groups share their start with the next group)
+  int64_t lo = 0, hi = G;  // tiles[lo] <= t < tiles[hi]
+  while (hi - lo > 1) {
+    int64_t mid = (lo + hi) >> 1;
+    if (tiles[mid] <= t) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// A 1-D grid of (row tile t, column piece c) with c fastest: the CTAs resident together then
+// cover a few row tiles across all of K, so x is read in whole rows (DRAM pages) rather than
+// 256-byte pieces of a thousand different rows (the register-tile kernel ran at 37-44% of copy
+// bandwidth with the row tile fastest; H200, session 2).
+__device__ __forceinline__ void tile_of_block(int64_t ncol, int64_t *t, int64_t *c) {
+  const uint32_t b = blockIdx.x, n = (uint32_t)ncol, q = b / n;  // the host keeps the grid < 2^31
+  *t = q;
+  *c = b - q * n;
+}
+
+// NaN amax values go to the atomic as one canonical NaN, the largest unsigned pattern a
+// non-negative float can have, so the result does not depend on the order of arrival.
+__device__ __forceinline__ void atomic_amax(float *p, float v) {
+  uint32_t u = tw_isnan(v) ? 0x7FC00000u : tw_f2u(v);
+  atomicMax((unsigned int *)p, u);
+}
+
+// Column chunks (of 128) one tile CTA walks: the group lookup is paid once per CTA and the
+// loads of chunk j+1 are in flight while chunk j is processed from shared memory.
+#define TILE_CHUNKS 8
+
+__device__ __forceinline__ uint32_t shfl_umax(uint32_t v, int width) {
+  for (int d = 1; d < width; d <<= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
+  return v;
+}
+
+// A scale that turns no non-NaN input into NaN (0 * inf or a NaN scale would).
+__device__ __forceinline__ bool scale_keeps_numbers(float s) { return s > 0.0f && s - s == 0.0f; }
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, int src_bytes) {
+  uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// quantize_tile_spec (gpu/quantize_tile_spec.cu): bf16/f16 x, K % 8 == 0, x 16-byte and
+// row_data (and MXFP8 col_data) 8-byte aligned; `nblocks` CTAs of the 1-D tile grid.
+cudaError_t launch_quantize_tile_spec(int xdt, const QParams &p, unsigned nblocks, cudaStream_t s);
+
+#endif
