@@ -159,6 +159,16 @@ __device__ __forceinline__ void store_col16(uint8_t *o, uint4 w, int n) {
   }
 }
 
+// 4 bytes at o (any alignment; one word store where aligned)
+__device__ __forceinline__ void store_bytes4(uint8_t *o, uint32_t w) {
+  if (((uintptr_t)o & 3) == 0) {
+    *(uint32_t *)o = w;
+  } else {
+#pragma unroll
+    for (int f = 0; f < 4; f++) o[f] = (uint8_t)(w >> (8 * f));
+  }
+}
+
 __device__ __forceinline__ uint32_t warp_umax(uint32_t v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
@@ -338,6 +348,10 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
         if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / s);
       }
       __syncthreads();
+      // x again from the raw buffer (intact until the next chunk's barrier): holding it in
+      // registers across the two barriers made the MXFP8 row+col instance spill
+#pragma unroll
+      for (int i = 0; i < 4; i++) xr[i] = *(const uint4 *)(buf + (rbase + i) * TS_RB + cg * 16);
       float cs[8];
       const float4 m0 = *(const float4 *)&colmul[FAM == FAM_MX ? warp >> 2 : 0][8 * cg];
       const float4 m1 = *(const float4 *)&colmul[FAM == FAM_MX ? warp >> 2 : 0][8 * cg + 4];
@@ -375,19 +389,23 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
       }
     }
 
-    // ---- MXFP8 scales in their final layout (compact or swizzled), one 512-byte tile each
+    // ---- MXFP8 scales in their final layout (compact or swizzled), one 512-byte tile each;
+    // a thread's 4 bytes are consecutive in both layouts: one word store where aligned
     if (FAM == FAM_MX) {
       if (ROW && tid < TILE) {
         uint8_t *S = (uint8_t *)p.row_si;
         const int64_t C = 4 * nkc;
-        if (p.swz) {  // 4 bytes at d*16 + b*4 of the 512-byte tile (kc)
-          const int d = tid >> 2, bq = tid & 3;
-          uint8_t *o = S + t * TILE * C + kc * 512 + d * 16 + bq * 4;
-          for (int f = 0; f < 4; f++) o[f] = rowe[32 * bq + d][f];
+        uint8_t *o;
+        uint32_t w;
+        if (p.swz) {  // 4 bytes at d*16 + b*4 of the 512-byte tile (kc); a warp reads 32 rows
+          const int d = tid & 31, bq = tid >> 5;
+          o = S + t * TILE * C + kc * 512 + d * 16 + bq * 4;
+          w = *(const uint32_t *)rowe[32 * bq + d];
         } else {
-          uint8_t *o = S + (t * TILE + tid) * C + 4 * kc;
-          for (int f = 0; f < 4; f++) o[f] = rowe[tid][f];
+          o = S + (t * TILE + tid) * C + 4 * kc;
+          w = *(const uint32_t *)rowe[tid];
         }
+        store_bytes4(o, w);
       }
       if (COL && tid >= TS_THREADS - TILE) {
         const int cc = tid - (TS_THREADS - TILE);
@@ -395,10 +413,11 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
         const int64_t Cc = TILE * nkc;
         if (p.swz) {
           const int64_t ntiles = p.tiles[g + 1] - tg0;
-          const int d = cc >> 2, bq = cc & 3;
-          uint8_t *o = S + 4 * tg0 * Cc + (kc * ntiles + a) * 512 + d * 16 + bq * 4;
-          for (int f = 0; f < 4; f++) o[f] = cole[f][32 * bq + d];
+          const int d = cc >> 2, bq = cc & 3, k = 32 * bq + d;
+          store_bytes4(S + 4 * tg0 * Cc + (kc * ntiles + a) * 512 + d * 16 + bq * 4,
+                       cole[0][k] | (cole[1][k] << 8) | (cole[2][k] << 16) | ((uint32_t)cole[3][k] << 24));
         } else {
+#pragma unroll
           for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + cc] = cole[f][cc];
         }
       }

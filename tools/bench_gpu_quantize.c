@@ -202,16 +202,16 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           if (tw_tensor_bytes(parts[i]) > scale_bytes && i != 0 && i != 2) { rc = 1; goto done; }
           written += tw_tensor_bytes(parts[i]);
         }
-        /* auto runs the row kernel on rowwise-only (not 128x128), the specialized tile kernel on the
-         * rest of these bf16 shapes */
-        int row_kernel = lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128;
+        /* auto runs the row kernel on tensor scaling's rowwise-only output, the specialized tile
+         * kernel on the rest of these bf16 shapes */
+        int row_kernel = lay == TW_ROWWISE && o.mode <= TW_SCALE_TENSOR_DELAYED;
         /* auto first (named after the kernel it picks for these bf16 shapes), then at G = 8
          * every other version that takes the layout */
         tw_ctx *vctxs[5] = {ctx, tile_ctx, async_ctx, spec_ctx, rows_ctx};
         const char *vnames[5] = {row_kernel ? "rows" : "tile_spec", "tile_vec", "tile_async", "tile_spec", "rows"};
         for (int ver = 0; ver < (G == 8 ? 5 : 1); ver++) {
         if (ver > 0 && !strcmp(vnames[ver], vnames[0])) continue;
-        if (ver == 4 && !row_kernel) continue;
+        if (ver == 4 && !(lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128)) continue;
         tw_ctx *vctx = vctxs[ver];
         q_arg qa = {vctx, &x, &gs, &o, &q};
         double ms = time_median(gpu_of(vctx)->stream, warmup, iters, run_q, &qa);
