@@ -35,6 +35,7 @@
 // TENSOR_CURRENT needs the group's amax before any element is scaled: an amax-only pass of the
 // same kernel runs first (x is read twice; the floor for that mode counts one read).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/gpu.h"
@@ -881,6 +882,8 @@ __global__ void tensor_finalize_kernel(int64_t G, int mode, float fp8_max, int p
   if (col_si) col_si[g] = si;
 }
 
+#define SPEC_CHUNKS 4
+
 static int xdt_of(tw_dtype t) { return t == TW_F32 ? XDT_F32 : t == TW_BF16 ? XDT_BF16 : XDT_F16; }
 
 template <int XDT, bool VEC, bool AMAX>
@@ -1059,6 +1062,12 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
       return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: %lld tiles of 128x128 exceed one grid (M = %lld, K = %lld)",
                       (long long)ngrid_tiles, (long long)M, (long long)K);
     dim3 rgrid((unsigned)ngrid_rows), agrid((unsigned)ngrid_async);
+    // chunks per CTA of quantize_tile_spec: 4 measured best on an H200 (4: 77-89% of copy
+    // bandwidth, 8: 1-2 points less, 14 and 28 less again: the CTAs resident together then
+    // stream more distinct rows); TWIN_SPEC_CHUNKS overrides it for the bench
+    p.chunks = SPEC_CHUNKS;
+    if (const char *env = getenv("TWIN_SPEC_CHUNKS")) p.chunks = atoi(env) > 0 ? atoi(env) : SPEC_CHUNKS;
+    const int64_t ngrid_spec = Tcap * ((K + TILE * p.chunks - 1) / (TILE * p.chunks));
     if (opts->mode == TW_SCALE_TENSOR_CURRENT) {
       if (rows_ok && version != QV_TILE_VEC && version != QV_TILE_SCALAR)
         GPU_TRY_CUDA(launch_rows_dt<true>(xdt, p, rgrid, s), "grouped_quantize: amax pass");
@@ -1067,7 +1076,7 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
     }
     if (version == QV_ROWS) GPU_TRY_CUDA(launch_rows_dt<false>(xdt, p, rgrid, s), "grouped_quantize: row kernel");
     else if (version == QV_TILE_SPEC)
-      GPU_TRY_CUDA(launch_quantize_tile_spec(xdt, p, (unsigned)ngrid_async, s), "grouped_quantize: specialized tile kernel");
+      GPU_TRY_CUDA(launch_quantize_tile_spec(xdt, p, (unsigned)ngrid_spec, s), "grouped_quantize: specialized tile kernel");
     else if (version == QV_TILE_ASYNC)
       GPU_TRY_CUDA(launch_async_dt(xdt, async_vec, p, agrid, s), "grouped_quantize: async tile kernel");
     else GPU_TRY_CUDA(launch_q_dt<false>(xdt, version == QV_TILE_VEC, p, grid, s), "grouped_quantize: tile kernel");

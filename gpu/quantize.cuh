@@ -26,6 +26,7 @@ struct QParams {
   float *amax;            // [G] f32 atomics target (zeroed first), or NULL
   const float *scale;     // [G]: delayed scales, or NULL
   int64_t rs_ld, cs_ld;   // leading dims of the block-mode scale matrices
+  int64_t chunks;         // quantize_tile_spec: 128-column chunks per CTA
 };
 
 __device__ __forceinline__ int64_t find_group(const int64_t *tiles, int64_t G, int64_t t) {
@@ -76,7 +77,8 @@ __device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.a
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // quantize_tile_spec (gpu/quantize_tile_spec.cu): bf16/f16 x, K % 8 == 0, x 16-byte and
-// row_data (and MXFP8 col_data) 8-byte aligned; `nblocks` CTAs of the 1-D tile grid.
+// row_data (and MXFP8 col_data) 8-byte aligned; `nblocks` CTAs of the 1-D tile grid
+// (Tcap x ceil(nkc / p.chunks)).
 cudaError_t launch_quantize_tile_spec(int xdt, const QParams &p, unsigned nblocks, cudaStream_t s);
 
 #endif

@@ -185,15 +185,21 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
   __shared__ __align__(16) uint8_t cole[4][TILE];          // MXFP8 colwise exponents
   __shared__ uint32_t red[TS_WARPS];
 
-  const int64_t nkc = (p.K + TILE - 1) / TILE;
-  int64_t t, cblk;
-  tile_of_block((nkc + TILE_CHUNKS - 1) / TILE_CHUNKS, &t, &cblk);
-  if (t >= p.tiles[p.G]) return;
+  // tile and chunk indices fit 32 bits (the host keeps the 128x128 tile count < 2^31); row
+  // offsets stay 64-bit. Fewer 64-bit values held across the loop: the MXFP8 row+col instance
+  // spilled to local memory, which misses L1 at this shared-memory carveout
+  const int nkc = (int)((p.K + TILE - 1) / TILE);
+  int64_t t64, cblk64;
+  tile_of_block((nkc + p.chunks - 1) / p.chunks, &t64, &cblk64);
+  if (t64 >= p.tiles[p.G]) return;
+  const int t = (int)t64;
   const int64_t g = find_group(p.tiles, p.G, t);
-  const int64_t tg0 = p.tiles[g], og = p.offsets[g], mg = p.offsets[g + 1] - og;
-  const int64_t a = t - tg0, lr0 = a * TILE, r0 = og + lr0;
+  const int tg0 = (int)p.tiles[g];
+  const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+  const int a = t - tg0;
+  const int64_t lr0 = (int64_t)a * TILE, r0 = og + lr0;
   const int rows = (int)min((int64_t)TILE, mg - lr0);
-  const int64_t kc_begin = cblk * TILE_CHUNKS, kc_end = min(nkc, kc_begin + TILE_CHUNKS);
+  const int kc_begin = (int)cblk64 * (int)p.chunks, kc_end = min(nkc, kc_begin + (int)p.chunks);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, rg = lane >> 4, cg = lane & 15;
   const int rbase = 8 * warp + 4 * rg;  // the lane's first row in the tile
   const float inv_max = 1.0f / p.fp8_max;
@@ -210,9 +216,9 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
 
   // chunk kc into buffer b: 2048 16-byte pieces, 4 per thread; pieces past the group's rows or
   // past K are zero-filled, so every statistic may include them
-  auto fill = [&](int64_t kc, int b) {
+  auto fill = [&](int kc, int b) {
     uint8_t *buf = ts_smem + b * TS_BUF;
-    const int64_t k0 = kc * TILE;
+    const int64_t k0 = (int64_t)kc * TILE;
 #pragma unroll
     for (int i = 0; i < TILE * 16 / TS_THREADS; i++) {
       const int id = i * TS_THREADS + tid, r = id >> 4, c = id & 15;
@@ -224,13 +230,13 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
   };
 
   fill(kc_begin, 0);
-  for (int64_t kc = kc_begin; kc < kc_end; kc++) {
+  for (int kc = kc_begin; kc < kc_end; kc++) {
     const int b = (int)((kc - kc_begin) & 1);
     cp_async_wait_all();
     __syncthreads();  // chunk kc is in buffer b; buffer b^1, the stage and the tables are free
     if (kc + 1 < kc_end) fill(kc + 1, b ^ 1);
     const uint8_t *buf = ts_smem + b * TS_BUF;
-    const int64_t k0 = kc * TILE;
+    const int64_t k0 = (int64_t)kc * TILE;
     const int cols = (int)min((int64_t)TILE, p.K - k0);
     const bool col_ok = 8 * cg < cols;
 
@@ -265,8 +271,8 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
       for (int i = 0; i < 4; i++) rs[i] = s;
       if (tid == 0) {
         const float si = tw_canon(1.0f / s);
-        if (ROW) ((float *)p.row_si)[t * p.rs_ld + kc] = si;
-        if (COL) ((float *)p.col_si)[kc * p.cs_ld + t] = si;
+        if (ROW) ((float *)p.row_si)[(int64_t)t * p.rs_ld + kc] = si;
+        if (COL) ((float *)p.col_si)[(int64_t)kc * p.cs_ld + t] = si;
       }
     } else if (ROW && FAM == FAM_MX) {
       // blocks of 32 columns = lanes 4f..4f+3; two rows per shuffled word
@@ -295,7 +301,7 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
       const uint32_t wm = my < 2 ? w01 : w23;
       const uint32_t m16 = (my & 1) ? wm >> 16 : wm & 0xFFFFu;
       const float s = tw_compute_scale(tw_u2f(mag_bits<XDT>(m16)), p.fp8_max, p.pow2);
-      if (cg < 4 && rbase + cg < rows) ((float *)p.row_si)[kc * p.rs_ld + r0 + rbase + cg] = tw_canon(1.0f / s);
+      if (cg < 4 && rbase + cg < rows) ((float *)p.row_si)[(int64_t)kc * p.rs_ld + r0 + rbase + cg] = tw_canon(1.0f / s);
 #pragma unroll
       for (int i = 0; i < 4; i++) rs[i] = __shfl_sync(0xffffffffu, s, (lane & 16) | i);
     }
@@ -345,7 +351,7 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
         const uint32_t m16 = (tid & 1) ? m >> 16 : m & 0xFFFFu;
         const float s = tw_compute_scale(tw_u2f(mag_bits<XDT>(m16)), p.fp8_max, p.pow2);
         colmul[0][tid] = s;
-        if (tid < cols) ((float *)p.col_si)[t * p.cs_ld + k0 + tid] = tw_canon(1.0f / s);
+        if (tid < cols) ((float *)p.col_si)[(int64_t)t * p.cs_ld + k0 + tid] = tw_canon(1.0f / s);
       }
       __syncthreads();
       // x again from the raw buffer (intact until the next chunk's barrier): holding it in
@@ -394,15 +400,15 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
     if (FAM == FAM_MX) {
       if (ROW && tid < TILE) {
         uint8_t *S = (uint8_t *)p.row_si;
-        const int64_t C = 4 * nkc;
+        const int64_t C = (int64_t)4 * nkc;
         uint8_t *o;
         uint32_t w;
         if (p.swz) {  // 4 bytes at d*16 + b*4 of the 512-byte tile (kc); a warp reads 32 rows
           const int d = tid & 31, bq = tid >> 5;
-          o = S + t * TILE * C + kc * 512 + d * 16 + bq * 4;
+          o = S + (int64_t)t * TILE * C + (int64_t)kc * 512 + d * 16 + bq * 4;
           w = *(const uint32_t *)rowe[32 * bq + d];
         } else {
-          o = S + (t * TILE + tid) * C + 4 * kc;
+          o = S + ((int64_t)t * TILE + tid) * C + 4 * kc;
           w = *(const uint32_t *)rowe[tid];
         }
         store_bytes4(o, w);
@@ -410,15 +416,15 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
       if (COL && tid >= TS_THREADS - TILE) {
         const int cc = tid - (TS_THREADS - TILE);
         uint8_t *S = (uint8_t *)p.col_si;
-        const int64_t Cc = TILE * nkc;
+        const int64_t Cc = (int64_t)TILE * nkc;
         if (p.swz) {
-          const int64_t ntiles = p.tiles[g + 1] - tg0;
+          const int ntiles = (int)p.tiles[g + 1] - tg0;
           const int d = cc >> 2, bq = cc & 3, k = 32 * bq + d;
-          store_bytes4(S + 4 * tg0 * Cc + (kc * ntiles + a) * 512 + d * 16 + bq * 4,
+          store_bytes4(S + 4 * (int64_t)tg0 * Cc + ((int64_t)kc * ntiles + a) * 512 + d * 16 + bq * 4,
                        cole[0][k] | (cole[1][k] << 8) | (cole[2][k] << 16) | ((uint32_t)cole[3][k] << 24));
         } else {
 #pragma unroll
-          for (int f = 0; f < 4; f++) S[(4 * t + f) * Cc + k0 + cc] = cole[f][cc];
+          for (int f = 0; f < 4; f++) S[(4 * (int64_t)t + f) * Cc + k0 + cc] = cole[f][cc];
         }
       }
     }
@@ -443,9 +449,18 @@ cudaError_t launch_spec(const QParams &p, unsigned nblocks, cudaStream_t s) {
   auto kernel = quantize_tile_spec_kernel<XDT, FAM, ROW, COL, FP8>;
   const int smem = 2 * TS_BUF + (COL && FAM != FAM_MX ? TS_STAGE : 0);
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  // all of the unified L1 as shared memory: two CTAs need ~175 KB, and x is streamed anyway
-  if (e == cudaSuccess)
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared);
+  // shared memory for two CTAs and not more: the rest of the unified L1 stays a cache (x is
+  // streamed past it, but spilled registers and the group tables are not)
+  cudaFuncAttributes fa;
+  int dev = 0, max_smem = 0;
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, kernel);
+  if (e == cudaSuccess) e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (e == cudaSuccess && max_smem > 0) {
+    const long need = 2L * (smem + (long)fa.sharedSizeBytes + 1024);
+    const int pct = (int)min(100L, (need * 100 + max_smem - 1) / max_smem);
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct);
+  }
   if (e != cudaSuccess) return e;
   kernel<<<nblocks, TS_THREADS, smem, s>>>(p);
   return cudaGetLastError();
