@@ -3,8 +3,9 @@
  * context's stream (median of cfg->iters after cfg->warmup). Floor: the bytes an ideal kernel
  * moves (x read once, every output written once) over the device-to-device copy bandwidth
  * measured in the same run. Peer: torch.compile'd per-tensor current-scaling quantize, read
- * from --peers FILE (tools/peers/torch_quantize.py prints it), next to the G = 1 current
- * rowwise row; ratio = peer_ms / ours (> 1: twin is faster). */
+ * from --peers FILE (tools/peers/torch_quantize.py prints it: one torch.compile'd function per
+ * mode and layout) next to the G = 1 rows, and current scaling per group next to G = 8;
+ * ratio = peer_ms / ours (> 1: twin is faster). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,7 +169,6 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
   tw_bench_print_row(&cr, cfg->csv);
 
   char peer_name[48] = "";
-  double pms = peer_ms(cfg->peers_json, "compile per-tensor", peer_name, sizeof peer_name);
   static const int64_t Gs[] = {1, 8, 128};
   static const tw_scaling modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_MXFP8_1D,
                                      TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
@@ -232,10 +232,17 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         r.unit = "GB/s";
         r.pct_of_floor = 100.0 * r.rate / copy_gbs;
         r.peer_ms = r.ratio = -1;
-        if (G == 1 && o.mode == TW_SCALE_TENSOR_CURRENT && lay == TW_ROWWISE && pms > 0) {
-          snprintf(r.peer, sizeof r.peer, "%s", peer_name);
-          r.peer_ms = pms;
-          r.ratio = pms / ms;
+        if (ver == 0 && (G == 1 || (G == 8 && o.mode == TW_SCALE_TENSOR_CURRENT && lay == TW_ROWWISE))) {
+          /* the torch.compile'd peer of this mode and layout (G = 1), or current scaling per group */
+          char key[64];
+          snprintf(key, sizeof key, "compile %s %s %s", tw_scaling_name(o.mode), lay == TW_ROWWISE ? "row" : "row+col",
+                   G == 1 ? "e4m3" : "G=8");
+          double pm = peer_ms(cfg->peers_json, key, peer_name, sizeof peer_name);
+          if (pm > 0) {
+            snprintf(r.peer, sizeof r.peer, "%s", peer_name);
+            r.peer_ms = pm;
+            r.ratio = pm / ms;
+          }
         }
         tw_bench_print_row(&r, cfg->csv);
         }
