@@ -3,31 +3,34 @@
 //
 // Work is cut into group-relative tiles of 128 rows x 128 columns: tile t belongs to group g
 // with T(g) <= t < T(g+1) (T from gpu_group_prefix), covers rows o_g + 128(t - T(g)) ... of
-// that group only, and a 128-column chunk (a CTA walks TILE_CHUNKS of them). Every scale block of every mode (32, 128,
+// that group only, and a 128-column chunk (a CTA walks a few of them). Every scale block of every mode (32, 128,
 // 128x128, the MXFP8 128x4 swizzle tile) then lies inside one tile, so one CTA computes and
 // writes its scales directly in the final layout, rowwise and colwise from one read of x.
 // The grid is sized by the host's worst case T_cap; CTAs past T(G) return at once. Group sizes
 // are read on the device only.
 //
-// Versions (tw_ctx_config.kernel), auto picks the first that applies of rows, tile_async
-// (bf16/f16 x), tile_vec, tile_scalar (tile_regs is forced only):
+// Versions (tw_ctx_config.kernel). Auto picks, in order: rows for tensor scaling's rowwise-only
+// output, tile_spec wherever it applies (16-bit x, K % 8 == 0, aligned), rows for the other
+// rowwise-only modes, tile_async for other 16-bit x, tile_vec, tile_scalar. Measured on an H200
+// (gpu/NOTES-quantize.md, session 3): tile_spec 84-92% of copy bandwidth on every mode but
+// current scaling, rows 89-91% on tensor rowwise.
+//   quantize_tile_spec    gpu/quantize_tile_spec.cu: the tile kernel compiled per x dtype,
+//                         scaling family, layout and fp8 format; a lane holds 4 rows x 8
+//                         columns, statistics on raw 16-bit magnitudes, the transposed codes of
+//                         tensor/128x128 scaling transposed from the rowwise ones in registers
 //   quantize_tile_vec     the tile kernel with 8/16-byte loads and 4-byte stores (auto for f32
 //                         x when x, K and the outputs are 4-element aligned)
 //   quantize_tile_scalar  the same kernel with element loads and byte stores (any alignment)
-//   quantize_rows         rowwise-only current/delayed/MXFP8/1x128 without shared memory (auto
-//                         when K % 8 == 0 and x is 16-byte aligned); also the amax pass
-//   quantize_tile_async   the tile kernel rebuilt around a cp.async double-buffered raw tile,
-//                         512 threads at <= 64 registers, column statistics folded into the row
-//                         pass, transposed output through a per-warp stage with 16-byte stores
-//                         (any shape: element loads where cp.async cannot). Auto for bf16/f16
-//                         shapes the register-tile kernel does not take.
-//   quantize_tile_regs    one 128x128 tile per CTA held in registers (8 rows x 8 columns per
-//                         lane), every mode and layout, colwise codes of the tensor and 128x128
-//                         modes transposed from the rowwise ones in registers; bf16/f16 x with
-//                         K % 8 == 0, aligned. Forced only: measured 0.97-1.4x slower than
-//                         tile_async (H200, gpu/NOTES-quantize.md run 5), issue-bound too.
+//   quantize_rows         rowwise-only current/delayed/MXFP8/1x128 without shared memory (K % 8
+//                         == 0, x 16-byte aligned); also the amax pass of current scaling
+//   quantize_tile_async   the generic tile kernel around a cp.async double-buffered raw tile,
+//                         512 threads at <= 64 registers (any shape: element loads where
+//                         cp.async cannot); one kernel for every mode, chosen at run time,
+//                         which left it issue-bound at 35-61% (the reason tile_spec exists)
+// (quantize_tile_regs, a register-tile kernel of session 2, measured slower than tile_async
+// and was replaced by tile_spec.)
 //
-// Per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
+// tile_vec / tile_scalar, per tile (256 threads): load x into shared memory as f32 (16-byte chunks XOR-swizzled by row
 // so that both the row pass and the 32-row column strips are free of bank conflicts); column
 // statistics (MXFP8 colwise and 1x128 colwise amax) in 32-row strips; a row pass (one warp per
 // row, 4 consecutive k per lane) writes rowwise data and MXFP8 colwise data; a strip pass writes
