@@ -809,23 +809,7 @@ __global__ void __launch_bounds__(TA_THREADS, 2) quantize_tile_async_kernel(QPar
           const int k = L::EPC * cc + e, n = min(16, rows - 16 * s);
           if (k >= cols || n <= 0) continue;
           const uint4 w = *(const uint4 *)(stage + e * 128 + s * 16);
-          uint8_t *o = colg + (k0 + k) * mg + lr0 + 16 * s;
-          const uintptr_t ad = (uintptr_t)o;
-          if (n == 16 && (ad & 15) == 0) {
-            *(uint4 *)o = w;
-          } else if (n == 16 && (ad & 3) == 0) {
-            ((uint32_t *)o)[0] = w.x;
-            ((uint32_t *)o)[1] = w.y;
-            ((uint32_t *)o)[2] = w.z;
-            ((uint32_t *)o)[3] = w.w;
-          } else {
-#pragma unroll
-            for (int j = 0; j < 16; j++) {
-              if (j >= n) break;
-              const uint32_t word = j < 4 ? w.x : j < 8 ? w.y : j < 12 ? w.z : w.w;
-              o[j] = (uint8_t)(word >> (8 * (j & 3)));
-            }
-          }
+          store_col16(colg + (k0 + k) * mg + lr0 + 16 * s, w, n);
         }
         __syncwarp();  // the stage is reused by the next column chunk
       }

@@ -76,6 +76,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+// n (<= 16) transposed codes of one column at o (the transposed colwise output of the tile
+// kernels): one 16-byte store where allowed
+__device__ __forceinline__ void store_col16(uint8_t *o, uint4 w, int n) {
+  const uintptr_t ad = (uintptr_t)o;
+  if (n == 16 && (ad & 15) == 0) {
+    *(uint4 *)o = w;
+  } else if (n == 16 && (ad & 3) == 0) {
+    ((uint32_t *)o)[0] = w.x;
+    ((uint32_t *)o)[1] = w.y;
+    ((uint32_t *)o)[2] = w.z;
+    ((uint32_t *)o)[3] = w.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      if (j >= n) break;
+      const uint32_t word = j < 4 ? w.x : j < 8 ? w.y : j < 12 ? w.z : w.w;
+      o[j] = (uint8_t)(word >> (8 * (j & 3)));
+    }
+  }
+}
+
 // quantize_tile_spec (gpu/quantize_tile_spec.cu): bf16/f16 x, K % 8 == 0, x 16-byte and
 // row_data (and MXFP8 col_data) 8-byte aligned; `nblocks` CTAs of the 1-D tile grid
 // (Tcap x ceil(nkc / p.chunks)).

@@ -59,6 +59,20 @@ __device__ __forceinline__ uint32_t pack_max(uint32_t a, uint32_t b) {
   return max(a >> 16, a & 0xFFFFu) | (max(b >> 16, b & 0xFFFFu) << 16);
 }
 
+// The 16-bit magnitude max of row `my` (0..3) of the lane's rows over a row block of LANES
+// consecutive lanes (8 columns each): two rows per shuffled word, log2(LANES) steps.
+template <int LANES>
+__device__ __forceinline__ uint32_t row_block_mag(const uint32_t rm[4], int my) {
+  uint32_t w01 = pack_max(rm[0], rm[1]), w23 = pack_max(rm[2], rm[3]);
+#pragma unroll
+  for (int d = 1; d < LANES; d <<= 1) {
+    w01 = max2(w01, __shfl_xor_sync(0xffffffffu, w01, d));
+    w23 = max2(w23, __shfl_xor_sync(0xffffffffu, w23, d));
+  }
+  const uint32_t wm = my < 2 ? w01 : w23;
+  return (my & 1) ? wm >> 16 : wm & 0xFFFFu;
+}
+
 template <int XDT>
 __device__ __forceinline__ float2 unpack2(uint32_t w) {
   if (XDT == XDT_BF16) return make_float2(tw_u2f(w << 16), tw_u2f(w & 0xFFFF0000u));
@@ -138,26 +152,6 @@ __device__ __forceinline__ void transpose4(uint32_t w0, uint32_t w1, uint32_t w2
 // so the 32 lanes of a warp (16 column groups x 2 row quads) write 32 different banks, and a
 // 16-byte group of 4 row-words stays whole (its order is swapped pairwise for odd col >> 3).
 __device__ __forceinline__ int stage_word(int col, int wi) { return col * 32 + (wi ^ (2 * ((col >> 3) & 15))); }
-
-// n (<= 16) transposed codes of one column at o: one 16-byte store where allowed
-__device__ __forceinline__ void store_col16(uint8_t *o, uint4 w, int n) {
-  const uintptr_t ad = (uintptr_t)o;
-  if (n == 16 && (ad & 15) == 0) {
-    *(uint4 *)o = w;
-  } else if (n == 16 && (ad & 3) == 0) {
-    ((uint32_t *)o)[0] = w.x;
-    ((uint32_t *)o)[1] = w.y;
-    ((uint32_t *)o)[2] = w.z;
-    ((uint32_t *)o)[3] = w.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      if (j >= n) break;
-      const uint32_t word = j < 4 ? w.x : j < 8 ? w.y : j < 12 ? w.z : w.w;
-      o[j] = (uint8_t)(word >> (8 * (j & 3)));
-    }
-  }
-}
 
 // 4 bytes at o (any alignment; one word store where aligned)
 __device__ __forceinline__ void store_bytes4(uint8_t *o, uint32_t w) {
@@ -306,31 +300,17 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
         if (COL) ((float *)p.col_si)[(int64_t)kc * p.cs_ld + t] = si;
       }
     } else if (ROW && FAM == FAM_MX) {
-      // blocks of 32 columns = lanes 4f..4f+3; two rows per shuffled word
-      uint32_t w01 = pack_max(rm[0], rm[1]), w23 = pack_max(rm[2], rm[3]);
-#pragma unroll
-      for (int d = 1; d < 4; d <<= 1) {
-        w01 = max2(w01, __shfl_xor_sync(0xffffffffu, w01, d));
-        w23 = max2(w23, __shfl_xor_sync(0xffffffffu, w23, d));
-      }
-      const int my = cg & 3;  // this lane computes row `my`'s exponent for its block
-      const uint32_t wm = my < 2 ? w01 : w23;
-      const uint32_t m16 = (my & 1) ? wm >> 16 : wm & 0xFFFFu;
+      // blocks of 32 columns = lanes 4f..4f+3; this lane computes row `my`'s exponent
+      const int my = cg & 3;
+      const uint32_t m16 = row_block_mag<4>(rm, my);
       const uint8_t e = tw_f32_to_e8m0_ceil_d(tw_u2f(mag_bits<XDT>(m16)) * inv_max);
       rowe[rbase + my][cg >> 2] = e;
 #pragma unroll
       for (int i = 0; i < 4; i++) rs[i] = tw_e8m0_quant_scale((uint8_t)__shfl_sync(0xffffffffu, e, (lane & ~3) | i));
     } else if (ROW && FAM == FAM_B1x128) {
-      // blocks of 128 columns = the 16 lanes of a row quad
-      uint32_t w01 = pack_max(rm[0], rm[1]), w23 = pack_max(rm[2], rm[3]);
-#pragma unroll
-      for (int d = 1; d < 16; d <<= 1) {
-        w01 = max2(w01, __shfl_xor_sync(0xffffffffu, w01, d));
-        w23 = max2(w23, __shfl_xor_sync(0xffffffffu, w23, d));
-      }
+      // blocks of 128 columns = the 16 lanes of a row quad; this lane computes row `my`'s scale
       const int my = cg & 3;
-      const uint32_t wm = my < 2 ? w01 : w23;
-      const uint32_t m16 = (my & 1) ? wm >> 16 : wm & 0xFFFFu;
+      const uint32_t m16 = row_block_mag<16>(rm, my);
       const float s = tw_compute_scale(tw_u2f(mag_bits<XDT>(m16)), p.fp8_max, p.pow2);
       if (cg < 4 && rbase + cg < rows) ((float *)p.row_si)[(int64_t)kc * p.rs_ld + r0 + rbase + cg] = tw_canon(1.0f / s);
 #pragma unroll
