@@ -242,8 +242,9 @@ static tw_status th_all_to_allv(tw_comm *c, tw_ctx *ctx, const void *send, const
   }
   if (s == TW_OK)
     for (int j = 0; j < g->n; j++)
-      memcpy((char *)recv + (size_t)rdispls[j] * es,
-             (const char *)g->send[j] + (size_t)g->displs[j][c->rank] * es, (size_t)rcounts[j] * es);
+      if (rcounts[j] > 0) /* empty: recv or the sender's buffer may be NULL */
+        memcpy((char *)recv + (size_t)rdispls[j] * es,
+               (const char *)g->send[j] + (size_t)g->displs[j][c->rank] * es, (size_t)rcounts[j] * es);
   tw_status s2 = barrier(c, "all_to_allv");
   return s != TW_OK ? s : s2;
 }
@@ -258,8 +259,12 @@ static tw_status th_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *re
   int src = -1;
   for (int j = 0; j < g->n; j++)
     if (perm[j] == c->rank) src = j;
-  if (src >= 0) memcpy(recv, g->send[src], bytes);
-  else memset(recv, 0, bytes);
+  if (bytes == 0) { /* empty: recv may be NULL */
+  } else if (src >= 0) {
+    memcpy(recv, g->send[src], bytes);
+  } else {
+    memset(recv, 0, bytes);
+  }
   return barrier(c, "ppermute");
 }
 

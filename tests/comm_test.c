@@ -135,6 +135,36 @@ Test(comm, ppermute_shifts_and_zero_fills) {
   for (int n = 1; n <= MAXR; n *= 2) cr_assert_eq(run(n, body_ppermute, NULL, 10), TW_OK, "n=%d: %s", n, tw_last_error());
 }
 
+/* Empty exchanges (an expert that receives no tokens): all counts 0 and no buffers at all, and
+ * a ppermute of 0 elements; nothing is touched (ref passed NULL to memcpy here: UB). */
+static tw_status body_empty_exchanges(int r, tw_comm *c, tw_ctx *ctx, void *arg) {
+  int n = tw_comm_size(c);
+  int64_t zeros[MAXR] = {0};
+  TW_TRY(tw_all_to_allv(ctx, c, NULL, zeros, zeros, NULL, zeros, zeros, TW_F32));
+  /* some ranks send nothing to some others, with real buffers elsewhere */
+  int32_t vs[MAXR], vr[MAXR];
+  int64_t sc[MAXR], sd[MAXR], rc[MAXR], rd[MAXR];
+  for (int j = 0; j < n; j++) {
+    sc[j] = (r + j) % 2;  /* rank r sends one element to rank j when r + j is odd */
+    rc[j] = (j + r) % 2;
+    sd[j] = rd[j] = j;
+    vs[j] = r * 10 + j;
+    vr[j] = -1;
+  }
+  TW_TRY(tw_all_to_allv(ctx, c, vs, sc, sd, vr, rc, rd, TW_I32));
+  for (int j = 0; j < n; j++)
+    CHECK(vr[j] == ((j + r) % 2 ? j * 10 + r : -1), "rank %d: from %d got %d", r, j, vr[j]);
+  int perm[MAXR];
+  for (int j = 0; j < n; j++) perm[j] = (j + 1) % n;
+  TW_TRY(tw_ppermute(ctx, c, NULL, NULL, 0, TW_F32, perm));
+  return TW_OK;
+}
+
+Test(comm, empty_all_to_allv_and_ppermute_touch_nothing) {
+  for (int n = 1; n <= MAXR; n *= 2)
+    cr_assert_eq(run(n, body_empty_exchanges, NULL, 10), TW_OK, "n=%d: %s", n, tw_last_error());
+}
+
 static tw_status body_split(int r, tw_comm *c, tw_ctx *ctx, void *arg) {
   /* 8 ranks as a 2x4 grid: rows (color r/4) ordered by reversed key */
   tw_comm *row = NULL, *col = NULL;
