@@ -234,7 +234,10 @@ static tw_status rule_dense(tw_plan *p, const tw_shard_operand *x, const tw_shar
   tw_pspec xop = xb ? spec3(3, b, ds_none, R) : spec3(2, ds_none, R, ds_none);
   tw_pspec wop = wb ? spec3(3, b, R, Nn) : spec3(2, R, Nn, ds_none);
   tw_pspec yop = xb ? spec3(3, b, ds_none, Nn) : spec3(2, ds_none, Nn, ds_none);
-  if (scatter_m) note(p, "gemm: M and K both sharded: the output is reduce-scattered along M");
+  if (scatter_m)
+    note(p, p->pass == TW_PASS_FWD ? "gemm: M and K both sharded: the output is reduce-scattered along M"
+                                   : "gemm: M and K both sharded: dy comes sharded along M, as the forward's "
+                                     "reduce-scatter left y");
   switch (p->pass) {
     case TW_PASS_FWD:
       set_tensor(p, 0, "x", x->ndim, x->shape, &x->spec);
