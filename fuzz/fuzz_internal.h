@@ -170,6 +170,9 @@ typedef struct {
  * (--backend ref), the run is the oracle's self-consistency; otherwise every output is also
  * compared with the oracle's. Returns the verdict (also in res). */
 fz_verdict fz_run_case(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, fz_result *res);
+/* 1 if c's group sizes are usable (G >= 1, none negative, sum <= M), else 0 with the reason in
+ * msg (replayed and shrunk cases are checked before they run). */
+int fz_group_sizes_sane(const fz_case *c, char *msg, size_t n);
 void fz_result_print(const fz_result *r, FILE *f);
 
 /* The checks' bookkeeping, for runners outside run.c: each adds a named check to res (and the

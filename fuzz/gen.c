@@ -568,12 +568,10 @@ static int gen_wgrad(fz_rng *r, fz_case *c) {
   if (gen_groups(r, c, rows_budget, 16)) return -1;
   return gen_gemm_values(r, c);
 }
-
-int fz_generate(fz_case *c, fz_op op, uint64_t seed, uint64_t index) {
-  memset(c, 0, sizeof *c);
-  fz_rng r;
+/* The case seed, its generator (the seed XOR `stream`) and the defaults every case starts from. */
+static void case_start(fz_case *c, fz_rng *r, uint64_t seed, uint64_t index, fz_op op, uint64_t stream) {
   c->seed = fz_case_seed(seed, index);
-  fz_rng_seed(&r, c->seed);
+  fz_rng_seed(r, c->seed ^ stream);
   c->op = op;
   c->layout = TW_ROWWISE;
   c->qdtype = TW_E4M3;
@@ -581,6 +579,13 @@ int fz_generate(fz_case *c, fz_op op, uint64_t seed, uint64_t index) {
   c->out_dtype = TW_F32;
   c->sa.dtype = c->sb.dtype = TW_F32;
   c->sa.qdtype = c->sb.qdtype = TW_E4M3;
+}
+
+
+int fz_generate(fz_case *c, fz_op op, uint64_t seed, uint64_t index) {
+  memset(c, 0, sizeof *c);
+  fz_rng r;
+  case_start(c, &r, seed, index, op, 0);
   int rc;
   switch (op) {
     case FZ_QUANTIZE: rc = gen_quantize(&r, c); break;
@@ -968,16 +973,8 @@ int fz_generate_sharded(fz_case *c, fz_op op, uint64_t seed, uint64_t index, con
   memset(c, 0, sizeof *c);
   if (!fz_op_shardable(op)) return -1;
   fz_rng r;
-  c->seed = fz_case_seed(seed, index);
-  fz_rng_seed(&r, c->seed ^ 0x5348415244454421ull); /* a stream of its own */
-  c->op = op;
+  case_start(c, &r, seed, index, op, 0x5348415244454421ull); /* a stream of its own */
   c->sharded = 1;
-  c->layout = TW_ROWWISE;
-  c->qdtype = TW_E4M3;
-  c->x_dtype = TW_F32;
-  c->out_dtype = TW_F32;
-  c->sa.dtype = c->sb.dtype = TW_F32;
-  c->sa.qdtype = c->sb.qdtype = TW_E4M3;
   c->pass = TW_PASS_FWD;
   switch (op) {
     case FZ_QUANTIZE:

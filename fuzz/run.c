@@ -927,6 +927,17 @@ static int valid_spec(const fz_operand_spec *s) {
 
 /* A case read from disk may be anything: reject what would make the fuzzer itself index out
  * of bounds (the library's own validation judges the rest). */
+int fz_group_sizes_sane(const fz_case *c, char *msg, size_t n) {
+  if (c->G < 1 || !c->group_sizes) { snprintf(msg, n, "no group sizes"); return 0; }
+  int64_t S = 0;
+  for (int64_t g = 0; g < c->G; g++) {
+    if (c->group_sizes[g] < 0) { snprintf(msg, n, "group_sizes[%lld] < 0", (long long)g); return 0; }
+    S += c->group_sizes[g];
+  }
+  if (S > c->M) { snprintf(msg, n, "group sizes sum to %lld > M = %lld", (long long)S, (long long)c->M); return 0; }
+  return 1;
+}
+
 static int case_sane(const fz_case *c, char *msg, size_t n) {
   if (c->M < 0 || c->K < 0 || c->N < 0 || c->G < 0) { snprintf(msg, n, "negative dims"); return 0; }
   if (!valid_dtype(c->x_dtype) || !valid_dtype(c->dst_dtype) || !valid_dtype(c->out_dtype) ||
@@ -936,13 +947,7 @@ static int case_sane(const fz_case *c, char *msg, size_t n) {
     return 0;
   }
   if (c->op == FZ_QUANTIZE || c->op == FZ_GROUPED_GEMM || c->op == FZ_WGRAD) {
-    if (c->G < 1 || !c->group_sizes) { snprintf(msg, n, "no group sizes"); return 0; }
-    int64_t S = 0;
-    for (int64_t g = 0; g < c->G; g++) {
-      if (c->group_sizes[g] < 0) { snprintf(msg, n, "group_sizes[%lld] < 0", (long long)g); return 0; }
-      S += c->group_sizes[g];
-    }
-    if (S > c->M) { snprintf(msg, n, "group sizes sum to %lld > M = %lld", (long long)S, (long long)c->M); return 0; }
+    if (!fz_group_sizes_sane(c, msg, n)) return 0;
   }
   if (c->op == FZ_QUANTIZE && c->mode == TW_SCALE_TENSOR_DELAYED && !c->scale) {
     snprintf(msg, n, "delayed scaling without scale");

@@ -689,13 +689,7 @@ static int sharded_sane(const fz_case *c, char *msg, size_t n) {
     return 0;
   }
   if (c->rule != TW_SHARD_DENSE) {
-    if (c->G < 1 || !c->group_sizes) { snprintf(msg, n, "no group sizes"); return 0; }
-    int64_t S = 0;
-    for (int64_t g = 0; g < c->G; g++) {
-      if (c->group_sizes[g] < 0) { snprintf(msg, n, "group_sizes[%lld] < 0", (long long)g); return 0; }
-      S += c->group_sizes[g];
-    }
-    if (S > c->M) { snprintf(msg, n, "group sizes sum to %lld > M = %lld", (long long)S, (long long)c->M); return 0; }
+    if (!fz_group_sizes_sane(c, msg, n)) return 0;
   }
   if (c->rule == TW_SHARD_GROUPED_QUANTIZE ? !c->x || (c->mode == TW_SCALE_TENSOR_DELAYED && !c->scale)
                                            : !c->a || !c->b) {
