@@ -3,9 +3,10 @@
 // its own mode. Formulas: tw_quantize.h; tiles and grid: gpu/quantize.cu's header.
 //
 // Why it exists: quantize_tile_async (one kernel for every mode, chosen at run time) measured
-// 37-69 issued instructions per element on an H200, mostly integer address math, branches
+// 38-70 issued instructions per element on an H200, mostly integer address math, branches
 // and predicates (ncu source counters, gpu/NOTES-quantize.md session 3), and ran issue-bound at
-// 35-61% of copy bandwidth. Here:
+// 35-61% of copy bandwidth; this kernel runs every mode but current scaling at 84-92% there.
+// Here:
 // - 512 threads; lane (rg = lane >> 4, cg = lane & 15) of warp w owns rows 8w + 4rg .. +3 and
 //   columns 8cg .. 8cg+7 of the 128x128 chunk: four 16-byte shared loads put its 32 raw
 //   elements in 16 registers, and every statistic and both orientations come from there.
@@ -18,7 +19,9 @@
 //   byte transpose in registers, a 16 KB stage [column][row] swizzled so that both its word
 //   writes and its 16-byte reads are free of bank conflicts, 16-byte stores along the
 //   transposed rows. 1x128 colwise computes its own codes with per-column scales, same path.
-// - x arrives by cp.async into two 32 KB buffers (chunk kc+1 streams while kc is processed).
+// - x arrives by cp.async into two 32 KB buffers (chunk kc+1 streams while kc is processed);
+//   a CTA walks p.chunks (4) chunks of one row tile, so the CTAs resident together read nearby
+//   columns of the same rows (persistent grids measured 5-15% slower).
 // Needs bf16/f16 x, K % 8 == 0, x 16-byte, row_data and MXFP8 col_data 8-byte aligned
 // (transposed col_data: any alignment, stores narrow where needed).
 #include <cuda_fp16.h>
