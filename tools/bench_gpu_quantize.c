@@ -138,7 +138,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     uint32_t r = (uint32_t)(st >> 33);
     hx[i] = (uint16_t)((r & 0x8000u) | (uint16_t)(0x3C00u + (r % 0x0600u)));
   }
-  void *dx = NULL, *dcopy = NULL, *drow = NULL, *dcol = NULL, *drs = NULL, *dcs = NULL, *dam = NULL, *dgs = NULL,
+  void *dx = NULL, *dx32 = NULL, *dcopy = NULL, *drow = NULL, *dcol = NULL, *drs = NULL, *dcs = NULL, *dam = NULL, *dgs = NULL,
        *dsc = NULL;
   size_t scale_bytes = 64u << 20;
   if (!cuda_ok(cudaMalloc(&dx, (size_t)n * 2), "malloc x") || !cuda_ok(cudaMalloc(&dcopy, (size_t)n * 2), "malloc copy") ||
@@ -172,8 +172,22 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
   static const int64_t Gs[] = {1, 8, 128};
   static const tw_scaling modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_MXFP8_1D,
                                      TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
-  for (int gi = 0; gi < 3; gi++) {
-    int64_t G = Gs[gi];
+  /* bf16 x at G = 1, 8, 128 (every version at G = 8), then f32 x at G = 8 (auto only: the
+   * versions for 32-bit x are tile_vec and rows) */
+  for (int gi = 0; gi < 4; gi++) {
+    const int f32 = gi == 3;
+    int64_t G = f32 ? 8 : Gs[gi];
+    if (f32) {
+      float *h32 = malloc((size_t)n * 4);
+      int ok = h32 && cuda_ok(cudaMalloc(&dx32, (size_t)n * 4), "malloc f32 x");
+      for (int64_t i = 0; ok && i < n; i++) {
+        uint32_t b = (uint32_t)hx[i] << 16;
+        memcpy(&h32[i], &b, 4);
+      }
+      ok = ok && cuda_ok(cudaMemcpy(dx32, h32, (size_t)n * 4, cudaMemcpyHostToDevice), "copy f32 x");
+      free(h32);
+      if (!ok) { rc = 1; goto done; }
+    }
     int32_t sizes[128];
     float ones[128];
     for (int64_t g = 0; g < G; g++) {
@@ -182,7 +196,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     }
     cudaMemcpy(dgs, sizes, sizeof(int32_t) * (size_t)G, cudaMemcpyHostToDevice);
     cudaMemcpy(dsc, ones, sizeof(float) * (size_t)G, cudaMemcpyHostToDevice);
-    tw_tensor x = tw_tensor_2d(dx, TW_BF16, M, K, TW_MEM_DEVICE), gs = tw_tensor_1d(dgs, TW_I32, G, TW_MEM_DEVICE);
+    tw_tensor x = tw_tensor_2d(f32 ? dx32 : dx, f32 ? TW_F32 : TW_BF16, M, K, TW_MEM_DEVICE), gs = tw_tensor_1d(dgs, TW_I32, G, TW_MEM_DEVICE);
     for (int mi = 0; mi < 5; mi++)
       for (int lay = TW_ROWWISE; lay <= TW_ROWWISE_COLWISE; lay += 2) {
         tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
@@ -204,12 +218,12 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         }
         /* auto runs the row kernel on tensor scaling's rowwise-only output, the specialized tile
          * kernel on the rest of these bf16 shapes */
-        int row_kernel = lay == TW_ROWWISE && o.mode <= TW_SCALE_TENSOR_DELAYED;
+        int row_kernel = lay == TW_ROWWISE && (f32 ? o.mode != TW_SCALE_BLOCK_128x128 : o.mode <= TW_SCALE_TENSOR_DELAYED);
         /* auto first (named after the kernel it picks for these bf16 shapes), then at G = 8
          * every other version that takes the layout */
         tw_ctx *vctxs[5] = {ctx, tile_ctx, async_ctx, spec_ctx, rows_ctx};
-        const char *vnames[5] = {row_kernel ? "rows" : "tile_spec", "tile_vec", "tile_async", "tile_spec", "rows"};
-        for (int ver = 0; ver < (G == 8 ? 5 : 1); ver++) {
+        const char *vnames[5] = {row_kernel ? "rows" : f32 ? "tile_vec" : "tile_spec", "tile_vec", "tile_async", "tile_spec", "rows"};
+        for (int ver = 0; ver < (G == 8 && !f32 ? 5 : 1); ver++) {
         if (ver > 0 && !strcmp(vnames[ver], vnames[0])) continue;
         if (ver == 4 && !(lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128)) continue;
         tw_ctx *vctx = vctxs[ver];
@@ -220,11 +234,11 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
           rc = 1;
           goto done;
         }
-        double bytes = (double)n * 2 + (double)written;
+        double bytes = (double)n * (f32 ? 4 : 2) + (double)written;
         tw_bench_row r = {0};
         r.op = "quantize";
-        snprintf(r.shape, sizeof r.shape, "%s %s G=%lld %lldx%lld bf16", tw_scaling_name(o.mode),
-                 lay == TW_ROWWISE ? "row" : "row+col", (long long)G, (long long)M, (long long)K);
+        snprintf(r.shape, sizeof r.shape, "%s %s G=%lld %lldx%lld %s", tw_scaling_name(o.mode),
+                 lay == TW_ROWWISE ? "row" : "row+col", (long long)G, (long long)M, (long long)K, f32 ? "f32" : "bf16");
         r.backend = "gpu";
         snprintf(r.version, sizeof r.version, "%s", vnames[ver]);
         r.ms = ms;
@@ -232,7 +246,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         r.unit = "GB/s";
         r.pct_of_floor = 100.0 * r.rate / copy_gbs;
         r.peer_ms = r.ratio = -1;
-        if (ver == 0 && (G == 1 || (G == 8 && o.mode == TW_SCALE_TENSOR_CURRENT && lay == TW_ROWWISE))) {
+        if (ver == 0 && !f32 && (G == 1 || (G == 8 && o.mode == TW_SCALE_TENSOR_CURRENT && lay == TW_ROWWISE))) {
           /* the torch.compile'd peer of this mode and layout (G = 1), or current scaling per group */
           char key[64];
           snprintf(key, sizeof key, "compile %s %s %s", tw_scaling_name(o.mode), lay == TW_ROWWISE ? "row" : "row+col",
@@ -251,6 +265,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
 done:
   free(hx);
   cudaFree(dx);
+  cudaFree(dx32);
   cudaFree(dcopy);
   cudaFree(drow);
   cudaFree(dcol);
