@@ -534,8 +534,10 @@ Test(quantize_gpu, random_delayed_updates_match_ref, .timeout = 600) {
 /* Every output lives in the middle of a poisoned arena; after a run with bad sizes the
  * guard bytes around each output must still be poison. */
 #define GUARD 4096
-static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int64_t M, const char *want_msg) {
-  tw_ctx *gpu = gpu_ctx_named(NULL);
+/* x is f32 (the tile_vec kernel on auto) or, with `bf16`, bf16 on `kernel` */
+static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int64_t M, const char *want_msg,
+                           const char *kernel, int bf16) {
+  tw_ctx *gpu = gpu_ctx_named(kernel);
   const int64_t K = 200;
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
@@ -545,7 +547,7 @@ static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int
   if (mode == TW_SCALE_TENSOR_CURRENT || mode == TW_SCALE_TENSOR_DELAYED) shape.col_scale_inv = tw_tensor_none();
   size_t total = 0, at[5];
   for (int i = 0; i < 5; i++) {
-    at[i] = total + GUARD;
+    at[i] = (total + GUARD + 15) / 16 * 16; /* 16-byte aligned outputs, as tile_spec needs */
     total = at[i] + tw_tensor_bytes(component(&shape, i));
   }
   total += GUARD;
@@ -561,7 +563,9 @@ static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int
   }
   float *hx = malloc(sizeof(float) * (size_t)(M * K));
   tt_fill_uniform_f32(hx, M * K, 5, -3.0f, 3.0f);
-  tw_tensor th = tw_tensor_2d(hx, TW_F32, M, K, TW_MEM_HOST), ts = tw_tensor_1d((void *)sizes, TW_I32, G, TW_MEM_HOST);
+  uint16_t *hb = malloc(sizeof(uint16_t) * (size_t)(M * K));
+  for (int64_t i = 0; i < M * K; i++) hb[i] = tw_f32_to_bf16(hx[i]);
+  tw_tensor th = bf16 ? tw_tensor_2d(hb, TW_BF16, M, K, TW_MEM_HOST) : tw_tensor_2d(hx, TW_F32, M, K, TW_MEM_HOST), ts = tw_tensor_1d((void *)sizes, TW_I32, G, TW_MEM_HOST);
   tw_tensor dx = to_device(gpu, &th), ds = to_device(gpu, &ts);
   float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
   tw_tensor hsc = tw_tensor_1d(ones, TW_F32, G, TW_MEM_HOST), dsc = to_device(gpu, &hsc);
@@ -597,6 +601,7 @@ static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int
   free(h);
   free(ho);
   free(hx);
+  free(hb);
   tw_free(gpu, arena);
   tw_free(gpu, oarena);
   tw_free(gpu, dx.data);
@@ -608,13 +613,22 @@ static void bad_sizes_case(tw_scaling mode, const int32_t *sizes, int64_t G, int
 Test(quantize_gpu, negative_group_size_sets_the_error_word_every_mode) {
   const int32_t sizes[] = {40, -3, 50};
   for (int m = 1; m < TW_SCALE_COUNT; m++)
-    bad_sizes_case((tw_scaling)m, sizes, 3, 100, "group_sizes[1] = -3 is negative");
+    bad_sizes_case((tw_scaling)m, sizes, 3, 100, "group_sizes[1] = -3 is negative", NULL, 0);
 }
 
 Test(quantize_gpu, sizes_past_the_rows_set_the_error_word_every_mode) {
   const int32_t sizes[] = {60, 150, 30};
   for (int m = 1; m < TW_SCALE_COUNT; m++)
-    bad_sizes_case((tw_scaling)m, sizes, 3, 100, "group_sizes sum to 240 but there are 100 rows");
+    bad_sizes_case((tw_scaling)m, sizes, 3, 100, "group_sizes sum to 240 but there are 100 rows", NULL, 0);
+}
+
+/* the same two on quantize_tile_spec (bf16 x, K = 200): error word set, nothing written */
+Test(quantize_gpu, bad_group_sizes_on_tile_spec_set_the_error_word_every_mode) {
+  const int32_t negative[] = {40, -3, 50}, past[] = {60, 150, 30};
+  for (int m = 1; m < TW_SCALE_COUNT; m++) {
+    bad_sizes_case((tw_scaling)m, negative, 3, 100, "group_sizes[1] = -3 is negative", "quantize_tile_spec", 1);
+    bad_sizes_case((tw_scaling)m, past, 3, 100, "group_sizes sum to 240 but there are 100 rows", "quantize_tile_spec", 1);
+  }
 }
 
 /* ---- versions ------------------------------------------------------------------------------ */
