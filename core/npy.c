@@ -204,7 +204,8 @@ tw_status tw_npy_parse(const void *bytes, size_t n, tw_tensor *out) {
 
 tw_status tw_npy_load(const char *path, tw_tensor *out) {
   if (!path || !out) return tw_error(TW_ERR_NULL, "npy_load: NULL argument");
-  char where[320];
+  /* the whole path as given (the message holds 1023 bytes; longer ones are cut there) */
+  char where[1040];
   snprintf(where, sizeof where, "npy_load %s", path);
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return tw_error(TW_ERR_IO, "%s: is a directory", where);

@@ -1,10 +1,11 @@
 /* Status codes and the thread-local last-error message. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "twin/tw_base.h"
 
-static _Thread_local char tw_err_msg[1024];
+static _Thread_local char tw_err_msg[TW_ERROR_MAX];
 
 static const char *const tw_status_names[TW_STATUS_COUNT] = {
     "TW_OK",          "TW_ERR_INVALID_ARG", "TW_ERR_NULL",  "TW_ERR_SHAPE",
@@ -22,10 +23,15 @@ const char *tw_last_error(void) { return tw_err_msg; }
 
 void tw_clear_error(void) { tw_err_msg[0] = 0; }
 
+/* Formats into a local buffer first: callers wrap the previous message with context,
+ * tw_error(s, "input '%s': %s", name, tw_last_error()), and vsnprintf into the buffer it
+ * reads from is undefined behaviour (seen: the prefix doubled and the argument cut). */
 tw_status tw_error(tw_status s, const char *fmt, ...) {
+  char msg[sizeof tw_err_msg];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(tw_err_msg, sizeof tw_err_msg, fmt, ap);
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  memcpy(tw_err_msg, msg, sizeof msg);
   return s;
 }

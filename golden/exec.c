@@ -664,7 +664,7 @@ tw_status tw_exec_case(tw_ctx *ctx, const tw_case_keys *k, tw_input_fn input, vo
                     "delayed_scale_update, gemm, grouped_gemm, grouped_gemm_wgrad)", r.op);
   if (s != TW_OK) {
     /* keep the message: freeing context memory must not overwrite it */
-    char msg[512];
+    char msg[TW_ERROR_MAX];
     snprintf(msg, sizeof msg, "%s", tw_last_error());
     run_free(&r);
     tw_error(s, "%s", msg);

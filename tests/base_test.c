@@ -15,6 +15,33 @@ Test(base, error_message_is_thread_local_and_formatted) {
   cr_assert_str_eq(tw_last_error(), "op: 7 rows");
 }
 
+/* Wrapping the last message with context, the way callers add a file or rank, reads exactly
+ * as written: the format must not read the buffer it writes (it did: "input 'x': input 'x':
+ * ta/trunc.npy" for "input 'x': /data/trunc.npy"). */
+Test(base, wrapping_the_last_error_reads_exactly) {
+  tw_error(TW_ERR_IO, "npy_load /data/trunc.npy: truncated: shape needs more than the 19 data bytes present");
+  tw_status s = tw_error(TW_ERR_IO, "input '%s': %s", "x", tw_last_error());
+  cr_assert_eq(s, TW_ERR_IO);
+  cr_assert_str_eq(tw_last_error(),
+                   "input 'x': npy_load /data/trunc.npy: truncated: shape needs more than the 19 data bytes present");
+  tw_error(TW_ERR_SHAPE, "%s: %s", tw_last_error(), tw_last_error());
+  cr_assert_str_eq(tw_last_error(),
+                   "input 'x': npy_load /data/trunc.npy: truncated: shape needs more than the 19 data bytes present: "
+                   "input 'x': npy_load /data/trunc.npy: truncated: shape needs more than the 19 data bytes present");
+}
+
+/* A message longer than the buffer is cut at 1023 bytes, wrapped or not, and stays terminated. */
+Test(base, a_long_wrapped_message_is_cut_cleanly) {
+  char big[1500];
+  memset(big, 'p', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  tw_error(TW_ERR_IO, "%s", big);
+  cr_assert_eq(strlen(tw_last_error()), 1023);
+  tw_error(TW_ERR_IO, "ctx: %s", tw_last_error());
+  cr_assert_eq(strlen(tw_last_error()), 1023);
+  cr_assert(strncmp(tw_last_error(), "ctx: ppp", 8) == 0);
+}
+
 Test(base, dtype_names_round_trip) {
   for (int t = 0; t < TW_DTYPE_COUNT; t++) {
     tw_dtype back;

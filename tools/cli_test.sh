@@ -4,7 +4,7 @@
 set -u
 JUNIT_SUITE=twin_cli
 . "$(dirname "$0")/junit.sh"
-TWIN=${1:?usage: cli_test.sh path/to/twin}
+TWIN=$(realpath "${1:?usage: cli_test.sh path/to/twin}")
 T=$(mktemp -d "${TEST_TMPDIR:-/tmp}/cli.XXXXXX")
 
 # expect NAME CODE STDERR_SUBSTRING -- twin args...
@@ -14,7 +14,7 @@ expect() {
   local rc=$? lines; lines=$(wc -l <"$T/err")
   if [ "$rc" -ne "$code" ]; then fail "$name" "exit $rc, want $code; stderr: $(head -c 300 "$T/err")"
   elif [ "$code" -eq 2 ] && [ "$lines" -ne 1 ]; then fail "$name" "stderr has $lines lines, want 1: $(head -c 300 "$T/err")"
-  elif ! grep -qF -- "$want" "$T/err" "$T/out"; then fail "$name" "output lacks '$want': $(head -c 300 "$T/err")"
+  elif ! grep -qF -- "$want" "$T/err" "$T/out"; then fail "$name" "output lacks '$want': $(head -c 1500 "$T/err")"
   else pass "$name"; fi
 }
 
@@ -56,6 +56,16 @@ expect op_garbage_npy 2 "not a .npy file (bad magic)" -- op gemm --in a=$T/garba
 expect op_truncated_npy 2 "truncated" -- op gemm --in a=$T/trunc.npy --in b=$T/b32.npy $O
 expect op_big_endian_npy 2 "dtype '>f4' is not supported" -- op gemm --in a=$T/big.npy --in b=$T/b32.npy $O
 expect op_fortran_npy 2 "Fortran-order" -- op gemm --in a=$T/fortran.npy --in b=$T/b32.npy $O
+# An .npy error names the file exactly as given, once, after the input's name (wrapping the
+# message used to format the buffer into itself: "input 'a': input 'a': ta/trunc.npy").
+L=$T/$(printf 'd%.0s' $(seq 200))/$(printf 'e%.0s' $(seq 200))
+mkdir -p "$L" && cp "$T/trunc.npy" "$L/trunc.npy"
+expect op_npy_error_names_the_file 2 "input 'a': npy_load $T/trunc.npy: truncated: shape needs" -- op gemm --in a=$T/trunc.npy --in b=$T/b32.npy $O
+expect op_npy_error_names_a_long_path 2 "input 'a': npy_load $L/trunc.npy: truncated" -- op gemm --in a=$L/trunc.npy --in b=$T/b32.npy $O
+(cd "$T" && "$TWIN" op gemm --in a=trunc.npy --in b=b32.npy --out-dir o 2>"$T/rel_err" >/dev/null)
+if [ "$(grep -o "input 'a'" "$T/rel_err" | wc -l)" = 1 ] && grep -qF "input 'a': npy_load trunc.npy: truncated" "$T/rel_err"; then
+  pass op_npy_error_names_a_relative_path_once
+else fail op_npy_error_names_a_relative_path_once "$(head -c 300 "$T/rel_err")"; fi
 expect op_missing_input 2 "input 'b' is missing" -- op gemm --in a=$T/a23.npy $O
 expect op_mismatched_shapes 2 "contracting dims differ" -- op gemm --in a=$T/a23.npy --in b=$T/b42.npy $O
 expect op_integer_operand 2 "input 'a' is [2, 3] i32; give f32 values" -- op gemm --in a=$T/i32.npy --in b=$T/b32.npy $O

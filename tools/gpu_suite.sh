@@ -22,7 +22,8 @@ while [ $i -lt ${#steps[@]} ]; do
         XML_OUTPUT_FILE="$O/xml/$n.xml" run "bin/$n" >>"$O/tests.log" 2>&1; r=$?
         cases=$(grep -c '<testcase' "$O/xml/$n.xml" 2>/dev/null || echo 0)
         fails=$(grep -c -E '<failure|<error' "$O/xml/$n.xml" 2>/dev/null || echo 0)
-        printf '%-28s rc=%d cases=%s failed=%s (%ds)\n' "$n" "$r" "$cases" "$fails" $(( $(date +%s) - start )) | tee -a "$O/summary.txt"
+        skips=$(grep -c '<skipped' "$O/xml/$n.xml" 2>/dev/null || echo 0)
+        printf '%-28s rc=%d cases=%s failed=%s skipped=%s (%ds)\n' "$n" "$r" "$cases" "$fails" "$skips" $(( $(date +%s) - start )) | tee -a "$O/summary.txt"
         [ $r -eq 0 ] || rc=1
       done
       tar czf "$O/xml.tgz" -C "$O" xml && rm -rf "$O/xml" ;;

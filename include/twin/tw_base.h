@@ -54,9 +54,13 @@ typedef enum {
 } tw_status;
 
 const char *tw_status_name(tw_status s); /* "TW_ERR_SHAPE" */
-/* The last error message of this thread ("" after success of the call that set it). */
+/* The last error message of this thread ("" after success of the call that set it); at most
+ * TW_ERROR_MAX - 1 bytes. A caller that must keep it across other calls copies it into a
+ * char[TW_ERROR_MAX]. */
+#define TW_ERROR_MAX 1024
 const char *tw_last_error(void);
-/* Sets the thread-local message (printf format) and returns s; for backends and tools. */
+/* Sets the thread-local message (printf format, cut at 1023 bytes) and returns s; for backends
+ * and tools. The arguments may include tw_last_error() itself, to wrap it with context. */
 tw_status tw_error(tw_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
