@@ -20,9 +20,10 @@ while [ $i -lt ${#steps[@]} ]; do
         n=$(basename "$t")
         start=$(date +%s)
         XML_OUTPUT_FILE="$O/xml/$n.xml" run "bin/$n" >>"$O/tests.log" 2>&1; r=$?
-        cases=$(grep -c '<testcase' "$O/xml/$n.xml" 2>/dev/null || echo 0)
-        fails=$(grep -c -E '<failure|<error' "$O/xml/$n.xml" 2>/dev/null || echo 0)
-        skips=$(grep -c '<skipped' "$O/xml/$n.xml" 2>/dev/null || echo 0)
+        # grep -c prints 0 and exits 1 when nothing matches: keep its count, not a second 0
+        cases=$(grep -c '<testcase' "$O/xml/$n.xml" 2>/dev/null); cases=${cases:-0}
+        fails=$(grep -c -E '<failure|<error' "$O/xml/$n.xml" 2>/dev/null); fails=${fails:-0}
+        skips=$(grep -c '<skipped' "$O/xml/$n.xml" 2>/dev/null); skips=${skips:-0}
         printf '%-28s rc=%d cases=%s failed=%s skipped=%s (%ds)\n' "$n" "$r" "$cases" "$fails" "$skips" $(( $(date +%s) - start )) | tee -a "$O/summary.txt"
         [ $r -eq 0 ] || rc=1
       done
