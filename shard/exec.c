@@ -66,6 +66,7 @@ tw_comm *tw_mesh_comms_axis(const tw_mesh_comms *mc, tw_axis a) {
   return mc && (int)a >= 0 && a < TW_AXIS_COUNT ? mc->axis[a] : NULL;
 }
 int tw_mesh_comms_rank(const tw_mesh_comms *mc) { return mc ? mc->rank : -1; }
+const tw_mesh *tw_mesh_comms_mesh(const tw_mesh_comms *mc) { return mc ? &mc->mesh : NULL; }
 
 tw_status tw_mesh_comms_wait(tw_ctx *ctx, tw_mesh_comms *mc) {
   if (!ctx || !mc) return tw_error(TW_ERR_NULL, "mesh_comms_wait: NULL argument");

@@ -232,6 +232,8 @@ tw_comm *tw_mesh_comms_axis(const tw_mesh_comms *mc, tw_axis a); /* NULL if size
  * rank hangs on a stuck peer. ref: returns at once (its calls block). */
 tw_status tw_mesh_comms_wait(tw_ctx *ctx, tw_mesh_comms *mc);
 int tw_mesh_comms_rank(const tw_mesh_comms *mc);
+/* The mesh mc was made for (NULL if mc is NULL). */
+const tw_mesh *tw_mesh_comms_mesh(const tw_mesh_comms *mc);
 
 typedef struct {
   tw_tensor in[2];            /* the caller's shards (plan->t[i].local), ctx memory */

@@ -1,0 +1,416 @@
+/* The pipeline scan for one rank (§2.4) and its custom VJP (§3.3, §4.2), written once over
+ * the interface: activations move with tw_ppermute on the pp communicator, FSDP weights with
+ * tw_all_gather / tw_reduce_scatter on the fsdp communicator, the layer through the body's
+ * function pointers. Buffers live in ctx memory; nothing here knows the backend. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "twin/tw_pipeline.h"
+
+struct tw_pipeline_saved {
+  tw_ctx *ctx;
+  float *in;           /* [M*R, rows, E]: stage input of valid iteration k = t - d*s */
+  size_t bytes;
+  size_t window_bytes; /* largest gathered window (weights + gradients) allocated */
+};
+
+typedef enum { RIGHT_ROTATE, RIGHT_SHIFT, LEFT_ROTATE, LEFT_SHIFT, LAST_TO_FIRST, FIRST_TO_LAST } move_kind;
+#define MAX_STAGES 256
+
+typedef struct {
+  tw_ctx *ctx;
+  const tw_pipeline_config *cfg;
+  const tw_pipeline_body *body;
+  const tw_pipeline_weights *w;
+  tw_comm *pp, *fs; /* NULL when the axis has size 1 */
+  int S, s, F, M, R, d, Lps, mps, T, use_circ, rotate;
+  int64_t rows, E, act;                  /* act = rows*E floats: one microbatch block */
+  int64_t shard_n[TW_PIPELINE_MAX_PARAMS], full_n[TW_PIPELINE_MAX_PARAMS], off[TW_PIPELINE_MAX_PARAMS], P;
+  void *scratch;
+  float *layer_in;                       /* [Lps-1 or 1, act]: inputs of layers 1..Lps-1 */
+  float *g0, *g1;                        /* [act] cotangent ping-pong inside a stage */
+  float *tmp;                            /* [act] ppermute landing buffer */
+  float *shard_tmp;                      /* [max shard_n] reduce-scatter landing buffer */
+  float *wbuf[2], *gbuf[2];              /* the window: plain uses [0] (Lps layers), BSW both */
+  size_t window_bytes;
+} run;
+
+/* ---- small helpers ------------------------------------------------------------------- */
+static tw_status zero(run *r, float *p, int64_t n) { return n ? tw_memset(r->ctx, p, 0, (size_t)n * sizeof(float)) : TW_OK; }
+
+static tw_status copy(run *r, float *dst, const float *src, int64_t n) {
+  if (!n || dst == src) return TW_OK;
+  tw_mem mem = tw_ctx_mem(r->ctx);
+  tw_tensor d = tw_tensor_1d(dst, TW_F32, n, mem), s = tw_tensor_1d((void *)src, TW_F32, n, mem);
+  return tw_tensor_copy(r->ctx, &d, &s);
+}
+
+static tw_status alloc_f(run *r, float **p, int64_t n) {
+  *p = NULL;
+  return tw_alloc(r->ctx, (size_t)(n > 0 ? n : 1) * sizeof(float), (void **)p);
+}
+static void free_f(run *r, float **p) {
+  if (*p) tw_free(r->ctx, *p);
+  *p = NULL;
+}
+
+/* recv = what the stage that sends to this one sent (zeros if none), along the pp axis. */
+static tw_status move(run *r, move_kind k, const float *send, float *recv) {
+  int perm[MAX_STAGES];
+  int S = r->S;
+  for (int i = 0; i < S; i++) {
+    switch (k) {
+      case RIGHT_ROTATE: perm[i] = (i + 1) % S; break;
+      case RIGHT_SHIFT: perm[i] = i + 1 < S ? i + 1 : -1; break;
+      case LEFT_ROTATE: perm[i] = (i + S - 1) % S; break;
+      case LEFT_SHIFT: perm[i] = i >= 1 ? i - 1 : -1; break;
+      case LAST_TO_FIRST: perm[i] = i == S - 1 ? 0 : -1; break;
+      case FIRST_TO_LAST: perm[i] = i == 0 ? S - 1 : -1; break;
+    }
+  }
+  if (!r->pp) return perm[0] == 0 ? copy(r, recv, send, r->act) : zero(r, recv, r->act);
+  return tw_ppermute(r->ctx, r->pp, send, recv, r->act, TW_F32, perm);
+}
+
+/* Gathers the Lps layers of W[rep][s] into dst ([Lps, P]). */
+static tw_status gather(run *r, int rep, float *dst) {
+  for (int l = 0; l < r->Lps; l++)
+    for (int i = 0; i < r->body->nparams; i++) {
+      const float *src = r->w->w[i] + ((int64_t)rep * r->Lps + l) * r->shard_n[i];
+      float *d = dst + l * r->P + r->off[i];
+      if (r->fs) TW_TRY(tw_all_gather(r->ctx, r->fs, src, d, r->shard_n[i], TW_F32));
+      else TW_TRY(copy(r, d, src, r->shard_n[i]));
+    }
+  return TW_OK;
+}
+
+/* dW shard of (rep, s) += reduce_scatter(g) for the Lps layers of g ([Lps, P]). */
+static tw_status scatter_add(run *r, int rep, const float *g) {
+  for (int l = 0; l < r->Lps; l++)
+    for (int i = 0; i < r->body->nparams; i++) {
+      float *dst = r->w->dw[i] + ((int64_t)rep * r->Lps + l) * r->shard_n[i];
+      const float *src = g + l * r->P + r->off[i];
+      if (r->fs) {
+        TW_TRY(tw_reduce_scatter(r->ctx, r->fs, src, r->shard_tmp, r->shard_n[i], TW_F32, TW_REDUCE_SUM));
+        src = r->shard_tmp;
+      }
+      TW_TRY(tw_pipeline_add(r->ctx, dst, src, r->shard_n[i]));
+    }
+  return TW_OK;
+}
+
+static tw_pipeline_params layer_params(run *r, float *base, int l) {
+  tw_pipeline_params p;
+  memset(&p, 0, sizeof p);
+  for (int i = 0; i < r->body->nparams; i++) p.p[i] = base + l * r->P + r->off[i];
+  return p;
+}
+
+/* out = the stage's Lps layers applied to in, with weights wb ([Lps, P]). */
+static tw_status stage_forward(run *r, float *wb, const float *in, float *out) {
+  const float *cur = in;
+  for (int l = 0; l < r->Lps; l++) {
+    tw_pipeline_params p = layer_params(r, wb, l);
+    float *dst = l == r->Lps - 1 ? out : r->layer_in + (l % 2) * r->act;
+    TW_TRY(r->body->forward(r->body, r->ctx, &p, cur, dst, r->rows, r->scratch));
+    cur = dst;
+  }
+  return TW_OK;
+}
+
+/* din and gb += grads of the stage from its saved input; recomputes the layer inputs. */
+static tw_status stage_vjp(run *r, float *wb, float *gb, const float *in, const float *dout, float *din) {
+  /* layer inputs 1..Lps-1 (the heavy state of one iteration, dropped at its end) */
+  for (int l = 0; l + 1 < r->Lps; l++) {
+    tw_pipeline_params p = layer_params(r, wb, l);
+    const float *src = l == 0 ? in : r->layer_in + (int64_t)(l - 1) * r->act;
+    TW_TRY(r->body->forward(r->body, r->ctx, &p, src, r->layer_in + (int64_t)l * r->act, r->rows, r->scratch));
+  }
+  const float *g = dout;
+  for (int l = r->Lps - 1; l >= 0; l--) {
+    tw_pipeline_params p = layer_params(r, wb, l), dp = layer_params(r, gb, l);
+    const float *x = l == 0 ? in : r->layer_in + (int64_t)(l - 1) * r->act;
+    float *dst = l == 0 ? din : (g == r->g0 ? r->g1 : r->g0);
+    TW_TRY(r->body->vjp(r->body, r->ctx, &p, x, g, dst, &dp, r->rows, r->scratch));
+    g = dst;
+  }
+  return TW_OK;
+}
+
+static void run_free(run *r) {
+  if (r->scratch) tw_free(r->ctx, r->scratch);
+  r->scratch = NULL;
+  free_f(r, &r->layer_in); free_f(r, &r->g0); free_f(r, &r->g1); free_f(r, &r->tmp); free_f(r, &r->shard_tmp);
+  for (int i = 0; i < 2; i++) { free_f(r, &r->wbuf[i]); free_f(r, &r->gbuf[i]); }
+}
+
+static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_config *cfg,
+                          const tw_pipeline_body *body, const tw_pipeline_weights *w, int backward) {
+  memset(r, 0, sizeof *r);
+  if (!ctx || !mc || !cfg || !body || !w) return tw_error(TW_ERR_NULL, "pipeline: NULL argument");
+  r->ctx = ctx; r->cfg = cfg; r->body = body; r->w = w;
+  const tw_mesh *mesh = tw_mesh_comms_mesh(mc);
+  TW_TRY(tw_pipeline_check(cfg, mesh, body));
+  if (tw_mesh_axis_size(mesh, TW_AXIS_PP) > MAX_STAGES)
+    return tw_error(TW_ERR_UNSUPPORTED, "pipeline: %d stages exceed the %d this build supports",
+                    tw_mesh_axis_size(mesh, TW_AXIS_PP), MAX_STAGES);
+  r->pp = tw_mesh_comms_axis(mc, TW_AXIS_PP);
+  r->fs = tw_mesh_comms_axis(mc, TW_AXIS_FSDP);
+  r->S = r->pp ? tw_comm_size(r->pp) : 1;
+  r->s = r->pp ? tw_comm_rank(r->pp) : 0;
+  r->F = r->fs ? tw_comm_size(r->fs) : 1;
+  r->M = cfg->microbatches; r->R = cfg->repeats; r->d = cfg->delay; r->Lps = cfg->layers_per_stage;
+  r->mps = r->M / r->S;
+  r->T = tw_pipeline_iterations(cfg);
+  r->use_circ = r->R > 1 && r->M > r->d * r->S;
+  r->rotate = r->R > 1 && !r->use_circ;
+  r->rows = cfg->mb_rows / r->F;
+  r->E = body->width;
+  r->act = r->rows * r->E;
+  int64_t max_shard = 1;
+  for (int i = 0; i < body->nparams; i++) {
+    r->full_n[i] = body->param_rows[i] * body->param_cols[i];
+    r->shard_n[i] = r->full_n[i] / r->F;
+    r->off[i] = r->P;
+    r->P += r->full_n[i];
+    if (r->shard_n[i] > max_shard) max_shard = r->shard_n[i];
+    if (!w->w[i] || (backward && !w->dw[i]))
+      return tw_error(TW_ERR_NULL, "pipeline: weight%s shard %d is NULL", backward && w->w[i] ? " gradient" : "", i);
+  }
+  tw_status s = TW_OK;
+  size_t sb = body->scratch_bytes ? body->scratch_bytes(body, r->rows) : 0;
+  if (sb) s = tw_alloc(ctx, sb, &r->scratch);
+  int64_t nin = r->Lps > 1 ? (int64_t)(r->Lps - 1) * r->act : r->act;
+  if (s == TW_OK) s = alloc_f(r, &r->layer_in, backward ? nin : (r->Lps > 1 ? 2 * r->act : r->act));
+  if (s == TW_OK) s = alloc_f(r, &r->g0, r->act);
+  if (s == TW_OK) s = alloc_f(r, &r->g1, r->act);
+  if (s == TW_OK) s = alloc_f(r, &r->tmp, r->act);
+  if (s == TW_OK) s = alloc_f(r, &r->shard_tmp, max_shard);
+  int nwin = cfg->fsdp == TW_PIPELINE_FSDP_BSW ? 2 : 1;
+  int64_t wn = (int64_t)r->Lps * r->P;
+  for (int i = 0; i < nwin && s == TW_OK; i++) {
+    s = alloc_f(r, &r->wbuf[i], wn);
+    if (s == TW_OK && backward) s = alloc_f(r, &r->gbuf[i], wn);
+    r->window_bytes += (size_t)wn * sizeof(float) * (backward ? 2 : 1);
+  }
+  if (s != TW_OK) run_free(r);
+  return s;
+}
+
+/* The weights (t, s) uses: plain gathers them now; BSW picks its window slot. */
+typedef struct {
+  int next, curr;          /* slots of wbuf/gbuf, -1 = none */
+  int next_tag, curr_tag;  /* the repeat each slot holds */
+  int step;                /* repeat step the window is set up for, -1 = none */
+} window;
+
+/* ---- forward ------------------------------------------------------------------------- */
+tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_config *cfg,
+                              const tw_pipeline_body *body, const tw_pipeline_weights *w, const float *x,
+                              float *y, tw_pipeline_saved **saved) {
+  if (saved) *saved = NULL;
+  run r;
+  TW_TRY(run_init(&r, ctx, mc, cfg, body, w, 0));
+  if (!x || !y) { run_free(&r); return tw_error(TW_ERR_NULL, "pipeline_forward: x or y is NULL"); }
+  float *state_io = NULL, *shift = NULL, *circ = NULL, *mover = NULL, *prev = NULL, *out = NULL, *tmp2 = NULL;
+  tw_pipeline_saved *sv = NULL;
+  const int S = r.S, s = r.s, M = r.M, R = r.R, d = r.d, mps = r.mps;
+  const int64_t act = r.act;
+  tw_status st = alloc_f(&r, &state_io, mps * act);
+  if (st == TW_OK) st = alloc_f(&r, &shift, act);
+  if (st == TW_OK && r.use_circ && s == 0) st = alloc_f(&r, &circ, (int64_t)M * act);
+  if (st == TW_OK && r.use_circ) st = alloc_f(&r, &mover, act);
+  if (st == TW_OK && d == 2) st = alloc_f(&r, &prev, act);
+  if (st == TW_OK) st = alloc_f(&r, &out, act);
+  if (st == TW_OK) st = alloc_f(&r, &tmp2, act);
+  if (st == TW_OK && saved) {
+    sv = (tw_pipeline_saved *)calloc(1, sizeof *sv);
+    if (!sv) st = tw_error(TW_ERR_MEMORY, "pipeline_forward: out of host memory");
+    else {
+      sv->ctx = ctx;
+      sv->bytes = (size_t)M * R * (size_t)act * sizeof(float);
+      st = alloc_f(&r, &sv->in, (int64_t)M * R * act);
+    }
+  }
+  if (st == TW_OK) st = copy(&r, state_io, x, mps * act);
+  if (st == TW_OK) st = zero(&r, shift, act);
+  if (st == TW_OK && circ) st = zero(&r, circ, (int64_t)M * act);
+  if (st == TW_OK && mover) st = zero(&r, mover, act);
+  if (st == TW_OK && prev) st = zero(&r, prev, act);
+  window win = {-1, 0, -1, -1, -1};
+  for (int t = 0; t < r.T && st == TW_OK; t++) {
+    const int c = t % mps;
+    int m, rep;
+    const int valid = tw_pipeline_slot(cfg, t, s, &m, &rep);
+    const float *in = shift;
+    if (s == 0) in = t < M ? state_io + c * act : r.use_circ ? circ + (int64_t)(t % M) * act : shift;
+    if (cfg->fsdp == TW_PIPELINE_FSDP_BSW && t / M != win.step) { /* a new repeat step */
+      int step = t / M;
+      win.curr = win.next; win.curr_tag = win.next_tag;
+      win.next = -1;
+      if (step < R) {
+        win.next = win.curr == 0 ? 1 : 0;
+        win.next_tag = tw_pipeline_window_repeat(cfg, step, s);
+        st = gather(&r, win.next_tag, r.wbuf[win.next]);
+      }
+      win.step = step;
+      if (st != TW_OK) break;
+    }
+    if (valid) {
+      if (sv) st = copy(&r, sv->in + (int64_t)(t - d * s) * act, in, act);
+      float *wb = r.wbuf[0];
+      if (cfg->fsdp == TW_PIPELINE_FSDP_BSW) {
+        int slot = rep == win.step ? win.next : win.curr;
+        if (slot < 0) st = tw_error(TW_ERR_INTERNAL, "pipeline: no window slot for t=%d s=%d", t, s);
+        else wb = r.wbuf[slot];
+      } else if (st == TW_OK) {
+        st = gather(&r, rep, wb);
+      }
+      if (st == TW_OK) st = stage_forward(&r, wb, in, out);
+    } else {
+      st = zero(&r, out, act); /* a bubble computes nothing and sends zeros */
+    }
+    if (st != TW_OK) break;
+    if (r.use_circ) { /* last stage's previous output reaches stage 0's circ one step late */
+      st = move(&r, LAST_TO_FIRST, mover, r.tmp);
+      if (st == TW_OK && s == 0) st = copy(&r, circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act, r.tmp, act);
+      if (st == TW_OK) st = copy(&r, mover, out, act);
+    }
+    if (st == TW_OK) st = move(&r, r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, d == 2 ? prev : out, r.tmp);
+    if (st == TW_OK) st = copy(&r, shift, r.tmp, act);
+    /* the state_io column moves left; the last stage puts its output in */
+    if (st == TW_OK) st = move(&r, LEFT_SHIFT, state_io + c * act, tmp2);
+    if (st == TW_OK) st = copy(&r, state_io + c * act, s == S - 1 ? out : tmp2, act);
+    if (st == TW_OK && d == 2) st = copy(&r, prev, out, act);
+  }
+  const int K = (M * (R - 1) + d * (S - 1)) % mps;
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, y + j * act, state_io + ((j + K) % mps) * act, act);
+  if (sv) sv->window_bytes = r.window_bytes;
+  free_f(&r, &state_io); free_f(&r, &shift); free_f(&r, &circ); free_f(&r, &mover); free_f(&r, &prev);
+  free_f(&r, &out); free_f(&r, &tmp2);
+  run_free(&r);
+  if (st != TW_OK) {
+    if (sv) tw_pipeline_saved_free(ctx, sv);
+    return st;
+  }
+  if (saved) *saved = sv;
+  return TW_OK;
+}
+
+/* ---- backward: the forward iteration transposed, t = T-1 .. 0 ------------------------ */
+tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_config *cfg,
+                               const tw_pipeline_body *body, const tw_pipeline_weights *w,
+                               const tw_pipeline_saved *saved, const float *dy, float *dx) {
+  run r;
+  TW_TRY(run_init(&r, ctx, mc, cfg, body, w, 1));
+  if (!saved || !dy || !dx) { run_free(&r); return tw_error(TW_ERR_NULL, "pipeline_backward: saved, dy or dx is NULL"); }
+  const int S = r.S, s = r.s, M = r.M, R = r.R, d = r.d, mps = r.mps;
+  const int64_t act = r.act;
+  if (saved->bytes != (size_t)M * R * (size_t)act * sizeof(float)) {
+    run_free(&r);
+    return tw_error(TW_ERR_INVALID_ARG, "pipeline_backward: saved state holds %zu bytes, this configuration needs %zu",
+                    saved->bytes, (size_t)M * R * (size_t)act * sizeof(float));
+  }
+  float *d_io = NULL, *d_shift = NULL, *d_circ = NULL, *d_mover = NULL, *d_prev = NULL, *d_out = NULL, *d_in = NULL,
+        *d_src = NULL;
+  tw_status st = alloc_f(&r, &d_io, mps * act);
+  if (st == TW_OK) st = alloc_f(&r, &d_shift, act);
+  if (st == TW_OK && r.use_circ && s == 0) st = alloc_f(&r, &d_circ, (int64_t)M * act);
+  if (st == TW_OK && r.use_circ) st = alloc_f(&r, &d_mover, act);
+  if (st == TW_OK && d == 2) st = alloc_f(&r, &d_prev, act);
+  if (st == TW_OK) st = alloc_f(&r, &d_out, act);
+  if (st == TW_OK) st = alloc_f(&r, &d_in, act);
+  if (st == TW_OK) st = alloc_f(&r, &d_src, act);
+  const int K = (M * (R - 1) + d * (S - 1)) % mps;
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, d_io + ((j + K) % mps) * act, dy + j * act, act);
+  if (st == TW_OK) st = zero(&r, d_shift, act);
+  if (st == TW_OK && d_circ) st = zero(&r, d_circ, (int64_t)M * act);
+  if (st == TW_OK && d_mover) st = zero(&r, d_mover, act);
+  if (st == TW_OK && d_prev) st = zero(&r, d_prev, act);
+  const int bsw = cfg->fsdp == TW_PIPELINE_FSDP_BSW;
+  window win = {-1, -1, -1, -1, -1};
+  for (int t = r.T - 1; t >= 0 && st == TW_OK; t--) {
+    const int c = t % mps;
+    int m, rep;
+    const int valid = tw_pipeline_slot(cfg, t, s, &m, &rep);
+    if (bsw && t / M != win.step) { /* entering repeat step t/M from the step above */
+      int step = t / M;
+      if (win.step >= 0 && win.step < R) st = scatter_add(&r, win.next_tag, r.gbuf[win.next]);
+      if (st != TW_OK) break;
+      if (win.step >= 0) { /* the step above's w_curr is this step's w_next, its gradient carried */
+        win.next = win.curr; win.next_tag = win.curr_tag;
+      } else if (step < R) {
+        win.next = 1; win.next_tag = tw_pipeline_window_repeat(cfg, step, s);
+        st = gather(&r, win.next_tag, r.wbuf[1]);
+        if (st == TW_OK) st = zero(&r, r.gbuf[1], r.P);
+      } else {
+        win.next = -1;
+      }
+      win.curr = -1;
+      if (st == TW_OK && step >= 1) { /* re-gather w_curr: one all-gather per repeat */
+        win.curr = win.next == 0 ? 1 : 0;
+        win.curr_tag = tw_pipeline_window_repeat(cfg, step - 1, s);
+        st = gather(&r, win.curr_tag, r.wbuf[win.curr]);
+        if (st == TW_OK) st = zero(&r, r.gbuf[win.curr], r.P);
+      }
+      win.step = step;
+      if (st != TW_OK) break;
+    }
+    /* state_io column: the last stage's output took the column, the others received it */
+    if (s == S - 1) st = copy(&r, d_out, d_io + c * act, act);
+    else st = zero(&r, d_out, act);
+    if (st == TW_OK) st = move(&r, RIGHT_SHIFT, d_io + c * act, r.tmp);
+    if (st == TW_OK) st = copy(&r, d_io + c * act, r.tmp, act);
+    /* shift: its cotangent returns left (the transpose of the right move) */
+    if (st == TW_OK) st = move(&r, r.rotate ? LEFT_ROTATE : LEFT_SHIFT, d_shift, d_src);
+    if (st == TW_OK) st = zero(&r, d_shift, act);
+    if (st == TW_OK && d == 2) {
+      st = tw_pipeline_add(ctx, d_out, d_prev, act); /* prev = out */
+      if (st == TW_OK) st = copy(&r, d_prev, d_src, act);
+    } else if (st == TW_OK) {
+      st = tw_pipeline_add(ctx, d_out, d_src, act);
+    }
+    if (st == TW_OK && r.use_circ) { /* mover = out; circ slot <- S-1's mover */
+      st = tw_pipeline_add(ctx, d_out, d_mover, act);
+      float *slot = s == 0 ? d_circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act : NULL;
+      if (st == TW_OK) st = move(&r, FIRST_TO_LAST, slot ? slot : r.tmp, d_mover);
+      if (st == TW_OK && slot) st = zero(&r, slot, act);
+    }
+    if (st != TW_OK || !valid) continue; /* a bubble's output is constant: no cotangent flows back */
+    const float *in = saved->in + (int64_t)(t - d * s) * act;
+    float *wb = r.wbuf[0], *gb = r.gbuf[0];
+    if (bsw) {
+      int slot = rep == win.step ? win.next : win.curr;
+      if (slot < 0) { st = tw_error(TW_ERR_INTERNAL, "pipeline: no window slot for t=%d s=%d", t, s); break; }
+      wb = r.wbuf[slot]; gb = r.gbuf[slot];
+    } else {
+      st = gather(&r, rep, wb);
+      if (st == TW_OK) st = zero(&r, gb, (int64_t)r.Lps * r.P);
+    }
+    if (st == TW_OK) st = stage_vjp(&r, wb, gb, in, d_out, d_in);
+    if (st == TW_OK && !bsw) st = scatter_add(&r, rep, gb);
+    if (st != TW_OK) break;
+    /* the input came from exactly one place */
+    if (s >= 1) st = copy(&r, d_shift, d_in, act);
+    else if (t < M) st = tw_pipeline_add(ctx, d_io + c * act, d_in, act);
+    else if (r.use_circ) st = tw_pipeline_add(ctx, d_circ + (int64_t)(t % M) * act, d_in, act);
+    else st = copy(&r, d_shift, d_in, act);
+  }
+  if (st == TW_OK && bsw && win.step >= 0 && win.step < R) st = scatter_add(&r, win.next_tag, r.gbuf[win.next]);
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, dx + j * act, d_io + j * act, act);
+  ((tw_pipeline_saved *)saved)->window_bytes = r.window_bytes;
+  free_f(&r, &d_io); free_f(&r, &d_shift); free_f(&r, &d_circ); free_f(&r, &d_mover); free_f(&r, &d_prev);
+  free_f(&r, &d_out); free_f(&r, &d_in); free_f(&r, &d_src);
+  run_free(&r);
+  return st;
+}
+
+tw_status tw_pipeline_saved_free(tw_ctx *ctx, tw_pipeline_saved *sv) {
+  if (!sv) return TW_OK;
+  tw_status s = sv->in ? tw_free(ctx ? ctx : sv->ctx, sv->in) : TW_OK;
+  free(sv);
+  return s;
+}
+
+size_t tw_pipeline_saved_size(const tw_pipeline_saved *sv) { return sv ? sv->bytes : 0; }
+size_t tw_pipeline_peak_window_bytes(const tw_pipeline_saved *sv) { return sv ? sv->window_bytes : 0; }

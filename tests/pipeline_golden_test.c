@@ -1,0 +1,189 @@
+/* The pipeline on ref thread ranks against the independent goldens of golden/gen_pipeline.py
+ * (the sequential model in JAX, f64, jax.grad) for spec §6 items 1-8: loss, y, dx, dW1, dW2.
+ *
+ * Bound. The ref pipeline runs in f32 (OpenBLAS sgemm, gelu in double rounded to f32), so
+ * each layer adds at most about (E + H + 8) u |value| of rounding per element in the forward
+ * (K = E and K = H products, gelu, the residual add; u = 2^-24) and, in the backward, also
+ * the weight-gradient sums of K = M*mb/F rows and the F-way reduce-scatter. Summed over L
+ * layers (first order: the growth of an early error through later layers is not counted,
+ * which these weights, scaled by 1/sqrt(fan-in), keep near 1):
+ *   forward  |got - exact| <= L (E + H + 8) u (|exact| + rms(exact))
+ *   gradient |got - exact| <= L (E + H + 8 + M mb) u (|exact| + rms(exact))
+ * (rms over the tensor keeps elements near zero from demanding relative accuracy). Each case
+ * logs its worst |diff|/bound (all 26 stored cases: <= 0.05 when this was written), and a
+ * wrong layer order or MaxText's BSW window is outside it by orders of magnitude. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/threads.h"
+#include "test_util.h"
+#include "twin/tw_npy.h"
+#include "twin/tw_pipeline.h"
+
+static int key(const char *txt, const char *k) {
+  char pat[32];
+  snprintf(pat, sizeof pat, "\n%s = ", k);
+  const char *p = strstr(txt, pat);
+  cr_assert(p, "pipeline.txt lacks %s", k);
+  return atoi(p + strlen(pat));
+}
+
+static void *load(const char *dir, const char *name, tw_dtype want, int64_t n) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+  tw_tensor t;
+  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s: %s", path, tw_last_error());
+  cr_assert_eq(t.dtype, want, "%s: dtype", path);
+  cr_assert_eq(tw_tensor_numel(&t), n, "%s: %lld elements, want %lld", path, (long long)tw_tensor_numel(&t), (long long)n);
+  return t.data;
+}
+
+static double compare_or_ratio(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
+                               double k, int fail) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; i++) ss += exact[i] * exact[i];
+  double rms = sqrt(ss / (double)(n > 0 ? n : 1)), worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double bound = k * ldexp(1.0, -24) * (fabs(exact[i]) + rms);
+    double err = fabs((double)got[i] - exact[i]);
+    if (fail) cr_assert(err <= bound, "%s %s[%lld]: got %.9g, golden %.12g, |diff| %.3g > bound %.3g", cname, what, (long long)i,
+              (double)got[i], exact[i], err, bound);
+    if (err / bound > worst) worst = err / bound;
+  }
+  return worst;
+}
+
+/* Runs a stored case; returns the worst |diff|/bound when `fail` is 0 (no assertion). */
+static double run_case_opt(const char *dir, const char *cname, int stale, int fail);
+static void run_case(const char *dir, const char *cname) { run_case_opt(dir, cname, 0, 1); }
+
+static double compare_or_ratio(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
+                               double k, int fail);
+
+static double run_case_opt(const char *dir, const char *cname, int stale, int fail) {
+  char path[1024], txt[2048] = "\n";
+  snprintf(path, sizeof path, "%s/pipeline.txt", dir);
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "%s", path);
+  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
+  txt[got + 1] = 0;
+  fclose(f);
+  tw_pipeline_threads_run run;
+  memset(&run, 0, sizeof run);
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = key(txt, "S"); c.microbatches = key(txt, "M"); c.repeats = key(txt, "R"); c.delay = key(txt, "d");
+  c.layers_per_stage = key(txt, "Lps");
+  c.layers = c.stages * c.repeats * c.layers_per_stage;
+  c.mb_rows = key(txt, "mb");
+  c.fsdp = strstr(txt, "\nfsdp = bsw") ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
+  cr_assert(strstr(txt, "\nloss = half_sum_sq"), "%s: unknown loss", cname);
+  int E = key(txt, "E"), H = key(txt, "H");
+  c.test_stale_window = stale;
+  run.cfg = c;
+  run.fsdp = key(txt, "F");
+  cr_assert_eq(tw_pipeline_dense_body(E, H, &run.body), TW_OK);
+  int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
+  for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
+  float *x = (float *)load(dir, "x", TW_F32, na), *tgt = (float *)load(dir, "tgt", TW_F32, na);
+  float *w[2] = {(float *)load(dir, "w1", TW_F32, nw[0]), (float *)load(dir, "w2", TW_F32, nw[1])};
+  double *gy = (double *)load(dir, "y", TW_F64, na), *gdx = (double *)load(dir, "dx", TW_F64, na);
+  double *gloss = (double *)load(dir, "loss", TW_F64, 1);
+  double *gdw[2] = {(double *)load(dir, "dw1", TW_F64, nw[0]), (double *)load(dir, "dw2", TW_F64, nw[1])};
+  float *y = (float *)calloc((size_t)na, 4), *dy = (float *)calloc((size_t)na, 4), *dx = (float *)calloc((size_t)na, 4);
+  float *dw[2] = {(float *)calloc((size_t)nw[0], 4), (float *)calloc((size_t)nw[1], 4)};
+  run.x = x; run.y = y;
+  run.w[0] = w[0]; run.w[1] = w[1];
+  cr_assert_eq(tw_pipeline_run_threads(&run), TW_OK, "%s: %s", cname, tw_last_error()); /* forward: y */
+  double loss = 0;
+  for (int64_t i = 0; i < na; i++) {
+    dy[i] = y[i] - tgt[i]; /* dL/dy of 1/2 sum (y - tgt)^2 */
+    loss += 0.5 * (double)dy[i] * dy[i];
+  }
+  run.dy = dy; run.dx = dx;
+  run.dw[0] = dw[0]; run.dw[1] = dw[1];
+  cr_assert_eq(tw_pipeline_run_threads(&run), TW_OK, "%s: %s", cname, tw_last_error());
+  const int L = c.layers;
+  double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows);
+  double r = 0;
+  r = fmax(r, compare_or_ratio("y", cname, y, gy, na, kf, fail));
+  float lf = (float)loss;
+  r = fmax(r, compare_or_ratio("loss", cname, &lf, gloss, 1, kf * 2, fail));
+  r = fmax(r, compare_or_ratio("dx", cname, dx, gdx, na, kb, fail));
+  r = fmax(r, compare_or_ratio("dW1", cname, dw[0], gdw[0], nw[0], kb, fail));
+  r = fmax(r, compare_or_ratio("dW2", cname, dw[1], gdw[1], nw[1], kb, fail));
+  cr_log_info("%s%s: worst |diff|/bound %.3g", cname, stale ? " (MaxText window)" : "", r);
+  free(x); free(tgt); free(w[0]); free(w[1]); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
+  free(y); free(dy); free(dx); free(dw[0]); free(dw[1]);
+  return r;
+}
+
+Test(pipeline_golden, every_stored_case_within_the_bound) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s/pipeline", tt_golden_root());
+  DIR *d = opendir(root);
+  cr_assert(d, "no goldens at %s (python3 golden/gen_pipeline.py)", root);
+  struct dirent *e;
+  int n = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char dir[1300];
+    snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
+    run_case(dir, e->d_name);
+    n++;
+  }
+  closedir(d);
+  cr_assert_geq(n, 26, "only %d pipeline goldens under %s", n, root);
+}
+
+/* The goldens are not vacuous: the same case with layers in the wrong order (stage-major
+ * instead of repeat-major placement) is far outside the bound. */
+Test(pipeline_golden, a_wrong_layer_order_is_caught) {
+  char dir[1100];
+  snprintf(dir, sizeof dir, "%s/pipeline/S3_M6_R2_d1_Lps1_F1_plain", tt_golden_root());
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = 3; c.microbatches = 6; c.repeats = 2; c.layers = 6; c.mb_rows = 4;
+  tw_pipeline_threads_run run;
+  memset(&run, 0, sizeof run);
+  run.cfg = c;
+  run.fsdp = 1;
+  cr_assert_eq(tw_pipeline_dense_body(4, 8, &run.body), TW_OK);
+  int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
+  for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
+  float *x = (float *)load(dir, "x", TW_F32, na);
+  float *w[2] = {(float *)load(dir, "w1", TW_F32, nw[0]), (float *)load(dir, "w2", TW_F32, nw[1])};
+  double *gy = (double *)load(dir, "y", TW_F64, na);
+  /* swap the [R, S] placement: [S, R] read as [R, S] */
+  float *sw[2];
+  for (int i = 0; i < 2; i++) {
+    int64_t per = nw[i] / 6;
+    sw[i] = (float *)malloc(sizeof(float) * (size_t)nw[i]);
+    for (int r = 0; r < 2; r++)
+      for (int s = 0; s < 3; s++) memcpy(sw[i] + (r * 3 + s) * per, w[i] + (s * 2 + r) * per, sizeof(float) * (size_t)per);
+  }
+  float *y = (float *)calloc((size_t)na, 4);
+  run.x = x; run.y = y; run.w[0] = sw[0]; run.w[1] = sw[1];
+  cr_assert_eq(tw_pipeline_run_threads(&run), TW_OK, "%s", tw_last_error());
+  double worst = 0;
+  for (int64_t i = 0; i < na; i++) worst = fmax(worst, fabs((double)y[i] - gy[i]));
+  cr_assert_gt(worst, 1e-3, "a wrong layer order went unnoticed (max |diff| %g)", worst);
+  free(x); free(w[0]); free(w[1]); free(gy); free(sw[0]); free(sw[1]); free(y);
+}
+
+/* §4.3 against the independent golden: MaxText's BSW window, forced, is far outside the bound
+ * for S = 3 and 4 (every F) and within it for S = 2; twin's window passes all of them above. */
+Test(pipeline_golden, maxtext_window_fails_s3_and_s4_passes_s2) {
+  const char *cases[] = {"S3_M6_R2_d1_Lps1_F1_bsw", "S3_M6_R2_d1_Lps1_F2_bsw", "S4_M4_R2_d1_Lps1_F4_bsw",
+                         "S4_M8_R3_d1_Lps1_F1_bsw", "S2_M8_R4_d1_Lps1_F2_bsw"};
+  for (int i = 0; i < 5; i++) {
+    char dir[1200];
+    snprintf(dir, sizeof dir, "%s/pipeline/%s", tt_golden_root(), cases[i]);
+    double r = run_case_opt(dir, cases[i], 1, 0);
+    if (i < 4) cr_assert_gt(r, 100.0, "%s: MaxText's stale window went unnoticed (|diff|/bound %g)", cases[i], r);
+    else cr_assert_leq(r, 1.0, "%s: with S = 2 MaxText's window is right (|diff|/bound %g)", cases[i], r);
+  }
+}

@@ -1,0 +1,280 @@
+/* The pipeline on the gpu backend against the ref pipeline (itself equal to the unpipelined
+ * model bit for bit, tests/pipeline_test.c):
+ *   one GPU   S = 1 (the whole scan: circ, rotate, d = 2, Lps = 2, BSW; no ppermute partner —
+ *             NCCL takes one rank per device, so S > 1 stages cannot share a GPU here);
+ *   2 GPUs    NCCL, one thread per GPU: S = 2 plain (rotate and circ paths) and BSW, and
+ *             pp = 1 x fsdp = 2 BSW (the window's all-gather / reduce-scatter over NCCL);
+ *   memory    the gathered-weight window measured with cudaMemGetInfo from inside the body:
+ *             BSW with R = 4 holds two gathered layers (+ two gradients), not R;
+ *   speed     forward + backward step time of S = 2 against the ideal and the bubble (logged).
+ * Bound against ref: the two backends round each GEMM differently (cuBLASLt vs OpenBLAS sum
+ * orders, both f32 accumulation), so per layer up to (E + H + 8) u |value| each, plus
+ * M mb u for the weight-gradient sums: |gpu - ref| <= 2 L (E + H + 8 + M mb) u (|ref| + rms).
+ * A test needing N GPUs skips with "needs N GPUs, sees n" where fewer are visible. */
+#include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pipeline/threads.h"
+#include "test_util.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_pipeline.h"
+
+int tw_gpu_device_count(void); /* gpu/probe.cu */
+
+#define NEED_GPUS(n)                                                        \
+  do {                                                                      \
+    setenv("NCCL_NVLS_ENABLE", "0", 0);                                     \
+    int have_ = tw_gpu_device_count();                                      \
+    if (have_ < (n)) cr_skip_test("needs %d GPUs, sees %d", (n), have_);    \
+  } while (0)
+
+typedef struct {
+  tw_pipeline_threads_run run;
+  int64_t na, nw[2];
+  float *x, *dy, *w[2], *y, *dx, *dw[2];
+} problem;
+
+static void problem_make(problem *p, int S, int M, int R, int d, int Lps, int F, int bsw, int64_t E, int64_t H,
+                         int64_t mb, uint64_t seed) {
+  memset(p, 0, sizeof *p);
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = S; c.microbatches = M; c.repeats = R; c.delay = d; c.layers_per_stage = Lps;
+  c.layers = S * R * Lps; c.mb_rows = mb;
+  c.fsdp = bsw ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
+  p->run.cfg = c;
+  p->run.fsdp = F;
+  p->run.timeout_s = 120;
+  cr_assert_eq(tw_pipeline_dense_body(E, H, &p->run.body), TW_OK);
+  p->na = tw_pipeline_act_elems(&c, &p->run.body);
+  p->x = (float *)calloc((size_t)p->na, 4); p->dy = (float *)calloc((size_t)p->na, 4);
+  p->y = (float *)calloc((size_t)p->na, 4); p->dx = (float *)calloc((size_t)p->na, 4);
+  tt_fill_uniform_f32(p->x, p->na, seed, -1, 1);
+  tt_fill_uniform_f32(p->dy, p->na, seed + 1, -1, 1);
+  for (int i = 0; i < 2; i++) {
+    p->nw[i] = tw_pipeline_param_elems(&c, &p->run.body, i);
+    p->w[i] = (float *)calloc((size_t)p->nw[i], 4);
+    p->dw[i] = (float *)calloc((size_t)p->nw[i], 4);
+    float a = (float)(1.0 / sqrt((double)p->run.body.param_rows[i]));
+    tt_fill_uniform_f32(p->w[i], p->nw[i], seed + 2 + (uint64_t)i, -a, a);
+  }
+  p->run.x = p->x; p->run.dy = p->dy; p->run.y = p->y; p->run.dx = p->dx;
+  for (int i = 0; i < 2; i++) { p->run.w[i] = p->w[i]; p->run.dw[i] = p->dw[i]; }
+}
+
+static void problem_free(problem *p) {
+  free(p->x); free(p->dy); free(p->y); free(p->dx);
+  for (int i = 0; i < 2; i++) { free(p->w[i]); free(p->dw[i]); }
+}
+
+/* ---- running on GPUs ------------------------------------------------------------------ */
+typedef struct {
+  problem *p;
+  tw_mesh mesh;
+} gpu_job;
+
+static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
+  gpu_job *j = (gpu_job *)arg;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cfg.device = rank;
+  cfg.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cfg));
+  tw_status s = tw_pipeline_run_rank(ctx, &j->mesh, rank, &j->p->run, NULL, NULL);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+static void run_on_gpus(problem *p) {
+  gpu_job j = {p, {0}};
+  tw_axis ax[2] = {TW_AXIS_PP, TW_AXIS_FSDP};
+  int sz[2] = {p->run.cfg.stages, p->run.fsdp};
+  cr_assert_eq(tw_mesh_init(&j.mesh, 2, ax, sz), TW_OK);
+  int n = tw_mesh_ranks(&j.mesh);
+  if (n == 1) {
+    cr_assert_eq(gpu_rank(0, NULL, &j), TW_OK, "%s", tw_last_error());
+    return;
+  }
+  tw_comm *comms[8];
+  int dev[8];
+  for (int i = 0; i < n; i++) dev[i] = i;
+  cr_assert_eq(tw_comm_init_nccl_local(n, dev, comms), TW_OK, "%s", tw_last_error());
+  for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
+  tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
+  char msg[1024];
+  snprintf(msg, sizeof msg, "%s", tw_last_error());
+  for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+  cr_assert_eq(s, TW_OK, "%s", msg);
+}
+
+static void expect_close(const char *what, const char *tag, const float *got, const float *ref, int64_t n, double k) {
+  double ss = 0;
+  for (int64_t i = 0; i < n; i++) ss += (double)ref[i] * ref[i];
+  double rms = sqrt(ss / (double)(n ? n : 1)), worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double bound = 2.0 * k * ldexp(1.0, -24) * (fabs((double)ref[i]) + rms), err = fabs((double)got[i] - ref[i]);
+    cr_assert(err <= bound, "%s %s[%lld]: gpu %.9g, ref %.9g, bound %.3g", tag, what, (long long)i, (double)got[i],
+              (double)ref[i], bound);
+    worst = fmax(worst, err / bound);
+  }
+  cr_log_info("%s %s: worst |gpu - ref| / bound %.3g", tag, what, worst);
+}
+
+static void gpu_vs_ref(int S, int M, int R, int d, int Lps, int F, int bsw) {
+  char tag[96];
+  snprintf(tag, sizeof tag, "S=%d M=%d R=%d d=%d Lps=%d F=%d %s", S, M, R, d, Lps, F, bsw ? "bsw" : "plain");
+  const int64_t E = 64, H = 96, mb = 16;
+  problem ref, gpu;
+  problem_make(&ref, S, M, R, d, Lps, F, bsw, E, H, mb, 31);
+  problem_make(&gpu, S, M, R, d, Lps, F, bsw, E, H, mb, 31);
+  cr_assert_eq(tw_pipeline_run_threads(&ref.run), TW_OK, "%s ref: %s", tag, tw_last_error());
+  run_on_gpus(&gpu);
+  double kf = (double)S * R * Lps * (E + H + 8), kb = (double)S * R * Lps * (E + H + 8 + M * mb);
+  expect_close("y", tag, gpu.y, ref.y, ref.na, kf);
+  expect_close("dx", tag, gpu.dx, ref.dx, ref.na, kb);
+  expect_close("dW1", tag, gpu.dw[0], ref.dw[0], ref.nw[0], kb);
+  expect_close("dW2", tag, gpu.dw[1], ref.dw[1], ref.nw[1], kb);
+  problem_free(&ref);
+  problem_free(&gpu);
+}
+
+Test(pipeline_gpu, one_gpu_every_path_of_the_scan) {
+  NEED_GPUS(1);
+  gpu_vs_ref(1, 3, 2, 1, 1, 1, 0); /* circ */
+  gpu_vs_ref(1, 1, 3, 1, 1, 1, 0); /* rotate */
+  gpu_vs_ref(1, 2, 2, 2, 1, 1, 0); /* d = 2 */
+  gpu_vs_ref(1, 2, 2, 1, 2, 1, 0); /* Lps = 2 */
+  gpu_vs_ref(1, 2, 3, 1, 1, 1, 1); /* BSW */
+}
+
+Test(pipeline_gpu, two_gpus_nccl_s2_plain) {
+  NEED_GPUS(2);
+  gpu_vs_ref(2, 2, 2, 1, 1, 1, 0); /* rotate */
+  gpu_vs_ref(2, 4, 2, 1, 1, 1, 0); /* circ */
+  gpu_vs_ref(2, 4, 2, 2, 1, 1, 0); /* d = 2 */
+}
+
+Test(pipeline_gpu, two_gpus_nccl_s2_bsw) {
+  NEED_GPUS(2);
+  gpu_vs_ref(2, 4, 3, 1, 1, 1, 1);
+  gpu_vs_ref(2, 8, 4, 1, 1, 1, 1);
+}
+
+Test(pipeline_gpu, two_gpus_nccl_fsdp2_bsw_window_collectives) {
+  NEED_GPUS(2);
+  gpu_vs_ref(1, 2, 3, 1, 1, 2, 1);
+  gpu_vs_ref(1, 2, 2, 1, 1, 2, 0);
+}
+
+/* ---- the window's device memory ------------------------------------------------------- */
+typedef struct {
+  const tw_pipeline_body *inner;
+  size_t min_free;
+} mem_probe;
+static mem_probe g_probe;
+
+static void probe_now(void) {
+  size_t fr = 0, total = 0;
+  if (cudaMemGetInfo(&fr, &total) == cudaSuccess && fr < g_probe.min_free) g_probe.min_free = fr;
+}
+static tw_status probe_forward(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                               float *y, int64_t rows, void *scratch) {
+  probe_now();
+  return g_probe.inner->forward(b, ctx, w, x, y, rows, scratch);
+}
+static tw_status probe_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                           const float *dy, float *dx, tw_pipeline_params *dw, int64_t rows, void *scratch) {
+  probe_now();
+  return g_probe.inner->vjp(b, ctx, w, x, dy, dx, dw, rows, scratch);
+}
+
+/* Peak device memory of one BSW run with R repeats, measured from inside the body: what the
+ * run allocated beyond what was free before it (context workspace, cuBLASLt, inputs, window). */
+static size_t peak_use(int R, int64_t E, int64_t H, int64_t mb, tw_pipeline_config *cfg, tw_pipeline_body *body) {
+  problem p;
+  problem_make(&p, 1, 2, R, 1, 1, 1, 1, E, H, mb, 4);
+  tw_pipeline_body dense = p.run.body;
+  g_probe.inner = &dense;
+  p.run.body.forward = probe_forward;
+  p.run.body.vjp = probe_vjp;
+  cr_assert_eq(cudaSetDevice(0), cudaSuccess);
+  size_t free0 = 0, total = 0;
+  cr_assert_eq(cudaMemGetInfo(&free0, &total), cudaSuccess);
+  g_probe.min_free = free0;
+  run_on_gpus(&p);
+  *cfg = p.run.cfg;
+  *body = dense;
+  problem_free(&p);
+  return free0 - g_probe.min_free;
+}
+
+/* R = 2 and R = 4 differ in what run_rank holds outside the window by exactly 2 more weight
+ * shards and 2 more gradient shards (F = 1: 4 layers' bytes); a window that held R gathered
+ * layers (+ gradients) would add 4 more. Context, cuBLASLt and activations cancel out. */
+Test(pipeline_gpu, bsw_window_holds_two_gathered_layers_not_r) {
+  NEED_GPUS(1);
+  const int64_t E = 2048, H = 4096, mb = 8;
+  const size_t layer = (size_t)2 * E * H * sizeof(float); /* one gathered layer: W1 + W2, 64 MiB */
+  const double MiB = 1048576.0;
+  tw_pipeline_config c2, c4;
+  tw_pipeline_body b;
+  problem warm;
+  problem_make(&warm, 1, 2, 2, 1, 1, 1, 1, E, H, mb, 3); /* loads every kernel once */
+  run_on_gpus(&warm);
+  problem_free(&warm);
+  size_t u2 = peak_use(2, E, H, mb, &c2, &b), u4 = peak_use(4, E, H, mb, &c4, &b);
+  size_t want = tw_pipeline_window_bytes(&c4, &b);
+  cr_assert_eq(want, tw_pipeline_window_bytes(&c2, &b));
+  cr_assert_eq(want, 4 * layer); /* w_curr, w_next and their gradients */
+  long long grow = (long long)u4 - (long long)u2, inputs_grow = 4 * (long long)layer;
+  long long others4 = (long long)u4 - 2LL * 4 * (long long)layer; /* minus R=4 shards and grads */
+  cr_log_info("BSW peak device use: R=2 %.1f MiB, R=4 %.1f MiB; growth %.1f MiB (inputs alone %.1f MiB); "
+              "R=4 beyond its inputs %.1f MiB (window formula %.1f MiB + context and activations)",
+              u2 / MiB, u4 / MiB, grow / MiB, inputs_grow / MiB, others4 / MiB, want / MiB);
+  cr_assert(llabs(grow - inputs_grow) <= 32LL * 1048576, "from R=2 to R=4 the peak grew %.1f MiB; the inputs account for %.1f MiB",
+            grow / MiB, inputs_grow / MiB);
+  cr_assert(others4 >= (long long)want - 32LL * 1048576, "R=4 holds %.1f MiB beyond its inputs, less than the window %.1f MiB",
+            others4 / MiB, want / MiB);
+  cr_assert(others4 <= (long long)want + 512LL * 1048576, "R=4 holds %.1f MiB beyond its inputs: window %.1f MiB + 512 MiB",
+            others4 / MiB, want / MiB);
+}
+
+/* ---- step time against the ideal (logged; the bench proper is `twin bench --op pipeline`) */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+Test(pipeline_gpu, step_time_against_theory_s2) {
+  NEED_GPUS(2);
+  const int S = 2, M = 8, R = 2;
+  const int64_t E = 4096, H = 4096, mb = 1024;
+  problem p;
+  problem_make(&p, S, M, R, 1, 1, 1, 0, E, H, mb, 9);
+  run_on_gpus(&p); /* warm */
+  double t0 = now_s();
+  run_on_gpus(&p);
+  double step = now_s() - t0;
+  /* one layer's forward + VJP alone on one GPU, same shapes: the ideal per layer-step */
+  problem one;
+  problem_make(&one, 1, 1, 1, 1, 1, 1, 0, E, H, mb, 10);
+  run_on_gpus(&one);
+  t0 = now_s();
+  run_on_gpus(&one);
+  double layer_step = now_s() - t0;
+  tw_pipeline_config c = p.run.cfg;
+  double ideal = (double)S * R * M * layer_step / S, bubble = tw_pipeline_bubble_fraction(&c);
+  double theory = ideal / (1.0 - bubble);
+  cr_log_info("S=2 M=8 R=2 E=H=4096 mb=1024: step %.2f ms, ideal %.2f ms, with bubble %.4f: %.2f ms, over theory %+.1f%% "
+              "(includes host<->device copies of inputs and results and context setup)",
+              1e3 * step, 1e3 * ideal, bubble, 1e3 * theory, 100.0 * (step / theory - 1.0));
+  problem_free(&p);
+  problem_free(&one);
+}
