@@ -1,6 +1,8 @@
 /* The pipeline on ref thread ranks from global host tensors (pipeline/threads.h). */
 #include "pipeline/threads.h"
 
+#include "pipeline/loopback_comm.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,7 +142,7 @@ tw_status tw_pipeline_run_threads(tw_pipeline_threads_run *g) {
     st = tw_error(TW_ERR_UNSUPPORTED, "pipeline threads: %d ranks is too many threads", n);
   tw_comm **comms = st == TW_OK ? (tw_comm **)calloc((size_t)n, sizeof *comms) : NULL;
   if (st == TW_OK && !comms) st = tw_error(TW_ERR_MEMORY, "pipeline threads: out of host memory");
-  if (st == TW_OK) st = tw_comm_init_threads(n, comms);
+  if (st == TW_OK) st = g->loopback ? tw_comm_init_loopback(n, TW_MEM_HOST, comms) : tw_comm_init_threads(n, comms);
   if (st == TW_OK) {
     for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], g->timeout_s > 0 ? g->timeout_s : 30);
     st = tw_run_ranks(n, comms, rank_main, j);

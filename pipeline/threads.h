@@ -24,6 +24,9 @@ typedef struct {
   /* measured on the ranks: the largest saved state and window any rank held */
   size_t saved_bytes, window_bytes;
   double timeout_s;                          /* per collective; 0 = 30 s */
+  int loopback;                              /* 1: the loopback communicator
+                                                (pipeline/loopback_comm.h) instead of the
+                                                ref thread communicator */
 } tw_pipeline_threads_run;
 
 /* Collective-free from the caller's view: makes the S*F thread ranks, runs forward (and
