@@ -272,3 +272,23 @@ Test(pipeline_run_errors, backward_checks_the_saved_state) {
   tw_mesh_comms_destroy(mc);
   tw_ctx_destroy(ctx);
 }
+
+Test(pipeline_run_errors, a_mesh_without_pp_is_refused_at_run_time) {
+  tw_ctx *ctx = tt_ref_ctx();
+  tw_mesh m;
+  cr_assert_eq(tw_mesh_parse("fsdp=1", &m), TW_OK);
+  tw_mesh_comms *mc = NULL;
+  cr_assert_eq(tw_mesh_comms_create(ctx, &m, &mc), TW_OK, "%s", tw_last_error());
+  tw_pipeline_body b;
+  cr_assert_eq(tw_pipeline_dense_body(4, 4, &b), TW_OK);
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.mb_rows = 2;
+  float w1[16] = {0}, w2[16] = {0}, x[8] = {0}, y[8];
+  tw_pipeline_weights w = {{w1, w2}, {NULL, NULL}};
+  tw_status s = tw_pipeline_forward(ctx, mc, &c, &b, &w, x, y, NULL);
+  cr_assert_eq(s, TW_ERR_INVALID_ARG, "%s", tw_status_name(s));
+  cr_assert(strstr(tw_last_error(), "pipeline.mesh_pp") && strstr(tw_last_error(), "mesh fsdp=1 has no pp axis"), "%s",
+            tw_last_error());
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+}
