@@ -237,7 +237,7 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
   if (st == TW_OK && circ) st = zero(&r, circ, (int64_t)M * act);
   if (st == TW_OK && mover) st = zero(&r, mover, act);
   if (st == TW_OK && prev) st = zero(&r, prev, act);
-  window win = {-1, 0, -1, -1, -1};
+  window win = {-1, -1, -1, -1, -1};
   for (int t = 0; t < r.T && st == TW_OK; t++) {
     const int c = t % mps;
     int m, rep;

@@ -1,8 +1,11 @@
 /* The pipeline on ref thread ranks from global host tensors (pipeline/threads.h). */
 #include "pipeline/threads.h"
 
+#include "pipeline/loopback_comm.h"
+
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int64_t tw_pipeline_act_elems(const tw_pipeline_config *c, const tw_pipeline_body *b) {
   return (int64_t)c->microbatches * c->mb_rows * b->width;
@@ -32,7 +35,7 @@ static tw_status to_host(tw_ctx *ctx, float *host, const float *dev, int64_t n) 
 }
 
 tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pipeline_threads_run *g,
-                               size_t *saved_bytes, size_t *window_bytes) {
+                               size_t *saved_bytes, size_t *window_bytes, double *step_s) {
   const tw_pipeline_config *c = &g->cfg;
   const tw_pipeline_body *b = &g->body;
   const int s = tw_mesh_coord(mesh, rank, TW_AXIS_PP), f = tw_mesh_coord(mesh, rank, TW_AXIS_FSDP);
@@ -74,8 +77,15 @@ tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pi
   if (st == TW_OK && g->dy) st = to_ctx(ctx, hdy, na, &dy);
   if (st == TW_OK && g->dy) st = tw_alloc(ctx, sizeof(float) * (size_t)(na > 0 ? na : 1), (void **)&dx);
   tw_pipeline_saved *sv = NULL;
+  struct timespec t0, t1;
+  if (st == TW_OK) st = tw_ctx_sync(ctx);
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   if (st == TW_OK) st = tw_pipeline_forward(ctx, mc, c, b, &w, x, y, g->dy ? &sv : NULL);
   if (st == TW_OK && g->dy) st = tw_pipeline_backward(ctx, mc, c, b, &w, sv, dy, dx);
+  if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
+  if (st == TW_OK) st = tw_ctx_sync(ctx);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (step_s) *step_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   if (st == TW_OK && sv) {
     if (saved_bytes) *saved_bytes = tw_pipeline_saved_size(sv);
     if (window_bytes) *window_bytes = tw_pipeline_peak_window_bytes(sv);
@@ -121,7 +131,7 @@ static tw_status rank_main(int rank, tw_comm *comm, void *arg) {
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.comm = comm;
   TW_TRY(tw_ctx_create(&ctx, &cc));
-  tw_status st = tw_pipeline_run_rank(ctx, &j->mesh, rank, j->g, &j->saved[rank], &j->window[rank]);
+  tw_status st = tw_pipeline_run_rank(ctx, &j->mesh, rank, j->g, &j->saved[rank], &j->window[rank], NULL);
   tw_ctx_destroy(ctx);
   return st;
 }
@@ -140,7 +150,7 @@ tw_status tw_pipeline_run_threads(tw_pipeline_threads_run *g) {
     st = tw_error(TW_ERR_UNSUPPORTED, "pipeline threads: %d ranks is too many threads", n);
   tw_comm **comms = st == TW_OK ? (tw_comm **)calloc((size_t)n, sizeof *comms) : NULL;
   if (st == TW_OK && !comms) st = tw_error(TW_ERR_MEMORY, "pipeline threads: out of host memory");
-  if (st == TW_OK) st = tw_comm_init_threads(n, comms);
+  if (st == TW_OK) st = g->loopback ? tw_comm_init_loopback(n, TW_MEM_HOST, comms) : tw_comm_init_threads(n, comms);
   if (st == TW_OK) {
     for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], g->timeout_s > 0 ? g->timeout_s : 30);
     st = tw_run_ranks(n, comms, rank_main, j);

@@ -24,6 +24,9 @@ typedef struct {
   /* measured on the ranks: the largest saved state and window any rank held */
   size_t saved_bytes, window_bytes;
   double timeout_s;                          /* per collective; 0 = 30 s */
+  int loopback;                              /* 1: the loopback communicator
+                                                (pipeline/loopback_comm.h) instead of the
+                                                ref thread communicator */
 } tw_pipeline_threads_run;
 
 /* Collective-free from the caller's view: makes the S*F thread ranks, runs forward (and
@@ -34,9 +37,11 @@ tw_status tw_pipeline_run_threads(tw_pipeline_threads_run *run);
  * into ctx memory, runs forward (and backward) over the mesh's communicators split from ctx's
  * communicator, and places its results in the global host outputs. Every rank of the mesh
  * calls it together (tw_pipeline_run_threads does, on ref thread ranks; the gpu tests do, one
- * thread per GPU over NCCL). saved_bytes / window_bytes (may be NULL) get what it held. */
+ * thread per GPU over NCCL). saved_bytes / window_bytes (may be NULL) get what it held;
+ * step_s (may be NULL) the wall time of forward + backward on this rank, inputs already in
+ * ctx memory and the context synchronized before and after. */
 tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pipeline_threads_run *run,
-                               size_t *saved_bytes, size_t *window_bytes);
+                               size_t *saved_bytes, size_t *window_bytes, double *step_s);
 
 /* Element counts of the global tensors of a configuration. */
 int64_t tw_pipeline_act_elems(const tw_pipeline_config *cfg, const tw_pipeline_body *b);   /* M*mb*E */

@@ -91,11 +91,13 @@ static void expect_within_reassociation(const char *tag, const float *got, const
               (long long)i, (double)got[i], (double)want[i], tol);
 }
 
-static void check_against_unpipelined(pcase k, int64_t E, int64_t H, int64_t mb) {
-  char tag[96];
-  snprintf(tag, sizeof tag, "S=%d M=%d R=%d d=%d Lps=%d F=%d %s", k.S, k.M, k.R, k.d, k.Lps, k.F, k.bsw ? "bsw" : "plain");
+static void check_against_unpipelined_on(pcase k, int64_t E, int64_t H, int64_t mb, int loopback) {
+  char tag[112];
+  snprintf(tag, sizeof tag, "S=%d M=%d R=%d d=%d Lps=%d F=%d %s%s", k.S, k.M, k.R, k.d, k.Lps, k.F, k.bsw ? "bsw" : "plain",
+           loopback ? " (loopback comm)" : "");
   problem p;
   problem_make(&p, k, E, H, mb, 1000 + (uint64_t)(k.S * 131 + k.M * 17 + k.R * 7 + k.d * 3 + k.Lps + k.F * 5 + k.bsw));
+  p.run.loopback = loopback;
   tw_status s = tw_pipeline_run_threads(&p.run);
   cr_assert_eq(s, TW_OK, "%s: %s: %s", tag, tw_status_name(s), tw_last_error());
   run_sequential(&p);
@@ -109,6 +111,10 @@ static void check_against_unpipelined(pcase k, int64_t E, int64_t H, int64_t mb)
   cr_assert_eq(p.run.saved_bytes, tw_pipeline_saved_bytes(&p.run.cfg, &p.run.body, k.F), "%s", tag);
   cr_assert_eq(p.run.window_bytes, tw_pipeline_window_bytes(&p.run.cfg, &p.run.body), "%s", tag);
   problem_free(&p);
+}
+
+static void check_against_unpipelined(pcase k, int64_t E, int64_t H, int64_t mb) {
+  check_against_unpipelined_on(k, E, H, mb, 0);
 }
 
 /* §6 items 1-7 (plain path), each also with fsdp = 2 where F is 1 in the spec */
@@ -153,6 +159,14 @@ Test(pipeline_vs_unpipelined, item8_bsw_4_4_2) { bsw_all_f(4, 4, 2); }
 Test(pipeline_vs_unpipelined, item8_bsw_4_8_3) { bsw_all_f(4, 8, 3); }
 Test(pipeline_vs_unpipelined, plain_fsdp_4_on_16_ranks) { check_against_unpipelined((pcase){4, 8, 2, 1, 1, 4, 0}, 8, 12, 8); }
 Test(pipeline_vs_unpipelined, bsw_5_stages) { check_against_unpipelined((pcase){5, 5, 3, 1, 1, 2, 1}, 8, 12, 4); }
+
+/* The loopback communicator (what lets one GPU play S stages) gives the same bits as the
+ * thread communicator: checked here on host memory. */
+Test(pipeline_vs_unpipelined, loopback_communicator) {
+  check_against_unpipelined_on((pcase){3, 6, 2, 1, 1, 2, 1}, 8, 12, 4, 1);
+  check_against_unpipelined_on((pcase){4, 8, 2, 2, 1, 2, 0}, 8, 12, 4, 1);
+  check_against_unpipelined_on((pcase){2, 4, 2, 1, 2, 1, 0}, 8, 12, 4, 1);
+}
 
 /* ---- the §4.3 defect: MaxText's window, forced, gives wrong results for S >= 3 ---------- */
 static double max_diff(const float *a, const float *b, int64_t n) {
@@ -255,6 +269,26 @@ Test(pipeline_run_errors, backward_checks_the_saved_state) {
   cr_assert(strstr(tw_last_error(), "saved state holds 64 bytes, this configuration needs 32"), "%s", tw_last_error());
   cr_assert_eq(tw_pipeline_backward(ctx, mc, &c, &b, &w, NULL, x, y), TW_ERR_NULL);
   tw_pipeline_saved_free(ctx, sv);
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+}
+
+Test(pipeline_run_errors, a_mesh_without_pp_is_refused_at_run_time) {
+  tw_ctx *ctx = tt_ref_ctx();
+  tw_mesh m;
+  cr_assert_eq(tw_mesh_parse("fsdp=1", &m), TW_OK);
+  tw_mesh_comms *mc = NULL;
+  cr_assert_eq(tw_mesh_comms_create(ctx, &m, &mc), TW_OK, "%s", tw_last_error());
+  tw_pipeline_body b;
+  cr_assert_eq(tw_pipeline_dense_body(4, 4, &b), TW_OK);
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.mb_rows = 2;
+  float w1[16] = {0}, w2[16] = {0}, x[8] = {0}, y[8];
+  tw_pipeline_weights w = {{w1, w2}, {NULL, NULL}};
+  tw_status s = tw_pipeline_forward(ctx, mc, &c, &b, &w, x, y, NULL);
+  cr_assert_eq(s, TW_ERR_INVALID_ARG, "%s", tw_status_name(s));
+  cr_assert(strstr(tw_last_error(), "pipeline.mesh_pp") && strstr(tw_last_error(), "mesh fsdp=1 has no pp axis"), "%s",
+            tw_last_error());
   tw_mesh_comms_destroy(mc);
   tw_ctx_destroy(ctx);
 }

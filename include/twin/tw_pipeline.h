@@ -191,8 +191,8 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
 tw_status tw_pipeline_saved_free(tw_ctx *ctx, tw_pipeline_saved *saved);
 /* Bytes held by saved (the measured counterpart of tw_pipeline_saved_bytes). */
 size_t tw_pipeline_saved_size(const tw_pipeline_saved *saved);
-/* Largest window (gathered weights + gathered gradients) this rank held in the last
- * forward/backward call on ctx-independent counters of `saved`'s owner; 0 if none. */
+/* Bytes of the gathered-weight window (gathered weights, plus gathered gradients once the
+ * backward ran) that this rank allocated in the forward / backward that used `saved`. */
 size_t tw_pipeline_peak_window_bytes(const tw_pipeline_saved *saved);
 
 /* ---- the unpipelined model (one rank, the oracle of the schedule) -------------------- */
