@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what twin needs on a fresh Debian 12 machine (idempotent): Bazel 4.2.3
 # (bazel-bootstrap), gcc and the C library headers, OpenBLAS, Criterion, and NumPy + ml_dtypes
-# for the golden generators, in the python3 that the build runs. The CUDA toolkit is expected
+# and JAX (CPU) for the golden generators, in the python3 that the build runs. The CUDA toolkit is expected
 # at /usr/local/cuda (or $CUDA_PATH).
 #
 # Each probe asks for exactly what the build uses, never for a file another package may also
@@ -32,8 +32,9 @@ debs=(
   python3           # golden generators, cross-checks (if no other python3 is on PATH)
   xz-utils          # tools/pack_gpu_bundle.sh
 )
-# Python modules, imported by the python3 on PATH: module=pip package
-pymods=(numpy=numpy ml_dtypes=ml_dtypes)
+# Python modules, imported by the python3 on PATH: module=pip package. JAX (CPU) computes the
+# pipeline's goldens (golden/gen_pipeline.py, jax.grad in f64), which CI regenerates.
+pymods=(numpy=numpy ml_dtypes=ml_dtypes jax=jax)
 
 deb_installed() { "$DPKG_QUERY" -W -f='${Status}\n' "$1" 2>/dev/null | grep -q '^install ok installed$'; }
 py_has() { "$PY" -c "import $1" >/dev/null 2>&1; }

@@ -68,7 +68,7 @@ installed_by_apt() { grep '^apt-get install' "$T/log" | tr ' ' '\n' | grep -qx "
 installed_by_pip() { grep '^pip install' "$T/log" | tr ' ' '\n' | grep -qx "$1"; }
 
 # 1. libblas-dev (and its cblas.h) present, OpenBLAS absent: libopenblas-dev must be installed.
-machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes" "" ""
+machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes jax" "" ""
 run_setup
 if [ "$(cat "$T/rc")" = 0 ] && installed_by_apt libopenblas-dev; then pass reference_blas_does_not_count_as_openblas
 else fail reference_blas_does_not_count_as_openblas "rc $(cat "$T/rc"); log: $(tr '\n' ';' <"$T/log"); err: $(head -c 300 "$T/err")"; fi
@@ -80,12 +80,12 @@ machine "" "" "" ""
 run_setup
 ok=1
 for p in bazel-bootstrap gcc libc6-dev libopenblas-dev libcriterion-dev xz-utils; do installed_by_apt "$p" || ok=0; done
-installed_by_pip numpy && installed_by_pip ml_dtypes || ok=0
+installed_by_pip numpy && installed_by_pip ml_dtypes && installed_by_pip jax || ok=0
 if [ $ok = 1 ] && [ "$(cat "$T/rc")" = 0 ]; then pass fresh_machine_gets_everything
 else fail fresh_machine_gets_everything "rc $(cat "$T/rc"); log: $(tr '\n' ';' <"$T/log"); err: $(head -c 300 "$T/err")"; fi
 
 # 3. A bazel on PATH that is not Debian's 4.2.3 does not count: bazel-bootstrap is the package.
-machine "gcc libc6-dev libopenblas-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes" "" ""
+machine "gcc libc6-dev libopenblas-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes jax" "" ""
 printf '#!/bin/sh\necho bazel 7\n' >"$STUBS/bazel"; chmod +x "$STUBS/bazel"
 run_setup
 rm -f "$STUBS/bazel"
@@ -93,13 +93,13 @@ if installed_by_apt bazel-bootstrap; then pass another_bazel_on_path_does_not_co
 else fail another_bazel_on_path_does_not_count "log: $(tr '\n' ';' <"$T/log")"; fi
 
 # 4. Everything present: nothing runs, exit 0.
-machine "$ALL_DEBS" "numpy ml_dtypes" "" ""
+machine "$ALL_DEBS" "numpy ml_dtypes jax" "" ""
 run_setup
 if [ "$(cat "$T/rc")" = 0 ] && [ ! -s "$T/log" ]; then pass complete_machine_installs_nothing
 else fail complete_machine_installs_nothing "rc $(cat "$T/rc"); log: $(tr '\n' ';' <"$T/log")"; fi
 
 # 5. A failed apt install stops at once with one line naming the package and the command.
-machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes" "libopenblas-dev" ""
+machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy ml_dtypes jax" "libopenblas-dev" ""
 run_setup
 if [ "$(cat "$T/rc")" != 0 ] && [ "$(wc -l <"$T/err")" -le 2 ] &&
    tail -1 "$T/err" | grep -q "could not install libopenblas-dev; run by hand: .*apt-get install -y libopenblas-dev"; then
@@ -107,14 +107,14 @@ if [ "$(cat "$T/rc")" != 0 ] && [ "$(wc -l <"$T/err")" -le 2 ] &&
 else fail failed_apt_install_names_the_package "rc $(cat "$T/rc"); err: $(head -c 400 "$T/err")"; fi
 
 # 6. A failed pip install likewise, naming the module and the python it was for.
-machine "$ALL_DEBS" "numpy" "" "ml_dtypes"
+machine "$ALL_DEBS" "numpy jax" "" "ml_dtypes"
 run_setup
 if [ "$(cat "$T/rc")" != 0 ] && tail -1 "$T/err" | grep -q "could not install the Python modules ml_dtypes .*run by hand: python3 -m pip install ml_dtypes"; then
   pass failed_pip_install_names_the_module
 else fail failed_pip_install_names_the_module "rc $(cat "$T/rc"); err: $(head -c 400 "$T/err")"; fi
 
 # 7. --dry-run lists what is missing and installs nothing.
-machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy" "" ""
+machine "libblas-dev bazel-bootstrap gcc libc6-dev libcriterion-dev python3 xz-utils" "numpy jax" "" ""
 run_setup --dry-run
 if [ "$(cat "$T/rc")" = 0 ] && [ ! -s "$T/log" ] && grep -qx "debian: libopenblas-dev" "$T/out" && grep -qx "python: ml_dtypes" "$T/out"; then
   pass dry_run_lists_and_installs_nothing
