@@ -19,11 +19,29 @@ typedef struct tw_router_backend {
                         tw_tensor *d_logits);
 } tw_router_backend;
 
-/* EP: the backend owns tw_ep / tw_ep_layer internals (opaque to core). */
+/* EP: core owns the common part of tw_ep / tw_ep_layer (validated config, sizes, the
+ * layer's step state); the backend hangs its own state on impl. */
+struct tw_ep {
+  const struct tw_backend_ops *ops;
+  tw_ctx *ctx;          /* the context it was created with */
+  tw_comm *comm;        /* the EP group */
+  tw_ep_config cfg;     /* recv_capacity and alignment resolved (R > 0, A >= 1) */
+  int ep_size, rank, nle;
+  int64_t scale_cols;   /* H / scale_block for fp8 tokens, else 0 */
+  void *impl;
+};
+
+struct tw_ep_layer {
+  tw_ep *ep;
+  int dispatched;       /* a dispatch succeeded: combine and the backward may read the state */
+  int64_t tokens;       /* T of the last dispatch */
+  void *impl;
+};
+
 typedef struct tw_ep_backend {
-  tw_status (*create)(tw_ctx *ctx, tw_comm *comm, const tw_ep_config *cfg, tw_ep **out);
+  tw_status (*create)(tw_ep *ep); /* fills ep->impl; collective over ep->comm */
   tw_status (*destroy)(tw_ep *ep);
-  tw_status (*layer_create)(tw_ep *ep, tw_ep_layer **out);
+  tw_status (*layer_create)(tw_ep_layer *layer);
   tw_status (*layer_destroy)(tw_ep_layer *layer);
   tw_status (*dispatch)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
                         const tw_tensor *token_scales, const tw_tensor *topk_idx,
