@@ -229,3 +229,25 @@ Test(ep_errors, mismatched_dtypes_and_shapes) {
              "come together");
   fx_fini(&f);
 }
+
+/* A backend without EP (the gpu table today) is TW_ERR_UNSUPPORTED, named. */
+#include "core/backend.h"
+Test(ep_errors, backend_without_ep_is_unsupported_and_named) {
+  tw_comm *comm;
+  tw_ctx *ctx;
+  cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK);
+  tw_backend_ops fake = tw_ref_ops;
+  fake.name = "noep";
+  fake.ep = NULL;
+  struct tw_ctx fctx = *ctx;
+  fctx.ops = &fake;
+  tw_ep_config c = TW_EP_CONFIG_INIT;
+  c.num_experts = 4; c.topk = 1; c.max_tokens = 2; c.hidden = 8;
+  tw_ep *ep = NULL;
+  EXPECT_ERR(tw_ep_create(&fctx, comm, &c, &ep), TW_ERR_UNSUPPORTED, "ep_create: the noep backend does not provide it");
+  tw_ctx_destroy(ctx);
+  tw_comm_destroy(comm);
+}

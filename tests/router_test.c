@@ -396,3 +396,20 @@ Test(router, error_aux_loss) {
   EXPECT_ERR(tw_router_aux_loss(ctx, &t0, &f.o, &f.tc, 1.0f, &tl), TW_ERR_SHAPE, "T = 0");
   EXPECT_ERR(tw_router_aux_loss_bwd(ctx, &f.tx, &f.o, &f.tc, 1.0f, NAN, &f.tdl), TW_ERR_INVALID_ARG, "d_loss is nan");
 }
+
+/* A backend without a router (the gpu table today) is TW_ERR_UNSUPPORTED, named. */
+#include "core/backend.h"
+Test(router, backend_without_router_is_unsupported_and_named) {
+  tw_backend_ops fake = tw_ref_ops;
+  fake.name = "norouter";
+  fake.router = NULL;
+  struct tw_ctx fctx = *ctx;
+  fctx.ops = &fake;
+  float x[4] = {0};
+  int32_t idx[1];
+  float w[1];
+  tw_tensor tx = tw_tensor_2d(x, TW_F32, 1, 4, TW_MEM_HOST), ti = tw_tensor_2d(idx, TW_I32, 1, 1, TW_MEM_HOST);
+  tw_tensor tw_ = tw_tensor_2d(w, TW_F32, 1, 1, TW_MEM_HOST), none = tw_tensor_none();
+  tw_router_opts o = TW_ROUTER_OPTS_INIT;
+  EXPECT_ERR(tw_router_fwd(&fctx, &tx, &o, &ti, &tw_, &none), TW_ERR_UNSUPPORTED, "router: the norouter backend does not provide it");
+}
