@@ -85,7 +85,12 @@ tw_status tw_ep_create(tw_ctx *ctx, tw_comm *comm, const tw_ep_config *cfg, tw_e
   const char *op = "ep_create";
   if (!ctx || !comm || !out) return tw_error(TW_ERR_NULL, "%s: ctx, comm or out is NULL", op);
   *out = NULL;
-  int n = tw_comm_size(comm);
+  /* comm's fields directly: core links without //shard (the libFuzzer harness builds core/ and ref/ alone) */
+  int n = comm->size;
+  if (!comm->ops || comm->ops->mem != ctx->ops->mem)
+    return tw_error(TW_ERR_MEMORY, "%s: the communicator's buffers live in %s memory, this context needs %s", op,
+                    comm->ops && comm->ops->mem == TW_MEM_DEVICE ? "device" : "host",
+                    ctx->ops->mem == TW_MEM_DEVICE ? "device" : "host");
   TW_TRY(check_config(op, cfg, n));
   const tw_ep_backend *b = ep_table(ctx->ops);
   if (!b || !b->create)
@@ -97,7 +102,7 @@ tw_status tw_ep_create(tw_ctx *ctx, tw_comm *comm, const tw_ep_config *cfg, tw_e
   ep->comm = comm;
   ep->cfg = *cfg;
   ep->ep_size = n;
-  ep->rank = tw_comm_rank(comm);
+  ep->rank = comm->rank;
   ep->nle = cfg->num_experts / n;
   if (ep->cfg.alignment < 1) ep->cfg.alignment = 1;
   if (ep->cfg.recv_capacity == 0) ep->cfg.recv_capacity = tw_ep_capacity_no_drop(cfg, n);

@@ -33,6 +33,16 @@ typedef struct {
   int32_t *counter;     /* [E] scratch */
 } layer_impl;
 
+/* The communicator's table directly: the oracle links without //shard (the libFuzzer harness
+ * builds core/ and ref/ alone), and every argument below is built here, not by a caller. */
+static tw_status comm_all_gather(tw_ctx *ctx, tw_comm *c, const void *send, void *recv, int64_t count, tw_dtype dt) {
+  return c->ops->all_gather(c, ctx, send, recv, count, dt);
+}
+static tw_status comm_all_to_allv(tw_ctx *ctx, tw_comm *c, const void *send, const int64_t *sc, const int64_t *sd,
+                                  void *recv, const int64_t *rc, const int64_t *rd) {
+  return c->ops->all_to_allv(c, ctx, send, sc, sd, recv, rc, rd, TW_U8);
+}
+
 static size_t payload_bytes(const tw_ep *ep) {
   const tw_ep_config *c = &ep->cfg;
   size_t tok = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
@@ -48,6 +58,10 @@ static void *zalloc(size_t n, int *failed) {
 }
 
 static tw_status ref_ep_create(tw_ep *ep) {
+  const tw_comm_ops *co = ep->comm->ops;
+  if (!co->all_gather || !co->all_to_allv || !co->barrier)
+    return tw_error(TW_ERR_UNSUPPORTED, "ep_create: the '%s' communicator lacks all_gather, all_to_allv or barrier",
+                    co->name);
   ep_impl *im = calloc(1, sizeof *im);
   int bad = !im;
   if (im) {
@@ -62,7 +76,7 @@ static tw_status ref_ep_create(tw_ep *ep) {
   }
   ep->impl = im;
   /* every rank must come: a create that fails on one rank fails the group */
-  return tw_comm_barrier(ep->ctx, ep->comm);
+  return ep->comm->ops->barrier(ep->comm, ep->ctx);
 }
 
 static tw_status ref_ep_destroy(tw_ep *ep) {
@@ -199,8 +213,8 @@ static tw_status move(tw_ctx *ctx, const tw_ep *ep, const layer_impl *L, int for
     rcount[r] = cnt_r[r] * (int64_t)im->rb;
     rdisp[r] = off_r[r] * (int64_t)im->rb;
   }
-  return forward ? tw_all_to_allv(ctx, ep->comm, im->send, scount, sdisp, im->recv, rcount, rdisp, TW_U8)
-                 : tw_all_to_allv(ctx, ep->comm, im->recv, scount, sdisp, im->send, rcount, rdisp, TW_U8);
+  return forward ? comm_all_to_allv(ctx, ep->comm, im->send, scount, sdisp, im->recv, rcount, rdisp)
+                 : comm_all_to_allv(ctx, ep->comm, im->recv, scount, sdisp, im->send, rcount, rdisp);
 }
 
 static float row_f32(const tw_tensor *t, int64_t i) {
@@ -226,7 +240,7 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   const int32_t *idx = topk_idx->data;
   memset(L->count_mine, 0, (size_t)E * 4);
   for (int64_t q = 0; q < T * k; q++) L->count_mine[idx[q]]++;
-  TW_TRY(tw_all_gather(ctx, ep->comm, L->count_mine, L->counts_all, E, TW_I32));
+  TW_TRY(comm_all_gather(ctx, ep->comm, L->count_mine, L->counts_all, E, TW_I32));
   TW_TRY(slab_layout(ep, L));
   route_tables(ep, L, idx, T);
 
