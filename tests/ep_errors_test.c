@@ -251,3 +251,59 @@ Test(ep_errors, backend_without_ep_is_unsupported_and_named) {
   tw_ctx_destroy(ctx);
   tw_comm_destroy(comm);
 }
+
+Test(ep_errors, workspace_bytes_are_reported_and_grow_with_the_config) {
+  tw_ep_config c = TW_EP_CONFIG_INIT;
+  c.num_experts = 8; c.topk = 2; c.max_tokens = 16; c.hidden = 64;
+  size_t ws = 0, ls = 0, ws2 = 0, ls2 = 0;
+  EXPECT_OK(tw_ep_workspace_bytes(&c, 4, &ws, &ls));
+  cr_expect_gt(ws, 0);
+  cr_expect_gt(ls, 0);
+  c.hidden = 128;
+  c.max_tokens = 32;
+  EXPECT_OK(tw_ep_workspace_bytes(&c, 4, &ws2, &ls2));
+  cr_expect_gt(ws2, ws);
+  cr_expect_gt(ls2, ls);
+  cr_expect_eq(tw_ep_capacity_no_drop(&c, 4), 4 * 32 * 2, "no alignment: ep * T * min(k, NLE)");
+  c.alignment = 8;
+  cr_expect_eq(tw_ep_capacity_no_drop(&c, 4), 256 + 2 * 7 + 2, "roundup(256 + NLE * 7, 8)");
+  c.num_experts = 6;
+  EXPECT_ERR(tw_ep_workspace_bytes(&c, 4, &ws, &ls), TW_ERR_INVALID_ARG, "num_experts = 6 is not a positive multiple of ep_size = 4");
+}
+
+static tw_status bad_id_on_rank_1(int rank, tw_comm *comm, void *arg) {
+  (void)arg;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep_config c = TW_EP_CONFIG_INIT;
+  c.num_experts = 4; c.topk = 1; c.max_tokens = 2; c.hidden = 2; c.token_dtype = TW_F32;
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  tw_status s = tw_ep_create(ctx, comm, &c, &ep);
+  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
+  float x[4] = {0}, w[2] = {1, 1}, recv[64], rw[32];
+  int32_t idx[2] = {0, rank == 1 ? 9 : 1}, gs[2];
+  int64_t R = tw_ep_recv_capacity(ep);
+  tw_tensor none = tw_tensor_none(), tx = tw_tensor_2d(x, TW_F32, 2, 2, TW_MEM_HOST);
+  tw_tensor ti = tw_tensor_2d(idx, TW_I32, 2, 1, TW_MEM_HOST), tw_ = tw_tensor_2d(w, TW_F32, 2, 1, TW_MEM_HOST);
+  tw_tensor tr = tw_tensor_2d(recv, TW_F32, R, 2, TW_MEM_HOST), trw = tw_tensor_1d(rw, TW_F32, R, TW_MEM_HOST);
+  tw_tensor tg = tw_tensor_1d(gs, TW_I32, 2, TW_MEM_HOST);
+  if (s == TW_OK) s = tw_ep_dispatch(ctx, layer, &tx, &none, &ti, &tw_, &tr, &none, &trw, &tg, &none);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+/* One rank's bad input fails that rank before any collective; its peer, already waiting in
+ * the dispatch's all-gather, returns when tw_run_ranks aborts the group: no hang. */
+Test(ep_errors, bad_input_on_one_rank_does_not_hang_the_group, .timeout = 30) {
+  tw_comm *comms[2];
+  cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
+  tw_status s = tw_run_ranks(2, comms, bad_id_on_rank_1, NULL);
+  cr_expect_neq(s, TW_OK);
+  tw_comm_destroy(comms[0]);
+  tw_comm_destroy(comms[1]);
+}
