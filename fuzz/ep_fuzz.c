@@ -15,6 +15,7 @@
 #include "twin/tw_ep.h"
 #include "twin/tw_numerics.h"
 #include "twin/tw_router.h"
+#include "twin/tw_shard.h"
 
 #define MAXT 12
 
@@ -48,12 +49,21 @@ void tw_ep_fuzz_draw(uint64_t *rng, tw_ep_fuzz_case *c) {
   c->drop = cap == 0;
   c->R = cap <= 1 ? c->A * (1 + below(rng, 6)) : 0; /* small capacities: drops, or the error */
   c->seed = next(rng);
+  c->dp = c->fsdp = c->tp = 1;
+  if (below(rng, 3) == 0) /* a mesh around the EP groups, up to 8 ranks in all */
+    for (int a = 0; a < 3; a++) {
+      int *ax = a == 0 ? &c->dp : a == 1 ? &c->fsdp : &c->tp;
+      if (c->n * c->dp * c->fsdp * c->tp * 2 <= TW_EP_FUZZ_MAXR && below(rng, 2)) *ax = 2;
+    }
 }
+
+static int axis(int v) { return v < 1 ? 1 : v; }
 
 const char *tw_ep_fuzz_case_str(const tw_ep_fuzz_case *c, char *buf, size_t n) {
   size_t u = (size_t)snprintf(buf, n, "n=%d E=%d k=%d H=%d A=%d R=%d dist=%d drop=%d dtype=%d seed=%llu T=", c->n, c->E,
                               c->k, c->H, c->A, c->R, c->dist, c->drop, c->dtype, (unsigned long long)c->seed);
   for (int r = 0; r < c->n && u < n; r++) u += (size_t)snprintf(buf + u, n - u, "%s%d", r ? "," : "", c->T[r]);
+  if (u < n) snprintf(buf + u, n - u, " mesh=%d,%d,%d", axis(c->dp), axis(c->fsdp), axis(c->tp));
   return buf;
 }
 
@@ -72,13 +82,17 @@ tw_status tw_ep_fuzz_case_parse(const char *text, tw_ep_fuzz_case *c) {
     if (end == p) return tw_error(TW_ERR_INVALID_ARG, "ep fuzz: case \"%s\" lists fewer than n = %d token counts", text, c->n);
     p = *end == ',' ? end + 1 : end;
   }
+  c->dp = c->fsdp = c->tp = 1;
+  const char *m = strstr(p, "mesh=");
+  if (m && sscanf(m, "mesh=%d,%d,%d", &c->dp, &c->fsdp, &c->tp) != 3)
+    return tw_error(TW_ERR_INVALID_ARG, "ep fuzz: case \"%s\" has a malformed mesh", text);
   if (c->n < 1 || c->n > TW_EP_FUZZ_MAXR || c->E < c->n || c->E % c->n || c->k < 1 || c->k > c->E)
     return tw_error(TW_ERR_INVALID_ARG, "ep fuzz: case \"%s\" is out of range", text);
   return TW_OK;
 }
 
 int tw_ep_fuzz_case_size(const tw_ep_fuzz_case *c) {
-  int s = c->n + c->E + c->k + c->H + c->A;
+  int s = c->n + c->E + c->k + c->H + c->A + axis(c->dp) + axis(c->fsdp) + axis(c->tp) - 3;
   for (int r = 0; r < c->n; r++) s += c->T[r];
   return s;
 }
@@ -247,8 +261,7 @@ static const tw_backend_ops *ops_for(tw_ep_plant p) {
 
 #define FAIL(...) do { s = tw_error(TW_ERR_INTERNAL, __VA_ARGS__); goto out; } while (0)
 
-static tw_status rank_body(int me, tw_comm *comm, void *arg) {
-  world *W = arg;
+static tw_status ep_rank(world *W, int me, tw_comm *comm) {
   const tw_ep_fuzz_case *c = W->c;
   int64_t T = c->T[me], H = c->H, R = W->R, k = c->k;
   int nle = c->E / c->n;
@@ -349,18 +362,58 @@ out:
   return s;
 }
 
+typedef struct {
+  tw_mesh mesh;
+  world *worlds; /* one per EP group of the outer axes (dp, fsdp) */
+} mesh_job;
+
+/* A world rank: its EP group is the ep communicator of the mesh (ranks that share every
+ * non-ep coordinate); the group's tokens are those of its (dp, fsdp) index; tp ranks are
+ * replicas that route the same tokens. */
+static tw_status mesh_body(int rank, tw_comm *comm, void *arg) {
+  mesh_job *J = arg;
+  tw_ctx *ctx = NULL;
+  tw_mesh_comms *mc = NULL;
+  tw_comm *own = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_status s = tw_mesh_comms_create(ctx, &J->mesh, &mc);
+  tw_comm *epc = s == TW_OK ? tw_mesh_comms_axis(mc, TW_AXIS_EP) : NULL;
+  if (s == TW_OK && !epc && (s = tw_comm_init_threads(1, &own)) == TW_OK) epc = own;
+  int outer = tw_mesh_coord(&J->mesh, rank, TW_AXIS_DP) * tw_mesh_axis_size(&J->mesh, TW_AXIS_FSDP) +
+              tw_mesh_coord(&J->mesh, rank, TW_AXIS_FSDP);
+  if (s == TW_OK) s = ep_rank(&J->worlds[outer], tw_mesh_coord(&J->mesh, rank, TW_AXIS_EP), epc);
+  tw_comm_destroy(own);
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
 tw_status tw_ep_fuzz_check(const tw_ep_fuzz_case *c, tw_ep_plant plant) {
-  world W;
-  make_world(&W, c);
-  W.ops = ops_for(plant);
-  W.plant = plant;
-  tw_comm *comms[TW_EP_FUZZ_MAXR];
-  tw_status s = tw_comm_init_threads(c->n, comms);
-  if (s == TW_OK) {
-    s = tw_run_ranks(c->n, comms, rank_body, &W);
-    for (int r = 0; r < c->n; r++) tw_comm_destroy(comms[r]);
+  int dp = axis(c->dp), fsdp = axis(c->fsdp), tp = axis(c->tp), groups = dp * fsdp, n = groups * c->n * tp;
+  if (n > TW_EP_FUZZ_MAXR) return tw_error(TW_ERR_INVALID_ARG, "ep fuzz: the mesh has %d ranks (at most %d)", n, TW_EP_FUZZ_MAXR);
+  mesh_job J;
+  tw_axis axes[4] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP, TW_AXIS_TP};
+  int sizes[4] = {dp, fsdp, c->n, tp};
+  TW_TRY(tw_mesh_init(&J.mesh, 4, axes, sizes));
+  world W[TW_EP_FUZZ_MAXR];
+  tw_ep_fuzz_case gc[TW_EP_FUZZ_MAXR];
+  for (int g = 0; g < groups; g++) {
+    gc[g] = *c;
+    gc[g].seed = c->seed + (uint64_t)g; /* each group routes its own tokens */
+    make_world(&W[g], &gc[g]);
+    W[g].ops = ops_for(plant);
+    W[g].plant = plant;
   }
-  free_world(&W);
+  J.worlds = W;
+  tw_comm *comms[TW_EP_FUZZ_MAXR];
+  tw_status s = tw_comm_init_threads(n, comms);
+  if (s == TW_OK) {
+    s = tw_run_ranks(n, comms, mesh_body, &J);
+    for (int r = 0; r < n; r++) tw_comm_destroy(comms[r]);
+  }
+  for (int g = 0; g < groups; g++) free_world(&W[g]);
   return s;
 }
 
@@ -369,7 +422,7 @@ tw_status tw_ep_fuzz_check(const tw_ep_fuzz_case *c, tw_ep_plant plant) {
 static int fails(const tw_ep_fuzz_case *c, tw_ep_plant plant) { return tw_ep_fuzz_check(c, plant) != TW_OK; }
 
 static int valid(const tw_ep_fuzz_case *c) {
-  return c->n >= 1 && c->E >= c->n && c->E % c->n == 0 && c->k >= 1 && c->k <= c->E && c->H >= 1 &&
+  return c->n >= 1 && axis(c->dp) * axis(c->fsdp) * axis(c->tp) * c->n <= TW_EP_FUZZ_MAXR && c->E >= c->n && c->E % c->n == 0 && c->k >= 1 && c->k <= c->E && c->H >= 1 &&
          (c->dtype != 2 || c->H % 32 == 0) && c->A >= 1 && (c->R == 0 || c->R % c->A == 0);
 }
 
@@ -392,6 +445,9 @@ int tw_ep_fuzz_shrink(tw_ep_fuzz_case *c, tw_ep_plant plant) {
         case 9: t.dtype = t.dtype == 1 ? 0 : t.dtype; break;
         case 10: t.seed = 1; break;
         case 11: t.E = t.n; break;
+        case 12: t.dp = 1; break;
+        case 13: t.fsdp = 1; break;
+        case 14: t.tp = 1; break;
         default: {
           int r = (m - 16) / 3, how = (m - 16) % 3;
           if (m < 16 || r >= t.n || t.T[r] == 0) continue;

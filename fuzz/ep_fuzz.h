@@ -20,6 +20,9 @@ typedef struct {
   int T[TW_EP_FUZZ_MAXR];
   int dist, drop, dtype; /* dtype: 0 f32, 1 bf16, 2 e4m3 with MXFP8 scales (H % 32 == 0) */
   uint64_t seed;          /* of the data */
+  /* the mesh dp x fsdp x ep(n) x tp (at most 8 ranks; 0 means 1): each of the dp*fsdp EP
+   * groups routes its own tokens (seed + group), tp ranks are replicas of their group */
+  int dp, fsdp, tp;
 } tw_ep_fuzz_case;
 
 typedef enum {
@@ -37,7 +40,7 @@ tw_status tw_ep_fuzz_check(const tw_ep_fuzz_case *c, tw_ep_plant plant);
 int tw_ep_fuzz_shrink(tw_ep_fuzz_case *c, tw_ep_plant plant);
 const char *tw_ep_fuzz_case_str(const tw_ep_fuzz_case *c, char *buf, size_t n);
 tw_status tw_ep_fuzz_case_parse(const char *text, tw_ep_fuzz_case *c);
-/* Size of a case for "shrunk" assertions: n + E + k + H + A + sum T. */
+/* Size of a case for "shrunk" assertions: n + E + k + H + A + sum T (+ mesh axes beyond 1). */
 int tw_ep_fuzz_case_size(const tw_ep_fuzz_case *c);
 
 typedef struct {

@@ -61,3 +61,14 @@ static void planted(tw_ep_plant p, int max_size) {
 
 Test(fuzz_ep, planted_wrong_rank_is_caught_and_shrunk) { planted(TW_EP_PLANT_WRONG_RANK, 12); }
 Test(fuzz_ep, planted_drop_last_of_full_slab_is_caught_and_shrunk) { planted(TW_EP_PLANT_DROP_LAST_FULL, 8); }
+
+Test(fuzz_ep, cases_on_a_mesh_run_every_ep_group) {
+  tw_ep_fuzz_case c;
+  const char *line = "n=2 E=4 k=2 H=3 A=2 R=0 dist=0 drop=0 dtype=0 seed=5 T=3,4 mesh=2,1,2";
+  cr_assert_eq(tw_ep_fuzz_case_parse(line, &c), TW_OK, "%s", tw_last_error());
+  cr_expect_eq(c.dp * c.fsdp * c.n * c.tp, 8);
+  cr_expect_eq(tw_ep_fuzz_check(&c, TW_EP_PLANT_NONE), TW_OK, "%s", tw_last_error());
+  cr_expect_neq(tw_ep_fuzz_check(&c, TW_EP_PLANT_WRONG_RANK), TW_OK);
+  char buf[512];
+  cr_expect_str_eq(tw_ep_fuzz_case_str(&c, buf, sizeof buf), line);
+}
