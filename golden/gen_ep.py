@@ -5,11 +5,13 @@ with NumPy + ml_dtypes only (no twin code). One EP group of ep_size ranks per ca
 Re-run (deterministic, seeded):  python3 golden/gen_ep.py [--out golden/data/ep]
 
 case.txt: op = ep, ep_size, E, k, H, A (alignment), R (recv capacity), policy (error, drop),
-dtype (f32, bf16), expect_error (1: the error policy must reject the demand).
-Per rank r (inputs): tokens_r.npy ([T_r, H] f32, or u16 bf16 codes), topk_idx_r.npy (i32),
+dtype (f32, bf16, e4m3), scale_block (0, or 32: MXFP8 e8m0 row scales), expect_error (1: the
+error policy must reject the demand).
+Per rank r (inputs): tokens_r.npy ([T_r, H] f32, u16 bf16 codes or u8 e4m3 codes),
+token_scales_r.npy (u8 e8m0 [T_r, H/32], fp8 only), topk_idx_r.npy (i32),
 topk_weights_r.npy (f32), expert_out_r.npy ([R, H] f32, NaN on padding rows: must not leak),
 d_out_r.npy ([T_r, H] f32), d_recv_r.npy ([R, H] f32, NaN on padding), d_recv_weights_r.npy.
-Per rank r (expected, exact): recv_tokens_r, recv_weights_r, group_sizes_r, dropped_r (the
+Per rank r (expected, exact): recv_tokens_r, recv_scales_r (fp8), recv_weights_r, group_sizes_r, dropped_r (the
 dispatch; twin fixes the slot order (source rank, t, j), so rows compare exactly; a backend
 with a free order compares each slab as a multiset), out_r (weighted combine), out_unweighted_r,
 d_tokens_r and d_topk_weights_r (dispatch_bwd), d_expert_out_r and d_topk_weights_combine_r
@@ -67,7 +69,8 @@ def make_case(root, name, c, rng):
     n, E, k, H, R = c["ep_size"], c["E"], c["k"], c["H"], c["R"]
     nle = E // n
     T = c["T"]
-    idx, w, x, xs, dout = [], [], [], [], []
+    idx, w, x, xs, dout, scl = [], [], [], [], [], []
+    sc = H // 32 if c["dtype"] == "e4m3" else 0
     for r in range(n):
         ids = np.zeros((T[r], k), np.int32)
         for t in range(T[r]):
@@ -78,9 +81,14 @@ def make_case(root, name, c, rng):
         idx.append(ids)
         w.append(rng.uniform(0.05, 1.0, size=(T[r], k)).astype(F32))
         v = rng.uniform(-2, 2, size=(T[r], H)).astype(F32)
+        scl.append(rng.integers(100, 150, size=(T[r], sc), dtype=np.uint8))
         if c["dtype"] == "bf16":
             b = v.astype(ml_dtypes.bfloat16)
             xs.append(b.view(np.uint16))
+            x.append(b.astype(F32))
+        elif c["dtype"] == "e4m3":  # rows travel as bytes with their scales
+            b = v.astype(ml_dtypes.float8_e4m3fn)
+            xs.append(b.view(np.uint8))
             x.append(b.astype(F32))
         else:
             xs.append(v)
@@ -93,9 +101,12 @@ def make_case(root, name, c, rng):
         f.write("# written by golden/gen_ep.py\nop = ep\n")
         for key in ("ep_size", "E", "k", "H", "A", "R", "policy", "dtype"):
             f.write("%s = %s\n" % (key, c[key]))
+        f.write("scale_block = %d\n" % (32 if sc else 0))
         f.write("expect_error = %d\n" % int(error))
     for r in range(n):
         np.save(os.path.join(d, "tokens_%d.npy" % r), xs[r])
+        if sc:
+            np.save(os.path.join(d, "token_scales_%d.npy" % r), scl[r])
         np.save(os.path.join(d, "topk_idx_%d.npy" % r), idx[r])
         np.save(os.path.join(d, "topk_weights_%d.npy" % r), w[r])
         np.save(os.path.join(d, "d_out_%d.npy" % r), dout[r])
@@ -125,17 +136,21 @@ def make_case(root, name, c, rng):
                 where[s] = (r, i)
     for r in range(n):
         slots, gs, dropped = dests[r]
-        recv = np.zeros((R, H), xs[0].dtype if T[0] else (np.uint16 if c["dtype"] == "bf16" else F32))
+        recv = np.zeros((R, H), {"f32": F32, "bf16": np.uint16, "e4m3": np.uint8}[c["dtype"]])
+        rscl = np.zeros((R, sc), np.uint8)
         rw = np.zeros(R, F32)
         dexp = np.zeros((R, H), F32)
         for i, s in enumerate(slots):
             if s is not None:
                 src, t, j = s
                 recv[i] = xs[src][t]
+                rscl[i] = scl[src][t]
                 rw[i] = w[src][t, j]
                 dexp[i] = (w[src][t, j] * dout[src][t]).astype(F32)
         np.save(os.path.join(d, "recv_tokens_%d.npy" % r), recv)
         np.save(os.path.join(d, "recv_weights_%d.npy" % r), rw)
+        if sc:
+            np.save(os.path.join(d, "recv_scales_%d.npy" % r), rscl)
         np.save(os.path.join(d, "group_sizes_%d.npy" % r), gs)
         np.save(os.path.join(d, "dropped_%d.npy" % r), dropped)
         np.save(os.path.join(d, "d_expert_out_%d.npy" % r), dexp)
@@ -169,6 +184,7 @@ CASES = [
     ("ep8_e8_k1_a1", dict(ep_size=8, E=8, k=1, H=2, A=1, R=0, T=[3, 1, 4, 1, 5, 9, 2, 6])),
     ("ep2_e4_k2_drop_hot", dict(ep_size=2, E=4, k=2, H=4, A=4, R=8, T=[10, 12], dist="hot", policy="drop")),
     ("ep4_e8_k2_drop_a1", dict(ep_size=4, E=8, k=2, H=3, A=1, R=5, T=[6, 6, 6, 6], dist="hot", policy="drop")),
+    ("ep2_e4_k2_e4m3_mxfp8_scales", dict(ep_size=2, E=4, k=2, H=64, A=2, R=0, T=[3, 5], dtype="e4m3")),
     ("ep2_e4_k2_error_policy", dict(ep_size=2, E=4, k=2, H=4, A=4, R=8, T=[10, 12], dist="hot", policy="error")),
 ]
 

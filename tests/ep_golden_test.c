@@ -17,7 +17,7 @@
 
 typedef struct {
   char dir[1400];
-  int n, E, k, A, expect_error;
+  int n, E, k, A, expect_error, scale_block;
   int64_t H, R;
   tw_dtype dt;
   tw_ep_overflow policy;
@@ -48,9 +48,11 @@ static tw_status load(const ep_case *c, const char *name, int r, tw_tensor *t) {
   char path[1600];
   snprintf(path, sizeof path, "%s/%s_%d.npy", c->dir, name, r);
   TW_TRY(tw_npy_load(path, t));
-  if (t->dtype == TW_U16) {
+  tw_dtype as = t->dtype == TW_U16 ? TW_BF16 : t->dtype;
+  if (t->dtype == TW_U8) as = strstr(name, "scales") ? TW_E8M0 : c->dt; /* fp8 codes and e8m0 scales */
+  if (as != t->dtype) {
     tw_tensor v;
-    TW_TRY(tw_tensor_view_as(t, TW_BF16, &v));
+    TW_TRY(tw_tensor_view_as(t, as, &v));
     *t = v;
   }
   return TW_OK;
@@ -80,8 +82,9 @@ static tw_status rank_body(int r, tw_comm *comm, void *arg) {
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.comm = comm;
   TW_TRY(tw_ctx_create(&ctx, &cc));
-  tw_tensor tok, idx, w, y, dout, dy, dyw;
+  tw_tensor tok, idx, w, y, dout, dy, dyw, scl = tw_tensor_none(), rscl_t = tw_tensor_none();
   TW_TRY(load(c, "tokens", r, &tok));
+  if (c->scale_block) TW_TRY(load(c, "token_scales", r, &scl));
   TW_TRY(load(c, "topk_idx", r, &idx));
   TW_TRY(load(c, "topk_weights", r, &w));
   TW_TRY(load(c, "d_out", r, &dout));
@@ -95,14 +98,15 @@ static tw_status rank_body(int r, tw_comm *comm, void *arg) {
   }
   tw_ep_config cfg = TW_EP_CONFIG_INIT;
   cfg.num_experts = c->E; cfg.topk = c->k; cfg.max_tokens = maxT; cfg.hidden = c->H; cfg.token_dtype = c->dt;
-  cfg.alignment = c->A; cfg.recv_capacity = c->R; cfg.overflow = c->policy;
+  cfg.alignment = c->A; cfg.recv_capacity = c->R; cfg.overflow = c->policy; cfg.scale_block = c->scale_block;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
   TW_TRY(tw_ep_create(ctx, comm, &cfg, &ep));
   TW_TRY(tw_ep_layer_create(ep, &layer));
   int64_t T = tok.shape[0], H = c->H, R = c->R, k = c->k;
   int nle = c->E / c->n;
-  void *recv = calloc((size_t)(R * H) * 4 + 1, 1);
+  void *recv = calloc((size_t)(R * H) * 4 + 1, 1), *rscl = calloc((size_t)R * 8 + 1, 1);
+  if (c->scale_block) rscl_t = tw_tensor_2d(rscl, TW_E8M0, R, H / c->scale_block, TW_MEM_HOST);
   float *rw = calloc((size_t)R + 1, 4), *out = calloc((size_t)(T * H) + 1, 4), *dtok = calloc((size_t)(T * H) + 1, 4);
   float *dtw = calloc((size_t)(T * k) + 1, 4), *dexp = calloc((size_t)(R * H) + 1, 4);
   int32_t gs[64], dropped[64];
@@ -111,8 +115,9 @@ static tw_status rank_body(int r, tw_comm *comm, void *arg) {
   tw_tensor tgs = tw_tensor_1d(gs, TW_I32, nle, TW_MEM_HOST), tdr = tw_tensor_1d(dropped, TW_I32, nle, TW_MEM_HOST);
   tw_tensor tout = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST), tdtok = tw_tensor_2d(dtok, TW_F32, T, H, TW_MEM_HOST);
   tw_tensor tdtw = tw_tensor_2d(dtw, TW_F32, T, k, TW_MEM_HOST), tdexp = tw_tensor_2d(dexp, TW_F32, R, H, TW_MEM_HOST);
-  tw_status s = tw_ep_dispatch(ctx, layer, &tok, &none, &idx, &w, &trecv, &none, &trw, &tgs, &tdr);
+  tw_status s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &trecv, &rscl_t, &trw, &tgs, &tdr);
   if (s == TW_OK) s = expect_same(c, r, "recv_tokens", &trecv);
+  if (s == TW_OK && c->scale_block) s = expect_same(c, r, "recv_scales", &rscl_t);
   if (s == TW_OK) s = expect_same(c, r, "recv_weights", &trw);
   if (s == TW_OK) s = expect_same(c, r, "group_sizes", &tgs);
   if (s == TW_OK) s = expect_same(c, r, "dropped", &tdr);
@@ -130,7 +135,7 @@ static tw_status rank_body(int r, tw_comm *comm, void *arg) {
   if (s == TW_OK) s = expect_same(c, r, "d_expert_out", &tdexp);
   if (s == TW_OK) s = expect_same(c, r, "d_topk_weights_combine", &tdtw);
   if (s == TW_OK) { free(y.data); free(dy.data); free(dyw.data); }
-  free(recv); free(rw); free(out); free(dtok); free(dtw); free(dexp);
+  free(recv); free(rscl); free(scl.data); free(rw); free(out); free(dtok); free(dtw); free(dexp);
   free(tok.data); free(idx.data); free(w.data); free(dout.data);
   tw_ep_layer_destroy(layer);
   tw_ep_destroy(ep);
@@ -159,7 +164,8 @@ Test(ep_golden, numpy_goldens) {
     c.R = key_num(c.dir, "R");
     c.expect_error = (int)key_num(c.dir, "expect_error");
     cr_assert(case_key(c.dir, "dtype", v));
-    c.dt = strcmp(v, "bf16") == 0 ? TW_BF16 : TW_F32;
+    c.dt = strcmp(v, "bf16") == 0 ? TW_BF16 : strcmp(v, "e4m3") == 0 ? TW_E4M3 : TW_F32;
+    c.scale_block = (int)key_num(c.dir, "scale_block");
     cr_assert(case_key(c.dir, "policy", v));
     c.policy = strcmp(v, "drop") == 0 ? TW_EP_OVERFLOW_DROP : TW_EP_OVERFLOW_ERROR;
     tw_comm *comms[MAXR];
@@ -173,5 +179,5 @@ Test(ep_golden, numpy_goldens) {
     n++;
   }
   closedir(d);
-  cr_expect_geq(n, 8, "ran %d ep golden cases", n);
+  cr_expect_geq(n, 9, "ran %d ep golden cases", n);
 }
