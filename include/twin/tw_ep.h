@@ -72,7 +72,7 @@ typedef struct {
   int64_t hidden;         /* H */
   tw_dtype token_dtype;   /* f32, bf16, e4m3, e5m2 */
   int scale_block;        /* fp8 only: 128 (1x128, f32 scales) or 32 (MXFP8, e8m0 scales) */
-  int64_t recv_capacity;  /* R rows per rank; 0 = the no-drop worst case ep*max_tokens*k rounded */
+  int64_t recv_capacity;  /* R rows per rank; 0 = tw_ep_capacity_no_drop(): nothing can drop */
   int64_t alignment;      /* A: per-expert slab alignment, power of two; 0 or 1 = none */
   tw_ep_overflow overflow;
 } tw_ep_config;
