@@ -50,6 +50,9 @@ typedef struct tw_backend_ops {
   tw_status (*grouped_gemm_wgrad)(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
                                   const tw_operand *rhs, tw_op rhs_op,
                                   const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
+  /* MoE routing (core/backend_moe.h); NULL = not provided */
+  const struct tw_router_backend *router;
+  const struct tw_ep_backend *ep;
 } tw_backend_ops;
 
 struct tw_ctx {

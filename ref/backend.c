@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ref/ref.h"
+#include "ref/ref_moe.h"
 
 static tw_status ref_alloc(tw_ctx *ctx, size_t bytes, void **out) {
   (void)ctx;
@@ -47,4 +48,6 @@ const tw_backend_ops tw_ref_ops = {
     .gemm = ref_gemm,
     .grouped_gemm = ref_grouped_gemm,
     .grouped_gemm_wgrad = ref_grouped_gemm_wgrad,
+    .router = &tw_ref_router,
+    .ep = &tw_ref_ep,
 };

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shard/ep_cli.h"
 #include "shard/golden.h"
 #include "twin/tw_shard.h"
 
@@ -36,6 +37,7 @@ static int parse_shape(const char *s, tw_shard_operand *o) {
 }
 
 int tw_plan_main(int argc, char **argv) {
+  if (tw_ep_plan_wants(argc, argv)) return tw_ep_plan_main(argc, argv); /* router, ep_dispatch, ep_combine */
   const char *mesh_s = NULL, *op_s = NULL, *pass_s = "all", *xshape = NULL, *wshape = NULL;
   const char *xspec = NULL, *wspec = NULL, *mode_s = "current", *layout_s = "row";
   long long groups = -1;

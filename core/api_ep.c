@@ -1,0 +1,322 @@
+/* Public entry points of tw_ep.h: the config and every per-step argument validated once,
+ * then the backend's EP table. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend_moe.h"
+#include "core/validate.h"
+#include "twin/tw_comm.h"
+
+static const tw_ep_backend *ep_table(const tw_backend_ops *ops) { return ops ? ops->ep : NULL; }
+
+static int pow2(int64_t a) { return a >= 1 && (a & (a - 1)) == 0; }
+
+int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size) {
+  if (!cfg || ep_size < 1 || cfg->num_experts < ep_size) return 0;
+  int64_t nle = cfg->num_experts / ep_size, A = cfg->alignment > 1 ? cfg->alignment : 1;
+  int64_t per_src = cfg->topk < nle ? cfg->topk : nle; /* distinct ids: at most NLE per token here */
+  return tw_round_up((int64_t)ep_size * cfg->max_tokens * per_src + nle * (A - 1), A);
+}
+
+static tw_status check_config(const char *op, const tw_ep_config *c, int ep_size) {
+  if (!c) return tw_error(TW_ERR_NULL, "%s: cfg is NULL", op);
+  if (c->size != sizeof(tw_ep_config))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: cfg.size is %zu, expected %zu (use TW_EP_CONFIG_INIT)", op, c->size,
+                    sizeof(tw_ep_config));
+  if (c->num_experts < 1 || c->num_experts % ep_size != 0)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: num_experts = %d is not a positive multiple of ep_size = %d", op,
+                    c->num_experts, ep_size);
+  if (c->topk < 1 || c->topk > c->num_experts)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: topk = %d must be in [1, num_experts = %d]", op, c->topk, c->num_experts);
+  if (c->max_tokens < 0 || c->hidden < 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: max_tokens = %lld and hidden = %lld must be >= 0 and >= 1", op,
+                    (long long)c->max_tokens, (long long)c->hidden);
+  if (c->token_dtype != TW_F32 && c->token_dtype != TW_BF16 && !tw_dtype_is_fp8(c->token_dtype))
+    return tw_error(TW_ERR_DTYPE, "%s: token_dtype %s is not f32, bf16, e4m3 or e5m2", op,
+                    tw_dtype_name(c->token_dtype) ? tw_dtype_name(c->token_dtype) : "?");
+  if (tw_dtype_is_fp8(c->token_dtype)) {
+    if (c->scale_block != 128 && c->scale_block != 32)
+      return tw_error(TW_ERR_INVALID_ARG, "%s: fp8 tokens need scale_block 128 (1x128) or 32 (MXFP8), got %d", op,
+                      c->scale_block);
+    if (c->hidden % c->scale_block != 0)
+      return tw_error(TW_ERR_SHAPE, "%s: hidden = %lld is not a multiple of the fp8 scale block %d", op,
+                      (long long)c->hidden, c->scale_block);
+  } else if (c->scale_block != 0) {
+    return tw_error(TW_ERR_INVALID_ARG, "%s: scale_block = %d is for fp8 tokens only (token_dtype %s)", op,
+                    c->scale_block, tw_dtype_name(c->token_dtype));
+  }
+  if (c->alignment < 0 || (c->alignment > 1 && !pow2(c->alignment)))
+    return tw_error(TW_ERR_ALIGNMENT, "%s: alignment = %lld is not a power of two (0 or 1: none)", op,
+                    (long long)c->alignment);
+  int64_t A = c->alignment > 1 ? c->alignment : 1;
+  if (c->recv_capacity < 0 || c->recv_capacity % A != 0)
+    return tw_error(TW_ERR_ALIGNMENT, "%s: recv_capacity = %lld is not a non-negative multiple of alignment %lld", op,
+                    (long long)c->recv_capacity, (long long)A);
+  if ((int)c->overflow != TW_EP_OVERFLOW_ERROR && (int)c->overflow != TW_EP_OVERFLOW_DROP)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: unknown overflow policy %d", op, (int)c->overflow);
+  return TW_OK;
+}
+
+/* Row payload of the data movement: token row, its scale row, its weight (f32). */
+static size_t row_bytes(const tw_ep_config *c) {
+  int64_t scols = tw_dtype_is_fp8(c->token_dtype) ? c->hidden / c->scale_block : 0;
+  size_t tok = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
+  size_t scl = tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, scols);
+  size_t y = (size_t)c->hidden * 4; /* f32 outputs / gradients travel back */
+  return (tok + scl > y ? tok + scl : y) + 4;
+}
+
+tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
+                                size_t *layer_state) {
+  const char *op = "ep_workspace_bytes";
+  if (ep_size < 1) return tw_error(TW_ERR_INVALID_ARG, "%s: ep_size = %d", op, ep_size);
+  TW_TRY(check_config(op, cfg, ep_size));
+  if (!workspace || !layer_state) return tw_error(TW_ERR_NULL, "%s: an output pointer is NULL", op);
+  int64_t R = cfg->recv_capacity ? cfg->recv_capacity : tw_ep_capacity_no_drop(cfg, ep_size);
+  int64_t sends = cfg->max_tokens * cfg->topk;
+  /* staging: send rows + receive rows; state: per-route slot and pack order, per-rank tables */
+  *workspace = (size_t)(sends + R) * row_bytes(cfg);
+  *layer_state = (size_t)sends * (8 + 8 + 4) + (size_t)R * 8 + (size_t)ep_size * cfg->num_experts * 4 * 4 +
+                 (size_t)(ep_size + 1) * 8 * 4;
+  return TW_OK;
+}
+
+tw_status tw_ep_create(tw_ctx *ctx, tw_comm *comm, const tw_ep_config *cfg, tw_ep **out) {
+  const char *op = "ep_create";
+  if (!ctx || !comm || !out) return tw_error(TW_ERR_NULL, "%s: ctx, comm or out is NULL", op);
+  *out = NULL;
+  /* comm's fields directly: core links without //shard (the libFuzzer harness builds core/ and ref/ alone) */
+  int n = comm->size;
+  if (!comm->ops || comm->ops->mem != ctx->ops->mem)
+    return tw_error(TW_ERR_MEMORY, "%s: the communicator's buffers live in %s memory, this context needs %s", op,
+                    comm->ops && comm->ops->mem == TW_MEM_DEVICE ? "device" : "host",
+                    ctx->ops->mem == TW_MEM_DEVICE ? "device" : "host");
+  TW_TRY(check_config(op, cfg, n));
+  const tw_ep_backend *b = ep_table(ctx->ops);
+  if (!b || !b->create)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  tw_ep *ep = calloc(1, sizeof *ep);
+  if (!ep) return tw_error(TW_ERR_MEMORY, "%s: out of host memory", op);
+  ep->ops = ctx->ops;
+  ep->ctx = ctx;
+  ep->comm = comm;
+  ep->cfg = *cfg;
+  ep->ep_size = n;
+  ep->rank = comm->rank;
+  ep->nle = cfg->num_experts / n;
+  if (ep->cfg.alignment < 1) ep->cfg.alignment = 1;
+  if (ep->cfg.recv_capacity == 0) ep->cfg.recv_capacity = tw_ep_capacity_no_drop(cfg, n);
+  ep->scale_cols = tw_dtype_is_fp8(cfg->token_dtype) ? cfg->hidden / cfg->scale_block : 0;
+  tw_status s = b->create(ep);
+  if (s != TW_OK) {
+    free(ep);
+    return s;
+  }
+  *out = ep;
+  return TW_OK;
+}
+
+tw_status tw_ep_destroy(tw_ep *ep) {
+  if (!ep) return TW_OK;
+  tw_status s = ep->ops->ep->destroy(ep);
+  free(ep);
+  return s;
+}
+
+tw_status tw_ep_layer_create(tw_ep *ep, tw_ep_layer **out) {
+  if (!ep || !out) return tw_error(TW_ERR_NULL, "ep_layer_create: ep or out is NULL");
+  tw_ep_layer *l = calloc(1, sizeof *l);
+  if (!l) return tw_error(TW_ERR_MEMORY, "ep_layer_create: out of host memory");
+  l->ep = ep;
+  tw_status s = ep->ops->ep->layer_create(l);
+  if (s != TW_OK) {
+    free(l);
+    return s;
+  }
+  *out = l;
+  return TW_OK;
+}
+
+tw_status tw_ep_layer_destroy(tw_ep_layer *layer) {
+  if (!layer) return TW_OK;
+  tw_status s = layer->ep->ops->ep->layer_destroy(layer);
+  free(layer);
+  return s;
+}
+
+int64_t tw_ep_recv_capacity(const tw_ep *ep) { return ep ? ep->cfg.recv_capacity : 0; }
+int tw_ep_local_experts(const tw_ep *ep) { return ep ? ep->nle : 0; }
+
+/* ---- per-step validation ----------------------------------------------------------------- */
+
+static tw_status want(const char *op, const char *name, const tw_tensor *t, tw_mem mem, int ndim,
+                      int64_t d0, int64_t d1) {
+  TW_TRY(tw_v_tensor(op, name, t, mem, ndim));
+  int64_t sh[2] = {d0, d1};
+  return tw_v_shape_is(op, name, t, ndim, sh);
+}
+
+static tw_status want_dtype(const char *op, const char *name, const tw_tensor *t, tw_dtype dt) {
+  if (t->dtype != dt)
+    return tw_error(TW_ERR_DTYPE, "%s: %s is %s, expected %s", op, name, tw_dtype_name(t->dtype), tw_dtype_name(dt));
+  return TW_OK;
+}
+
+static tw_status check_layer(const char *op, tw_ctx *ctx, tw_ep_layer *layer, int need_dispatch) {
+  if (!ctx || !layer) return tw_error(TW_ERR_NULL, "%s: ctx or layer is NULL", op);
+  if (ctx->ops != layer->ep->ops)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: ctx is a %s context but the EP group was made on %s", op,
+                    ctx->ops->name, layer->ep->ops->name);
+  if (need_dispatch && !layer->dispatched)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: this layer has no successful dispatch to route by", op);
+  return TW_OK;
+}
+
+/* f32 or bf16, and (when other is given) the same dtype as other. */
+static tw_status float_rows(const char *op, const char *name, const tw_tensor *t, const tw_tensor *other,
+                            const char *other_name) {
+  if (t->dtype != TW_F32 && t->dtype != TW_BF16)
+    return tw_error(TW_ERR_DTYPE, "%s: %s is %s, expected f32 or bf16", op, name, tw_dtype_name(t->dtype));
+  if (other && other->dtype != t->dtype)
+    return tw_error(TW_ERR_DTYPE, "%s: %s is %s but %s is %s (they must match)", op, name, tw_dtype_name(t->dtype),
+                    other_name, tw_dtype_name(other->dtype));
+  return TW_OK;
+}
+
+tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                         const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                         const tw_tensor *topk_weights, tw_tensor *recv_tokens,
+                         tw_tensor *recv_scales, tw_tensor *recv_weights,
+                         tw_tensor *group_sizes, tw_tensor *dropped) {
+  const char *op = "ep_dispatch";
+  TW_TRY(check_layer(op, ctx, layer, 0));
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  tw_mem m = ctx->ops->mem;
+  TW_TRY(tw_v_tensor(op, "tokens", tokens, m, 2));
+  int64_t T = tokens->shape[0], H = c->hidden, R = c->recv_capacity, k = c->topk;
+  if (T > c->max_tokens)
+    return tw_error(TW_ERR_SHAPE, "%s: rank %d has T = %lld tokens, more than max_tokens = %lld", op, ep->rank,
+                    (long long)T, (long long)c->max_tokens);
+  TW_TRY(want(op, "tokens", tokens, m, 2, T, H));
+  TW_TRY(want_dtype(op, "tokens", tokens, c->token_dtype));
+  TW_TRY(want(op, "topk_idx", topk_idx, m, 2, T, k));
+  TW_TRY(want_dtype(op, "topk_idx", topk_idx, TW_I32));
+  TW_TRY(want(op, "topk_weights", topk_weights, m, 2, T, k));
+  TW_TRY(want_dtype(op, "topk_weights", topk_weights, TW_F32));
+  TW_TRY(want(op, "recv_tokens", recv_tokens, m, 2, R, H));
+  TW_TRY(want_dtype(op, "recv_tokens", recv_tokens, c->token_dtype));
+  TW_TRY(want(op, "recv_weights", recv_weights, m, 1, R, 0));
+  TW_TRY(want_dtype(op, "recv_weights", recv_weights, TW_F32));
+  TW_TRY(want(op, "group_sizes", group_sizes, m, 1, ep->nle, 0));
+  TW_TRY(want_dtype(op, "group_sizes", group_sizes, TW_I32));
+  if (ep->scale_cols) {
+    tw_dtype sd = c->scale_block == 32 ? TW_E8M0 : TW_F32;
+    TW_TRY(want(op, "token_scales", token_scales, m, 2, T, ep->scale_cols));
+    TW_TRY(want_dtype(op, "token_scales", token_scales, sd));
+    TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
+    TW_TRY(want_dtype(op, "recv_scales", recv_scales, sd));
+  } else if (!tw_tensor_is_none(token_scales) || !tw_tensor_is_none(recv_scales)) {
+    return tw_error(TW_ERR_INVALID_ARG, "%s: token_scales / recv_scales are for fp8 tokens only (tokens are %s)", op,
+                    tw_dtype_name(c->token_dtype));
+  }
+  if (c->overflow == TW_EP_OVERFLOW_DROP && tw_tensor_is_none(dropped))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: the drop policy needs the dropped output (drops must be read)", op);
+  if (!tw_tensor_is_none(dropped)) {
+    TW_TRY(want(op, "dropped", dropped, m, 1, ep->nle, 0));
+    TW_TRY(want_dtype(op, "dropped", dropped, TW_I32));
+  }
+  if (topk_idx->mem == TW_MEM_HOST) { /* a device backend checks ids on the device */
+    const int32_t *p = (const int32_t *)topk_idx->data;
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < k; j++) {
+        int32_t e = p[t * k + j];
+        if (e < 0 || e >= c->num_experts)
+          return tw_error(TW_ERR_INVALID_ARG, "%s: rank %d topk_idx[%lld, %lld] = %d is outside [0, E = %d)", op,
+                          ep->rank, (long long)t, (long long)j, e, c->num_experts);
+        for (int64_t i = 0; i < j; i++)
+          if (p[t * k + i] == e)
+            return tw_error(TW_ERR_INVALID_ARG, "%s: rank %d token %lld lists expert %d twice (slots %lld and %lld)",
+                            op, ep->rank, (long long)t, e, (long long)i, (long long)j);
+      }
+  }
+  if (!ep->ops->ep->dispatch)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  layer->dispatched = 0;
+  TW_TRY(ep->ops->ep->dispatch(ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_tokens,
+                               recv_scales, recv_weights, group_sizes, dropped));
+  layer->dispatched = 1;
+  layer->tokens = T;
+  return TW_OK;
+}
+
+static tw_status check_weights(const char *op, const tw_ep_layer *layer, const tw_tensor *w, tw_mem m,
+                               const char *name) {
+  if (tw_tensor_is_none(w)) return TW_OK;
+  TW_TRY(want(op, name, w, m, 2, layer->tokens, layer->ep->cfg.topk));
+  return want_dtype(op, name, w, TW_F32);
+}
+
+tw_status tw_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
+                        const tw_tensor *topk_weights, tw_tensor *out) {
+  const char *op = "ep_combine";
+  TW_TRY(check_layer(op, ctx, layer, 1));
+  tw_mem m = ctx->ops->mem;
+  const tw_ep_config *c = &layer->ep->cfg;
+  TW_TRY(want(op, "expert_out", expert_out, m, 2, c->recv_capacity, c->hidden));
+  TW_TRY(want(op, "out", out, m, 2, layer->tokens, c->hidden));
+  TW_TRY(float_rows(op, "expert_out", expert_out, NULL, NULL));
+  TW_TRY(float_rows(op, "out", out, expert_out, "expert_out"));
+  TW_TRY(check_weights(op, layer, topk_weights, m, "topk_weights"));
+  if (!layer->ep->ops->ep->combine)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return layer->ep->ops->ep->combine(ctx, layer, expert_out, topk_weights, out);
+}
+
+tw_status tw_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,
+                             const tw_tensor *d_recv_weights, tw_tensor *d_tokens,
+                             tw_tensor *d_topk_weights) {
+  const char *op = "ep_dispatch_bwd";
+  TW_TRY(check_layer(op, ctx, layer, 1));
+  tw_mem m = ctx->ops->mem;
+  const tw_ep_config *c = &layer->ep->cfg;
+  TW_TRY(want(op, "d_recv", d_recv, m, 2, c->recv_capacity, c->hidden));
+  TW_TRY(want(op, "d_tokens", d_tokens, m, 2, layer->tokens, c->hidden));
+  TW_TRY(float_rows(op, "d_recv", d_recv, NULL, NULL));
+  TW_TRY(float_rows(op, "d_tokens", d_tokens, d_recv, "d_recv"));
+  if (tw_tensor_is_none(d_recv_weights) != tw_tensor_is_none(d_topk_weights))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: d_recv_weights and d_topk_weights come together (one is none)", op);
+  if (!tw_tensor_is_none(d_recv_weights)) {
+    TW_TRY(want(op, "d_recv_weights", d_recv_weights, m, 1, c->recv_capacity, 0));
+    TW_TRY(want_dtype(op, "d_recv_weights", d_recv_weights, TW_F32));
+    TW_TRY(check_weights(op, layer, d_topk_weights, m, "d_topk_weights"));
+  }
+  if (!layer->ep->ops->ep->dispatch_bwd)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return layer->ep->ops->ep->dispatch_bwd(ctx, layer, d_recv, d_recv_weights, d_tokens, d_topk_weights);
+}
+
+tw_status tw_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                            const tw_tensor *topk_weights, const tw_tensor *expert_out,
+                            tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
+  const char *op = "ep_combine_bwd";
+  TW_TRY(check_layer(op, ctx, layer, 1));
+  tw_mem m = ctx->ops->mem;
+  const tw_ep_config *c = &layer->ep->cfg;
+  TW_TRY(want(op, "d_out", d_out, m, 2, layer->tokens, c->hidden));
+  TW_TRY(want(op, "d_expert_out", d_expert_out, m, 2, c->recv_capacity, c->hidden));
+  TW_TRY(float_rows(op, "d_out", d_out, NULL, NULL));
+  TW_TRY(float_rows(op, "d_expert_out", d_expert_out, d_out, "d_out"));
+  TW_TRY(check_weights(op, layer, topk_weights, m, "topk_weights"));
+  if (!tw_tensor_is_none(d_topk_weights)) {
+    if (tw_tensor_is_none(topk_weights))
+      return tw_error(TW_ERR_INVALID_ARG, "%s: d_topk_weights needs the weighted form (topk_weights is none)", op);
+    TW_TRY(check_weights(op, layer, d_topk_weights, m, "d_topk_weights"));
+    TW_TRY(want(op, "expert_out", expert_out, m, 2, c->recv_capacity, c->hidden));
+    TW_TRY(float_rows(op, "expert_out", expert_out, NULL, NULL));
+  }
+  if (!layer->ep->ops->ep->combine_bwd)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return layer->ep->ops->ep->combine_bwd(ctx, layer, d_out, topk_weights, expert_out, d_expert_out,
+                                         d_topk_weights);
+}

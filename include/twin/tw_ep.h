@@ -1,0 +1,127 @@
+/* twin expert parallelism: dispatch tokens to the ranks that own their experts, combine the
+ * expert outputs back, and the backward of both (TE ep.h semantics, te-semantics.md §4).
+ *
+ * One EP group = the ep_size ranks of one communicator (tw_shard.h derives it from a mesh: the
+ * ranks that share every non-ep coordinate). E experts, E % ep_size == 0, NLE = E / ep_size
+ * local experts per rank; expert e lives on rank e / NLE as local expert l = e % NLE.
+ *
+ * Lifetime. tw_ep_create (collective over the group) takes the worst-case sizes once and
+ * allocates everything; tw_ep_workspace_bytes() says how much, for a caller that budgets
+ * memory. A layer handle (tw_ep_layer) holds the routing state of one layer's step: dispatch
+ * writes it, combine / dispatch_bwd / combine_bwd read it. Give every MoE layer its own
+ * handle (two layers sharing one is the bug TE's review found); handles are independent, so
+ * layers may interleave in any order. Per-step calls allocate nothing (gpu: capturable in a
+ * CUDA graph; every size that depends on the routing stays in device memory).
+ *
+ * Per rank r with T_r tokens (0 <= T_r <= max_tokens; T may differ between ranks, 0 too):
+ *   count[r][l][s] = #{(t, j) on source rank s : topk_idx_s[t, j] == r*NLE + l}
+ *   count[r][l]    = sum_s count[r][l][s]        (a token sent to two experts counts twice)
+ * Receive layout of rank r (R = recv_capacity rows, A = alignment >= 1, R % A == 0):
+ *   expert-major slabs; slab l starts at O_l = sum_{l' < l} padded_l', and holds kept_l
+ *   routed rows followed by padded_l - kept_l zero rows, padded_l = roundup(kept_l, A)
+ *   (an empty expert has padded 0). Rows O_NLE .. R-1 are zero too: dispatch writes every row.
+ *   Within a slab the order is fixed: by source rank, then token t, then j (so the oracle is
+ *   reproducible; the gpu twin may be compared per slab as a multiset).
+ *   group_sizes [NLE] i32 = padded_l: exactly tw_grouped_gemm's group_sizes for the recv rows
+ *   (lhs [R, H]), in the context's memory: dispatch -> grouped GEMM needs no host step.
+ *   recv_weights [R] f32: topk_weights of the route that produced the row; 0 on padding.
+ * Capacity (no silent drops): kept_l = count[r][l] when everything fits in R. Otherwise
+ *   TW_EP_OVERFLOW_ERROR: every rank of the group returns TW_ERR_INVALID_ARG naming the rank,
+ *     its demand sum_l roundup(count, A) and R; nothing is written.
+ *   TW_EP_OVERFLOW_DROP: slabs are filled in order l = 0, 1, ...; kept_l = min(count, R - O_l);
+ *     the last (source, t, j) rows of the slab are dropped, and dropped [NLE] i32 (required
+ *     under this policy) reports count - kept per local expert. A dropped route contributes
+ *     nothing to combine and gets zero gradients.
+ *
+ * dispatch:     recv_tokens[O_l + i] = tokens_s[t] for the i-th kept route (s, t, j) of slab l.
+ *               Tokens are f32, bf16, e4m3 or e5m2 (cfg.token_dtype). fp8 tokens carry their
+ *               row scales (token_scales [T, H / scale_block] f32 or e8m0; 1x128: block 128,
+ *               MXFP8: block 32), which travel with the rows into recv_scales [R, H/block].
+ * combine:      out[t] = sum_{j = 0..k-1, route kept} w[t, j] * y[slot(t, j)], accumulated in
+ *               f32 in that order and rounded once to out's dtype; w = topk_weights [T, k], or
+ *               unweighted (weights = none, w = 1: TE's form, where the caller weights y).
+ *               y = expert_out [R, H], out [T, H], both f32 or both bf16.
+ * dispatch_bwd: d_tokens[t] = sum_j d_recv[slot(t, j)] (f32, j order, rounded once);
+ *               d_topk_weights[t, j] = d_recv_weights[slot(t, j)] (optional); dropped
+ *               routes give 0.
+ * combine_bwd:  d_expert_out[slot(t, j)] = w[t, j] * d_out[t] (w = 1 unweighted), padding
+ *               and unused rows 0; d_topk_weights[t, j] = sum_h d_out[t, h] * y[slot, h] (f32,
+ *               weighted form only; needs expert_out).
+ *
+ * Errors: E % ep_size, k < 1 or k > E, T > max_tokens, H % scale block (fp8), R % A, A not a
+ * power of two, an expert id < 0 or >= E (token, slot and id named), the same id twice in one
+ * token's top-k (rejected: TE would count and store it twice; twin's router never makes it),
+ * dtype or shape mismatches, capacity under the error policy.
+ */
+#ifndef TWIN_TW_EP_H
+#define TWIN_TW_EP_H
+
+#include "twin/tw_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TW_EP_OVERFLOW_ERROR = 0, TW_EP_OVERFLOW_DROP = 1 } tw_ep_overflow;
+
+typedef struct {
+  size_t size;            /* sizeof(tw_ep_config) */
+  int num_experts;        /* E */
+  int topk;               /* k (every layer of this context) */
+  int64_t max_tokens;     /* per rank */
+  int64_t hidden;         /* H */
+  tw_dtype token_dtype;   /* f32, bf16, e4m3, e5m2 */
+  int scale_block;        /* fp8 only: 128 (1x128, f32 scales) or 32 (MXFP8, e8m0 scales) */
+  int64_t recv_capacity;  /* R rows per rank; 0 = tw_ep_capacity_no_drop(): nothing can drop */
+  int64_t alignment;      /* A: per-expert slab alignment, power of two; 0 or 1 = none */
+  tw_ep_overflow overflow;
+} tw_ep_config;
+
+#define TW_EP_CONFIG_INIT {sizeof(tw_ep_config), 0, 1, 0, 0, TW_BF16, 0, 0, 1, TW_EP_OVERFLOW_ERROR}
+
+typedef struct tw_ep tw_ep;             /* one EP group on one rank */
+typedef struct tw_ep_layer tw_ep_layer; /* one layer's routing state */
+
+/* The smallest R that never drops, for distinct ids per token:
+ * roundup(ep_size * max_tokens * min(k, NLE) + NLE * (A - 1), A). */
+int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size);
+/* Bytes tw_ep_create allocates (workspace) and each tw_ep_layer_create allocates. */
+tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
+                                size_t *layer_state);
+
+/* Collective over comm (every rank passes the same cfg). ctx: this rank's context. */
+tw_status tw_ep_create(tw_ctx *ctx, tw_comm *comm, const tw_ep_config *cfg, tw_ep **out);
+tw_status tw_ep_destroy(tw_ep *ep); /* NULL is fine */
+tw_status tw_ep_layer_create(tw_ep *ep, tw_ep_layer **out);
+tw_status tw_ep_layer_destroy(tw_ep_layer *layer); /* NULL is fine */
+/* R and NLE of the context (recv buffers are [R, H], group sizes [NLE]). */
+int64_t tw_ep_recv_capacity(const tw_ep *ep);
+int tw_ep_local_experts(const tw_ep *ep);
+
+/* tokens [T, H], token_scales [T, H/block] (fp8) or none, topk_idx [T, k] i32,
+ * topk_weights [T, k] f32 -> recv_tokens [R, H], recv_scales [R, H/block] or none,
+ * recv_weights [R] f32, group_sizes [NLE] i32, dropped [NLE] i32 (required under DROP,
+ * else optional; zeros when nothing was dropped). */
+tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                         const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                         const tw_tensor *topk_weights, tw_tensor *recv_tokens,
+                         tw_tensor *recv_scales, tw_tensor *recv_weights,
+                         tw_tensor *group_sizes, tw_tensor *dropped);
+/* expert_out [R, H], topk_weights [T, k] f32 or none (unweighted) -> out [T, H]. */
+tw_status tw_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
+                        const tw_tensor *topk_weights, tw_tensor *out);
+/* d_recv [R, H] f32/bf16, d_recv_weights [R] f32 or none -> d_tokens [T, H] (same dtype as
+ * d_recv), d_topk_weights [T, k] f32 or none. */
+tw_status tw_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,
+                             const tw_tensor *d_recv_weights, tw_tensor *d_tokens,
+                             tw_tensor *d_topk_weights);
+/* d_out [T, H], topk_weights [T, k] or none, expert_out [R, H] (needed when d_topk_weights
+ * is requested) -> d_expert_out [R, H] (d_out's dtype), d_topk_weights [T, k] f32 or none. */
+tw_status tw_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                            const tw_tensor *topk_weights, const tw_tensor *expert_out,
+                            tw_tensor *d_expert_out, tw_tensor *d_topk_weights);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
