@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/bench.h"
+#include "ops/bench.h"
 #include "twin/tw_base.h"
 #include "twin/tw_gemm.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "gpu/gpu.h"
-#include "tools/bench.h"
+#include "ops/bench.h"
 #include "twin/tw_quantize.h"
 
 #define BQ_M 32768

@@ -21,4 +21,14 @@ int twin_parse_backend(const char *cmd, const char *name, int allow_all, tw_back
 /* A context on b, or NULL after printing why (and the exit code in *code). */
 tw_ctx *twin_open_ctx(const char *cmd, tw_backend b, int *code);
 
+
+/* golden/data of the workspace (bazel run, bazel test, or ./golden/data). */
+const char *twin_default_golden_dir(char *buf, size_t n);
+/* The `op` key of a case directory's case.txt ("" if none) into buf. */
+const char *twin_golden_op(const char *case_dir, char *buf, size_t n);
+/* Fills order[] with indexes into dirs (n of them) in registry order (ops/registry.h), keeping
+ * the cases whose name or entry name contains filter (NULL: all); the cases of no entry come
+ * last. Returns how many. */
+int twin_golden_order(char **dirs, int n, const char *filter, int *order);
+
 #endif
