@@ -10,6 +10,7 @@ enum { TW_EXIT_OK = 0, TW_EXIT_FAIL = 1, TW_EXIT_USAGE = 2 };
 int twin_cmd_op(int argc, char **argv);    /* argv[0] = "op" */
 int twin_cmd_check(int argc, char **argv); /* argv[0] = "check" */
 int twin_cmd_bench(int argc, char **argv); /* argv[0] = "bench" */
+int twin_cmd_port(int argc, char **argv);  /* argv[0] = "port" */
 
 /* 1 if arg is -h / --help. */
 int twin_is_help(const char *arg);
