@@ -1,6 +1,8 @@
 /* The sharding golden sweep (see golden.h). */
 #include "shard/golden.h"
 
+#include "ops/registry.h"
+
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -839,6 +841,16 @@ static int row_order(const void *a, const void *b) {
   return x->mesh - y->mesh;
 }
 
+/* 1 if a registry entry that filter keeps sweeps r's rule family (every rule without a filter) */
+static int registered(const rule_desc *r, const char *filter) {
+  if (!filter) return 1;
+  for (int i = 0; i < tw_op_count(); i++) {
+    const tw_op_entry *e = tw_op_at(i);
+    if (e->shard_rule && !strcmp(e->shard_rule, tw_shard_op_name(r->op)) && tw_op_matches(e, filter)) return 1;
+  }
+  return 0;
+}
+
 tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_out, int *nrows_out) {
   tw_golden_cfg cfg = TW_GOLDEN_CFG_INIT;
   if (cfg_in) cfg = *cfg_in;
@@ -850,7 +862,13 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
   const rule_desc *rules = rules_b;
   int use[NRULES] = {0}, nuse = 0;
   for (int ri = 0; ri < NRULES; ri++)
-    if (!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) { use[ri] = 1; nuse++; }
+    if ((!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) && registered(&rules[ri], cfg.filter)) {
+      use[ri] = 1;
+      nuse++;
+    }
+  if (!nuse && cfg.filter)
+    return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule of an operation matching '%s'%s%s", cfg.filter,
+                    cfg.only ? " starts with " : "", cfg.only ? cfg.only : "");
   if (!nuse) return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule starts with '%s'", cfg.only);
   /* inputs and unsharded results per rule and ep size */
   golden_data(*data)[4] = (golden_data(*)[4])calloc(NRULES, sizeof *data);

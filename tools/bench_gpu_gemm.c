@@ -195,6 +195,10 @@ static tw_ctx *make_ctx(const char *kernel) {
   return ctx;
 }
 
+/* bytes an ideal kernel moves for the problem being timed (operands read once, out written
+ * once): set where each problem is set up, read by row_out for the roofline */
+static double cur_bytes;
+
 static void row_out(const char *shape, const char *ver, double ms, double flop, double floor_tflops,
                     const char *peer, double pms, FILE *csv) {
   tw_bench_row r;
@@ -206,6 +210,8 @@ static void row_out(const char *shape, const char *ver, double ms, double flop, 
   r.ms = ms;
   r.unit = "TFLOP/s";
   r.rate = ms > 0 ? flop / (ms * 1e-3) / 1e12 : -1;
+  r.flops = flop;
+  r.bytes = cur_bytes;
   r.pct_of_floor = floor_tflops > 0 && ms > 0 ? 100.0 * r.rate / floor_tflops : -1;
   snprintf(r.peer, sizeof r.peer, "%s", peer ? peer : "");
   r.peer_ms = pms;
@@ -270,6 +276,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         raw = time_it(run_raw, &r, warmup, iters, NULL);
       raw_free(&r);
       const char *shape = fp8 ? "dense 8192^3 e4m3 NT -> bf16" : "dense 8192^3 bf16 NT -> bf16";
+      cur_bytes = (double)D * D * (fp8 ? 2 : 4) + (double)D * D * 2;
       c.ctx = c_lt;
       double ms = time_it(run_call, &c, warmup, iters, c_lt);
       if (ms < 0) { fprintf(stderr, "gemm_lt: %s\n", tw_last_error()); rc = 1; }
@@ -344,6 +351,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
                (long long)sh.N, (long long)sh.K, kind == 0 ? "bf16" : kind == 1 ? "e4m3" : "e4m3 1x128");
       const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
+      cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
       double pms = kind == 2 ? -1 : peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
       tw_ctx *ctxs[3] = {c_mma, c_loop, c_wide};

@@ -163,6 +163,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
   snprintf(cr.version, sizeof cr.version, "cudaMemcpy");
   cr.ms = copy_ms;
   cr.rate = copy_gbs;
+  cr.bytes = 2.0 * (double)n * 2;
   cr.unit = "GB/s";
   cr.pct_of_floor = 100.0;
   cr.peer_ms = cr.ratio = -1;
@@ -243,6 +244,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         snprintf(r.version, sizeof r.version, "%s", vnames[ver]);
         r.ms = ms;
         r.rate = bytes / (ms * 1e6);
+        r.bytes = bytes;
         r.unit = "GB/s";
         r.pct_of_floor = 100.0 * r.rate / copy_gbs;
         r.peer_ms = r.ratio = -1;

@@ -97,6 +97,8 @@ expect bench_gpu_unavailable 2 "gpu backend is not available" -- bench --backend
 expect bench_registry_name 2 "gemm has no ref bench" -- bench --op gemm
 expect fuzz_registry_name_runs 0 "wgrad" -- fuzz --op grouped_gemm_wgrad --cases 2 --out "$T-fuzz"
 expect fuzz_op_without_generator 2 "grouped_dequantize has no fuzz generator" -- fuzz --op grouped_dequantize --cases 1
+expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'" -- check --sharding --filter conv
+expect check_sharding_filter_by_op 0 "0 failed" -- check --sharding --filter wgrad --max-ranks 2
 expect check_filter_by_op 0 "19 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
 
 # twin port: the ref report here; --compare of two reports, regressions first
