@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "fuzz/fuzz_internal.h"
+#include "ops/data.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_numerics.h"
 
@@ -105,11 +106,6 @@ static void bag_free(bag *b) {
   b->n = 0;
 }
 
-static tw_tensor mk(void *p, tw_dtype t, int nd, const int64_t *shape) {
-  tw_tensor x = {p, t, nd, {0, 0, 0, 0}, TW_MEM_HOST};
-  for (int i = 0; i < nd; i++) x.shape[i] = shape[i];
-  return x;
-}
 
 static int64_t numel(int nd, const int64_t *s) {
   int64_t n = 1;
@@ -119,7 +115,7 @@ static int64_t numel(int nd, const int64_t *s) {
 
 /* A host tensor of dtype t holding the f32 values v (representable in t). */
 static tw_tensor typed(bag *b, tw_dtype t, int nd, const int64_t *shape, const float *v) {
-  tw_tensor x = mk(NULL, t, nd, shape);
+  tw_tensor x = tw_host_tensor(NULL, t, nd, shape);
   x.data = bag_alloc(b, tw_tensor_bytes(&x));
   if (x.data && v)
     for (int64_t i = 0; i < tw_tensor_numel(&x); i++) tw_store_from_f64(x.data, t, i, (double)v[i], 0);
@@ -127,7 +123,7 @@ static tw_tensor typed(bag *b, tw_dtype t, int nd, const int64_t *shape, const f
 }
 
 static tw_tensor poisoned(bag *b, tw_dtype t, int nd, const int64_t *shape) {
-  tw_tensor x = mk(NULL, t, nd, shape);
+  tw_tensor x = tw_host_tensor(NULL, t, nd, shape);
   size_t bytes = tw_tensor_bytes(&x);
   x.data = bag_alloc(b, bytes);
   if (x.data) memset(x.data, TW_POISON_BYTE, bytes ? bytes : 16);
@@ -244,7 +240,7 @@ static tw_status rank_body(int rank, tw_comm *comm, shard_job *j, tw_ctx *ctx) {
   int quant = p->op == TW_SHARD_GROUPED_QUANTIZE;
   tw_status st = tw_mesh_comms_create(ctx, &p->mesh, &mc);
   for (int i = 0; i < p->ninputs && st == TW_OK; i++) { /* this rank's shards of the inputs */
-    tw_tensor l = mk(NULL, j->in[i].dtype, p->t[i].ndim, p->t[i].local);
+    tw_tensor l = tw_host_tensor(NULL, j->in[i].dtype, p->t[i].ndim, p->t[i].local);
     size_t bytes = tw_tensor_bytes(&l);
     hl[i] = l.data = malloc(bytes ? bytes : 16);
     st = l.data ? tw_shard_slice_host(&p->mesh, &p->t[i].spec, rank, &j->in[i], &l)
@@ -258,7 +254,7 @@ static tw_status rank_body(int rank, tw_comm *comm, shard_job *j, tw_ctx *ctx) {
     io.q = &q;
   } else if (st == TW_OK) {
     const tw_plan_tensor *ot = &p->t[2];
-    io.out = mk(NULL, j->c->out_dtype, ot->ndim, ot->local);
+    io.out = tw_host_tensor(NULL, j->c->out_dtype, ot->ndim, ot->local);
     io.out.mem = tw_ctx_mem(ctx);
     size_t bytes = tw_tensor_bytes(&io.out);
     st = tw_alloc(ctx, bytes, &io.out.data);
@@ -497,7 +493,7 @@ static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_te
     s = tw_grouped_gemm(o, &a, &b, TW_OP_N, gs, out, 0);
   }
   int64_t xs[2] = {M, K}, ws[2] = {G * K, N};
-  tw_tensor tx = mk(dx, TW_F32, 2, xs), tw = mk(dw, TW_F32, 2, ws);
+  tw_tensor tx = tw_host_tensor(dx, TW_F32, 2, xs), tw = tw_host_tensor(dw, TW_F32, 2, ws);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qx, gs, 0, &tx);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qw, &ugst, 0, &tw);
   q_release(o, &qx);
@@ -641,7 +637,7 @@ static void check_quantize(fz_shard_env *e, const fz_case *c, const tw_plan *p, 
     for (int cw = 0; cw < 2 && s == TW_OK; cw++) {
       if (!(cw ? col : row)) continue;
       int64_t ls[2] = {Ml, Kl};
-      tw_tensor d = mk((float *)got[cw].data + r * nl, TW_F32, 2, ls);
+      tw_tensor d = tw_host_tensor((float *)got[cw].data + r * nl, TW_F32, 2, ls);
       s = tw_grouped_dequantize(o, &j->q[r], &lg, cw, &d);
       for (int64_t i = 0; i < nl; i++) ((float *)exp[cw].data)[r * nl + i] = ((float *)ud[cw].data)[map[i]];
     }

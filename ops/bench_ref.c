@@ -10,17 +10,13 @@
 #include <string.h>
 
 #include "ops/bench_ref.h"
+#include "ops/data.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_numerics.h"
 #include "twin/tw_quantize.h"
 
 static uint64_t rng_state = 0x7477696eull;
-static double urand(void) { /* splitmix64 -> [0, 1) */
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
-}
+static double urand(void) { return tw_splitmix_unit(&rng_state); }
 
 /* S rows over G groups, skewed like routed tokens: weight 1/(g+1)^1.2 in a shuffled order,
  * every fifth group empty. */

@@ -23,6 +23,11 @@ int twin_parse_backend(const char *cmd, const char *name, int allow_all, tw_back
 tw_ctx *twin_open_ctx(const char *cmd, tw_backend b, int *code);
 
 
+/* The value of option argv[*i] (advancing *i past it) when it is one of `known` (NULL-ended)
+ * and has a value; else NULL after one line on stderr (unexpected argument, unknown option,
+ * or a missing value): the caller exits TW_EXIT_USAGE. */
+const char *twin_option_value(const char *cmd, int argc, char **argv, int *i, const char *const *known);
+
 /* golden/data of the workspace (bazel run, bazel test, or ./golden/data). */
 const char *twin_default_golden_dir(char *buf, size_t n);
 /* The `op` key of a case directory's case.txt ("" if none) into buf. */

@@ -72,21 +72,15 @@ int twin_cmd_bench(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (twin_is_help(a)) { usage(stdout); return TW_EXIT_OK; }
-    if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "twin bench: unexpected argument '%s' (twin bench --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    const char *v = argv[++i];
+    static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup", NULL};
+    const char *v = twin_option_value("bench", argc, argv, &i, options);
+    if (!v) return TW_EXIT_USAGE;
     if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--op")) cfg.op = v;
     else if (!strcmp(a, "--peers")) cfg.peers_json = v;
     else if (!strcmp(a, "--csv")) csv_path = v;
     else if (!strcmp(a, "--iters")) { if (positive_int(a, v, &cfg.iters) || cfg.iters < 1) return TW_EXIT_USAGE; }
-    else if (!strcmp(a, "--warmup")) { if (positive_int(a, v, &cfg.warmup)) return TW_EXIT_USAGE; }
-    else {
-      fprintf(stderr, "twin bench: unknown option '%s' (twin bench --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
+    else if (positive_int(a, v, &cfg.warmup)) return TW_EXIT_USAGE;
   }
   const char *op = cfg.op && strcmp(cfg.op, "all") ? cfg.op : NULL;
   if (op && !tw_op_find(op)) {

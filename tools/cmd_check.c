@@ -62,18 +62,12 @@ int twin_cmd_check(int argc, char **argv) {
       return rc;
     }
     if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) { verbose = 1; continue; }
-    if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "twin check: unexpected argument '%s' (twin check --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    const char *v = argv[++i];
+    static const char *const options[] = {"--backend", "--golden", "--filter", NULL};
+    const char *v = twin_option_value("check", argc, argv, &i, options);
+    if (!v) return TW_EXIT_USAGE;
     if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--golden")) golden = v;
-    else if (!strcmp(a, "--filter")) filter = v;
-    else {
-      fprintf(stderr, "twin check: unknown option '%s' (twin check --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
+    else filter = v;
   }
   tw_backend only = TW_BACKEND_REF;
   int all;

@@ -309,19 +309,9 @@ int twin_cmd_port(int argc, char **argv) {
       return port_compare(argv[i + 1], argv[i + 2]);
     }
     if (!strcmp(a, "--quick")) { r.quick = 1; continue; }
-    if (strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "twin port: unexpected argument '%s' (twin port --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    if (strcmp(a, "--backend") && strcmp(a, "--out") && strcmp(a, "--filter") && strcmp(a, "--golden")) {
-      fprintf(stderr, "twin port: unknown option '%s' (twin port --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    if (i + 1 >= argc) {
-      fprintf(stderr, "twin port: %s needs a value (twin port --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    const char *v = argv[++i];
+    static const char *const options[] = {"--backend", "--out", "--filter", "--golden", NULL};
+    const char *v = twin_option_value("port", argc, argv, &i, options);
+    if (!v) return TW_EXIT_USAGE;
     if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--out")) out = v;
     else if (!strcmp(a, "--filter")) r.filter = v;
