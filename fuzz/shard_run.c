@@ -107,11 +107,6 @@ static void bag_free(bag *b) {
 }
 
 
-static int64_t numel(int nd, const int64_t *s) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= s[i];
-  return n;
-}
 
 /* A host tensor of dtype t holding the f32 values v (representable in t). */
 static tw_tensor typed(bag *b, tw_dtype t, int nd, const int64_t *shape, const float *v) {
@@ -135,7 +130,7 @@ static void index_map(const tw_mesh *m, const tw_pspec *spec, int nd, const int6
                       int rank, int64_t *map) {
   int64_t off[TW_MAX_DIMS] = {0}, idx[TW_MAX_DIMS] = {0};
   for (int d = 0; d < nd; d++) off[d] = (int64_t)tw_dimspec_index(m, &spec->dim[d], rank) * local[d];
-  int64_t n = numel(nd, local);
+  int64_t n = tw_numel(nd, local);
   for (int64_t i = 0; i < n; i++) {
     int64_t g = 0;
     for (int d = 0; d < nd; d++) g = g * global[d] + off[d] + idx[d];
@@ -513,7 +508,7 @@ static void status_fail(fz_result *res, const char *what, int rank, tw_status s,
 static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shard_job *j, bag *bg, fz_result *res) {
   const tw_plan_tensor *ot = &p->t[2];
   int R = tw_mesh_ranks(&p->mesh), nd = ot->ndim;
-  int64_t ng = numel(nd, ot->global), nl = numel(nd, ot->local);
+  int64_t ng = tw_numel(nd, ot->global), nl = tw_numel(nd, ot->local);
   tw_tensor gs = c->G ? tw_tensor_1d(c->group_sizes, TW_I32, c->G, TW_MEM_HOST) : tw_tensor_none();
   /* the unsharded oracle (and for fp8 inputs the dequantized operands the GEMM sees) */
   tw_tensor un = poisoned(bg, c->out_dtype, nd, ot->global);

@@ -10,6 +10,12 @@ uint64_t tw_splitmix64(uint64_t *state) {
 
 double tw_splitmix_unit(uint64_t *state) { return (double)(tw_splitmix64(state) >> 11) * 0x1.0p-53; }
 
+int64_t tw_numel(int nd, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < nd; i++) n *= shape[i];
+  return n;
+}
+
 tw_tensor tw_tensor_of(void *p, tw_dtype t, int nd, const int64_t *shape, tw_mem m) {
   tw_tensor x = {p, t, nd, {0, 0, 0, 0}, m};
   for (int i = 0; i < nd && i < 4; i++) x.shape[i] = shape[i];

@@ -75,11 +75,6 @@ static void shapes_for(tw_backend b, rule_desc *out) {
 static uint64_t rng_state;
 static double urand(void) { return tw_splitmix_unit(&rng_state); }
 
-static int64_t numel(int nd, const int64_t *s) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= s[i];
-  return n;
-}
 
 typedef struct {
   int ep;             /* the ep size the group sizes were drawn for */
@@ -289,7 +284,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
   memset(d, 0, sizeof *d);
   d->ep = ep;
   rng_state = 0x5eed0000ull + (uint64_t)index * 131 + (uint64_t)ep;
-  int64_t nx = numel(r->xnd, r->xs), nw = r->wnd ? numel(r->wnd, r->ws) : 0;
+  int64_t nx = tw_numel(r->xnd, r->xs), nw = r->wnd ? tw_numel(r->wnd, r->ws) : 0;
   int64_t ys[TW_MAX_DIMS];
   int ynd;
   d->x = (float *)malloc(sizeof(float) * (size_t)nx);
@@ -326,7 +321,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     return s;
   }
   out_shape(r, TW_PASS_FWD, &ynd, ys);
-  int64_t ny = numel(ynd, ys);
+  int64_t ny = tw_numel(ynd, ys);
   d->w = (float *)malloc(sizeof(float) * (size_t)nw);
   d->dy = (float *)malloc(sizeof(float) * (size_t)ny);
   if (!d->w || !d->dy) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
@@ -356,7 +351,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     int64_t os[TW_MAX_DIMS];
     int ond;
     out_shape(r, (tw_pass)p, &ond, os);
-    int64_t no = numel(ond, os);
+    int64_t no = tw_numel(ond, os);
     d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
     d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
     if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
@@ -364,7 +359,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     if (s == TW_OK) s = unsharded_gemm(ctx, r, (tw_pass)p, ax, aw, ady, d->gs, d->absprod[p]);
     int xb = r->xnd == 3;
     if (r->op == TW_SHARD_DENSE)
-      d->contract[p] = p == 0 ? r->xs[xb + 1] : p == 1 ? r->ws[r->wnd - 1] : (r->wnd == 2 ? numel(r->xnd - 1, r->xs) : r->xs[xb]);
+      d->contract[p] = p == 0 ? r->xs[xb + 1] : p == 1 ? r->ws[r->wnd - 1] : (r->wnd == 2 ? tw_numel(r->xnd - 1, r->xs) : r->xs[xb]);
     else
       d->contract[p] = p == 0 ? r->xs[1] : p == 1 ? r->ws[2] : r->xs[0];
   }
@@ -545,7 +540,7 @@ static void note_problem(sweep *s, long ci, int rank, const char *what) {
 /* rank's shard of a global host f32 tensor under the plan tensor i's spec, on the host. */
 static tw_status slice_in(const tw_plan *p, int i, int rank, const void *global, void **local, tw_tensor *t) {
   const tw_plan_tensor *pt = &p->t[i];
-  size_t n = sizeof(float) * (size_t)numel(pt->ndim, pt->local);
+  size_t n = sizeof(float) * (size_t)tw_numel(pt->ndim, pt->local);
   *local = malloc(n ? n : 1);
   if (!*local) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
   tw_tensor g = tw_host_tensor((void *)global, TW_F32, pt->ndim, pt->global);
@@ -563,7 +558,7 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   memset(&io, 0, sizeof io);
   io.group_sizes = d->gs;
   const tw_plan_tensor *ot = &p->t[2];
-  int64_t n = numel(ot->ndim, ot->local);
+  int64_t n = tw_numel(ot->ndim, ot->local);
   tw_status st = slice_in(p, 0, rank, ins[s->pass][0], &l0, &h0);
   if (st == TW_OK) st = slice_in(p, 1, rank, ins[s->pass][1], &l1, &h1);
   if (st == TW_OK) st = to_ctx(ctx, &h0, &io.in[0]);

@@ -25,6 +25,16 @@ static void jnum(FILE *f, double v) {
   else fprintf(f, "%.6g", v);
 }
 
+/* `, "name": value` (first = 1 leaves out the comma) */
+static void field_s(FILE *f, int first, const char *name, const char *v) {
+  fprintf(f, "%s\"%s\": ", first ? "" : ", ", name);
+  jstr(f, v);
+}
+static void field_n(FILE *f, const char *name, double v) {
+  fprintf(f, ", \"%s\": ", name);
+  jnum(f, v);
+}
+
 static const char *verdict(const port_check *c) {
   if (c->failed) return "FAIL";
   if (c->passed) return c->unsupported ? "PASS (some unsupported)" : "PASS";
@@ -47,67 +57,52 @@ static int write_json(const port_report *r, const char *path) {
   }
   fprintf(f, "},\n\"ceilings\": {\"copy_gbs\": ");
   jnum(f, r->copy_gbs);
-  fprintf(f, ", \"dense_f32_tflops\": ");
-  jnum(f, r->dense_f32_tflops);
-  fprintf(f, ", \"dense_bf16_tflops\": ");
-  jnum(f, r->dense_bf16_tflops);
-  fprintf(f, ", \"dense_fp8_tflops\": ");
-  jnum(f, r->dense_fp8_tflops);
+  field_n(f, "dense_f32_tflops", r->dense_f32_tflops);
+  field_n(f, "dense_bf16_tflops", r->dense_bf16_tflops);
+  field_n(f, "dense_fp8_tflops", r->dense_fp8_tflops);
   fprintf(f, "},\n\"ops\": [");
   for (int i = 0, n = 0; i < tw_op_count(); i++) {
     const tw_op_entry *e = tw_op_at(i);
     if (!tw_op_matches(e, r->filter)) continue;
-    fprintf(f, "%s\n  {\"op\": ", n++ ? "," : "");
-    jstr(f, e->name);
-    fprintf(f, ", \"compare\": \"%s\", \"min_ranks\": %d, \"default\": ", e->compare == TW_COMPARE_EXACT ? "exact" : "bound",
-            e->min_ranks);
-    jstr(f, e->versions[0] && !strcmp(r->backend, "gpu") ? e->versions[0] : r->backend);
-    fprintf(f, ", \"auto\": ");
-    jstr(f, e->auto_rule);
+    fprintf(f, "%s\n  {", n++ ? "," : "");
+    field_s(f, 1, "op", e->name);
+    field_s(f, 0, "compare", e->compare == TW_COMPARE_EXACT ? "exact" : "bound");
+    field_n(f, "min_ranks", e->min_ranks);
+    field_s(f, 0, "default", e->versions[0] && !strcmp(r->backend, "gpu") ? e->versions[0] : r->backend);
+    field_s(f, 0, "auto", e->auto_rule);
     fprintf(f, "}");
   }
   fprintf(f, "],\n\"checks\": [");
   for (int i = 0; i < r->nchecks; i++) {
     const port_check *c = &r->checks[i];
-    fprintf(f, "%s\n  {\"kind\": \"check\", \"op\": ", i ? "," : "");
-    jstr(f, c->op->name);
-    fprintf(f, ", \"version\": ");
-    jstr(f, c->version);
-    fprintf(f, ", \"dtype\": ");
-    jstr(f, c->dtype);
-    fprintf(f, ", \"cases\": %d, \"passed\": %d, \"failed\": %d, \"unsupported\": %d, \"why\": ", c->cases, c->passed,
-            c->failed, c->unsupported);
-    jstr(f, c->why);
+    fprintf(f, "%s\n  {\"kind\": \"check\"", i ? "," : "");
+    field_s(f, 0, "op", c->op->name);
+    field_s(f, 0, "version", c->version);
+    field_s(f, 0, "dtype", c->dtype);
+    field_n(f, "cases", c->cases);
+    field_n(f, "passed", c->passed);
+    field_n(f, "failed", c->failed);
+    field_n(f, "unsupported", c->unsupported);
+    field_s(f, 0, "why", c->why);
     fprintf(f, "}");
   }
   fprintf(f, "],\n\"timings\": [");
   for (int i = 0; i < r->ntimes; i++) {
     const port_time *t = &r->times[i];
     const tw_bench_row *w = &t->row;
-    fprintf(f, "%s\n  {\"kind\": \"time\", \"op\": ", i ? "," : "");
-    jstr(f, t->op->name);
-    fprintf(f, ", \"version\": ");
-    jstr(f, w->version);
-    fprintf(f, ", \"shape\": ");
-    jstr(f, w->shape);
-    fprintf(f, ", \"ms\": ");
-    jnum(f, w->ms);
-    fprintf(f, ", \"rate\": ");
-    jnum(f, w->rate);
-    fprintf(f, ", \"unit\": ");
-    jstr(f, w->unit);
-    fprintf(f, ", \"flops\": ");
-    jnum(f, w->flops);
-    fprintf(f, ", \"bytes\": ");
-    jnum(f, w->bytes);
-    fprintf(f, ", \"pct_floor\": ");
-    jnum(f, w->pct_of_floor);
-    fprintf(f, ", \"ratio_default\": ");
-    jnum(f, t->ratio_default);
-    fprintf(f, ", \"peer\": ");
-    jstr(f, w->peer);
-    fprintf(f, ", \"peer_ratio\": ");
-    jnum(f, w->ratio);
+    fprintf(f, "%s\n  {\"kind\": \"time\"", i ? "," : "");
+    field_s(f, 0, "op", t->op->name);
+    field_s(f, 0, "version", w->version);
+    field_s(f, 0, "shape", w->shape);
+    field_n(f, "ms", w->ms);
+    field_n(f, "rate", w->rate);
+    field_s(f, 0, "unit", w->unit);
+    field_n(f, "flops", w->flops);
+    field_n(f, "bytes", w->bytes);
+    field_n(f, "pct_floor", w->pct_of_floor);
+    field_n(f, "ratio_default", t->ratio_default);
+    field_s(f, 0, "peer", w->peer);
+    field_n(f, "peer_ratio", w->ratio);
     fprintf(f, "}");
   }
   fprintf(f, "]\n}\n");
