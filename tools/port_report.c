@@ -159,6 +159,10 @@ static int write_md(const port_report *r, const char *path) {
   for (int i = 0; i < r->ntimes; i++) {
     const port_time *t = &r->times[i];
     const tw_bench_row *w = &t->row;
+    if (w->ms < 0) { /* the bench said why on stderr */
+      fprintf(f, "| %s | %s | %s | failed | - | - | - | - | - |\n", t->op->name, w->shape, w->version);
+      continue;
+    }
     fprintf(f, "| %s | %s | %s | %.3f | %.2f %s | ", t->op->name, w->shape, w->version, w->ms, w->rate, w->unit);
     num_or_dash(f, "%.1f%%", w->pct_of_floor);
     fprintf(f, " | ");

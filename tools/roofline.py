@@ -37,7 +37,7 @@ def main(argv):
     colors = {v: plt.cm.tab10(i % 10) for i, v in enumerate(versions)}
     device = rep.get("facts", {}).get("device") or rep.get("facts", {}).get("cpu") or rep.get("backend", "")
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, 8), gridspec_kw={"width_ratios": [3, 2]})
     # left: intensity (FLOP/byte) vs TFLOP/s
     xs = [r["flops"] / r["bytes"] for r in compute] or [1.0]
     lo, hi = min(xs) / 4, max(xs) * 4
@@ -62,6 +62,9 @@ def main(argv):
     if bw > 0:
         bx.axhline(bw, ls="--", color="gray", lw=1)
         bx.annotate(f"copy {bw:.0f} GB/s", (0, bw), va="bottom", fontsize=8, color="gray")
+    bx.set_xticks(range(len(stream)))
+    bx.set_xticklabels([f"{r['version']} {r['shape']}" for r in stream], rotation=90,
+                       fontsize=max(3, min(7, 400 // max(1, len(stream)))))
     bx.set_xlabel("streaming kernel x shape (report order)")
     bx.set_ylabel("GB/s (bytes read + written)")
     bx.set_title("quantize and other streaming ops")
