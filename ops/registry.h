@@ -16,7 +16,9 @@
  *        - fuzz_kind: the fz_op name its fuzz generator draws (fuzz/gen.c, fuzz/run.c);
  *        - shard_rule: the tw_shard_op family check --sharding sweeps for it (shard/golden.c);
  *        - min_ranks > 1 for an op that only exists on a mesh (EP dispatch/combine, the
- *          pipeline): check/port then run it through the sharded executor on that many ranks;
+ *          pipeline). The single-device runners (the golden runner, port's checks) do not
+ *          build meshes yet: port lists such an entry as needing N ranks instead of running
+ *          it, and its cases belong in check --sharding / fuzz --mesh until they do;
  *        - versions: the gpu kernel names tw_ctx_config.kernel can force, default first;
  *        - bench_ref / bench_gpu: functions that emit tw_bench_row's (ops/bench.h) whose `op`
  *          is this entry's name or alias, with flops and bytes filled in (its floor).

@@ -45,10 +45,7 @@ static int walk(const tw_bench_cfg *cfg, const char *op, tw_backend be, tw_ctx *
     const tw_op_entry *e = tw_op_at(i);
     if (op && tw_op_find(op) != e) continue;
     const void *fn = be == TW_BACKEND_GPU ? (const void *)e->bench_gpu : (const void *)e->bench_ref;
-    if (!fn) {
-      if (op) fprintf(stderr, "twin bench: %s has no %s bench\n", e->name, tw_backend_name(be));
-      continue;
-    }
+    if (!fn) continue;
     int seen = 0;
     for (int k = 0; k < ndone; k++) seen |= done[k] == fn;
     if (seen) continue;
@@ -91,6 +88,11 @@ int twin_cmd_bench(int argc, char **argv) {
   if (twin_parse_backend("bench", backend, 0, &be, NULL) != 0) return TW_EXIT_USAGE;
   if (be == TW_BACKEND_GPU && !tw_backend_available(TW_BACKEND_GPU)) {
     fprintf(stderr, "twin bench: the gpu backend is not available here (no GPU visible or not built in)\n");
+    return TW_EXIT_USAGE;
+  }
+  const tw_op_entry *only = op ? tw_op_find(op) : NULL;
+  if (only && !(be == TW_BACKEND_GPU ? (const void *)only->bench_gpu : (const void *)only->bench_ref)) {
+    fprintf(stderr, "twin bench: %s has no %s bench\n", only->name, tw_backend_name(be));
     return TW_EXIT_USAGE;
   }
   if (csv_path) {

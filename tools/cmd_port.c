@@ -20,6 +20,7 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: twin port [--backend ref|gpu] [--out DIR] [--filter S] [--quick] [--golden DIR]\n"
+          "                 [--peers FILE]\n"
           "       twin port --compare A.json B.json\n"
           "\n"
           "The porting baseline of this machine: device facts, measured ceilings (copy bandwidth,\n"
@@ -36,6 +37,8 @@ static void usage(FILE *f) {
           "  --quick          fewer fuzz cases and timed iterations (the whole run under 5 minutes\n"
           "                   on an H100)\n"
           "  --golden DIR     golden case root (default: golden/data of the workspace)\n"
+          "  --peers FILE     gpu: peer timings measured on this machine in this session, as the\n"
+          "                   gpu benches read them (tools/peers/*.py outputs, concatenated)\n"
           "  --compare A B    per operation and version, the change in correctness and speed from\n"
           "                   report A to report B, regressions first; exit 1 if any\n");
 }
@@ -165,6 +168,12 @@ typedef struct {
 /* The entry's golden cases and a fixed fuzz draw (seed 1, indexes 0..n-1) on ctx. */
 static void check_version(port_report *r, const case_set *cs, const tw_op_entry *e, const char *version, tw_ctx *ctx) {
   char op[64], dt[32];
+  if (e->min_ranks > 1) { /* see registry.h: port runs single-device checks only */
+    char why[128];
+    snprintf(why, sizeof why, "needs a mesh of %d ranks: run twin check --sharding / twin fuzz --mesh", e->min_ranks);
+    tally(check_row(r, e, version, "mesh"), 0, 1, why);
+    return;
+  }
   for (int i = 0; e->golden_op && i < cs->ndirs; i++) {
     if (strcmp(twin_golden_op(cs->dirs[i], op, sizeof op), e->golden_op)) continue;
     tw_golden_result g;
@@ -250,6 +259,7 @@ static void run_benches(port_report *r, tw_backend be, tw_ctx *ctx) {
   memset(&cfg, 0, sizeof cfg);
   cfg.warmup = r->quick ? (be == TW_BACKEND_GPU ? 2 : 0) : 2;
   cfg.iters = r->quick ? (be == TW_BACKEND_GPU ? 10 : 1) : (be == TW_BACKEND_GPU ? 20 : 3);
+  cfg.peers_json = r->peers_json;
   sink_state st = {r};
   tw_bench_set_sink(collect, &st);
   const void *done[32];
@@ -309,12 +319,13 @@ int twin_cmd_port(int argc, char **argv) {
       return port_compare(argv[i + 1], argv[i + 2]);
     }
     if (!strcmp(a, "--quick")) { r.quick = 1; continue; }
-    static const char *const options[] = {"--backend", "--out", "--filter", "--golden", NULL};
+    static const char *const options[] = {"--backend", "--out", "--filter", "--golden", "--peers", NULL};
     const char *v = twin_option_value("port", argc, argv, &i, options);
     if (!v) return TW_EXIT_USAGE;
     if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--out")) out = v;
     else if (!strcmp(a, "--filter")) r.filter = v;
+    else if (!strcmp(a, "--peers")) r.peers_json = v;
     else golden = v;
   }
   tw_backend be;

@@ -36,7 +36,8 @@ while [ $i -lt ${#steps[@]} ]; do
       run bin/twin bench --backend gpu --op grouped_gemm --peers "$O/peers_gemm.json" --csv "$O/bench_gemm.csv" 2>>"$O/bench.log" | tee -a "$O/summary.txt" ;;
     port)
       # the porting report (tools/port.h): report.md, report.json, roofline.png under $O/port
-      run bin/twin port --quick --golden golden/data --out "$O/port" 2>"$O/port.log" || rc=1
+      { python3 tools/peers/torch_quantize.py; python3 tools/peers/torch_grouped_mm.py; } >"$O/peers_port.json" 2>>"$O/port.log"
+      run bin/twin port --quick --golden golden/data --peers "$O/peers_port.json" --out "$O/port" 2>>"$O/port.log" || rc=1
       tail -1 "$O/port.log" | tee -a "$O/summary.txt" ;;
     fuzz)
       secs=${steps[$i]}; i=$((i + 1))

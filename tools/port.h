@@ -37,6 +37,7 @@ typedef struct {
 typedef struct {
   const char *backend; /* "ref" or "gpu" */
   const char *filter;
+  const char *peers_json; /* gpu benches' peer timings, or NULL */
   int quick;
   port_fact facts[PORT_MAX_FACTS];
   int nfacts;
