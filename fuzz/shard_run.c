@@ -24,6 +24,7 @@
 
 #include "fuzz/fuzz_internal.h"
 #include "ops/data.h"
+#include "ops/pass.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_numerics.h"
 
@@ -440,27 +441,6 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
   }
 }
 
-/* The unsharded op on the oracle: out (global, poisoned) = the plan's op on the global inputs. */
-static tw_status unsharded_gemm(tw_ctx *o, const fz_case *c, const tw_tensor *a, const tw_tensor *b,
-                                const tw_tensor *gs, tw_tensor *out) {
-  tw_operand oa = tw_operand_plain(a), ob = tw_operand_plain(b);
-  if (c->rule == TW_SHARD_DENSE) {
-    if (c->pass == TW_PASS_FWD) return tw_gemm(o, &oa, TW_OP_N, &ob, TW_OP_N, out, 0);
-    if (c->pass == TW_PASS_DGRAD) return tw_gemm(o, &oa, TW_OP_N, &ob, TW_OP_T, out, 0);
-    tw_tensor af = *a, bf = *b;
-    if (out->ndim == 2 && a->ndim == 3) { /* w shared over the batch: contract B and M */
-      af = tw_tensor_2d(a->data, a->dtype, a->shape[0] * a->shape[1], a->shape[2], TW_MEM_HOST);
-      bf = tw_tensor_2d(b->data, b->dtype, b->shape[0] * b->shape[1], b->shape[2], TW_MEM_HOST);
-    }
-    oa = tw_operand_plain(&af);
-    ob = tw_operand_plain(&bf);
-    return tw_gemm(o, &oa, TW_OP_T, &ob, TW_OP_N, out, 0);
-  }
-  if (c->pass == TW_PASS_FWD) return tw_grouped_gemm(o, &oa, &ob, TW_OP_N, gs, out, 0);
-  if (c->pass == TW_PASS_DGRAD) return tw_grouped_gemm(o, &oa, &ob, TW_OP_T, gs, out, 0);
-  return tw_grouped_gemm_wgrad(o, &oa, TW_OP_N, &ob, TW_OP_N, gs, out, 0);
-}
-
 /* fp8 forward (tensor current e4m3 from the global amax): x by its groups, w as [G*K, N] in G
  * groups of K rows; the grouped GEMM on those bytes; the dequantized operands in dx, dw. */
 static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *x, const tw_tensor *w,
@@ -522,7 +502,7 @@ static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shar
     s = va && vb && un.data ? unsharded_fp8(e->oracle, bg, c, &j->in[0], &j->in[1], &gs, &un, va, vb)
                             : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   } else {
-    s = un.data ? unsharded_gemm(e->oracle, c, &j->in[0], &j->in[1], &gs, &un) : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
+    s = un.data ? tw_pass_gemm(e->oracle, c->rule, c->pass, &j->in[0], &j->in[1], &gs, &un) : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   }
   if (s != TW_OK) { fz_fail(res, FZ_ERROR, "oracle", tw_last_error()); return; }
   f64_expect x;

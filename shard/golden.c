@@ -1,6 +1,7 @@
 /* The sharding golden sweep (see golden.h). */
 #include "shard/golden.h"
 #include "ops/data.h"
+#include "ops/pass.h"
 
 #include "ops/registry.h"
 
@@ -146,22 +147,8 @@ static tw_status unsharded_gemm(tw_ctx *ctx, const rule_desc *r, tw_pass pass, c
   out_shape(r, pass, &ond, os);
   tw_tensor ot = tw_host_tensor(out, TW_F32, ond, os);
   tw_tensor gst = tw_tensor_1d((void *)gs, TW_I32, r->G, TW_MEM_HOST);
-  tw_operand a, b;
-  if (r->op == TW_SHARD_DENSE) {
-    if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_N, &ot, 0); }
-    if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &ot, 0); }
-    tw_tensor xf = xt, dyf = dyt;
-    if (r->wnd == 2 && r->xnd == 3) {
-      xf = tw_tensor_2d(xt.data, TW_F32, xt.shape[0] * xt.shape[1], xt.shape[2], TW_MEM_HOST);
-      dyf = tw_tensor_2d(dyt.data, TW_F32, dyt.shape[0] * dyt.shape[1], dyt.shape[2], TW_MEM_HOST);
-    }
-    a = tw_operand_plain(&xf); b = tw_operand_plain(&dyf);
-    return tw_gemm(ctx, &a, TW_OP_T, &b, TW_OP_N, &ot, 0);
-  }
-  if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &ot, 0); }
-  if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_T, &gst, &ot, 0); }
-  a = tw_operand_plain(&xt); b = tw_operand_plain(&dyt);
-  return tw_grouped_gemm_wgrad(ctx, &a, TW_OP_N, &b, TW_OP_N, &gst, &ot, 0);
+  const tw_tensor *in_a = pass == TW_PASS_DGRAD ? &dyt : &xt, *in_b = pass == TW_PASS_WGRAD ? &dyt : &wt;
+  return tw_pass_gemm(ctx, r->op, pass, in_a, in_b, &gst, &ot);
 }
 
 static tw_quantize_opts rule_qopts(const rule_desc *r) {
