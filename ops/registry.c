@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "ops/bench_ref.h"
 
 /* The gpu benches are linked only into //tools:twin (tools/bench_gpu_*.c): weak, NULL elsewhere. */
@@ -15,6 +16,7 @@
 
 static const tw_op_entry table[] = {
     {.name = "cast",
+     .backend_slot = TW_BACKEND_SLOT(cast),
      .area = "numerics",
      .summary = "element-wise conversion between f32, bf16, f16, fp8 e4m3/e5m2, e8m0, fp4 e2m1 (RNE, saturating)",
      .compare = TW_COMPARE_EXACT,
@@ -22,6 +24,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 1,
      .auto_rule = "one kernel"},
     {.name = "grouped_quantize",
+     .backend_slot = TW_BACKEND_SLOT(grouped_quantize),
      .alias = "quantize",
      .area = "quantize",
      .summary = "x [M, K] split along M by group_sizes: current, delayed, MXFP8, 1x128, 128x128 scaling; rowwise/colwise",
@@ -37,6 +40,7 @@ static const tw_op_entry table[] = {
      .bench_ref = tw_bench_ref_quantize,
      .bench_gpu = tw_bench_gpu_quantize},
     {.name = "grouped_dequantize",
+     .backend_slot = TW_BACKEND_SLOT(grouped_dequantize),
      .alias = "dequantize",
      .area = "quantize",
      .summary = "codes and scales back to values, per group (the inverse the checker's bounds use)",
@@ -45,6 +49,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 1,
      .auto_rule = "one kernel"},
     {.name = "delayed_scale_update",
+     .backend_slot = TW_BACKEND_SLOT(delayed_scale_update),
      .area = "quantize",
      .summary = "amax history roll and scale = f(history) for delayed scaling (max or most_recent)",
      .compare = TW_COMPARE_EXACT,
@@ -52,6 +57,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 1,
      .auto_rule = "one kernel"},
     {.name = "gemm",
+     .backend_slot = TW_BACKEND_SLOT(gemm),
      .area = "gemm",
      .summary = "dense / batched ([B,] M, K) x ([B,] K, N), NN/NT/TN, bf16/f16/f32 and fp8 operands",
      .compare = TW_COMPARE_BOUND,
@@ -64,6 +70,7 @@ static const tw_op_entry table[] = {
                   "gg_fma for f32",
      .bench_gpu = tw_bench_gpu_gemm},
     {.name = "grouped_gemm",
+     .backend_slot = TW_BACKEND_SLOT(grouped_gemm),
      .area = "gemm",
      .summary = "lhs [M, K] ragged along M by device group_sizes x rhs [G, K, N] or [G, N, K]",
      .compare = TW_COMPARE_BOUND,
@@ -76,6 +83,7 @@ static const tw_op_entry table[] = {
      .bench_ref = tw_bench_ref_grouped_gemm,
      .bench_gpu = tw_bench_gpu_gemm},
     {.name = "grouped_gemm_wgrad",
+     .backend_slot = TW_BACKEND_SLOT(grouped_gemm_wgrad),
      .alias = "wgrad",
      .area = "gemm",
      .summary = "weight gradient: ragged contracting dim -> [G, K, N]",
@@ -91,6 +99,13 @@ static const tw_op_entry table[] = {
 enum { COUNT = (int)(sizeof table / sizeof table[0]) };
 
 int tw_op_count(void) { return COUNT; }
+
+int tw_op_provided(const tw_op_entry *e, const struct tw_backend_ops *table) {
+  if (!e || !table || !e->backend_slot) return 0;
+  void *fn;
+  memcpy(&fn, (const char *)table + e->backend_slot, sizeof fn);
+  return fn != NULL;
+}
 const tw_op_entry *tw_op_at(int i) { return i >= 0 && i < COUNT ? &table[i] : NULL; }
 
 const tw_op_entry *tw_op_find(const char *name) {

@@ -19,6 +19,8 @@
  *          pipeline). The single-device runners (the golden runner, port's checks) do not
  *          build meshes yet: port lists such an entry as needing N ranks instead of running
  *          it, and its cases belong in check --sharding / fuzz --mesh until they do;
+ *        - backend_slot: TW_BACKEND_SLOT(<its tw_backend_ops field>), so `twin backends`
+ *          and `twin port` can say which backend provides it;
  *        - versions: the gpu kernel names tw_ctx_config.kernel can force, default first;
  *        - bench_ref / bench_gpu: functions that emit tw_bench_row's (ops/bench.h) whose `op`
  *          is this entry's name or alias, with flops and bytes filled in (its floor).
@@ -27,6 +29,8 @@
  *      marks TW_ERR_UNSUPPORTED ones with the backend's reason. */
 #ifndef TWIN_OPS_REGISTRY_H
 #define TWIN_OPS_REGISTRY_H
+
+#include <stddef.h>
 
 #include "ops/bench.h"
 #include "twin/tw_base.h"
@@ -53,6 +57,7 @@ typedef struct tw_op_entry {
   const char *fuzz_kind; /* fz_op name, or NULL */
   const char *shard_rule;/* "dense", "grouped_gemm", "grouped_quantize" (tw_shard_op), or NULL */
   int min_ranks;         /* 1 for a single-device op; > 1: needs a mesh of that many ranks */
+  size_t backend_slot;   /* TW_BACKEND_SLOT(field) of its tw_backend_ops entry, 0 if none */
   /* gpu kernel versions that tw_ctx_config.kernel forces (NULL-terminated); the ref backend
    * has one version, itself. */
   const char *versions[TW_OP_MAX_VERSIONS + 1];
@@ -62,6 +67,12 @@ typedef struct tw_op_entry {
   int (*bench_ref)(const tw_bench_cfg *cfg, tw_ctx *ctx);
   int (*bench_gpu)(const tw_bench_cfg *cfg);
 } tw_op_entry;
+
+/* Where an entry's function sits in a backend's table (core/backend.h). */
+#define TW_BACKEND_SLOT(field) offsetof(struct tw_backend_ops, field)
+struct tw_backend_ops;
+/* 1 if the backend table provides e's function (NULL table or no slot: 0). */
+int tw_op_provided(const tw_op_entry *e, const struct tw_backend_ops *table);
 
 /* The table, in report order. */
 int tw_op_count(void);

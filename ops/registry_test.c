@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/backend.h"
 #include "fuzz/fuzz_internal.h"
 #include "golden/exec.h"
 #include "golden/runner.h"
@@ -76,4 +77,13 @@ Test(registry, filters_match_names_and_aliases) {
   cr_assert(tw_op_matches(tw_op_find("gemm"), "all"));
   cr_assert_not(tw_op_matches(tw_op_find("cast"), "gemm"));
   cr_assert_not_null(strstr(tw_op_names(), "grouped_gemm_wgrad"));
+}
+
+/* The oracle provides every operation: an entry the ref backend lacks could not be checked. */
+Test(registry, the_ref_backend_provides_every_entry) {
+  for (int i = 0; i < tw_op_count(); i++) {
+    const tw_op_entry *e = tw_op_at(i);
+    cr_assert_neq(e->backend_slot, 0, "%s: no backend_slot", e->name);
+    cr_assert(tw_op_provided(e, &tw_ref_ops), "the ref backend lacks %s", e->name);
+  }
 }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/backend.h"
 #include "fuzz/fuzz_internal.h"
 #include "golden/exec.h"
 #include "golden/runner.h"
@@ -16,6 +17,8 @@
 #include "tools/port.h"
 
 #pragma weak tw_port_gpu_facts
+extern const tw_backend_ops tw_ref_ops __attribute__((weak));
+extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -374,6 +377,13 @@ int twin_cmd_port(int argc, char **argv) {
   for (int i = 0; i < tw_op_count(); i++) {
     const tw_op_entry *e = tw_op_at(i);
     if (!tw_op_matches(e, r.filter)) continue;
+    if (!tw_op_provided(e, be == TW_BACKEND_GPU ? &tw_gpu_ops : &tw_ref_ops)) {
+      char why[96];
+      snprintf(why, sizeof why, "the %s backend does not provide %s", r.backend, e->name);
+      tally(check_row(&r, e, be == TW_BACKEND_GPU ? "auto" : "ref", "-"), 0, 1, why);
+      fprintf(stderr, "port: [%d/%d] %-20s %s\n", i + 1, tw_op_count(), e->name, why);
+      continue;
+    }
     const char *versions[TW_OP_MAX_VERSIONS + 2];
     int nv = 0;
     versions[nv++] = be == TW_BACKEND_GPU ? "auto" : "ref";

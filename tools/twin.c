@@ -12,6 +12,7 @@
 
 #include "core/backend.h"
 #include "fuzz/fuzz.h"
+#include "ops/registry.h"
 #include "shard/cli.h"
 #include "tools/cli.h"
 
@@ -38,7 +39,8 @@ static void usage(FILE *f) {
           tw_backend_available(TW_BACKEND_GPU) ? ", gpu" : " (gpu: no device or not built in)");
 }
 
-/* `twin backends`: what this binary's backends provide, read from their op tables. */
+/* `twin backends`: what this binary's backends provide, read from their op tables for every
+ * operation of the registry. */
 extern const tw_backend_ops tw_ref_ops __attribute__((weak));
 extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
 
@@ -50,21 +52,12 @@ static int cmd_backends(void) {
   for (int b = 0; b < TW_BACKEND_COUNT; b++)
     printf(" %-10s", !tables[b] ? "absent" : tw_backend_available((tw_backend)b) ? "usable" : "no device");
   printf("\n");
-#define ROW(field, label)                                                        \
-  do {                                                                           \
-    printf("%-22s", label);                                                      \
-    for (int b = 0; b < TW_BACKEND_COUNT; b++)                                   \
-      printf(" %-10s", tables[b] && tables[b]->field ? "yes" : "-");            \
-    printf("\n");                                                                \
-  } while (0)
-  ROW(cast, "cast");
-  ROW(grouped_quantize, "grouped_quantize");
-  ROW(grouped_dequantize, "grouped_dequantize");
-  ROW(delayed_scale_update, "delayed_scale_update");
-  ROW(gemm, "gemm");
-  ROW(grouped_gemm, "grouped_gemm");
-  ROW(grouped_gemm_wgrad, "grouped_gemm_wgrad");
-#undef ROW
+  for (int i = 0; i < tw_op_count(); i++) { /* the registry's operations (ops/registry.h) */
+    const tw_op_entry *e = tw_op_at(i);
+    printf("%-22s", e->name);
+    for (int b = 0; b < TW_BACKEND_COUNT; b++) printf(" %-10s", tw_op_provided(e, tables[b]) ? "yes" : "-");
+    printf("\n");
+  }
   return TW_EXIT_OK;
 }
 
