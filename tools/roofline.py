@@ -40,7 +40,8 @@ def main(argv):
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(16, 8), gridspec_kw={"width_ratios": [3, 2]})
     # left: intensity (FLOP/byte) vs TFLOP/s
     xs = [r["flops"] / r["bytes"] for r in compute] or [1.0]
-    lo, hi = min(xs) / 4, max(xs) * 4
+    ridges = [peak * 1e3 / bw for _, peak in dense if peak > 0 and bw > 0]  # FLOP/byte where the roof bends
+    lo, hi = min(xs + ridges) / 4, max(xs + ridges) * 4
     for name, peak in dense:
         if peak <= 0:
             continue
@@ -49,11 +50,12 @@ def main(argv):
         ax.plot(grid, ys, "--", lw=1, color="gray")
         ax.annotate(f"{name.replace('_tflops', '').replace('_', ' ')} {peak:.3g} TFLOP/s", (hi, peak), ha="right",
                     va="bottom", fontsize=8, color="gray")
-    for r in compute:
-        ax.scatter(r["flops"] / r["bytes"], r["flops"] / (r["ms"] * 1e-3) / 1e12, color=colors[r["version"]], s=22)
+    for r in compute:  # fp8 operands as triangles: their roof is the fp8 line
+        ax.scatter(r["flops"] / r["bytes"], r["flops"] / (r["ms"] * 1e-3) / 1e12, color=colors[r["version"]], s=22,
+                   marker="^" if "e4m3" in r["shape"] or "e5m2" in r["shape"] else "o")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte); triangles: fp8 operands")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(f"GEMMs vs dense rate and copy bandwidth ({bw:.0f} GB/s)" if bw > 0 else "GEMMs")
     # right: streaming ops, achieved GB/s in report order
@@ -69,7 +71,8 @@ def main(argv):
     bx.set_ylabel("GB/s (bytes read + written)")
     bx.set_title("quantize and other streaming ops")
     handles = [plt.Line2D([], [], marker="o", ls="", color=colors[v], label=v) for v in versions]
-    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8)
+    if handles:
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=8)
     fig.suptitle(f"twin port roofline: {device}")
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(out, dpi=120)
