@@ -15,6 +15,7 @@
 
 #include "fuzz/fuzz.h"
 #include "fuzz/fuzz_internal.h"
+#include "ops/registry.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -331,6 +332,8 @@ int fz_replay(const char *dir, tw_backend backend, const char *plant, fz_result 
 }
 
 /* ---- CLI ---- */
+static const char *registry_ops(void);
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: twin fuzz [--backend ref|gpu] [--op all|OP[,OP...]] [--seconds N | --cases N]\n"
@@ -339,13 +342,15 @@ static void usage(FILE *f) {
           "       twin fuzz --replay DIR [--backend ref|gpu] [--plant BUG]\n"
           "       twin fuzz --write-case DIR --op OP --seed S --index I [--mesh all|MESH]   (export one case)\n"
           "       twin fuzz --list\n"
-          "ops: quantize cast gemm grouped_gemm wgrad (default all). Default: --cases 200 --seed 1.\n"
+          "ops: %s (or their registry names: grouped_quantize, grouped_gemm_wgrad; default all).\n"
+          "Default: --cases 200 --seed 1.\n"
           "--backend ref checks the oracle's self-consistency; gpu is compared with ref.\n"
           "--mesh runs sharded cases (fuzz/README.md): 'all' draws a mesh of 1, 2, 4 or 8 ranks over the\n"
           "rule's axes per case, a mesh such as dp=2,ep=4 is used for every case; each case draws a\n"
           "partition spec per operand, plans it (some deliberately invalid: the planner must refuse\n"
           "them with the rule's error), runs the plan on every rank (ref: threads; gpu: GPU r over\n"
-          "NCCL) and compares each rank's shard with the unsharded oracle. cast has no rule.\n");
+          "NCCL) and compares each rank's shard with the unsharded oracle. cast has no rule.\n",
+          registry_ops());
 }
 
 static int parse_num(const char *flag, const char *v, double *out) {
@@ -356,6 +361,22 @@ static int parse_num(const char *flag, const char *v, double *out) {
   return 0;
 }
 
+/* The fuzzable ops, read from the registry (ops/registry.h): each entry with a fuzz kind, by
+ * its kind ("quantize", "wgrad"), in registry order. */
+static const char *registry_ops(void) {
+  static char buf[256];
+  buf[0] = 0;
+  for (int i = 0; i < tw_op_count(); i++) {
+    const tw_op_entry *e = tw_op_at(i);
+    fz_op op;
+    if (!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &op) != 0) continue;
+    size_t n = strlen(buf);
+    snprintf(buf + n, sizeof buf - n, "%s%s", n ? " " : "", e->fuzz_kind);
+  }
+  return buf;
+}
+
+/* --op: registry names or aliases (grouped_gemm_wgrad or wgrad), comma-separated, or all. */
 static int parse_ops(const char *v, int *mask) {
   if (!v) return -1;
   if (strcmp(v, "all") == 0) { *mask = (1 << FZ_OP_COUNT) - 1; return 0; }
@@ -363,9 +384,14 @@ static int parse_ops(const char *v, int *mask) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", v);
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    const tw_op_entry *e = tw_op_find(tok);
     fz_op op;
-    if (fz_op_from_name(tok, &op) != 0) {
-      fprintf(stderr, "twin fuzz: unknown op '%s' (ops: quantize cast gemm grouped_gemm wgrad, or all)\n", tok);
+    if (!e) {
+      fprintf(stderr, "twin fuzz: unknown op '%s' (ops: %s, or all)\n", tok, registry_ops());
+      return -1;
+    }
+    if (!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &op) != 0) {
+      fprintf(stderr, "twin fuzz: %s has no fuzz generator (ops: %s, or all)\n", e->name, registry_ops());
       return -1;
     }
     *mask |= 1 << op;
@@ -383,7 +409,7 @@ int tw_fuzz_main(int argc, char **argv) {
     double d;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
     else if (!strcmp(a, "--list")) {
-      printf("ops: quantize cast gemm grouped_gemm wgrad (--mesh: all but cast)\nplanted bugs:");
+      printf("ops: %s (--mesh: all but cast)\nplanted bugs:", registry_ops());
       for (int k = 0; k < fz_plant_count(); k++)
         printf(" %s(%s%s)", fz_plant_name(k), fz_plant_op(k), fz_plant_is_comm(fz_plant_name(k)) ? ", --mesh" : "");
       printf("\n");

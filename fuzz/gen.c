@@ -9,20 +9,15 @@
 #include <string.h>
 
 #include "fuzz/fuzz_internal.h"
+#include "ops/data.h"
 #include "shard/golden.h"
 #include "twin/tw_numerics.h"
 
 /* ---- PRNG ---- */
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 void fz_rng_seed(fz_rng *r, uint64_t seed) {
   uint64_t x = seed;
-  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+  for (int i = 0; i < 4; i++) r->s[i] = tw_splitmix64(&x);
 }
 
 static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
@@ -46,8 +41,8 @@ double fz_unit(fz_rng *r) { return (double)(fz_next(r) >> 11) * (1.0 / 900719925
 
 uint64_t fz_case_seed(uint64_t seed, uint64_t index) {
   uint64_t x = seed ^ (index * 0xD1B54A32D192ED03ull);
-  splitmix64(&x);
-  return splitmix64(&x);
+  tw_splitmix64(&x);
+  return tw_splitmix64(&x);
 }
 
 static int64_t range(fz_rng *r, int64_t lo, int64_t hi) { /* inclusive */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "fuzz/fuzz_internal.h"
+#include "ops/data.h"
 #include "twin/tw_numerics.h"
 
 /* ---- allocation bookkeeping: everything a case allocates is freed at its end ---- */
@@ -52,11 +53,6 @@ static tw_status arena_alloc(arena *A, tw_ctx *ctx, size_t bytes, void **out) {
   return TW_OK;
 }
 
-static tw_tensor mk(void *p, tw_dtype t, int ndim, const int64_t *shape, tw_mem m) {
-  tw_tensor x = {p, t, ndim, {0, 0, 0, 0}, m};
-  for (int i = 0; i < ndim; i++) x.shape[i] = shape[i];
-  return x;
-}
 
 /* A host tensor like `like` (dtype, shape), poisoned. */
 static tw_status host_like(arena *A, const tw_tensor *like, tw_tensor *out) {
@@ -99,7 +95,7 @@ static tw_status to_host(arena *A, tw_ctx *ctx, const tw_tensor *dev, tw_tensor 
 /* Host tensor of dtype t holding f32 values v (codes via the numerics encoders). */
 static tw_status host_from_f32(arena *A, tw_dtype t, int ndim, const int64_t *shape,
                                const float *v, tw_tensor *out) {
-  tw_tensor like = mk(NULL, t, ndim, shape, TW_MEM_HOST);
+  tw_tensor like = tw_tensor_of(NULL, t, ndim, shape, TW_MEM_HOST);
   TW_TRY(host_like(A, &like, out));
   int64_t n = tw_tensor_numel(out);
   if (t == TW_E2M1) memset(out->data, 0, tw_tensor_bytes(out));
@@ -172,7 +168,7 @@ static void check_bound(fz_result *res, const char *name, const tw_tensor *got, 
 static tw_status zero_bound(arena *A, const tw_tensor *like, tw_tensor *out) {
   int64_t n = tw_tensor_numel(like);
   int64_t shape[1] = {n};
-  tw_tensor b = mk(NULL, TW_F64, 1, shape, TW_MEM_HOST);
+  tw_tensor b = tw_tensor_of(NULL, TW_F64, 1, shape, TW_MEM_HOST);
   TW_TRY(host_like(A, &b, out));
   memset(out->data, 0, sizeof(double) * (size_t)(n ? n : 1));
   return TW_OK;
@@ -237,11 +233,11 @@ static tw_status quantize_on(tw_ctx *ctx, arena *A, const tw_tensor *x_host, con
   tw_tensor xd, gsd;
   TW_TRY(to_ctx(A, ctx, x_host, &xd));
   int64_t gshape[1] = {G};
-  tw_tensor gsh = mk((void *)gs, TW_I32, 1, gshape, TW_MEM_HOST);
+  tw_tensor gsh = tw_tensor_of((void *)gs, TW_I32, 1, gshape, TW_MEM_HOST);
   TW_TRY(to_ctx(A, ctx, &gsh, &gsd));
   tw_quantize_opts o = *opts;
   if (opts->mode == TW_SCALE_TENSOR_DELAYED) {
-    tw_tensor sh = mk((void *)scale, TW_F32, 1, gshape, TW_MEM_HOST);
+    tw_tensor sh = tw_tensor_of((void *)scale, TW_F32, 1, gshape, TW_MEM_HOST);
     TW_TRY(to_ctx(A, ctx, &sh, &o.scale));
   }
   TW_TRY(tw_grouped_quantize(ctx, &xd, &gsd, &o, &q));
@@ -257,10 +253,10 @@ static tw_status quantize_on(tw_ctx *ctx, arena *A, const tw_tensor *x_host, con
 static tw_status dequantize_host(tw_ctx *oracle, arena *A, const tw_qtensor *q, const int32_t *gs,
                                  int64_t G, int colwise, tw_tensor *out) {
   int64_t shape[2] = {q->rows, q->cols};
-  tw_tensor like = mk(NULL, TW_F32, 2, shape, TW_MEM_HOST);
+  tw_tensor like = tw_tensor_of(NULL, TW_F32, 2, shape, TW_MEM_HOST);
   TW_TRY(host_like(A, &like, out));
   int64_t gshape[1] = {G};
-  tw_tensor gst = mk((void *)gs, TW_I32, 1, gshape, TW_MEM_HOST);
+  tw_tensor gst = tw_tensor_of((void *)gs, TW_I32, 1, gshape, TW_MEM_HOST);
   return tw_grouped_dequantize(oracle, q, &gst, colwise, out);
 }
 
@@ -306,7 +302,7 @@ static void check_dequant_bound(tw_ctx *oracle, arena *A, fz_result *res, const 
     return;
   }
   int64_t n = c->M * c->K, shape[2] = {c->M, c->K};
-  tw_tensor l64 = mk(NULL, TW_F64, 2, shape, TW_MEM_HOST);
+  tw_tensor l64 = tw_tensor_of(NULL, TW_F64, 2, shape, TW_MEM_HOST);
   if (host_like(A, &l64, &exp) != TW_OK || host_like(A, &l64, &bnd) != TW_OK) {
     fail(res, FZ_ERROR, name, tw_last_error());
     return;
@@ -398,7 +394,7 @@ static void run_quantize(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, aren
   /* amax per group, and tensor scales by their formula */
   int64_t gshape[1] = {c->G};
   tw_tensor ea, es;
-  tw_tensor l32 = mk(NULL, TW_F32, 1, gshape, TW_MEM_HOST);
+  tw_tensor l32 = tw_tensor_of(NULL, TW_F32, 1, gshape, TW_MEM_HOST);
   if (host_like(A, &l32, &ea) != TW_OK || host_like(A, &l32, &es) != TW_OK) return;
   float *eav = ea.data, *esv = es.data;
   const float *xin = c->x;
@@ -453,7 +449,7 @@ static void run_quantize(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, aren
 static void run_cast(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *A, fz_result *res) {
   int64_t shape[2] = {c->M, c->K};
   tw_tensor src, sd, dd, got, exp;
-  tw_tensor dl = mk(NULL, c->dst_dtype, 2, shape, TW_MEM_HOST);
+  tw_tensor dl = tw_tensor_of(NULL, c->dst_dtype, 2, shape, TW_MEM_HOST);
   if (host_from_f32(A, c->x_dtype, 2, shape, c->x, &src) != TW_OK || host_like(A, &dl, &exp) != TW_OK) {
     fail(res, FZ_ERROR, "setup", tw_last_error());
     return;
@@ -519,7 +515,7 @@ static tw_status quantized_operand(tw_ctx *oracle, arena *A, const float *src, i
                                    const int32_t *gs, int64_t G, const fz_operand_spec *sp,
                                    tw_operand *op, float **deq) {
   int64_t shape[2] = {R, C};
-  tw_tensor x = mk((void *)src, TW_F32, 2, shape, TW_MEM_HOST);
+  tw_tensor x = tw_tensor_of((void *)src, TW_F32, 2, shape, TW_MEM_HOST);
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = sp->mode;
   o.qdtype = sp->qdtype;
@@ -589,8 +585,8 @@ typedef struct {
 } gemm_expect;
 
 static tw_status expect_alloc(arena *A, const fz_case *c, int ndim, const int64_t *shape, gemm_expect *ge) {
-  tw_tensor lo = mk(NULL, c->out_dtype, ndim, shape, TW_MEM_HOST);
-  tw_tensor l64 = mk(NULL, TW_F64, ndim, shape, TW_MEM_HOST);
+  tw_tensor lo = tw_tensor_of(NULL, c->out_dtype, ndim, shape, TW_MEM_HOST);
+  tw_tensor l64 = tw_tensor_of(NULL, TW_F64, ndim, shape, TW_MEM_HOST);
   if (c->accumulate) TW_TRY(host_from_f32(A, c->out_dtype, ndim, shape, c->out_init, &ge->init));
   else TW_TRY(host_like(A, &lo, &ge->init));
   TW_TRY(host_like(A, &l64, &ge->expected));
@@ -654,7 +650,7 @@ static tw_status run_on(tw_ctx *ctx, arena *A, gemm_call fn, const fz_case *c, c
   TW_TRY(to_ctx(A, ctx, &ge->init, &out));
   if (c->G > 0) {
     int64_t gshape[1] = {c->G};
-    tw_tensor gsh = mk(c->group_sizes, TW_I32, 1, gshape, TW_MEM_HOST);
+    tw_tensor gsh = tw_tensor_of(c->group_sizes, TW_I32, 1, gshape, TW_MEM_HOST);
     TW_TRY(to_ctx(A, ctx, &gsh, &gsd));
   }
   TW_TRY(fn(ctx, c, &da, &db, &gsd, &out));

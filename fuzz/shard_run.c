@@ -23,6 +23,8 @@
 #include <string.h>
 
 #include "fuzz/fuzz_internal.h"
+#include "ops/data.h"
+#include "ops/pass.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_numerics.h"
 
@@ -105,21 +107,11 @@ static void bag_free(bag *b) {
   b->n = 0;
 }
 
-static tw_tensor mk(void *p, tw_dtype t, int nd, const int64_t *shape) {
-  tw_tensor x = {p, t, nd, {0, 0, 0, 0}, TW_MEM_HOST};
-  for (int i = 0; i < nd; i++) x.shape[i] = shape[i];
-  return x;
-}
 
-static int64_t numel(int nd, const int64_t *s) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= s[i];
-  return n;
-}
 
 /* A host tensor of dtype t holding the f32 values v (representable in t). */
 static tw_tensor typed(bag *b, tw_dtype t, int nd, const int64_t *shape, const float *v) {
-  tw_tensor x = mk(NULL, t, nd, shape);
+  tw_tensor x = tw_host_tensor(NULL, t, nd, shape);
   x.data = bag_alloc(b, tw_tensor_bytes(&x));
   if (x.data && v)
     for (int64_t i = 0; i < tw_tensor_numel(&x); i++) tw_store_from_f64(x.data, t, i, (double)v[i], 0);
@@ -127,7 +119,7 @@ static tw_tensor typed(bag *b, tw_dtype t, int nd, const int64_t *shape, const f
 }
 
 static tw_tensor poisoned(bag *b, tw_dtype t, int nd, const int64_t *shape) {
-  tw_tensor x = mk(NULL, t, nd, shape);
+  tw_tensor x = tw_host_tensor(NULL, t, nd, shape);
   size_t bytes = tw_tensor_bytes(&x);
   x.data = bag_alloc(b, bytes);
   if (x.data) memset(x.data, TW_POISON_BYTE, bytes ? bytes : 16);
@@ -139,7 +131,7 @@ static void index_map(const tw_mesh *m, const tw_pspec *spec, int nd, const int6
                       int rank, int64_t *map) {
   int64_t off[TW_MAX_DIMS] = {0}, idx[TW_MAX_DIMS] = {0};
   for (int d = 0; d < nd; d++) off[d] = (int64_t)tw_dimspec_index(m, &spec->dim[d], rank) * local[d];
-  int64_t n = numel(nd, local);
+  int64_t n = tw_numel(nd, local);
   for (int64_t i = 0; i < n; i++) {
     int64_t g = 0;
     for (int d = 0; d < nd; d++) g = g * global[d] + off[d] + idx[d];
@@ -244,7 +236,7 @@ static tw_status rank_body(int rank, tw_comm *comm, shard_job *j, tw_ctx *ctx) {
   int quant = p->op == TW_SHARD_GROUPED_QUANTIZE;
   tw_status st = tw_mesh_comms_create(ctx, &p->mesh, &mc);
   for (int i = 0; i < p->ninputs && st == TW_OK; i++) { /* this rank's shards of the inputs */
-    tw_tensor l = mk(NULL, j->in[i].dtype, p->t[i].ndim, p->t[i].local);
+    tw_tensor l = tw_host_tensor(NULL, j->in[i].dtype, p->t[i].ndim, p->t[i].local);
     size_t bytes = tw_tensor_bytes(&l);
     hl[i] = l.data = malloc(bytes ? bytes : 16);
     st = l.data ? tw_shard_slice_host(&p->mesh, &p->t[i].spec, rank, &j->in[i], &l)
@@ -258,7 +250,7 @@ static tw_status rank_body(int rank, tw_comm *comm, shard_job *j, tw_ctx *ctx) {
     io.q = &q;
   } else if (st == TW_OK) {
     const tw_plan_tensor *ot = &p->t[2];
-    io.out = mk(NULL, j->c->out_dtype, ot->ndim, ot->local);
+    io.out = tw_host_tensor(NULL, j->c->out_dtype, ot->ndim, ot->local);
     io.out.mem = tw_ctx_mem(ctx);
     size_t bytes = tw_tensor_bytes(&io.out);
     st = tw_alloc(ctx, bytes, &io.out.data);
@@ -449,27 +441,6 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
   }
 }
 
-/* The unsharded op on the oracle: out (global, poisoned) = the plan's op on the global inputs. */
-static tw_status unsharded_gemm(tw_ctx *o, const fz_case *c, const tw_tensor *a, const tw_tensor *b,
-                                const tw_tensor *gs, tw_tensor *out) {
-  tw_operand oa = tw_operand_plain(a), ob = tw_operand_plain(b);
-  if (c->rule == TW_SHARD_DENSE) {
-    if (c->pass == TW_PASS_FWD) return tw_gemm(o, &oa, TW_OP_N, &ob, TW_OP_N, out, 0);
-    if (c->pass == TW_PASS_DGRAD) return tw_gemm(o, &oa, TW_OP_N, &ob, TW_OP_T, out, 0);
-    tw_tensor af = *a, bf = *b;
-    if (out->ndim == 2 && a->ndim == 3) { /* w shared over the batch: contract B and M */
-      af = tw_tensor_2d(a->data, a->dtype, a->shape[0] * a->shape[1], a->shape[2], TW_MEM_HOST);
-      bf = tw_tensor_2d(b->data, b->dtype, b->shape[0] * b->shape[1], b->shape[2], TW_MEM_HOST);
-    }
-    oa = tw_operand_plain(&af);
-    ob = tw_operand_plain(&bf);
-    return tw_gemm(o, &oa, TW_OP_T, &ob, TW_OP_N, out, 0);
-  }
-  if (c->pass == TW_PASS_FWD) return tw_grouped_gemm(o, &oa, &ob, TW_OP_N, gs, out, 0);
-  if (c->pass == TW_PASS_DGRAD) return tw_grouped_gemm(o, &oa, &ob, TW_OP_T, gs, out, 0);
-  return tw_grouped_gemm_wgrad(o, &oa, TW_OP_N, &ob, TW_OP_N, gs, out, 0);
-}
-
 /* fp8 forward (tensor current e4m3 from the global amax): x by its groups, w as [G*K, N] in G
  * groups of K rows; the grouped GEMM on those bytes; the dequantized operands in dx, dw. */
 static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *x, const tw_tensor *w,
@@ -497,7 +468,7 @@ static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_te
     s = tw_grouped_gemm(o, &a, &b, TW_OP_N, gs, out, 0);
   }
   int64_t xs[2] = {M, K}, ws[2] = {G * K, N};
-  tw_tensor tx = mk(dx, TW_F32, 2, xs), tw = mk(dw, TW_F32, 2, ws);
+  tw_tensor tx = tw_host_tensor(dx, TW_F32, 2, xs), tw = tw_host_tensor(dw, TW_F32, 2, ws);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qx, gs, 0, &tx);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qw, &ugst, 0, &tw);
   q_release(o, &qx);
@@ -517,7 +488,7 @@ static void status_fail(fz_result *res, const char *what, int rank, tw_status s,
 static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shard_job *j, bag *bg, fz_result *res) {
   const tw_plan_tensor *ot = &p->t[2];
   int R = tw_mesh_ranks(&p->mesh), nd = ot->ndim;
-  int64_t ng = numel(nd, ot->global), nl = numel(nd, ot->local);
+  int64_t ng = tw_numel(nd, ot->global), nl = tw_numel(nd, ot->local);
   tw_tensor gs = c->G ? tw_tensor_1d(c->group_sizes, TW_I32, c->G, TW_MEM_HOST) : tw_tensor_none();
   /* the unsharded oracle (and for fp8 inputs the dequantized operands the GEMM sees) */
   tw_tensor un = poisoned(bg, c->out_dtype, nd, ot->global);
@@ -531,7 +502,7 @@ static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shar
     s = va && vb && un.data ? unsharded_fp8(e->oracle, bg, c, &j->in[0], &j->in[1], &gs, &un, va, vb)
                             : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   } else {
-    s = un.data ? unsharded_gemm(e->oracle, c, &j->in[0], &j->in[1], &gs, &un) : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
+    s = un.data ? tw_pass_gemm(e->oracle, c->rule, c->pass, &j->in[0], &j->in[1], &gs, &un) : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   }
   if (s != TW_OK) { fz_fail(res, FZ_ERROR, "oracle", tw_last_error()); return; }
   f64_expect x;
@@ -641,7 +612,7 @@ static void check_quantize(fz_shard_env *e, const fz_case *c, const tw_plan *p, 
     for (int cw = 0; cw < 2 && s == TW_OK; cw++) {
       if (!(cw ? col : row)) continue;
       int64_t ls[2] = {Ml, Kl};
-      tw_tensor d = mk((float *)got[cw].data + r * nl, TW_F32, 2, ls);
+      tw_tensor d = tw_host_tensor((float *)got[cw].data + r * nl, TW_F32, 2, ls);
       s = tw_grouped_dequantize(o, &j->q[r], &lg, cw, &d);
       for (int64_t i = 0; i < nl; i++) ((float *)exp[cw].data)[r * nl + i] = ((float *)ud[cw].data)[map[i]];
     }

@@ -113,6 +113,7 @@ int tw_check_sharding_main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--sharding") == 0) continue; /* `twin check` strips it; accept it anyway */
     else if (strcmp(a, "--only") == 0 && v) { cfg.only = v; i++; }
+    else if (strcmp(a, "--filter") == 0 && v) { cfg.filter = v; i++; }
     else if (strcmp(a, "--budget") == 0 && v) { cfg.budget = atol(v); i++; }
     else if (strcmp(a, "--max-ranks") == 0 && v) { cfg.max_ranks = atoi(v); i++; }
     else if (strcmp(a, "--min-ranks") == 0 && v) { cfg.min_ranks = atoi(v); i++; }
@@ -121,19 +122,21 @@ int tw_check_sharding_main(int argc, char **argv) {
     else if (strcmp(a, "--verbose") == 0) { cfg.verbose = 1; cfg.log = stdout; }
     else {
       fprintf(stderr,
-              "usage: twin check --sharding [--backend ref|gpu] [--only RULE-PREFIX] [--budget N]\n"
+              "usage: twin check --sharding [--backend ref|gpu] [--filter OP] [--only RULE-PREFIX] [--budget N]\n"
               "                             [--min-ranks N] [--max-ranks N] [--no-tuples] [--verbose]\n"
               "Sweeps every mesh of min..max ranks (1..8) and every partition spec of each rule, runs\n"
               "the valid cases sharded (ref: thread ranks; gpu: GPU r = rank r over NCCL) against the\n"
-              "unsharded ref, and prints the coverage table; exit 1 on any failure.\n");
+              "unsharded ref, and prints the coverage table; exit 1 on any failure. --filter OP keeps the\n"
+              "rules of the registry's operations whose name contains OP (ops/registry.h).\n");
       return 2;
     }
   }
   tw_golden_row *rows = NULL;
   int n = 0;
-  if (tw_golden_sharding(&cfg, &rows, &n) != TW_OK) {
+  tw_status st = tw_golden_sharding(&cfg, &rows, &n);
+  if (st != TW_OK) {
     fprintf(stderr, "twin check --sharding: %s\n", tw_last_error());
-    return 1;
+    return st == TW_ERR_INVALID_ARG ? 2 : 1; /* a --only/--filter that selects nothing is a bad argument */
   }
   int bad = tw_golden_print(stdout, rows, n);
   free(rows);

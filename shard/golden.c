@@ -1,5 +1,9 @@
 /* The sharding golden sweep (see golden.h). */
 #include "shard/golden.h"
+#include "ops/data.h"
+#include "ops/pass.h"
+
+#include "ops/registry.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -70,19 +74,8 @@ static void shapes_for(tw_backend b, rule_desc *out) {
 
 /* ---- data -------------------------------------------------------------------------------- */
 static uint64_t rng_state;
-static double urand(void) { /* splitmix64 -> [0, 1) */
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(z >> 11) / 9007199254740992.0;
-}
+static double urand(void) { return tw_splitmix_unit(&rng_state); }
 
-static int64_t numel(int nd, const int64_t *s) {
-  int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= s[i];
-  return n;
-}
 
 typedef struct {
   int ep;             /* the ep size the group sizes were drawn for */
@@ -140,11 +133,6 @@ static tw_status host_ctx(tw_ctx **ctx, tw_comm *comm) {
   return tw_ctx_create(ctx, &cfg);
 }
 
-static tw_tensor host_t(void *p, tw_dtype dt, int nd, const int64_t *s) {
-  tw_tensor t = {p, dt, nd, {0, 0, 0, 0}, TW_MEM_HOST};
-  for (int i = 0; i < nd; i++) t.shape[i] = s[i];
-  return t;
-}
 
 /* The unsharded op of one pass on host buffers (dense or grouped). */
 static tw_status unsharded_gemm(tw_ctx *ctx, const rule_desc *r, tw_pass pass, const float *x, const float *w,
@@ -152,29 +140,15 @@ static tw_status unsharded_gemm(tw_ctx *ctx, const rule_desc *r, tw_pass pass, c
   int64_t ys[TW_MAX_DIMS];
   int ynd;
   out_shape(r, TW_PASS_FWD, &ynd, ys);
-  tw_tensor xt = host_t((void *)x, TW_F32, r->xnd, r->xs), wt = host_t((void *)w, TW_F32, r->wnd, r->ws);
-  tw_tensor dyt = host_t((void *)dy, TW_F32, ynd, ys);
+  tw_tensor xt = tw_host_tensor((void *)x, TW_F32, r->xnd, r->xs), wt = tw_host_tensor((void *)w, TW_F32, r->wnd, r->ws);
+  tw_tensor dyt = tw_host_tensor((void *)dy, TW_F32, ynd, ys);
   int64_t os[TW_MAX_DIMS];
   int ond;
   out_shape(r, pass, &ond, os);
-  tw_tensor ot = host_t(out, TW_F32, ond, os);
+  tw_tensor ot = tw_host_tensor(out, TW_F32, ond, os);
   tw_tensor gst = tw_tensor_1d((void *)gs, TW_I32, r->G, TW_MEM_HOST);
-  tw_operand a, b;
-  if (r->op == TW_SHARD_DENSE) {
-    if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_N, &ot, 0); }
-    if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_gemm(ctx, &a, TW_OP_N, &b, TW_OP_T, &ot, 0); }
-    tw_tensor xf = xt, dyf = dyt;
-    if (r->wnd == 2 && r->xnd == 3) {
-      xf = tw_tensor_2d(xt.data, TW_F32, xt.shape[0] * xt.shape[1], xt.shape[2], TW_MEM_HOST);
-      dyf = tw_tensor_2d(dyt.data, TW_F32, dyt.shape[0] * dyt.shape[1], dyt.shape[2], TW_MEM_HOST);
-    }
-    a = tw_operand_plain(&xf); b = tw_operand_plain(&dyf);
-    return tw_gemm(ctx, &a, TW_OP_T, &b, TW_OP_N, &ot, 0);
-  }
-  if (pass == TW_PASS_FWD) { a = tw_operand_plain(&xt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &ot, 0); }
-  if (pass == TW_PASS_DGRAD) { a = tw_operand_plain(&dyt); b = tw_operand_plain(&wt); return tw_grouped_gemm(ctx, &a, &b, TW_OP_T, &gst, &ot, 0); }
-  a = tw_operand_plain(&xt); b = tw_operand_plain(&dyt);
-  return tw_grouped_gemm_wgrad(ctx, &a, TW_OP_N, &b, TW_OP_N, &gst, &ot, 0);
+  const tw_tensor *in_a = pass == TW_PASS_DGRAD ? &dyt : &xt, *in_b = pass == TW_PASS_WGRAD ? &dyt : &wt;
+  return tw_pass_gemm(ctx, r->op, pass, in_a, in_b, &gst, &ot);
 }
 
 static tw_quantize_opts rule_qopts(const rule_desc *r) {
@@ -195,7 +169,7 @@ static tw_status to_ctx(tw_ctx *ctx, const tw_tensor *host, tw_tensor *out) {
   return tw_tensor_copy(ctx, out, host);
 }
 static tw_status ctx_poisoned(tw_ctx *ctx, tw_dtype dt, int nd, const int64_t *shape, tw_tensor *out) {
-  *out = host_t(NULL, dt, nd, shape);
+  *out = tw_host_tensor(NULL, dt, nd, shape);
   out->mem = tw_ctx_mem(ctx);
   TW_TRY(tw_alloc(ctx, tw_tensor_bytes(out), &out->data));
   return tw_memset(ctx, out->data, TW_POISON_BYTE, tw_tensor_bytes(out));
@@ -235,7 +209,7 @@ static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor 
   float *host[2] = {row, col};
   for (int c = 0; c < 2; c++) {
     if (!host[c]) continue;
-    tw_tensor o, h = host_t(host[c], TW_F32, 2, s);
+    tw_tensor o, h = tw_host_tensor(host[c], TW_F32, 2, s);
     TW_TRY(ctx_poisoned(ctx, TW_F32, 2, s, &o));
     tw_status st = tw_grouped_dequantize(ctx, q, gs, c, &o);
     if (st == TW_OK) st = tw_tensor_copy(ctx, &h, &o);
@@ -262,7 +236,7 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   d->absprod[0] = (float *)calloc((size_t)(M * N), sizeof(float));
   if (!ugs || !d->expect[0] || !d->absprod[0]) { free(ugs); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
   for (int64_t g = 0; g < G; g++) ugs[g] = (int32_t)K;
-  tw_tensor xt = host_t(d->x, TW_F32, 2, r->xs), wt = tw_tensor_2d(d->w, TW_F32, G * K, N, TW_MEM_HOST);
+  tw_tensor xt = tw_host_tensor(d->x, TW_F32, 2, r->xs), wt = tw_tensor_2d(d->w, TW_F32, G * K, N, TW_MEM_HOST);
   tw_tensor gst = tw_tensor_1d(d->gs, TW_I32, G, TW_MEM_HOST), ugst = tw_tensor_1d(ugs, TW_I32, G, TW_MEM_HOST);
   tw_status s = tw_quantize_output_shapes(&o, M, K, G, &qx);
   if (s == TW_OK) s = tw_quantize_output_shapes(&o, G * K, N, G, &qw);
@@ -271,18 +245,18 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &qx);
   if (s == TW_OK) s = tw_grouped_quantize(ctx, &wt, &ugst, &o, &qw);
   int64_t ys[2] = {M, N};
-  tw_tensor yt = host_t(d->expect[0], TW_F32, 2, ys), at = host_t(d->absprod[0], TW_F32, 2, ys);
+  tw_tensor yt = tw_host_tensor(d->expect[0], TW_F32, 2, ys), at = tw_host_tensor(d->absprod[0], TW_F32, 2, ys);
   if (s == TW_OK) {
     tw_operand a = tw_operand_rowwise(&qx), b = tw_operand_rowwise(&qw);
     s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &yt, 0);
   }
-  tw_tensor dxt = host_t(ax, TW_F32, 2, r->xs), dwt = tw_tensor_2d(aw, TW_F32, G * K, N, TW_MEM_HOST);
+  tw_tensor dxt = tw_host_tensor(ax, TW_F32, 2, r->xs), dwt = tw_tensor_2d(aw, TW_F32, G * K, N, TW_MEM_HOST);
   if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qx, &gst, 0, &dxt);
   if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qw, &ugst, 0, &dwt);
   if (s == TW_OK) {
     for (int64_t i = 0; i < M * K; i++) ax[i] = fabsf(ax[i]);
     for (int64_t i = 0; i < G * K * N; i++) aw[i] = fabsf(aw[i]);
-    tw_tensor a3 = host_t(aw, TW_F32, 3, r->ws);
+    tw_tensor a3 = tw_host_tensor(aw, TW_F32, 3, r->ws);
     tw_operand a = tw_operand_plain(&dxt), b = tw_operand_plain(&a3);
     s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &at, 0);
   }
@@ -297,7 +271,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
   memset(d, 0, sizeof *d);
   d->ep = ep;
   rng_state = 0x5eed0000ull + (uint64_t)index * 131 + (uint64_t)ep;
-  int64_t nx = numel(r->xnd, r->xs), nw = r->wnd ? numel(r->wnd, r->ws) : 0;
+  int64_t nx = tw_numel(r->xnd, r->xs), nw = r->wnd ? tw_numel(r->wnd, r->ws) : 0;
   int64_t ys[TW_MAX_DIMS];
   int ynd;
   d->x = (float *)malloc(sizeof(float) * (size_t)nx);
@@ -320,7 +294,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     tw_qtensor q;
     tw_status s = tw_quantize_output_shapes(&o, M, K, r->G, &q);
     if (s == TW_OK) s = q_alloc(ctx, &q);
-    tw_tensor xt = host_t(d->x, TW_F32, 2, r->xs), gst = tw_tensor_1d(d->gs, TW_I32, r->G, TW_MEM_HOST);
+    tw_tensor xt = tw_host_tensor(d->x, TW_F32, 2, r->xs), gst = tw_tensor_1d(d->gs, TW_I32, r->G, TW_MEM_HOST);
     if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &q);
     d->deq_row = r->layout & TW_ROWWISE ? (float *)malloc(sizeof(float) * (size_t)(M * K)) : NULL;
     d->deq_col = r->layout & TW_COLWISE ? (float *)malloc(sizeof(float) * (size_t)(M * K)) : NULL;
@@ -334,7 +308,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     return s;
   }
   out_shape(r, TW_PASS_FWD, &ynd, ys);
-  int64_t ny = numel(ynd, ys);
+  int64_t ny = tw_numel(ynd, ys);
   d->w = (float *)malloc(sizeof(float) * (size_t)nw);
   d->dy = (float *)malloc(sizeof(float) * (size_t)ny);
   if (!d->w || !d->dy) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
@@ -364,7 +338,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     int64_t os[TW_MAX_DIMS];
     int ond;
     out_shape(r, (tw_pass)p, &ond, os);
-    int64_t no = numel(ond, os);
+    int64_t no = tw_numel(ond, os);
     d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
     d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
     if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
@@ -372,7 +346,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
     if (s == TW_OK) s = unsharded_gemm(ctx, r, (tw_pass)p, ax, aw, ady, d->gs, d->absprod[p]);
     int xb = r->xnd == 3;
     if (r->op == TW_SHARD_DENSE)
-      d->contract[p] = p == 0 ? r->xs[xb + 1] : p == 1 ? r->ws[r->wnd - 1] : (r->wnd == 2 ? numel(r->xnd - 1, r->xs) : r->xs[xb]);
+      d->contract[p] = p == 0 ? r->xs[xb + 1] : p == 1 ? r->ws[r->wnd - 1] : (r->wnd == 2 ? tw_numel(r->xnd - 1, r->xs) : r->xs[xb]);
     else
       d->contract[p] = p == 0 ? r->xs[1] : p == 1 ? r->ws[2] : r->xs[0];
   }
@@ -553,11 +527,11 @@ static void note_problem(sweep *s, long ci, int rank, const char *what) {
 /* rank's shard of a global host f32 tensor under the plan tensor i's spec, on the host. */
 static tw_status slice_in(const tw_plan *p, int i, int rank, const void *global, void **local, tw_tensor *t) {
   const tw_plan_tensor *pt = &p->t[i];
-  size_t n = sizeof(float) * (size_t)numel(pt->ndim, pt->local);
+  size_t n = sizeof(float) * (size_t)tw_numel(pt->ndim, pt->local);
   *local = malloc(n ? n : 1);
   if (!*local) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  tw_tensor g = host_t((void *)global, TW_F32, pt->ndim, pt->global);
-  *t = host_t(*local, TW_F32, pt->ndim, pt->local);
+  tw_tensor g = tw_host_tensor((void *)global, TW_F32, pt->ndim, pt->global);
+  *t = tw_host_tensor(*local, TW_F32, pt->ndim, pt->local);
   return tw_shard_slice_host(&p->mesh, &pt->spec, rank, &g, t);
 }
 
@@ -571,7 +545,7 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   memset(&io, 0, sizeof io);
   io.group_sizes = d->gs;
   const tw_plan_tensor *ot = &p->t[2];
-  int64_t n = numel(ot->ndim, ot->local);
+  int64_t n = tw_numel(ot->ndim, ot->local);
   tw_status st = slice_in(p, 0, rank, ins[s->pass][0], &l0, &h0);
   if (st == TW_OK) st = slice_in(p, 1, rank, ins[s->pass][1], &l1, &h1);
   if (st == TW_OK) st = to_ctx(ctx, &h0, &io.in[0]);
@@ -581,7 +555,7 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
   lo = malloc(sizeof(float) * (size_t)(n ? n : 1));
   if (st == TW_OK && !lo) st = tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  tw_tensor hl = host_t(lo, TW_F32, ot->ndim, ot->local);
+  tw_tensor hl = tw_host_tensor(lo, TW_F32, ot->ndim, ot->local);
   if (st == TW_OK) st = tw_tensor_copy(ctx, &hl, &io.out);
   if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &he);
   if (st == TW_OK) st = slice_in(p, 2, rank, d->absprod[s->pass], &la, &ha);
@@ -839,6 +813,16 @@ static int row_order(const void *a, const void *b) {
   return x->mesh - y->mesh;
 }
 
+/* 1 if a registry entry that filter keeps sweeps r's rule family (every rule without a filter) */
+static int registered(const rule_desc *r, const char *filter) {
+  if (!filter) return 1;
+  for (int i = 0; i < tw_op_count(); i++) {
+    const tw_op_entry *e = tw_op_at(i);
+    if (e->shard_rule && !strcmp(e->shard_rule, tw_shard_op_name(r->op)) && tw_op_matches(e, filter)) return 1;
+  }
+  return 0;
+}
+
 tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_out, int *nrows_out) {
   tw_golden_cfg cfg = TW_GOLDEN_CFG_INIT;
   if (cfg_in) cfg = *cfg_in;
@@ -850,7 +834,13 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
   const rule_desc *rules = rules_b;
   int use[NRULES] = {0}, nuse = 0;
   for (int ri = 0; ri < NRULES; ri++)
-    if (!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) { use[ri] = 1; nuse++; }
+    if ((!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) && registered(&rules[ri], cfg.filter)) {
+      use[ri] = 1;
+      nuse++;
+    }
+  if (!nuse && cfg.filter)
+    return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule of an operation matching '%s'%s%s", cfg.filter,
+                    cfg.only ? " starts with " : "", cfg.only ? cfg.only : "");
   if (!nuse) return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule starts with '%s'", cfg.only);
   /* inputs and unsharded results per rule and ep size */
   golden_data(*data)[4] = (golden_data(*)[4])calloc(NRULES, sizeof *data);

@@ -40,8 +40,11 @@ typedef struct {
   const char *only;   /* run only rules whose name starts with this (NULL = all) */
   FILE *log;          /* per-case lines when verbose */
   int verbose;
+  /* only the rules of the registry entries (ops/registry.h) whose name contains this, by
+   * their shard_rule (NULL = every rule) */
+  const char *filter;
 } tw_golden_cfg;
-#define TW_GOLDEN_CFG_INIT {8, 1, TW_BACKEND_REF, 1, 0, NULL, NULL, 0}
+#define TW_GOLDEN_CFG_INIT {8, 1, TW_BACKEND_REF, 1, 0, NULL, NULL, 0, NULL}
 
 /* Runs the sweep; *rows (malloc'd) gets one row per (rule, pass, mesh). Returns TW_OK when it
  * ran (failures are counted in the rows), or an error if it could not run. */

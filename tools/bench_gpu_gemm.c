@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tools/bench.h"
+#include "ops/bench.h"
+#include "ops/data.h"
+#include "tools/bench_gpu.h"
 #include "twin/tw_base.h"
 #include "twin/tw_gemm.h"
 
@@ -29,12 +31,7 @@ static const gshape shapes[] = {
 
 static cudaStream_t stream;
 static uint64_t rs = 0x62656e6368ull;
-static uint64_t rnd(void) {
-  uint64_t z = (rs += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+static uint64_t rnd(void) { return tw_splitmix64(&rs); }
 
 /* Fills n elements of esize bytes with random finite values in about [-1, 1] (bf16) or
  * random finite e4m3 codes (fp8), through a host chunk. */
@@ -70,29 +67,9 @@ static int fill_f32(void *d, int64_t n, float v) {
   return rc;
 }
 
-typedef tw_status (*op_fn)(void *arg);
-
-/* median ms of fn over iterations, each bracketed by events on the stream */
-static double time_it(op_fn fn, void *arg, int warmup, int iters, tw_ctx *ctx) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < warmup; ++i)
-    if (fn(arg) != TW_OK) return -1;
-  double *t = (double *)malloc(sizeof(double) * (size_t)iters);
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(a, stream);
-    if (fn(arg) != TW_OK) { free(t); return -1; }
-    cudaEventRecord(b, stream);
-    cudaEventSynchronize(b);
-    float ms;
-    cudaEventElapsedTime(&ms, a, b);
-    t[i] = ms;
-  }
-  double med = tw_bench_median(t, iters);
-  free(t);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+/* median ms of fn on the stream (bench_gpu.h), then the context's device error word */
+static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *ctx) {
+  double med = tw_bench_gpu_time(stream, warmup, iters, fn, arg);
   if (ctx && tw_ctx_check(ctx) != TW_OK) return -1;
   return med;
 }
@@ -121,7 +98,7 @@ typedef struct {
   int grouped;
 } call;
 
-static tw_status run_call(void *p) {
+static int run_call(void *p) {
   call *c = (call *)p;
   if (c->grouped) return tw_grouped_gemm(c->ctx, &c->a, &c->b, c->op_b, &c->gs, &c->out, 0);
   return tw_gemm(c->ctx, &c->a, TW_OP_N, &c->b, c->op_b, &c->out, 0);
@@ -138,7 +115,7 @@ typedef struct {
   size_t ws_bytes;
 } raw_lt;
 
-static tw_status run_raw(void *p) {
+static int run_raw(void *p) {
   raw_lt *r = (raw_lt *)p;
   float alpha = 1, beta = 0;
   return cublasLtMatmul(r->h, r->desc, &alpha, r->b, r->la, r->a, r->lb, &beta, r->out, r->lc, r->out, r->lc,
@@ -195,6 +172,10 @@ static tw_ctx *make_ctx(const char *kernel) {
   return ctx;
 }
 
+/* bytes an ideal kernel moves for the problem being timed (operands read once, out written
+ * once): set where each problem is set up, read by row_out for the roofline */
+static double cur_bytes;
+
 static void row_out(const char *shape, const char *ver, double ms, double flop, double floor_tflops,
                     const char *peer, double pms, FILE *csv) {
   tw_bench_row r;
@@ -206,6 +187,8 @@ static void row_out(const char *shape, const char *ver, double ms, double flop, 
   r.ms = ms;
   r.unit = "TFLOP/s";
   r.rate = ms > 0 ? flop / (ms * 1e-3) / 1e12 : -1;
+  r.flops = flop;
+  r.bytes = cur_bytes;
   r.pct_of_floor = floor_tflops > 0 && ms > 0 ? 100.0 * r.rate / floor_tflops : -1;
   snprintf(r.peer, sizeof r.peer, "%s", peer ? peer : "");
   r.peer_ms = pms;
@@ -270,6 +253,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         raw = time_it(run_raw, &r, warmup, iters, NULL);
       raw_free(&r);
       const char *shape = fp8 ? "dense 8192^3 e4m3 NT -> bf16" : "dense 8192^3 bf16 NT -> bf16";
+      cur_bytes = (double)D * D * (fp8 ? 2 : 4) + (double)D * D * 2;
       c.ctx = c_lt;
       double ms = time_it(run_call, &c, warmup, iters, c_lt);
       if (ms < 0) { fprintf(stderr, "gemm_lt: %s\n", tw_last_error()); rc = 1; }
@@ -344,6 +328,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
                (long long)sh.N, (long long)sh.K, kind == 0 ? "bf16" : kind == 1 ? "e4m3" : "e4m3 1x128");
       const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
+      cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
       double pms = kind == 2 ? -1 : peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
       tw_ctx *ctxs[3] = {c_mma, c_loop, c_wide};

@@ -12,7 +12,8 @@
 #include <string.h>
 
 #include "gpu/gpu.h"
-#include "tools/bench.h"
+#include "ops/bench.h"
+#include "tools/bench_gpu.h"
 #include "twin/tw_quantize.h"
 
 #define BQ_M 32768
@@ -22,31 +23,6 @@ static int cuda_ok(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return 1;
   fprintf(stderr, "bench quantize: %s: %s\n", what, cudaGetErrorString(e));
   return 0;
-}
-
-/* Median ms of `iters` timed calls of fn(arg) on stream s. */
-typedef int (*bench_fn)(void *arg);
-static double time_median(cudaStream_t s, int warmup, int iters, bench_fn fn, void *arg) {
-  for (int i = 0; i < warmup; i++)
-    if (fn(arg)) return -1;
-  double *ms = malloc(sizeof(double) * (size_t)iters);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < iters; i++) {
-    cudaEventRecord(a, s);
-    if (fn(arg)) { free(ms); return -1; }
-    cudaEventRecord(b, s);
-    cudaEventSynchronize(b);
-    float t = 0;
-    cudaEventElapsedTime(&t, a, b);
-    ms[i] = t;
-  }
-  double med = tw_bench_median(ms, iters);
-  free(ms);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return med;
 }
 
 typedef struct {
@@ -154,7 +130,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
 
   /* the ceiling: a device-to-device copy of x, bytes read + written */
   copy_arg ca = {dcopy, dx, (size_t)n * 2, s};
-  double copy_ms = time_median(s, warmup, iters, run_copy, &ca);
+  double copy_ms = tw_bench_gpu_time(s, warmup, iters, run_copy, &ca);
   double copy_gbs = 2.0 * (double)n * 2 / (copy_ms * 1e6);
   tw_bench_row cr = {0};
   cr.op = "copy";
@@ -163,6 +139,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
   snprintf(cr.version, sizeof cr.version, "cudaMemcpy");
   cr.ms = copy_ms;
   cr.rate = copy_gbs;
+  cr.bytes = 2.0 * (double)n * 2;
   cr.unit = "GB/s";
   cr.pct_of_floor = 100.0;
   cr.peer_ms = cr.ratio = -1;
@@ -228,7 +205,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         if (ver == 4 && !(lay == TW_ROWWISE && o.mode != TW_SCALE_BLOCK_128x128)) continue;
         tw_ctx *vctx = vctxs[ver];
         q_arg qa = {vctx, &x, &gs, &o, &q};
-        double ms = time_median(gpu_of(vctx)->stream, warmup, iters, run_q, &qa);
+        double ms = tw_bench_gpu_time(gpu_of(vctx)->stream, warmup, iters, run_q, &qa);
         if (ms < 0 || tw_ctx_check(vctx) != TW_OK) {
           fprintf(stderr, "bench quantize: %s\n", tw_last_error());
           rc = 1;
@@ -243,6 +220,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         snprintf(r.version, sizeof r.version, "%s", vnames[ver]);
         r.ms = ms;
         r.rate = bytes / (ms * 1e6);
+        r.bytes = bytes;
         r.unit = "GB/s";
         r.pct_of_floor = 100.0 * r.rate / copy_gbs;
         r.peer_ms = r.ratio = -1;

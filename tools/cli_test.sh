@@ -104,9 +104,52 @@ expect check_unknown_option 2 "unknown option '--fast'" -- check --fast 1
 expect bench_bad_iters 2 "--iters wants an integer" -- bench --iters lots
 expect bench_bad_op 2 "unknown --op 'conv'" -- bench --op conv
 expect bench_gpu_unavailable 2 "gpu backend is not available" -- bench --backend gpu
+expect bench_registry_name 2 "gemm has no ref bench" -- bench --op gemm
+expect fuzz_registry_name_runs 0 "wgrad" -- fuzz --op grouped_gemm_wgrad --cases 2 --out "$T-fuzz"
+expect fuzz_op_without_generator 2 "grouped_dequantize has no fuzz generator" -- fuzz --op grouped_dequantize --cases 1
+expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'" -- check --sharding --filter conv
+expect check_sharding_filter_by_op 0 "0 failed" -- check --sharding --filter wgrad --max-ranks 2
+expect check_filter_by_op 0 "19 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
+
+# twin port: the ref report here; --compare of two reports, regressions first
+expect port_bad_backend 2 "unknown backend 'tpu'" -- port --backend tpu
+expect port_unknown_option 2 "unknown option '--fast'" -- port --fast 1
+expect port_out_without_value 2 "--out needs a value" -- port --backend ref --out
+expect port_stray_argument 2 "unexpected argument 'now'" -- port now
+expect port_filter_matches_nothing 2 "--filter 'conv' matches no operation" -- port --backend ref --filter conv
+expect port_gpu_unavailable 2 "gpu backend is not available" -- port --backend gpu
+expect port_out_is_a_file 2 "cannot create --out" -- port --backend ref --out $T/a23.npy/x
+expect port_compare_one_file 2 "exactly two" -- port --compare $T/a.json
+expect port_compare_missing 2 "cannot open" -- port --compare $T/nope.json $T/nope2.json
+expect port_compare_not_a_report 2 "is not a twin port report" -- port --compare $T/a23.npy $T/a23.npy
+expect port_ref_quick 0 "report.json written" -- port --backend ref --quick --filter grouped_gemm --out $T/pa
+if python3 - "$T/pa" <<'PY'
+import json, sys
+d = sys.argv[1]
+r = json.load(open(d + "/report.json"))
+md = open(d + "/report.md").read()
+ops = {c["op"] for c in r["checks"]}
+assert ops == {"grouped_gemm", "grouped_gemm_wgrad"}, ops
+assert all(c["failed"] == 0 and c["passed"] == c["cases"] > 0 for c in r["checks"]), r["checks"]
+assert sum(c["cases"] for c in r["checks"] if c["dtype"] != "fuzz seed 1") == 18 + 19
+assert len(r["timings"]) == 8 and all(t["ms"] > 0 and t["flops"] > 0 for t in r["timings"])
+assert r["ceilings"]["copy_gbs"] > 0 and r["ceilings"]["dense_f32_tflops"] > 0
+for s in ("## Device", "## Ceilings", "## Correctness", "## Speed", "what auto picks"):
+    assert s in md, s
+# B: one check fails and one timing is twice as slow
+b = open(d + "/report.json").read().replace('"failed": 0', '"failed": 3', 1)
+t = r["timings"][0]
+b = b.replace('"ms": %.6g' % t["ms"], '"ms": %.6g' % (2 * t["ms"]), 1)
+open(d + "/b.json", "w").write(b)
+PY
+then pass port_report_contents; else fail port_report_contents "report.json/report.md"; fi
+expect port_compare_same 0 "0 correctness regressions" -- port --compare $T/pa/report.json $T/pa/report.json
+expect port_compare_regression 1 "REGRESSED" -- port --compare $T/pa/report.json $T/pa/b.json
+if head -5 "$T/out" | grep -q "^REGRESSED" && grep -q "^SLOWER" "$T/out"; then pass port_compare_regressions_first
+else fail port_compare_regressions_first "$(head -8 "$T/out")"; fi
 
 # --help: exit 0, and every op documents every key the exec layer reads
-for sub in "" "op" "check" "bench"; do
+for sub in "" "op" "check" "bench" "port"; do
   if "$TWIN" $sub --help >"$T/help" 2>&1 && grep -q usage "$T/help"; then pass "help_${sub:-top}"; else fail "help_${sub:-top}" "$(head -3 "$T/help")"; fi
 done
 for op in quantize dequantize gemm grouped_gemm grouped_gemm_wgrad delayed_scale_update; do

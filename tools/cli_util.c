@@ -39,3 +39,14 @@ tw_ctx *twin_open_ctx(const char *cmd, tw_backend b, int *code) {
   *code = TW_EXIT_OK;
   return ctx;
 }
+
+const char *twin_option_value(const char *cmd, int argc, char **argv, int *i, const char *const *known) {
+  const char *a = argv[*i];
+  int k = 0;
+  while (known[k] && strcmp(known[k], a)) k++;
+  if (strncmp(a, "--", 2) != 0) fprintf(stderr, "twin %s: unexpected argument '%s' (twin %s --help)\n", cmd, a, cmd);
+  else if (!known[k]) fprintf(stderr, "twin %s: unknown option '%s' (twin %s --help)\n", cmd, a, cmd);
+  else if (*i + 1 >= argc) fprintf(stderr, "twin %s: %s needs a value (twin %s --help)\n", cmd, a, cmd);
+  else return argv[++*i];
+  return NULL;
+}

@@ -1,11 +1,14 @@
 /* `twin check`: every stored golden case on every available backend, one table, exit 0 only
- * if all pass. The same runner as the Criterion golden tests (golden/runner.h). */
+ * if all pass. The same runner as the Criterion golden tests (golden/runner.h). Cases are
+ * taken entry by entry in registry order (ops/registry.h, by their case.txt op); a case whose
+ * op has no entry still runs, last, so none is lost. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "golden/exec.h"
 #include "golden/runner.h"
+#include "ops/registry.h"
 #include "shard/cli.h"
 #include "tools/cli.h"
 
@@ -24,30 +27,9 @@ static void usage(FILE *f) {
           "  --backend NAME   ref, gpu or all (default all: ref, plus gpu where a GPU is visible)\n"
           "  --golden DIR     case root, or one case directory (default: golden/data of the\n"
           "                   workspace)\n"
-          "  --filter S       only cases whose name (area/case) contains S\n"
+          "  --filter S       only cases whose name (area/case) or operation (registry name) contains S\n"
           "  --verbose        print the checker's full line for every case, not only failures\n"
           "  --sharding       run the sharded-vs-unsharded checks instead (shard/)\n");
-}
-
-static int is_dir(const char *p) {
-  struct stat st;
-  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-/* golden/data of the workspace: `bazel run` sets BUILD_WORKSPACE_DIRECTORY; tests and bundles
- * set TEST_SRCDIR; otherwise relative to the current directory. */
-static const char *default_golden_dir(char *buf, size_t n) {
-  const char *ws = getenv("BUILD_WORKSPACE_DIRECTORY");
-  if (ws && *ws) {
-    snprintf(buf, n, "%s/golden/data", ws);
-    if (is_dir(buf)) return buf;
-  }
-  const char *src = getenv("TEST_SRCDIR");
-  if (src && *src) {
-    snprintf(buf, n, "%s/twin/golden/data", src);
-    if (is_dir(buf)) return buf;
-  }
-  return "golden/data";
 }
 
 static void err_column(const tw_golden_result *r, char *buf, size_t n) {
@@ -80,18 +62,12 @@ int twin_cmd_check(int argc, char **argv) {
       return rc;
     }
     if (!strcmp(a, "--verbose") || !strcmp(a, "-v")) { verbose = 1; continue; }
-    if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
-      fprintf(stderr, "twin check: unexpected argument '%s' (twin check --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
-    const char *v = argv[++i];
+    static const char *const options[] = {"--backend", "--golden", "--filter", NULL};
+    const char *v = twin_option_value("check", argc, argv, &i, options);
+    if (!v) return TW_EXIT_USAGE;
     if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--golden")) golden = v;
-    else if (!strcmp(a, "--filter")) filter = v;
-    else {
-      fprintf(stderr, "twin check: unknown option '%s' (twin check --help)\n", a);
-      return TW_EXIT_USAGE;
-    }
+    else filter = v;
   }
   tw_backend only = TW_BACKEND_REF;
   int all;
@@ -107,28 +83,32 @@ int twin_cmd_check(int argc, char **argv) {
     backends[nb++] = only;
   }
   char gbuf[2048];
-  if (!golden) golden = default_golden_dir(gbuf, sizeof gbuf);
+  if (!golden) golden = twin_default_golden_dir(gbuf, sizeof gbuf);
   char **dirs = NULL;
   int n = tw_golden_list_cases(golden, &dirs);
   if (n < 0) {
     fprintf(stderr, "twin check: %s\n", tw_last_error());
     return TW_EXIT_USAGE;
   }
-  int passed = 0, failed = 0, selected = 0;
+  int *order = (int *)malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+  if (!order) {
+    tw_golden_free_list(dirs, n);
+    return TW_EXIT_FAIL;
+  }
+  int no = twin_golden_order(dirs, n, filter, order);
+  int passed = 0, failed = 0, selected = no;
   printf("%-52s %-4s %-14s %-22s %s\n", "case", "be", "output", "worst err vs bound", "result");
   for (int bi = 0; bi < nb; bi++) {
     int code;
     tw_ctx *ctx = twin_open_ctx("check", backends[bi], &code);
     if (!ctx) {
+      free(order);
       tw_golden_free_list(dirs, n);
       return code;
     }
-    for (int i = 0; i < n; i++) {
+    for (int j = 0; j < no; j++) {
       tw_golden_result r;
-      char name[256];
-      if (filter && !strstr(tw_golden_case_name(dirs[i], name, sizeof name), filter)) continue;
-      if (bi == 0) selected++;
-      tw_golden_run_case(ctx, dirs[i], &r);
+      tw_golden_run_case(ctx, dirs[order[j]], &r);
       char err[64];
       err_column(&r, err, sizeof err);
       printf("%-52s %-4s %-14s %-22s %s\n", r.name, tw_backend_name(backends[bi]),
@@ -140,6 +120,7 @@ int twin_cmd_check(int argc, char **argv) {
     }
     tw_ctx_destroy(ctx);
   }
+  free(order);
   tw_golden_free_list(dirs, n);
   if (selected == 0) {
     fprintf(stderr, "twin check: no golden cases under %s%s%s (regenerate with python3 golden/gen_goldens.py)\n",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: every GPU test, `twin check` on all backends, and the benches with
 # their peers measured in the same run. Usage (from the repo root on the GPU machine):
-#   tools/gpu_suite.sh BUNDLE_DIR OUT_DIR [tests|check|bench|fuzz SECONDS|crosscheck ...]
+#   tools/gpu_suite.sh BUNDLE_DIR OUT_DIR [tests|check|bench|port|fuzz SECONDS|crosscheck ...]
 # BUNDLE_DIR comes from ../shared/device/bundle.sh (see README "Running on a GPU").
 set -uo pipefail
 B=${1:?bundle dir}; O=${2:?out dir}; shift 2
@@ -36,6 +36,11 @@ while [ $i -lt ${#steps[@]} ]; do
       python3 tools/peers/torch_grouped_mm.py >"$O/peers_gemm.json" 2>>"$O/bench.log"
       run bin/twin bench --backend gpu --op quantize --peers "$O/peers_quantize.json" --csv "$O/bench_quantize.csv" 2>>"$O/bench.log" | tee -a "$O/summary.txt"
       run bin/twin bench --backend gpu --op grouped_gemm --peers "$O/peers_gemm.json" --csv "$O/bench_gemm.csv" 2>>"$O/bench.log" | tee -a "$O/summary.txt" ;;
+    port)
+      # the porting report (tools/port.h): report.md, report.json, roofline.png under $O/port
+      { python3 tools/peers/torch_quantize.py; python3 tools/peers/torch_grouped_mm.py; } >"$O/peers_port.json" 2>>"$O/port.log"
+      run bin/twin port --quick --golden golden/data --peers "$O/peers_port.json" --out "$O/port" 2>>"$O/port.log" || rc=1
+      tail -1 "$O/port.log" | tee -a "$O/summary.txt" ;;
     fuzz)
       secs=${steps[$i]}; i=$((i + 1))
       run bin/twin fuzz --backend gpu --seconds "$secs" --out "$O/fuzz" 2>&1 | tail -40 | tee -a "$O/summary.txt" || rc=1 ;;

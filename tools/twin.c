@@ -1,7 +1,8 @@
 /* `twin`: the command-line face of twin. One binary, subcommands:
  *   op      run one operation on .npy files (cmd_op.c)
  *   check   the golden suite on every available backend (cmd_check.c); --sharding: shard/
- *   bench   rates next to a peer from the same run (cmd_bench.c, bench.c)
+ *   bench   rates next to a peer from the same run (cmd_bench.c, ops/bench.c)
+ *   port    the porting report: every op x version checked and timed (cmd_port.c, port.h)
  *   plan    print a sharding plan (shard/)
  *   fuzz    differential fuzzing against the oracle (fuzz/)
  *   backends  the operations each backend of this binary provides
@@ -11,6 +12,7 @@
 
 #include "core/backend.h"
 #include "fuzz/fuzz.h"
+#include "ops/registry.h"
 #include "shard/cli.h"
 #include "tools/cli.h"
 
@@ -27,6 +29,8 @@ static void usage(FILE *f) {
           "  check       run the golden suite on every available backend (--sharding: the\n"
           "              sharded-vs-unsharded checks)\n"
           "  bench       time the kernels next to a peer measured in the same run\n"
+          "  port        the porting report of this machine: every op x kernel version checked and\n"
+          "              timed against its floor (report.md, report.json, roofline.png; --compare)\n"
           "  plan        print the sharding plan of an operation on a mesh\n"
           "  fuzz        differential fuzzing of every operation against the oracle\n"
           "  backends    which operations each backend of this binary provides\n"
@@ -35,7 +39,8 @@ static void usage(FILE *f) {
           tw_backend_available(TW_BACKEND_GPU) ? ", gpu" : " (gpu: no device or not built in)");
 }
 
-/* `twin backends`: what this binary's backends provide, read from their op tables. */
+/* `twin backends`: what this binary's backends provide, read from their op tables for every
+ * operation of the registry. */
 extern const tw_backend_ops tw_ref_ops __attribute__((weak));
 extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
 
@@ -47,21 +52,12 @@ static int cmd_backends(void) {
   for (int b = 0; b < TW_BACKEND_COUNT; b++)
     printf(" %-10s", !tables[b] ? "absent" : tw_backend_available((tw_backend)b) ? "usable" : "no device");
   printf("\n");
-#define ROW(field, label)                                                        \
-  do {                                                                           \
-    printf("%-22s", label);                                                      \
-    for (int b = 0; b < TW_BACKEND_COUNT; b++)                                   \
-      printf(" %-10s", tables[b] && tables[b]->field ? "yes" : "-");            \
-    printf("\n");                                                                \
-  } while (0)
-  ROW(cast, "cast");
-  ROW(grouped_quantize, "grouped_quantize");
-  ROW(grouped_dequantize, "grouped_dequantize");
-  ROW(delayed_scale_update, "delayed_scale_update");
-  ROW(gemm, "gemm");
-  ROW(grouped_gemm, "grouped_gemm");
-  ROW(grouped_gemm_wgrad, "grouped_gemm_wgrad");
-#undef ROW
+  for (int i = 0; i < tw_op_count(); i++) { /* the registry's operations (ops/registry.h) */
+    const tw_op_entry *e = tw_op_at(i);
+    printf("%-22s", e->name);
+    for (int b = 0; b < TW_BACKEND_COUNT; b++) printf(" %-10s", tw_op_provided(e, tables[b]) ? "yes" : "-");
+    printf("\n");
+  }
   return TW_EXIT_OK;
 }
 
@@ -72,7 +68,7 @@ static int missing(const char *what, const char *who) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "twin: missing command (op, check, bench, backends, plan, fuzz; twin --help)\n");
+    fprintf(stderr, "twin: missing command (op, check, bench, port, backends, plan, fuzz; twin --help)\n");
     return TW_EXIT_USAGE;
   }
   if (twin_is_help(argv[1]) || strcmp(argv[1], "help") == 0) {
@@ -85,9 +81,10 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "op") == 0) return twin_cmd_op(sub_argc, sub_argv);
   if (strcmp(cmd, "check") == 0) return twin_cmd_check(sub_argc, sub_argv);
   if (strcmp(cmd, "bench") == 0) return twin_cmd_bench(sub_argc, sub_argv);
+  if (strcmp(cmd, "port") == 0) return twin_cmd_port(sub_argc, sub_argv);
   if (strcmp(cmd, "backends") == 0) return cmd_backends();
   if (strcmp(cmd, "plan") == 0) return tw_plan_main ? tw_plan_main(sub_argc, sub_argv) : missing("plan", "shard/");
   if (strcmp(cmd, "fuzz") == 0) return tw_fuzz_main ? tw_fuzz_main(sub_argc, sub_argv) : missing("fuzz", "fuzz/");
-  fprintf(stderr, "twin: unknown command '%s' (op, check, bench, backends, plan, fuzz; twin --help)\n", cmd);
+  fprintf(stderr, "twin: unknown command '%s' (op, check, bench, port, backends, plan, fuzz; twin --help)\n", cmd);
   return TW_EXIT_USAGE;
 }

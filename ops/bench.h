@@ -1,9 +1,11 @@
-/* `twin bench`: one harness, one row format for every kernel and backend.
+/* One row format and one harness for every kernel's bench (`twin bench`, `twin port`).
  * A row: op, shape, backend/version, median time, rate (TFLOP/s or GB/s), the floor it is
- * measured against (% of measured copy bandwidth or dense GEMM peak), and the peer from the
- * same run with the ratio peer_time / our_time (> 1 means twin is faster). */
-#ifndef TWIN_TOOLS_BENCH_H
-#define TWIN_TOOLS_BENCH_H
+ * measured against (% of measured copy bandwidth or dense GEMM peak), its FLOPs and bytes (for
+ * the roofline), and the peer from the same run with ratio = peer_time / our_time (> 1 means
+ * twin is faster). Benches emit rows with tw_bench_emit; `twin bench` prints them, `twin port`
+ * collects them through a sink. */
+#ifndef TWIN_OPS_BENCH_H
+#define TWIN_OPS_BENCH_H
 
 #include <stdio.h>
 
@@ -12,7 +14,7 @@ extern "C" {
 #endif
 
 typedef struct {
-  const char *op;        /* "grouped_gemm", "quantize", ... */
+  const char *op;        /* the registry entry's name or alias: "grouped_gemm", "quantize", ... */
   char shape[96];        /* "G=4 m=8192 N=4096 K=7168 bf16" */
   const char *backend;   /* "ref", "gpu" */
   char version[48];      /* kernel version name */
@@ -23,6 +25,8 @@ typedef struct {
   char peer[48];         /* "cblas_sgemm", "torch._grouped_mm", "" */
   double peer_ms;        /* < 0 if none */
   double ratio;          /* peer_ms / ms, < 0 if none */
+  double flops;          /* floating-point operations of one call (0: a streaming op) */
+  double bytes;          /* bytes an ideal kernel moves in one call (0: not stated) */
 } tw_bench_row;
 
 typedef struct {
@@ -34,8 +38,14 @@ typedef struct {
 } tw_bench_cfg;
 
 void tw_bench_print_header(void);
-void tw_bench_print_row(const tw_bench_row *r, FILE *csv);
+void tw_bench_print_row(const tw_bench_row *r, FILE *csv); /* the old name of tw_bench_emit */
+/* Hands the row to the sink if one is set, else prints it (and its CSV line). */
+void tw_bench_emit(const tw_bench_row *r, FILE *csv);
+/* While set, every emitted row goes to fn (and is not printed); NULL restores printing. */
+typedef void (*tw_bench_sink)(const tw_bench_row *r, void *user);
+void tw_bench_set_sink(tw_bench_sink fn, void *user);
 double tw_bench_median(double *v, int n); /* sorts v */
+double tw_bench_now_ms(void);             /* monotonic wall clock */
 
 /* GPU benches live with their kernels' owners (tools/bench_gpu_*.c); 0 on success. */
 int tw_bench_gpu_quantize(const tw_bench_cfg *cfg);
