@@ -361,26 +361,40 @@ static int parse_num(const char *flag, const char *v, double *out) {
   return 0;
 }
 
+/* An entry with its own fuzzer (registry fuzz_run) in this binary. */
+static int own_fuzzer(const tw_op_entry *e) { return e && e->fuzz_run; }
+
 /* The fuzzable ops, read from the registry (ops/registry.h): each entry with a fuzz kind, by
- * its kind ("quantize", "wgrad"), in registry order. */
+ * its kind ("quantize", "wgrad"), then those with their own fuzzer, in registry order. */
 static const char *registry_ops(void) {
   static char buf[256];
   buf[0] = 0;
   for (int i = 0; i < tw_op_count(); i++) {
     const tw_op_entry *e = tw_op_at(i);
     fz_op op;
-    if (!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &op) != 0) continue;
+    int kind = e->fuzz_kind && fz_op_from_name(e->fuzz_kind, &op) == 0;
+    if (!kind && !own_fuzzer(e)) continue;
     size_t n = strlen(buf);
-    snprintf(buf + n, sizeof buf - n, "%s%s", n ? " " : "", e->fuzz_kind);
+    snprintf(buf + n, sizeof buf - n, "%s%s", n ? " " : "", kind ? e->fuzz_kind : e->name);
   }
   return buf;
 }
 
-/* --op: registry names or aliases (grouped_gemm_wgrad or wgrad), comma-separated, or all. */
-static int parse_ops(const char *v, int *mask) {
+/* Bit i: registry entry i's own fuzzer is selected. */
+static int own_mask_all(void) {
+  int m = 0;
+  for (int i = 0; i < tw_op_count() && i < 31; i++)
+    if (own_fuzzer(tw_op_at(i))) m |= 1 << i;
+  return m;
+}
+
+/* --op: registry names or aliases (grouped_gemm_wgrad or wgrad), comma-separated, or all.
+ * fz generators go to *mask, entries with their own fuzzer to *own (registry index bits). */
+static int parse_ops(const char *v, int *mask, int *own) {
   if (!v) return -1;
-  if (strcmp(v, "all") == 0) { *mask = (1 << FZ_OP_COUNT) - 1; return 0; }
+  if (strcmp(v, "all") == 0) { *mask = (1 << FZ_OP_COUNT) - 1; *own = own_mask_all(); return 0; }
   *mask = 0;
+  *own = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", v);
   for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
@@ -389,6 +403,11 @@ static int parse_ops(const char *v, int *mask) {
     if (!e) {
       fprintf(stderr, "twin fuzz: unknown op '%s' (ops: %s, or all)\n", tok, registry_ops());
       return -1;
+    }
+    if ((!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &op) != 0) && own_fuzzer(e)) {
+      for (int i = 0; i < tw_op_count(); i++)
+        if (tw_op_at(i) == e) *own |= 1 << i;
+      continue;
     }
     if (!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &op) != 0) {
       fprintf(stderr, "twin fuzz: %s has no fuzz generator (ops: %s, or all)\n", e->name, registry_ops());
@@ -399,19 +418,42 @@ static int parse_ops(const char *v, int *mask) {
   return 0;
 }
 
+/* Runs the selected entries' own fuzzers; o->seconds is shared among `groups` of them. */
+static int run_own_fuzzers(const fz_options *o, int own, int groups) {
+  int rc = 0;
+  for (int i = 0; i < tw_op_count() && i < 31; i++) {
+    if (!(own & (1 << i))) continue;
+    const tw_op_entry *e = tw_op_at(i);
+    tw_op_fuzz_opts fo = {o->seed, o->cases, o->cases ? 0 : o->seconds / (groups > 0 ? groups : 1), o->out_dir,
+                          o->plant, o->quiet};
+    if (!o->quiet) fprintf(stderr, "twin fuzz: %s, seed %llu\n", e->name, (unsigned long long)o->seed);
+    int r = e->fuzz_run(&fo, stdout);
+    if (r == 2) return 2;
+    rc |= r;
+  }
+  return rc;
+}
+
 int tw_fuzz_main(int argc, char **argv) {
   fz_options o;
   fz_options_default(&o);
   const char *replay = NULL, *write_dir = NULL;
   int64_t index = 0;
+  int own = own_mask_all(); /* entries with their own fuzzer (default: all of them) */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     double d;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
     else if (!strcmp(a, "--list")) {
-      printf("ops: %s (--mesh: all but cast)\nplanted bugs:", registry_ops());
+      printf("ops: %s (--mesh: all but cast and the entries with their own fuzzer)\nplanted bugs:", registry_ops());
       for (int k = 0; k < fz_plant_count(); k++)
         printf(" %s(%s%s)", fz_plant_name(k), fz_plant_op(k), fz_plant_is_comm(fz_plant_name(k)) ? ", --mesh" : "");
+      for (int k = 0; k < tw_op_count(); k++)
+        if (own_fuzzer(tw_op_at(k)) && tw_op_at(k)->planted) {
+          char names[160];
+          snprintf(names, sizeof names, "%s", tw_op_at(k)->planted);
+          for (char *t = strtok(names, " "); t; t = strtok(NULL, " ")) printf(" %s(%s)", t, tw_op_at(k)->name);
+        }
       printf("\n");
       return 0;
     } else if (!strcmp(a, "--backend")) {
@@ -421,7 +463,7 @@ int tw_fuzz_main(int argc, char **argv) {
       }
       i++;
     } else if (!strcmp(a, "--op")) {
-      if (parse_ops(v, &o.op_mask) != 0) return 2;
+      if (parse_ops(v, &o.op_mask, &own) != 0) return 2;
       i++;
     } else if (!strcmp(a, "--seconds")) {
       if (parse_num(a, v, &o.seconds)) return 2;
@@ -514,6 +556,25 @@ int tw_fuzz_main(int argc, char **argv) {
     return 2;
   }
   if (o.seconds == 0 && o.cases == 0) o.cases = 200;
+  if (o.mesh || o.plant) { /* sharded cases and fz plants belong to fz's generators alone ... */
+    int keep = 0;
+    for (int i = 0; o.plant && i < tw_op_count() && i < 31; i++) /* ... unless the plant is an entry's */
+      if ((own & (1 << i)) && tw_op_at(i)->planted && strstr(tw_op_at(i)->planted, o.plant)) keep |= 1 << i;
+    if (keep) {
+      o.op_mask = 0;
+      own = keep;
+    } else {
+      own = 0;
+    }
+  }
+  if (o.op_mask == 0 && own == 0) {
+    fprintf(stderr, "twin fuzz: nothing to run: router, ep and pipeline draw their own meshes and take only their own "
+                    "plants (twin fuzz --list)\n");
+    return 2;
+  }
+  if (o.op_mask == 0) return run_own_fuzzers(&o, own, __builtin_popcount((unsigned)own));
+  int groups = 1 + __builtin_popcount((unsigned)own);
+  if (own && o.seconds > 0) o.seconds /= groups; /* --seconds is the whole run's budget */
   if (sharding_usage(&o) != 0) return 2;
   fprintf(stderr, "twin fuzz: backend %s%s%s, seed %llu, %s %g%s%s, repros under %s\n", tw_backend_name(o.backend),
           o.plant ? "+" : "", o.plant ? o.plant : "", (unsigned long long)o.seed,
@@ -523,5 +584,6 @@ int tw_fuzz_main(int argc, char **argv) {
   int rc = fz_run(&o, &s);
   if (rc == 2) return 2;
   fz_summary_print(&s, stdout);
-  return rc;
+  int own_rc = own ? run_own_fuzzers(&o, own, 1) : 0; /* o.seconds is already one group's share */
+  return own_rc == 2 ? 2 : (rc || own_rc);
 }

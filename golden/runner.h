@@ -15,6 +15,7 @@ typedef struct {
   char name[256];           /* "<area>/<case>" */
   char op[64];
   int passed;
+  int skipped;              /* the backend lacks the operation: not run, neither passed nor failed */
   int outputs;              /* outputs compared */
   tw_check_report worst;    /* the output with the largest worst_ratio (or first failure) */
   char worst_output[64];    /* its name, e.g. "row_scale_inv" */

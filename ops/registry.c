@@ -1,16 +1,21 @@
-/* The table of operations (registry.h says how to add one). Order: numerics, quantize, GEMM;
- * later areas (EP routing, the MoE block, the pipeline) append theirs. */
+/* The table of operations (registry.h says how to add one). Order: numerics, quantize, GEMM,
+ * routing (router, EP), the pipeline; the MoE block appends its own. */
 #include "ops/registry.h"
 
 #include <stdio.h>
 #include <string.h>
 
 #include "core/backend.h"
+#include "core/backend_moe.h"
 #include "ops/bench_ref.h"
 
 /* The gpu benches are linked only into //tools:twin (tools/bench_gpu_*.c): weak, NULL elsewhere. */
 #pragma weak tw_bench_gpu_quantize
 #pragma weak tw_bench_gpu_gemm
+/* The routing and pipeline fuzzers (fuzz/entry_fuzzers.c) are linked into //tools:twin. */
+#pragma weak tw_fuzz_run_router
+#pragma weak tw_fuzz_run_ep
+#pragma weak tw_fuzz_run_pipeline
 
 #define GG_VERSIONS "gg_mma_wide", "gg_mma", "gg_fma"
 
@@ -94,6 +99,38 @@ static const tw_op_entry table[] = {
      .min_ranks = 1,
      .versions = {GG_VERSIONS},
      .auto_rule = "gg_mma_wide where it fits, else gg_mma; gg_fma when an operand is f32"},
+    {.name = "router",
+     .backend_slot = TW_BACKEND_SLOT(router),
+     .area = "routing",
+     .summary = "logits [T, E] -> top-k ids, weights, counts (softmax pre/post, sigmoid + bias, group-limited); "
+                "backward, aux loss",
+     .compare = TW_COMPARE_BOUND,
+     .golden_op = "router",
+     .min_ranks = 1,
+     .auto_rule = "one formula (f64 inside, rounded once to f32)",
+     .fuzz_run = tw_fuzz_run_router},
+    {.name = "ep",
+     .alias = "ep_dispatch",
+     .backend_slot = TW_BACKEND_SLOT(ep),
+     .area = "routing",
+     .summary = "EP dispatch to the experts' ranks (expert-major, aligned slabs, group sizes), combine, both "
+                "backward; capacity policies, fp8 rows with their scales",
+     .compare = TW_COMPARE_EXACT,
+     .golden_op = "ep",
+     .min_ranks = 1,
+     .auto_rule = "ref: all-gathered counts, one all_to_allv per step",
+     .fuzz_run = tw_fuzz_run_ep,
+     .planted = "ep_wrong_rank ep_drop_last_of_full_slab"},
+    {.name = "pipeline",
+     .area = "pipeline",
+     .summary = "circular pipeline scan (S stages x R repeats x M microbatches) with its custom VJP, plain "
+                "FSDP or the BSW window, over the interface",
+     .compare = TW_COMPARE_BOUND,
+     .min_ranks = 2,
+     .above_interface = 1,
+     .auto_rule = "one schedule (pipeline/scan.c) on any backend's communicator",
+     .fuzz_run = tw_fuzz_run_pipeline,
+     .planted = "pipeline_stale_window"},
 };
 
 enum { COUNT = (int)(sizeof table / sizeof table[0]) };
@@ -101,6 +138,7 @@ enum { COUNT = (int)(sizeof table / sizeof table[0]) };
 int tw_op_count(void) { return COUNT; }
 
 int tw_op_provided(const tw_op_entry *e, const struct tw_backend_ops *table) {
+  if (e && table && e->above_interface) return 1;
   if (!e || !table || !e->backend_slot) return 0;
   void *fn;
   memcpy(&fn, (const char *)table + e->backend_slot, sizeof fn);

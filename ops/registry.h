@@ -21,6 +21,8 @@
  *          it, and its cases belong in check --sharding / fuzz --mesh until they do;
  *        - backend_slot: TW_BACKEND_SLOT(<its tw_backend_ops field>), so `twin backends`
  *          and `twin port` can say which backend provides it;
+ *        - above_interface = 1 instead of a slot for code written once over the interface;
+ *        - fuzz_run: its own fuzzer when fuzz/'s generators do not draw its cases;
  *        - versions: the gpu kernel names tw_ctx_config.kernel can force, default first;
  *        - bench_ref / bench_gpu: functions that emit tw_bench_row's (ops/bench.h) whose `op`
  *          is this entry's name or alias, with flops and bytes filled in (its floor).
@@ -31,6 +33,8 @@
 #define TWIN_OPS_REGISTRY_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "ops/bench.h"
 #include "twin/tw_base.h"
@@ -47,6 +51,16 @@ typedef enum {
 
 #define TW_OP_MAX_VERSIONS 8
 
+/* What `twin fuzz` hands an entry that brings its own fuzzer (fuzz_run below). */
+typedef struct tw_op_fuzz_opts {
+  uint64_t seed;
+  int64_t cases;       /* > 0: this many cases */
+  double seconds;      /* > 0 (cases == 0): until this much time has passed */
+  const char *out_dir; /* where a shrunk failure's repro goes, or NULL */
+  const char *plant;   /* a planted bug of this entry's fuzzer, or NULL */
+  int quiet;
+} tw_op_fuzz_opts;
+
 typedef struct tw_op_entry {
   const char *name;      /* "grouped_gemm": the public function's name without tw_ */
   const char *alias;     /* short name bench/fuzz used before the registry, or NULL */
@@ -58,6 +72,9 @@ typedef struct tw_op_entry {
   const char *shard_rule;/* "dense", "grouped_gemm", "grouped_quantize" (tw_shard_op), or NULL */
   int min_ranks;         /* 1 for a single-device op; > 1: needs a mesh of that many ranks */
   size_t backend_slot;   /* TW_BACKEND_SLOT(field) of its tw_backend_ops entry, 0 if none */
+  /* 1: written once above the interface (the pipeline scan, later the MoE block): it has no
+   * backend slot and runs wherever the operations it calls run */
+  int above_interface;
   /* gpu kernel versions that tw_ctx_config.kernel forces (NULL-terminated); the ref backend
    * has one version, itself. */
   const char *versions[TW_OP_MAX_VERSIONS + 1];
@@ -66,12 +83,23 @@ typedef struct tw_op_entry {
    * may time several entries (gemm's also times grouped_gemm): modes call each function once. */
   int (*bench_ref)(const tw_bench_cfg *cfg, tw_ctx *ctx);
   int (*bench_gpu)(const tw_bench_cfg *cfg);
+  /* An entry whose fuzzer is not one of fuzz/'s generators (fz_op): router, EP, pipeline.
+   * Prints its summary to `out`; returns 0 when clean, 1 when it found (and shrank) a
+   * failure, 2 on a bad option (an unknown plant). `planted` lists its plant names. */
+  int (*fuzz_run)(const tw_op_fuzz_opts *o, FILE *out);
+  const char *planted;
 } tw_op_entry;
+
+/* The entries' own fuzzers (fuzz/entry_fuzzers.c; weak in registry.c: NULL where not linked). */
+int tw_fuzz_run_router(const tw_op_fuzz_opts *o, FILE *out);
+int tw_fuzz_run_ep(const tw_op_fuzz_opts *o, FILE *out);
+int tw_fuzz_run_pipeline(const tw_op_fuzz_opts *o, FILE *out);
 
 /* Where an entry's function sits in a backend's table (core/backend.h). */
 #define TW_BACKEND_SLOT(field) offsetof(struct tw_backend_ops, field)
 struct tw_backend_ops;
-/* 1 if the backend table provides e's function (NULL table or no slot: 0). */
+/* 1 if the backend table provides e's function (NULL table or no slot: 0; an entry above
+ * the interface: 1 where the table exists). */
 int tw_op_provided(const tw_op_entry *e, const struct tw_backend_ops *table);
 
 /* The table, in report order. */

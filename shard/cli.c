@@ -12,6 +12,7 @@
 static void plan_usage(FILE *f) {
   fprintf(f,
           "usage: twin plan --mesh dp=2,ep=4 --op dense|grouped_gemm|grouped_quantize\n"
+          "       (--op router|ep_dispatch|ep_combine and --op pipeline: twin plan --op OP --help)\n"
           "                 [--pass fwd|dgrad|wgrad|all] [--x-shape 1024,256] [--w-shape 8,256,512]\n"
           "                 [--lhs-spec '[(ep,dp), None]'] [--rhs-spec '[None, fsdp, None]'] [--groups G]\n"
           "                 [--mode current|delayed|mxfp8|block1x128|block128x128] [--layout row|col|rowcol]\n"
@@ -36,8 +37,20 @@ static int parse_shape(const char *s, tw_shard_operand *o) {
   return o->ndim ? 0 : -1;
 }
 
+/* pipeline/plan_cli.c, linked into //tools:twin (the pipeline library depends on shard/) */
+int tw_pipeline_plan_main(int argc, char **argv);
+#pragma weak tw_pipeline_plan_main
+
 int tw_plan_main(int argc, char **argv) {
   if (tw_ep_plan_wants(argc, argv)) return tw_ep_plan_main(argc, argv); /* router, ep_dispatch, ep_combine */
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--op") && !strcmp(argv[i + 1], "pipeline")) {
+      if (!tw_pipeline_plan_main) {
+        fprintf(stderr, "twin plan --op pipeline: not in this binary (link //pipeline:plan_cli)\n");
+        return 2;
+      }
+      return tw_pipeline_plan_main(argc, argv);
+    }
   const char *mesh_s = NULL, *op_s = NULL, *pass_s = "all", *xshape = NULL, *wshape = NULL;
   const char *xspec = NULL, *wspec = NULL, *mode_s = "current", *layout_s = "row";
   long long groups = -1;

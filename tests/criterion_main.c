@@ -64,10 +64,10 @@ static void add_skip_reasons(const char *path) {
   for (int i = 0; i < n_skips; i++) {
     at[i] = NULL;
     char key[192];
-    snprintf(key, sizeof key, "<testsuite name=\"%s\"", skips[i].suite);
+    snprintf(key, sizeof key, "<testsuite name=\"%.160s\"", skips[i].suite);
     const char *suite = strstr(xml, key);
     if (!suite) continue;
-    snprintf(key, sizeof key, "<testcase name=\"%s\"", skips[i].name);
+    snprintf(key, sizeof key, "<testcase name=\"%.160s\"", skips[i].name);
     const char *tc = strstr(suite, key);
     const char *sk = tc ? strstr(tc, "<skipped/>") : NULL;
     const char *end = tc ? strstr(tc, "</testcase>") : NULL;

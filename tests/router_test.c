@@ -2,12 +2,12 @@
  * f64, backward verified there by f64 finite differences), against central finite
  * differences of its own forward, the documented tie rule, and every bad input. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "golden/runner.h"
 #include "tests/test_util.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
@@ -26,126 +26,22 @@ TestSuite(router, .init = setup, .fini = teardown);
 
 /* ---- goldens ---------------------------------------------------------------------------- */
 
-/* The value of `key = value` in case.txt, or NULL. */
-static const char *case_value(const char *dir, const char *key, char *buf, size_t n) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/case.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "cannot open %s", path);
-  char line[256];
-  const char *found = NULL;
-  while (!found && fgets(line, sizeof line, f)) {
-    char k[64], v[128];
-    if (line[0] != '#' && sscanf(line, " %63s = %127s", k, v) == 2 && strcmp(k, key) == 0) {
-      snprintf(buf, n, "%s", v);
-      found = buf;
-    }
-  }
-  fclose(f);
-  return found;
-}
-
-static double case_num(const char *dir, const char *key) {
-  char buf[128];
-  cr_assert(case_value(dir, key, buf, sizeof buf), "%s: no key %s", dir, key);
-  return atof(buf);
-}
-
-static tw_tensor load(const char *dir, const char *name) {
-  char path[1024];
-  tw_tensor t;
-  snprintf(path, sizeof path, "%s/%s", dir, name);
-  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s: %s", path, tw_last_error());
-  return t;
-}
-
-static int case_opts(const char *dir, tw_router_opts *o, tw_tensor *logits, tw_tensor *bias) {
-  char buf[128];
-  *o = (tw_router_opts)TW_ROUTER_OPTS_INIT;
-  o->score = strcmp(case_value(dir, "score", buf, sizeof buf), "sigmoid") == 0 ? TW_ROUTER_SIGMOID
-                                                                               : TW_ROUTER_SOFTMAX;
-  o->pre_softmax = (int)case_num(dir, "pre_softmax");
-  o->topk = (int)case_num(dir, "topk");
-  o->num_groups = (int)case_num(dir, "num_groups");
-  o->group_topk = (int)case_num(dir, "group_topk");
-  o->scaling_factor = (float)case_num(dir, "scaling_factor");
-  *logits = load(dir, "logits.npy");
-  if (strcmp(case_value(dir, "logits_dtype", buf, sizeof buf), "bf16") == 0) {
-    tw_tensor v;
-    cr_assert_eq(tw_tensor_view_as(logits, TW_BF16, &v), TW_OK);
-    *logits = v;
-  }
-  *bias = tw_tensor_none();
-  if (case_num(dir, "has_bias")) *bias = load(dir, "expert_bias.npy");
-  o->expert_bias = *bias;
-  return 0;
-}
-
-/* |got - want| <= rtol * |want| + atol, element by element, reporting the first miss. */
-static void expect_close_f32(const float *got, const double *want, int64_t n, double rtol,
-                             double atol, const char *what, const char *dir) {
-  for (int64_t i = 0; i < n; i++) {
-    double err = fabs((double)got[i] - want[i]);
-    cr_expect(err <= rtol * fabs(want[i]) + atol, "%s %s[%lld]: got %.9g want %.17g (err %.3g)", dir, what,
-              (long long)i, (double)got[i], want[i], err);
-    if (err > rtol * fabs(want[i]) + atol) return;
-  }
-}
-
-static int run_golden_case(const char *dir) {
-  tw_router_opts o;
-  tw_tensor logits, bias;
-  case_opts(dir, &o, &logits, &bias);
-  int64_t T = logits.shape[0], E = logits.shape[1];
-  int k = o.topk;
-  int32_t *idx = calloc((size_t)(T * k + 1), 4), *cnt = calloc((size_t)E, 4);
-  float *w = calloc((size_t)(T * k + 1), 4), *dl = calloc((size_t)(T * E + 1), 4), loss = 0;
-  tw_tensor t_idx = tw_tensor_2d(idx, TW_I32, T, k, TW_MEM_HOST);
-  tw_tensor t_w = tw_tensor_2d(w, TW_F32, T, k, TW_MEM_HOST);
-  tw_tensor t_cnt = tw_tensor_1d(cnt, TW_I32, E, TW_MEM_HOST);
-  tw_tensor t_dl = tw_tensor_2d(dl, TW_F32, T, E, TW_MEM_HOST);
-  tw_tensor t_loss = tw_tensor_1d(&loss, TW_F32, 1, TW_MEM_HOST);
-  EXPECT_OK(tw_router_fwd(ctx, &logits, &o, &t_idx, &t_w, &t_cnt));
-
-  tw_tensor want_idx = load(dir, "topk_idx.npy"), want_w = load(dir, "topk_weights.npy");
-  tw_tensor want_cnt = load(dir, "counts.npy"), dw = load(dir, "d_topk_weights.npy");
-  tw_tensor want_dl = load(dir, "d_logits.npy"), want_loss = load(dir, "aux_loss.npy");
-  tw_tensor want_adl = load(dir, "aux_d_logits.npy");
-  tt_expect_exact(&t_idx, &want_idx, "topk_idx");
-  tt_expect_exact(&t_cnt, &want_cnt, "counts");
-  /* f64 inside, rounded once to f32: within one f32 ulp of the f64 golden */
-  expect_close_f32(w, want_w.data, T * k, 1.2e-7, 1e-30, "topk_weights", dir);
-
-  EXPECT_OK(tw_router_bwd(ctx, &logits, &o, &t_idx, &dw, &t_dl));
-  expect_close_f32(dl, want_dl.data, T * E, 1.2e-7, 1e-12, "d_logits", dir);
-
-  float coeff = (float)case_num(dir, "coeff"), d_loss = (float)case_num(dir, "d_loss");
-  EXPECT_OK(tw_router_aux_loss(ctx, &logits, &o, &t_cnt, coeff, &t_loss));
-  expect_close_f32(&loss, want_loss.data, 1, 2e-7, 0, "aux_loss", dir);
-  EXPECT_OK(tw_router_aux_loss_bwd(ctx, &logits, &o, &t_cnt, coeff, d_loss, &t_dl));
-  expect_close_f32(dl, want_adl.data, T * E, 2e-7, 1e-12, "aux_d_logits", dir);
-
-  free(idx); free(cnt); free(w); free(dl);
-  free(want_idx.data); free(want_w.data); free(want_cnt.data); free(dw.data); free(want_dl.data);
-  free(want_loss.data); free(want_adl.data); free(logits.data); free(bias.data);
-  return 1;
-}
-
+/* The NumPy goldens through the runner `twin check` uses (golden/routing.c): ids and counts
+ * bit for bit, weights and gradients within two f32 roundings of the f64 values. */
 Test(router, goldens) {
   char root[1024];
   snprintf(root, sizeof root, "%s/router", tt_golden_root());
-  DIR *d = opendir(root);
-  cr_assert(d, "no golden directory %s", root);
-  struct dirent *de;
-  int n = 0;
-  while ((de = readdir(d))) {
-    if (de->d_name[0] == '.') continue;
-    char dir[1400];
-    snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
-    n += run_golden_case(dir);
+  char **dirs = NULL;
+  int n = tw_golden_list_cases(root, &dirs);
+  cr_assert_geq(n, 12, "%d router golden cases under %s: %s", n, root, tw_last_error());
+  for (int i = 0; i < n; i++) {
+    tw_golden_result res;
+    tw_status s = tw_golden_run_case(ctx, dirs[i], &res);
+    cr_expect_eq(s, TW_OK, "%s: %s", dirs[i], tw_last_error());
+    cr_expect(res.passed, "%s: %s", res.name, res.detail);
+    cr_expect_eq(res.outputs, 6, "%s: %d outputs compared", res.name, res.outputs);
   }
-  closedir(d);
-  cr_expect_geq(n, 12, "ran %d router golden cases", n);
+  tw_golden_free_list(dirs, n);
 }
 
 /* ---- finite differences of the forward -------------------------------------------------- */

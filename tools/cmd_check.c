@@ -96,7 +96,7 @@ int twin_cmd_check(int argc, char **argv) {
     return TW_EXIT_FAIL;
   }
   int no = twin_golden_order(dirs, n, filter, order);
-  int passed = 0, failed = 0, selected = no;
+  int passed = 0, failed = 0, skipped = 0, selected = no;
   printf("%-52s %-4s %-14s %-22s %s\n", "case", "be", "output", "worst err vs bound", "result");
   for (int bi = 0; bi < nb; bi++) {
     int code;
@@ -112,9 +112,10 @@ int twin_cmd_check(int argc, char **argv) {
       char err[64];
       err_column(&r, err, sizeof err);
       printf("%-52s %-4s %-14s %-22s %s\n", r.name, tw_backend_name(backends[bi]),
-             r.worst_output[0] ? r.worst_output : "-", err, r.passed ? "PASS" : "FAIL");
+             r.worst_output[0] ? r.worst_output : "-", err, r.skipped ? "SKIP" : r.passed ? "PASS" : "FAIL");
       if (!r.passed || verbose) printf("    %s\n", r.detail);
-      if (r.passed) passed++;
+      if (r.skipped) skipped++;
+      else if (r.passed) passed++;
       else failed++;
       fflush(stdout);
     }
@@ -127,6 +128,8 @@ int twin_cmd_check(int argc, char **argv) {
             golden, filter ? " matching " : "", filter ? filter : "");
     return TW_EXIT_FAIL;
   }
-  printf("%d passed, %d failed (%d cases x %d backend%s)\n", passed, failed, selected, nb, nb == 1 ? "" : "s");
+  printf("%d passed, %d failed", passed, failed);
+  if (skipped) printf(", %d skipped (the backend lacks the operation)", skipped);
+  printf(" (%d cases x %d backend%s)\n", selected, nb, nb == 1 ? "" : "s");
   return failed ? TW_EXIT_FAIL : TW_EXIT_OK;
 }

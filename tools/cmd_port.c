@@ -184,7 +184,7 @@ static void check_version(port_report *r, const case_set *cs, const tw_op_entry 
     char why[240];
     snprintf(why, sizeof why, "%.80s: %.150s", g.name, g.detail);
     tally(check_row(r, e, version, case_dtype(cs->dirs[i], dt, sizeof dt)), s == TW_OK && g.passed,
-          is_unsupported(s, g.detail), why);
+          g.skipped || is_unsupported(s, g.detail), why);
   }
   fz_op kind;
   if (!e->fuzz_kind || fz_op_from_name(e->fuzz_kind, &kind) != 0) return;
