@@ -33,8 +33,8 @@ int tw_pipeline_plan_main(int argc, char **argv) {
     char *end = NULL;
     long val = v ? strtol(v, &end, 10) : 0;
     if (!dst || !v || *end || end == v) {
-      fprintf(stderr, "twin plan: unknown option or bad value '%s %s'\n", a, v ? v : "");
-      usage(stderr);
+      fprintf(stderr, "twin plan --op pipeline: unknown option or bad value '%s %s' (--help lists every flag)\n", a,
+              v ? v : "");
       return 2;
     }
     *dst = (int)val;
@@ -43,8 +43,7 @@ int tw_pipeline_plan_main(int argc, char **argv) {
     i++;
   }
   if (!have_s || !have_m) {
-    fprintf(stderr, "twin plan --op pipeline: --stages and --microbatches are required\n");
-    usage(stderr);
+    fprintf(stderr, "twin plan --op pipeline: --stages and --microbatches are required (--help lists every flag)\n");
     return 2;
   }
   c.layers = c.stages * c.repeats * c.layers_per_stage;

@@ -110,6 +110,16 @@ expect fuzz_op_without_generator 2 "grouped_dequantize has no fuzz generator" --
 expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'" -- check --sharding --filter conv
 expect check_sharding_filter_by_op 0 "0 failed" -- check --sharding --filter wgrad --max-ranks 2
 expect check_filter_by_op 0 "19 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
+# routing and the pipeline through the same modes (registry entries router, ep, pipeline)
+expect check_router_goldens 0 "12 passed, 0 failed" -- check --backend ref --filter router
+expect check_ep_goldens 0 "ep/ep8_e8_k1_a1" -- check --backend ref --filter ep/
+expect fuzz_router_ep_pipeline 0 "pipeline: 20 cases" -- fuzz --op router,ep,pipeline --cases 20 --out "$T-fuzz"
+expect fuzz_ep_plant_caught 1 "shrunk" -- fuzz --op ep --plant ep_wrong_rank --cases 50 --out "$T-fuzz"
+expect fuzz_pipeline_plant_caught 1 "S=3" -- fuzz --op pipeline --plant pipeline_stale_window --cases 200 --out "$T-fuzz"
+expect fuzz_ep_foreign_plant 2 "take only their own plants" -- fuzz --op ep,router --plant round_toward_zero --cases 1
+expect plan_pipeline 0 "bubble d(S-1)/(MR+d(S-1)) = 2/14" -- plan --op pipeline --stages 3 --microbatches 6 --repeats 2 --bsw --fsdp 2
+expect plan_pipeline_rule 1 "pipeline.microbatches_divisible" -- plan --op pipeline --stages 3 --microbatches 4
+expect plan_pipeline_needs_sizes 2 "--stages and --microbatches are required" -- plan --op pipeline --stages 3
 
 # twin port: the ref report here; --compare of two reports, regressions first
 expect port_bad_backend 2 "unknown backend 'tpu'" -- port --backend tpu
