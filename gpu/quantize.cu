@@ -1020,8 +1020,9 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
                                         "x 16-byte and outputs 8-byte aligned (got %s x, K = %lld)",
                     tw_dtype_name(x->dtype), (long long)K);
   if (forced == QV_TILE_VEC && !vec)
-    return tw_error(TW_ERR_ALIGNMENT, "grouped_quantize: quantize_tile_vec needs K %% 4 == 0 and 4-element "
-                                      "aligned x and outputs (K = %lld)", (long long)K);
+    /* a forced version that does not take the case declines it, like the others */
+    return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_tile_vec takes K %% 4 == 0 and 4-element "
+                                        "aligned x and outputs (K = %lld)", (long long)K);
   if (forced == QV_ROWS && !(rows_ok && rows_mode))
     return tw_error(TW_ERR_UNSUPPORTED, "grouped_quantize: quantize_rows takes rowwise-only current, delayed, "
                                         "mxfp8 and block1x128 with K %% 8 == 0 and 16-byte aligned x "

@@ -12,7 +12,7 @@
 #include "ops/registry.h"
 
 typedef struct {
-  char key[32];
+  char key[48];
   char val[160];
 } port_fact;
 
