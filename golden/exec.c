@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "twin/tw_check.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_ep.h"
+#include "twin/tw_router.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
@@ -98,7 +101,7 @@ int tw_exec_op_is_gemm(const char *op) {
 }
 
 /* ---- one run: inputs, context buffers, outputs --------------------------------------------------- */
-#define RUN_MAX_BUFS 48
+#define RUN_MAX_BUFS 96
 typedef struct {
   tw_ctx *ctx;
   const tw_case_keys *k;
@@ -643,6 +646,210 @@ static tw_status exec_gemm_family(run *r) {
   return emit(r, "out", &out, 0);
 }
 
+/* ---- router and EP (`twin op router|ep_dispatch|ep_combine`) -------------------------------- */
+static tw_status key_float(run *r, const char *key, const char *dflt, float *v) {
+  const char *str;
+  char *end;
+  TW_TRY(key_str(r, key, dflt, &str));
+  *v = strtof(str, &end);
+  if (*end || end == str) return tw_error(TW_ERR_INVALID_ARG, "%s: %s '%s' is not a number", r->op, key, str);
+  return TW_OK;
+}
+
+/* logits [T, E] (f32, or u16 codes with logits_dtype = bf16) -> topk_idx, topk_weights, counts;
+ * with d_topk_weights also d_logits; with coeff also aux_loss (and aux_d_logits with d_loss). */
+static tw_status exec_router(run *r) {
+  tw_router_opts o = TW_ROUTER_OPTS_INIT;
+  const char *score;
+  int64_t v;
+  TW_TRY(key_str(r, "score", "softmax", &score));
+  if (strcmp(score, "softmax") && strcmp(score, "sigmoid"))
+    return tw_error(TW_ERR_INVALID_ARG, "router: score '%s' must be softmax or sigmoid", score);
+  o.score = strcmp(score, "sigmoid") == 0 ? TW_ROUTER_SIGMOID : TW_ROUTER_SOFTMAX;
+  TW_TRY(key_int(r, "topk", 0, 1, &v)); o.topk = (int)v;
+  TW_TRY(key_int(r, "pre_softmax", 0, 0, &v)); o.pre_softmax = (int)v;
+  TW_TRY(key_int(r, "num_groups", 0, 0, &v)); o.num_groups = (int)v;
+  TW_TRY(key_int(r, "group_topk", 0, 0, &v)); o.group_topk = (int)v;
+  TW_TRY(key_float(r, "scaling_factor", "1", &o.scaling_factor));
+  tw_tensor hl, hb, hdw, l, b = tw_tensor_none(), dw;
+  int have_bias, have_dw;
+  TW_TRY(float_input(r, "logits", "logits_dtype", 1, &hl, NULL));
+  if (hl.ndim != 2) return tw_error(TW_ERR_SHAPE, "router: logits must be [T, E], got %d dims", hl.ndim);
+  TW_TRY(float_input(r, "expert_bias", NULL, 0, &hb, &have_bias));
+  TW_TRY(float_input(r, "d_topk_weights", NULL, 0, &hdw, &have_dw));
+  TW_TRY(to_ctx(r, &hl, &l));
+  if (have_bias) TW_TRY(to_ctx(r, &hb, &b));
+  o.expert_bias = b;
+  int64_t T = hl.shape[0], E = hl.shape[1], k = o.topk > 0 ? o.topk : 1;
+  tw_tensor idx, w, cnt;
+  TW_TRY(new_out(r, TW_I32, 2, (int64_t[]){T, k}, NULL, &idx));
+  TW_TRY(new_out(r, TW_F32, 2, (int64_t[]){T, k}, NULL, &w));
+  TW_TRY(new_out(r, TW_I32, 1, (int64_t[]){E}, NULL, &cnt));
+  TW_TRY(tw_router_fwd(r->ctx, &l, &o, &idx, &w, &cnt));
+  TW_TRY(emit(r, "topk_idx", &idx, 0));
+  TW_TRY(emit(r, "topk_weights", &w, 0));
+  TW_TRY(emit(r, "counts", &cnt, 0));
+  if (have_dw) {
+    tw_tensor dl;
+    TW_TRY(to_ctx(r, &hdw, &dw));
+    TW_TRY(new_out(r, TW_F32, 2, (int64_t[]){T, E}, NULL, &dl));
+    TW_TRY(tw_router_bwd(r->ctx, &l, &o, &idx, &dw, &dl));
+    TW_TRY(emit(r, "d_logits", &dl, 0));
+  }
+  if (tw_case_get(r->k, "coeff")) {
+    float coeff, d_loss;
+    tw_tensor loss, adl;
+    TW_TRY(key_float(r, "coeff", NULL, &coeff));
+    TW_TRY(key_float(r, "d_loss", "1", &d_loss));
+    TW_TRY(new_out(r, TW_F32, 1, (int64_t[]){1}, NULL, &loss));
+    TW_TRY(tw_router_aux_loss(r->ctx, &l, &o, &cnt, coeff, &loss));
+    TW_TRY(emit(r, "aux_loss", &loss, 0));
+    TW_TRY(new_out(r, TW_F32, 2, (int64_t[]){T, E}, NULL, &adl));
+    TW_TRY(tw_router_aux_loss_bwd(r->ctx, &l, &o, &cnt, coeff, d_loss, &adl));
+    TW_TRY(emit(r, "aux_d_logits", &adl, 0));
+  }
+  return tw_ctx_check(r->ctx);
+}
+
+/* EP on ep_size thread ranks of the ref backend: the global tokens [n*T, H], topk_idx and
+ * topk_weights [n*T, k] are split into n equal row blocks, block r on rank r. ep_dispatch writes
+ * each rank's recv_tokens_<r>, recv_weights_<r>, group_sizes_<r>, dropped_<r>; ep_combine also
+ * combines the expert outputs expert_out_<r> [R, H] (f32) back into out [n*T, H] (weighted by
+ * topk_weights; unweighted with weighted = 0). */
+#define EXEC_EP_MAXR 8
+typedef struct {
+  run *r;
+  int n, combine, weighted;
+  tw_ep_config cfg;
+  tw_tensor tok, idx, w, y[EXEC_EP_MAXR];
+  int64_t T; /* per rank */
+  void *recv[EXEC_EP_MAXR];
+  float *rw[EXEC_EP_MAXR], *out;
+  int32_t *gs[EXEC_EP_MAXR], *dropped[EXEC_EP_MAXR];
+} ep_exec;
+
+static tw_tensor rows_of(const tw_tensor *t, int64_t r0, int64_t n) {
+  tw_tensor v = *t;
+  v.shape[0] = n;
+  v.data = (char *)t->data + (size_t)r0 * tw_tensor_bytes(t) / (size_t)(t->shape[0] ? t->shape[0] : 1);
+  return v;
+}
+
+static tw_status ep_exec_rank(int me, tw_comm *comm, void *arg) {
+  ep_exec *x = (ep_exec *)arg;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  int64_t T = x->T, H = x->cfg.hidden, R = x->cfg.recv_capacity, k = x->cfg.topk;
+  int nle = x->cfg.num_experts / x->n;
+  tw_status s = tw_ep_create(ctx, comm, &x->cfg, &ep);
+  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
+  tw_tensor tok = rows_of(&x->tok, me * T, T), idx = rows_of(&x->idx, me * T, T), w = rows_of(&x->w, me * T, T);
+  tw_tensor none = tw_tensor_none(), sc_none = tw_tensor_none();
+  tw_tensor recv = tw_tensor_2d(x->recv[me], x->cfg.token_dtype, R, H, TW_MEM_HOST);
+  tw_tensor rw = tw_tensor_1d(x->rw[me], TW_F32, R, TW_MEM_HOST);
+  tw_tensor gs = tw_tensor_1d(x->gs[me], TW_I32, nle, TW_MEM_HOST), dr = tw_tensor_1d(x->dropped[me], TW_I32, nle, TW_MEM_HOST);
+  if (s == TW_OK) s = tw_ep_dispatch(ctx, layer, &tok, &sc_none, &idx, &w, &recv, &sc_none, &rw, &gs, &dr);
+  if (s == TW_OK && x->combine) {
+    tw_tensor out = tw_tensor_2d(x->out + me * T * H, TW_F32, T, H, TW_MEM_HOST);
+    s = tw_ep_combine(ctx, layer, &x->y[me], x->weighted ? &w : &none, &out);
+  }
+  (void)k;
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+static tw_status exec_ep(run *r, int combine) {
+  if (tw_ctx_backend(r->ctx) != TW_BACKEND_REF)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: twin op runs EP on ref thread ranks (the gpu EP is issue 13)", r->op);
+  ep_exec *x = (ep_exec *)calloc(1, sizeof *x);
+  if (!x) return tw_error(TW_ERR_MEMORY, "%s: out of memory", r->op);
+  TW_TRY(keep_host(r, x)); /* freed with the run's inputs (also on error) */
+  int64_t v = 0;
+  const char *pol;
+  tw_status s = key_int(r, "ep_size", 0, 1, &v);
+  x->n = (int)v;
+  if (s == TW_OK && (x->n < 1 || x->n > EXEC_EP_MAXR))
+    s = tw_error(TW_ERR_INVALID_ARG, "%s: ep_size = %d must be in [1, %d] (ranks are threads)", r->op, x->n, EXEC_EP_MAXR);
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  if (s == TW_OK) s = key_int(r, "experts", 0, 1, &v);
+  cfg.num_experts = (int)v;
+  if (s == TW_OK) s = key_int(r, "alignment", 1, 0, &v);
+  cfg.alignment = v;
+  if (s == TW_OK) s = key_int(r, "recv_capacity", 0, 0, &v);
+  cfg.recv_capacity = v;
+  if (s == TW_OK) s = key_str(r, "policy", "error", &pol);
+  if (s == TW_OK && strcmp(pol, "error") && strcmp(pol, "drop"))
+    s = tw_error(TW_ERR_INVALID_ARG, "%s: policy '%s' must be error or drop", r->op, pol);
+  if (s == TW_OK) cfg.overflow = strcmp(pol, "drop") == 0 ? TW_EP_OVERFLOW_DROP : TW_EP_OVERFLOW_ERROR;
+  if (s == TW_OK) s = key_int(r, "weighted", 1, 0, &v);
+  x->weighted = (int)v;
+  x->combine = combine;
+  if (s == TW_OK) s = float_input(r, "tokens", "tokens_dtype", 1, &x->tok, NULL);
+  if (s == TW_OK) s = get_input(r, "topk_idx", 1, &x->idx, NULL);
+  if (s == TW_OK) s = as_dtype(r, "topk_idx", &x->idx, TW_I32);
+  if (s == TW_OK) s = float_input(r, "topk_weights", NULL, 1, &x->w, NULL);
+  if (s != TW_OK) return s;
+  if (x->tok.ndim != 2 || x->idx.ndim != 2 || x->w.ndim != 2 || x->idx.shape[0] != x->tok.shape[0] ||
+      x->w.shape[0] != x->tok.shape[0] || x->w.shape[1] != x->idx.shape[1])
+    return tw_error(TW_ERR_SHAPE, "%s: want tokens [n*T, H], topk_idx and topk_weights [n*T, k]", r->op);
+  if (x->tok.shape[0] % x->n)
+    return tw_error(TW_ERR_SHAPE, "%s: %lld token rows do not split into ep_size = %d equal blocks", r->op,
+                    (long long)x->tok.shape[0], x->n);
+  x->T = x->tok.shape[0] / x->n;
+  cfg.topk = (int)x->idx.shape[1];
+  cfg.hidden = x->tok.shape[1];
+  cfg.max_tokens = x->T;
+  cfg.token_dtype = x->tok.dtype;
+  int64_t R = cfg.recv_capacity ? cfg.recv_capacity : tw_ep_capacity_no_drop(&cfg, x->n);
+  cfg.recv_capacity = R;
+  x->cfg = cfg;
+  int nle = cfg.num_experts / x->n, H = (int)cfg.hidden;
+  char name[48];
+  for (int q = 0; q < x->n; q++) {
+    TW_TRY(keep_host(r, x->recv[q] = calloc((size_t)(R * H) * 4 + 1, 1)));
+    TW_TRY(keep_host(r, x->rw[q] = calloc((size_t)R + 1, 4)));
+    TW_TRY(keep_host(r, x->gs[q] = calloc((size_t)nle + 1, 4)));
+    TW_TRY(keep_host(r, x->dropped[q] = calloc((size_t)nle + 1, 4)));
+    if (!x->recv[q] || !x->rw[q] || !x->gs[q] || !x->dropped[q]) return tw_error(TW_ERR_MEMORY, "%s: out of memory", r->op);
+    if (combine) {
+      snprintf(name, sizeof name, "expert_out_%d", q);
+      TW_TRY(float_input(r, name, NULL, 1, &x->y[q], NULL));
+    }
+  }
+  if (combine) TW_TRY(keep_host(r, x->out = calloc((size_t)(x->tok.shape[0] * H) + 1, 4)));
+  tw_comm *comms[EXEC_EP_MAXR];
+  TW_TRY(tw_comm_init_threads(x->n, comms));
+  s = tw_run_ranks(x->n, comms, ep_exec_rank, x);
+  for (int q = 0; q < x->n; q++) tw_comm_destroy(comms[q]);
+  TW_TRY(s);
+  for (int q = 0; q < x->n; q++) {
+    tw_tensor t;
+    snprintf(name, sizeof name, "recv_tokens_%d", q);
+    t = tw_tensor_2d(x->recv[q], cfg.token_dtype, R, H, TW_MEM_HOST);
+    TW_TRY(emit(r, name, &t, 0));
+    snprintf(name, sizeof name, "recv_weights_%d", q);
+    t = tw_tensor_1d(x->rw[q], TW_F32, R, TW_MEM_HOST);
+    TW_TRY(emit(r, name, &t, 0));
+    snprintf(name, sizeof name, "group_sizes_%d", q);
+    t = tw_tensor_1d(x->gs[q], TW_I32, nle, TW_MEM_HOST);
+    TW_TRY(emit(r, name, &t, 0));
+    snprintf(name, sizeof name, "dropped_%d", q);
+    t = tw_tensor_1d(x->dropped[q], TW_I32, nle, TW_MEM_HOST);
+    TW_TRY(emit(r, name, &t, 0));
+  }
+  if (combine) {
+    tw_tensor t = tw_tensor_2d(x->out, TW_F32, x->tok.shape[0], H, TW_MEM_HOST);
+    TW_TRY(emit(r, "out", &t, 0));
+  }
+  return TW_OK;
+}
+
 tw_status tw_exec_case(tw_ctx *ctx, const tw_case_keys *k, tw_input_fn input, void *user,
                        tw_tensor_set *outputs) {
   if (!ctx || !k || !input || !outputs) return tw_error(TW_ERR_NULL, "exec: NULL argument");
@@ -660,8 +867,12 @@ tw_status tw_exec_case(tw_ctx *ctx, const tw_case_keys *k, tw_input_fn input, vo
   else if (strcmp(r.op, "grouped_dequantize") == 0) s = exec_dequantize(&r);
   else if (strcmp(r.op, "delayed_scale_update") == 0) s = exec_delayed_update(&r);
   else if (tw_exec_op_is_gemm(r.op)) s = exec_gemm_family(&r);
+  else if (strcmp(r.op, "router") == 0) s = exec_router(&r);
+  else if (strcmp(r.op, "ep_dispatch") == 0) s = exec_ep(&r, 0);
+  else if (strcmp(r.op, "ep_combine") == 0) s = exec_ep(&r, 1);
   else s = tw_error(TW_ERR_INVALID_ARG, "exec: unknown op '%s' (grouped_quantize, grouped_dequantize, "
-                    "delayed_scale_update, gemm, grouped_gemm, grouped_gemm_wgrad)", r.op);
+                    "delayed_scale_update, gemm, grouped_gemm, grouped_gemm_wgrad, router, ep_dispatch, "
+                    "ep_combine)", r.op);
   if (s != TW_OK) {
     /* keep the message: freeing context memory must not overwrite it */
     char msg[TW_ERROR_MAX];

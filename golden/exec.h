@@ -35,7 +35,7 @@ const char *tw_case_get(const tw_case_keys *k, const char *key); /* NULL if abse
 tw_status tw_case_set(tw_case_keys *k, const char *key, const char *val); /* adds or replaces */
 
 /* Named host tensors; data is malloc'd and owned by the set. */
-#define TW_SET_MAX 16
+#define TW_SET_MAX 40 /* EP on 8 ranks: 4 outputs per rank + out */
 typedef struct {
   int n;
   char name[TW_SET_MAX][48];

@@ -33,6 +33,13 @@ np.save(d + "/gs_huge.npy", np.array([2**40], np.int64))
 np.save(d + "/gs_2d.npy", np.ones((2, 2), np.int32))
 np.save(d + "/hist.npy", np.ones((2, 4), np.float32))
 np.save(d + "/v2.npy", np.ones(2, np.float32))
+rng = np.random.default_rng(0)
+np.save(d + "/logits.npy", rng.standard_normal((6, 8)).astype(np.float32))
+np.save(d + "/dw62.npy", rng.standard_normal((6, 2)).astype(np.float32))
+np.save(d + "/tok.npy", rng.standard_normal((6, 4)).astype(np.float32))
+np.save(d + "/idx.npy", np.array([[0, 1], [2, 3], [3, 0], [1, 2], [0, 3], [2, 1]], np.int32))
+np.save(d + "/idx_bad.npy", np.array([[0, 1], [2, 9], [3, 0], [1, 2], [0, 3], [2, 1]], np.int32))
+np.save(d + "/w62.npy", rng.random((6, 2)).astype(np.float32))
 open(d + "/garbage.npy", "wb").write(b"definitely not numpy")
 b = open(d + "/a23.npy", "rb").read()
 open(d + "/trunc.npy", "wb").write(b[:-5])
@@ -111,6 +118,12 @@ expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'"
 expect check_sharding_filter_by_op 0 "0 failed" -- check --sharding --filter wgrad --max-ranks 2
 expect check_filter_by_op 0 "19 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
 # routing and the pipeline through the same modes (registry entries router, ep, pipeline)
+expect op_router 0 "aux_d_logits.npy" -- op router --topk 2 --coeff 0.01 --in logits=$T/logits.npy --in d_topk_weights=$T/dw62.npy --out-dir $T/router
+expect op_router_bad_topk 2 "topk = 9 must be in [1, E = 8]" -- op router --topk 9 --in logits=$T/logits.npy --out-dir $T/router
+expect op_ep_dispatch 0 "group_sizes_1.npy" -- op ep_dispatch --ep-size 2 --experts 4 --alignment 2 --in tokens=$T/tok.npy --in topk_idx=$T/idx.npy --in topk_weights=$T/w62.npy --out-dir $T/epd
+expect op_ep_bad_split 2 "do not split into ep_size = 4" -- op ep_dispatch --ep-size 4 --experts 4 --in tokens=$T/tok.npy --in topk_idx=$T/idx.npy --in topk_weights=$T/w62.npy --out-dir $T/epd
+expect op_ep_bad_expert 2 "9" -- op ep_dispatch --ep-size 2 --experts 4 --in tokens=$T/tok.npy --in topk_idx=$T/idx_bad.npy --in topk_weights=$T/w62.npy --out-dir $T/epd
+expect op_ep_combine_needs_outputs 2 "input 'expert_out_0' is missing" -- op ep_combine --ep-size 2 --experts 4 --in tokens=$T/tok.npy --in topk_idx=$T/idx.npy --in topk_weights=$T/w62.npy --out-dir $T/epc
 expect check_router_goldens 0 "12 passed, 0 failed" -- check --backend ref --filter router
 expect check_ep_goldens 0 "ep/ep8_e8_k1_a1" -- check --backend ref --filter ep/
 expect fuzz_router_ep_pipeline 0 "pipeline: 20 cases" -- fuzz --op router,ep,pipeline --cases 20 --out "$T-fuzz"

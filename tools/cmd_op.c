@@ -77,6 +77,27 @@ static const key_doc operand_keys[] = {
     {"src_cols", "quantized operand: columns of the tensor that was quantized"},
     {NULL, NULL}};
 
+static const key_doc router_keys[] = {
+    {"topk", "k, experts per token (required)"},
+    {"score", "softmax (default) or sigmoid"},
+    {"pre_softmax", "softmax only: 1 = softmax over all E before top-k, 0 (default) = over the k chosen"},
+    {"num_groups", "group-limited top-k: E splits into this many groups (0 = off, default)"},
+    {"group_topk", "groups kept when num_groups > 0"},
+    {"scaling_factor", "weights times this (default 1)"},
+    {"logits_dtype", "f32 (default) or bf16 (u16 codes, or f32 values rounded to bf16)"},
+    {"coeff", "also the load-balancing aux loss with this coefficient, and its gradient"},
+    {"d_loss", "the aux loss's incoming gradient (default 1)"},
+    {NULL, NULL}};
+static const key_doc ep_keys[] = {
+    {"ep_size", "ranks of the EP group, run as threads of the ref backend, 1..8 (required)"},
+    {"experts", "E, experts in all; expert e lives on rank e / (E / ep_size) (required)"},
+    {"alignment", "per-expert slab alignment, a power of two (default 1)"},
+    {"recv_capacity", "receive rows per rank (default 0: the no-drop capacity)"},
+    {"policy", "error (default) or drop: what a capacity smaller than the demand does"},
+    {"tokens_dtype", "f32 (default) or bf16"},
+    {"weighted", "ep_combine: 1 (default) weights by topk_weights; 0: TE's unweighted form"},
+    {NULL, NULL}};
+
 static const op_doc ops[] = {
     {"quantize", "grouped_quantize", "x [M, K] split by group_sizes -> fp8 data, scale_inv, amax",
      {"x", "group_sizes", "scale", NULL}, quantize_keys, {NULL}},
@@ -89,6 +110,12 @@ static const op_doc ops[] = {
      {"group_sizes", "out_init", NULL}, wgrad_keys, {"lhs", "rhs", NULL}},
     {"delayed_scale_update", "delayed_scale_update", "amax history roll and scale update",
      {"amax_history", "scale", "amax", NULL}, delayed_keys, {NULL}},
+    {"router", "router", "logits [T, E] -> topk_idx, topk_weights, counts (+ d_logits, aux loss)",
+     {"logits", "expert_bias", "d_topk_weights", NULL}, router_keys, {NULL}},
+    {"ep_dispatch", "ep_dispatch", "tokens to the ranks of their experts: per-rank expert-major receive rows",
+     {"tokens", "topk_idx", "topk_weights", NULL}, ep_keys, {NULL}},
+    {"ep_combine", "ep_combine", "dispatch, then the expert outputs expert_out_<r> back to out [n*T, H]",
+     {"tokens", "topk_idx", "topk_weights", "expert_out_<r>", NULL}, ep_keys, {NULL}},
 };
 #define N_OPS ((int)(sizeof ops / sizeof ops[0]))
 
@@ -101,6 +128,13 @@ static const char *input_help(const char *name) {
   if (!strcmp(name, "out_init")) return "initial output (accumulate=1): f32 values or u16 codes";
   if (!strcmp(name, "amax_history")) return "[G, H] f32";
   if (!strcmp(name, "amax")) return "[G] f32 amax of this step";
+  if (!strcmp(name, "logits")) return "[T, E] f32 (or u16 bf16 codes with --logits-dtype bf16)";
+  if (!strcmp(name, "expert_bias")) return "[E] f32, sigmoid only: steers selection, no gradient";
+  if (!strcmp(name, "d_topk_weights")) return "[T, k] f32: also write d_logits";
+  if (!strcmp(name, "tokens")) return "[n*T, H] f32 (or bf16 codes): rank r holds rows r*T .. r*T+T-1";
+  if (!strcmp(name, "topk_idx")) return "[n*T, k] i32 expert ids";
+  if (!strcmp(name, "topk_weights")) return "[n*T, k] f32";
+  if (!strcmp(name, "expert_out_<r>")) return "[R, H] f32 per rank r: the experts' outputs on its receive rows";
   return "";
 }
 
@@ -137,6 +171,10 @@ static void op_usage(FILE *f, const op_doc *d) {
   fprintf(f, "\noutputs: ");
   if (!strcmp(d->op, "grouped_quantize")) fprintf(f, "row_data, row_scale_inv, col_data, col_scale_inv, amax (as the layout gives)\n");
   else if (!strcmp(d->op, "delayed_scale_update")) fprintf(f, "amax_history_out, scale_out\n");
+  else if (!strcmp(d->op, "router")) fprintf(f, "topk_idx, topk_weights, counts; d_logits; aux_loss, aux_d_logits\n");
+  else if (!strncmp(d->op, "ep_", 3))
+    fprintf(f, "per rank r: recv_tokens_<r>, recv_weights_<r>, group_sizes_<r>, dropped_<r>%s\n",
+            strcmp(d->op, "ep_combine") ? "" : "; out");
   else fprintf(f, "out\n");
   fprintf(f, "Codes are written as integers (fp8/e8m0 as u8, bf16/f16 as u16). Exit 0 on success, 2 on bad\n"
              "arguments or inputs (one line on stderr), 1 when the machine fails.\n");
@@ -161,8 +199,12 @@ static int known_key(const op_doc *d, const char *key) {
 }
 
 static int known_input(const op_doc *d, const char *name) {
-  for (int i = 0; d->inputs[i]; i++)
+  for (int i = 0; d->inputs[i]; i++) {
     if (!strcmp(d->inputs[i], name)) return 1;
+    const char *per_rank = strstr(d->inputs[i], "<r>"); /* expert_out_<r>: expert_out_0 ... */
+    size_t n = per_rank ? (size_t)(per_rank - d->inputs[i]) : 0;
+    if (per_rank && !strncmp(name, d->inputs[i], n) && name[n] >= '0' && name[n] <= '9') return 1;
+  }
   for (int p = 0; d->operands[p]; p++) {
     char q[64];
     if (!strcmp(name, d->operands[p])) return 1;
