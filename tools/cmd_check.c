@@ -97,7 +97,7 @@ int twin_cmd_check(int argc, char **argv) {
   }
   int no = twin_golden_order(dirs, n, filter, order);
   int passed = 0, failed = 0, skipped = 0, selected = no;
-  printf("%-52s %-4s %-14s %-22s %s\n", "case", "be", "output", "worst err vs bound", "result");
+  printf("%-52s %-4s %-20s %-22s %s\n", "case", "be", "output", "worst err vs bound", "result");
   for (int bi = 0; bi < nb; bi++) {
     int code;
     tw_ctx *ctx = twin_open_ctx("check", backends[bi], &code);
@@ -111,7 +111,7 @@ int twin_cmd_check(int argc, char **argv) {
       tw_golden_run_case(ctx, dirs[order[j]], &r);
       char err[64];
       err_column(&r, err, sizeof err);
-      printf("%-52s %-4s %-14s %-22s %s\n", r.name, tw_backend_name(backends[bi]),
+      printf("%-52s %-4s %-20s %-22s %s\n", r.name, tw_backend_name(backends[bi]),
              r.worst_output[0] ? r.worst_output : "-", err, r.skipped ? "SKIP" : r.passed ? "PASS" : "FAIL");
       if (!r.passed || verbose) printf("    %s\n", r.detail);
       if (r.skipped) skipped++;
