@@ -17,8 +17,9 @@
  *        - shard_rule: the tw_shard_op family check --sharding sweeps for it (shard/golden.c);
  *        - min_ranks > 1 for an op that only exists on a mesh (EP dispatch/combine, the
  *          pipeline). The single-device runners (the golden runner, port's checks) do not
- *          build meshes yet: port lists such an entry as needing N ranks instead of running
- *          it, and its cases belong in check --sharding / fuzz --mesh until they do;
+ *          build meshes: port lists such an entry as needing N ranks (on ref it still runs
+ *          the entry's own fuzzer, which makes its thread ranks), and its cases belong in
+ *          check --sharding / fuzz --mesh or its own fuzzer;
  *        - backend_slot: TW_BACKEND_SLOT(<its tw_backend_ops field>), so `twin backends`
  *          and `twin port` can say which backend provides it;
  *        - above_interface = 1 instead of a slot for code written once over the interface;

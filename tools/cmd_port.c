@@ -171,9 +171,29 @@ typedef struct {
 /* The entry's golden cases and a fixed fuzz draw (seed 1, indexes 0..n-1) on ctx. */
 static void check_version(port_report *r, const case_set *cs, const tw_op_entry *e, const char *version, tw_ctx *ctx) {
   char op[64], dt[32];
+  if (e->fuzz_run && tw_ctx_backend(ctx) == TW_BACKEND_REF) {
+    /* an entry's own fuzzer runs on ref thread ranks (meshes included): its fixed draw */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    tw_op_fuzz_opts fo = {1, r->quick ? 16 : 64, 0, NULL, NULL, 1};
+    int rc = mem ? e->fuzz_run(&fo, mem) : 1;
+    if (mem) fclose(mem);
+    char why[240];
+    snprintf(why, sizeof why, "%.230s", buf ? buf : "out of memory");
+    for (char *nl = strchr(why, '\n'); nl; nl = strchr(nl, '\n')) *nl = ' ';
+    port_check *c = check_row(r, e, version, "own fuzzer seed 1");
+    if (rc != 0) tally(c, 0, 0, why); /* the fuzzer stopped at its first failure, shrunk in why */
+    else
+      for (int64_t i = 0; i < fo.cases; i++) tally(c, 1, 0, "");
+    free(buf);
+    if (e->min_ranks > 1) return;
+  }
   if (e->min_ranks > 1) { /* see registry.h: port runs single-device checks only */
     char why[128];
-    snprintf(why, sizeof why, "needs a mesh of %d ranks: run twin check --sharding / twin fuzz --mesh", e->min_ranks);
+    snprintf(why, sizeof why, "needs a mesh of %d ranks: %s", e->min_ranks,
+             e->fuzz_run ? "its own fuzzer runs it on ref thread ranks (twin port --backend ref)"
+                         : "run twin check --sharding / twin fuzz --mesh");
     tally(check_row(r, e, version, "mesh"), 0, 1, why);
     return;
   }
