@@ -440,6 +440,7 @@ int tw_fuzz_main(int argc, char **argv) {
   const char *replay = NULL, *write_dir = NULL;
   int64_t index = 0;
   int own = own_mask_all(); /* entries with their own fuzzer (default: all of them) */
+  int op_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     double d;
@@ -464,6 +465,7 @@ int tw_fuzz_main(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--op")) {
       if (parse_ops(v, &o.op_mask, &own) != 0) return 2;
+      op_given = 1;
       i++;
     } else if (!strcmp(a, "--seconds")) {
       if (parse_num(a, v, &o.seconds)) return 2;
@@ -556,6 +558,15 @@ int tw_fuzz_main(int argc, char **argv) {
     return 2;
   }
   if (o.seconds == 0 && o.cases == 0) o.cases = 200;
+  if (o.backend != TW_BACKEND_REF && own) { /* router, ep, pipeline fuzz the oracle on thread ranks */
+    if (!op_given) {
+      own = 0;
+    } else {
+      fprintf(stderr, "twin fuzz: router, ep and pipeline fuzz on ref thread ranks only (use --backend ref; "
+                      "their gpu versions are tested against the ref by their own tests)\n");
+      return 2;
+    }
+  }
   if (o.mesh || o.plant) { /* sharded cases and fz plants belong to fz's generators alone ... */
     int keep = 0;
     for (int i = 0; o.plant && i < tw_op_count() && i < 31; i++) /* ... unless the plant is an entry's */
