@@ -21,23 +21,6 @@
 
 #define U32 (1.0 / 16777216.0)
 
-/* Folds one output's report into res (same rule as runner.c: the first failure, else the
- * largest ratio). */
-static void fold(tw_golden_result *res, const char *output, const tw_check_report *r) {
-  int first = res->outputs == 0, take;
-  res->outputs++;
-  if (!r->passed) take = res->passed;
-  else take = res->passed && (first || r->worst_ratio > res->worst.worst_ratio);
-  if (!r->passed) res->passed = 0;
-  if (take) {
-    char line[400];
-    res->worst = *r;
-    snprintf(res->worst_output, sizeof res->worst_output, "%s", output);
-    tw_check_format(r, line, sizeof line);
-    snprintf(res->detail, sizeof res->detail, "%s: %s", output, line);
-  }
-}
-
 static tw_status load_npy(const char *dir, const char *name, tw_tensor *t) {
   char path[1200];
   snprintf(path, sizeof path, "%s/%s.npy", dir, name);
@@ -60,7 +43,7 @@ static tw_status exact(tw_golden_result *res, const char *dir, const char *name,
     for (int d = 0; d < TW_MAX_DIMS; d++) want.shape[d] = got->shape[d];
     tw_check_report r;
     s = tw_check_exact(got, &want, &r);
-    if (s == TW_OK) fold(res, label, &r);
+    if (s == TW_OK) tw_golden_record(res, label, &r);
   }
   free(want.data);
   return s;
@@ -85,7 +68,7 @@ static tw_status close_f64(tw_golden_result *res, const char *dir, const char *n
     tw_tensor bt = tw_tensor_1d(bound, TW_F64, n, TW_MEM_HOST);
     tw_check_report r;
     s = tw_check_bound(got, &want, &bt, &r);
-    if (s == TW_OK) fold(res, name, &r);
+    if (s == TW_OK) tw_golden_record(res, name, &r);
   }
   free(bound);
   free(want.data);
@@ -324,7 +307,7 @@ tw_status tw_golden_run_ep(tw_ctx *ctx, const char *dir, const tw_case_keys *k, 
       rep.count = 1;
       rep.passed = rs == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "receive rows") != NULL;
       rep.mismatches = !rep.passed;
-      fold(res, "capacity_error", &rep);
+      tw_golden_record(res, "capacity_error", &rep);
       if (!rep.passed)
         snprintf(res->detail, sizeof res->detail, "expected TW_ERR_INVALID_ARG naming the receive rows, got %s: %.400s",
                  tw_status_name(rs), tw_last_error());
@@ -334,7 +317,7 @@ tw_status tw_golden_run_ep(tw_ctx *ctx, const char *dir, const tw_case_keys *k, 
       for (int r = 0; r < c->n; r++) { /* each rank's worst output, in rank order */
         if (!c->sub[r].outputs) continue;
         int first_failure = res->passed && !c->sub[r].passed;
-        fold(res, c->sub[r].worst_output, &c->sub[r].worst);
+        tw_golden_record(res, c->sub[r].worst_output, &c->sub[r].worst);
         res->outputs += c->sub[r].outputs - 1; /* fold counted one */
         if (first_failure) snprintf(res->detail, sizeof res->detail, "%s", c->sub[r].detail);
       }

@@ -49,8 +49,7 @@ const char *tw_golden_case_name(const char *dir, char *buf, size_t n) {
   return buf;
 }
 
-/* Folds one output's report into the result: the first failure, else the largest ratio. */
-static void record(tw_golden_result *res, const char *output, const tw_check_report *r) {
+void tw_golden_record(tw_golden_result *res, const char *output, const tw_check_report *r) {
   int first = res->outputs == 0;
   res->outputs++;
   int take;
@@ -107,7 +106,7 @@ static tw_status compare_exact(const char *dir, const tw_tensor_set *outs, const
     if (s == TW_OK) s = tw_check_exact(&outs->t[i], &exp, &r);
     free(exp.data);
     TW_TRY(s);
-    record(res, outs->name[i], &r);
+    tw_golden_record(res, outs->name[i], &r);
   }
   return TW_OK;
 }
@@ -148,7 +147,7 @@ static tw_status compare_gemm(const char *dir, const tw_case_keys *k, const tw_t
     tw_tensor bt = tw_tensor_1d(bound, TW_F64, n, TW_MEM_HOST);
     tw_check_report r;
     s = tw_check_bound(got, &exp, &bt, &r);
-    if (s == TW_OK) record(res, "out", &r);
+    if (s == TW_OK) tw_golden_record(res, "out", &r);
   }
   free(bound);
   free(exp.data);

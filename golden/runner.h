@@ -25,6 +25,10 @@ typedef struct {
 /* Runs the case in case_dir on ctx's backend; TW_OK means it ran (see res->passed). */
 tw_status tw_golden_run_case(tw_ctx *ctx, const char *case_dir, tw_golden_result *res);
 
+/* Folds one output's report into res: the first failing output, else the one with the largest
+ * err/bound ratio, becomes res->worst and res->detail (every runner of a case uses it). */
+void tw_golden_record(tw_golden_result *res, const char *output, const tw_check_report *r);
+
 /* "<area>/<case>": the last two components of a case directory (what --filter matches). */
 const char *tw_golden_case_name(const char *case_dir, char *buf, size_t n);
 
