@@ -1,0 +1,141 @@
+/* twin MoE block: router -> dispatch -> grouped FFN -> combine, forward and a hand-written
+ * backward (TransformerEngine's moe.py semantics, te-semantics.md §3.4 and §4.4), written once
+ * over twin's interface (moe/): the same code runs on every backend that provides the router,
+ * EP and grouped GEMM ops.
+ *
+ * Shapes, per rank (T_r local tokens, E experts, NLE = E / ep local experts, R = the EP
+ * receive capacity, k = router.topk):
+ *   x [T_r, H]            tokens; the rank's shard of the global [T, H] batch
+ *   gate [H, E]           replicated
+ *   wi [NLE, H, 2F]       gate and up projections stacked on the last dim (cols 0..F-1: gate)
+ *   wo [NLE, F, H]
+ *   bi [NLE, 2F], bo [NLE, H]  f32, optional: both or neither
+ *
+ * Forward (rows of the EP receive buffer, group g = local expert of the row):
+ *   logits = x @ gate                                  f32 [T_r, E]
+ *   idx, w, counts = router(logits)                    tw_router.h; counts summed over ranks
+ *   recv, recv_w, gs = dispatch(x, idx, w)             tw_ep.h (expert-major, padded slabs)
+ *   h   = recv @ wi[g] + bi[g]                         f32 [R, 2F] (GEMM f32, bias in f32)
+ *   a   = act(h[:, :F]) * h[:, F:]                     act: silu (SwiGLU), gelu tanh form
+ *                                                      (GeGLU) or identity (bilinear)
+ *   EARLY weighting: a *= recv_w  (padding rows have recv_w = 0 and h = bias, so a = 0)
+ *   eo  = a @ wo[g] + bo[g]
+ *   out = combine(eo, LATE ? w : none)                 out[t] = sum_j w_tj eo[slot(t, j)]
+ *   aux = router aux loss on the global batch (coeff aux_coeff; 0 = none): the sums over
+ *         tokens and the counts are all-reduced over the token ranks.
+ * Backward, given d_out [T_r, H] and d_aux (scalar), by hand (moe/block.c):
+ *   d_eo, d_w(late) = combine_bwd(d_out, w, eo)        eo saved (late weighting only)
+ *   a is recomputed from h (not saved);  d_bo = sum over the group's rows of d_eo
+ *   d_a = d_eo @ wo[g]^T;  d_wo = a^T d_eo (per group; an expert with no rows: exact 0)
+ *   EARLY: d_recv_w[row] = sum_f d_a * a_unweighted;  d_a *= recv_w
+ *   d_h = act_bwd(h, d_a);  d_bi = sum of d_h rows;  d_wi = recv^T d_h
+ *   d_recv = d_h @ wi[g]^T;  d_x_disp, d_w(early) = dispatch_bwd(d_recv, d_recv_w)
+ *   d_logits = router_bwd(d_w) + d_aux * aux_loss_bwd
+ *   d_x = d_x_disp + d_logits @ gate^T (one rounding to x's dtype);  d_gate = x^T d_logits
+ *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp (the ranks with
+ *   the same experts and other tokens). Weight gradients are f32, overwritten.
+ * Elementwise math (act, its backward, bias, weighting) is done in double and rounded once to
+ * f32 (then to bf16 where the recipe keeps bf16), like pipeline/dense.c.
+ *
+ * Recipes (the dtype of x, out, d_x, gate, wi, wo and of what crosses the EP wire):
+ *   F32   everything f32.
+ *   BF16  x, out, d_out, d_x, gate, wi, wo bf16; recv and d_recv bf16 (dispatched as bf16);
+ *         a and d_h rounded to bf16 before their GEMMs, eo rounded to bf16 before combine;
+ *         logits, h, d_a and every weight gradient f32.
+ *   Error budget against an exact (f64) model, asserted by tests/moe_golden_test.c: F32 within
+ *   c * (H + 2F + k + 16) * 2^-24 * (|exact| + rms) per element, where the GEMM sums of
+ *   lengths H, F and 2F dominate (c = 1 forward, c = 1 + T/min(T, H) for weight gradients
+ *   whose sums run over tokens); BF16 within 8 * 2^-8 * (|exact| + rms) forward and
+ *   16 * 2^-8 * (|exact| + rms) for gradients: about eight bf16 roundings on any path
+ *   (recv, a, eo, out; d_out, d_eo, d_h, d_recv, d_x) and their growth through one GEMM.
+ *
+ * Saved between forward and backward (per rank, worst case; x is not saved: the backward
+ * takes it again), with T = max_tokens, s = 2 (BF16) or 4 (F32) bytes:
+ *   logits 4*T*E, idx + w 8*T*k, counts 4*E, the EP layer state (tw_ep_workspace_bytes),
+ *   recv s*R*H, recv_w 4*R, group sizes 4*NLE, h 4*R*2F, eo s*R*H (LATE weighting only).
+ *   tw_moe_saved_bytes() returns the sum. Scratch for one call (not kept): 4*R*H (f32 GEMM
+ *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
+ *
+ * Sharding (tw_moe_create's mesh): axes dp and ep only (tp, fsdp, pp, cp: TW_ERR_UNSUPPORTED
+ * naming the axis; fsdp sharding of the expert weights is not built yet). Every rank holds
+ * its own token shard (x's dim 0 split over (dp, ep), ep innermost), the local experts of its
+ * ep coordinate, and the gate. The EP group is the ep axis (a one-rank group for ep = 1).
+ *
+ * Layers: each tw_moe is one layer with its own EP state and residuals, so layers interleave
+ * freely (fwd L1, fwd L2, bwd L2, bwd L1 equals each alone, bit for bit).
+ *
+ * Errors (each names the values): E, H, F, k, max_tokens, global_tokens, recipe, act,
+ * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
+ * context without a communicator, E % ep; weights or tokens of the wrong shape or dtype; one
+ * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
+ * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
+ */
+#ifndef TWIN_TW_MOE_H
+#define TWIN_TW_MOE_H
+
+#include "twin/tw_base.h"
+#include "twin/tw_router.h"
+#include "twin/tw_shard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { TW_MOE_SWIGLU = 0, TW_MOE_GEGLU = 1, TW_MOE_BILINEAR = 2, TW_MOE_ACT_COUNT } tw_moe_act;
+typedef enum { TW_MOE_WEIGHT_LATE = 0, TW_MOE_WEIGHT_EARLY = 1, TW_MOE_WEIGHTING_COUNT } tw_moe_weighting;
+typedef enum { TW_MOE_F32 = 0, TW_MOE_BF16 = 1, TW_MOE_RECIPE_COUNT } tw_moe_recipe;
+
+const char *tw_moe_act_name(tw_moe_act a);             /* "swiglu", "geglu", "bilinear" */
+const char *tw_moe_weighting_name(tw_moe_weighting w); /* "late", "early" */
+const char *tw_moe_recipe_name(tw_moe_recipe r);       /* "f32", "bf16" */
+
+typedef struct {
+  size_t size;               /* sizeof(tw_moe_config) */
+  int num_experts;           /* E */
+  int64_t hidden;            /* H */
+  int64_t ffn;               /* F */
+  tw_router_opts router;     /* score, topk, groups, scaling, expert_bias */
+  tw_moe_act act;
+  tw_moe_weighting weighting;
+  tw_moe_recipe recipe;
+  float aux_coeff;           /* >= 0; 0: no aux loss */
+  int64_t max_tokens;        /* T_r <= max_tokens on every rank */
+  int64_t global_tokens;     /* T: the sum of T_r over the token ranks (the aux loss's T) */
+  int64_t alignment;         /* EP slab alignment (tw_ep_config.alignment) */
+  int64_t recv_capacity;     /* 0: the no-drop capacity */
+} tw_moe_config;
+
+#define TW_MOE_CONFIG_INIT \
+  {sizeof(tw_moe_config), 0, 0, 0, TW_ROUTER_OPTS_INIT, TW_MOE_SWIGLU, TW_MOE_WEIGHT_LATE, TW_MOE_F32, 0.0f, 0, 0, 1, 0}
+
+typedef struct {
+  tw_tensor gate, wi, wo; /* recipe dtype */
+  tw_tensor bi, bo;       /* f32 or tw_tensor_none() (both or neither) */
+} tw_moe_weights;
+
+typedef struct {
+  tw_tensor gate, wi, wo, bi, bo; /* f32, the shapes of the weights (bi, bo: none if no bias) */
+} tw_moe_grads;
+
+typedef struct tw_moe tw_moe;
+
+/* Collective over ctx's communicator (a one-rank communicator for a single rank). mesh: NULL
+ * = every rank on ep. */
+tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *cfg, tw_moe **out);
+tw_status tw_moe_destroy(tw_moe *moe); /* NULL is fine */
+int tw_moe_local_experts(const tw_moe *moe);
+size_t tw_moe_saved_bytes(const tw_moe *moe);
+
+/* out [T_r, H] recipe dtype; aux_loss: 0-d or [1] f32 in ctx memory, or none (then the aux
+ * loss is not computed even with aux_coeff > 0, and the backward takes d_aux = 0). */
+tw_status tw_moe_forward(tw_moe *moe, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out,
+                         tw_tensor *aux_loss);
+/* The last forward's backward: x and w as given to it, d_out [T_r, H] recipe dtype, d_aux the
+ * aux loss's cotangent. d_x [T_r, H] recipe dtype, grads f32 (overwritten). */
+tw_status tw_moe_backward(tw_moe *moe, const tw_tensor *x, const tw_moe_weights *w, const tw_tensor *d_out,
+                          float d_aux, tw_tensor *d_x, tw_moe_grads *grads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

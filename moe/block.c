@@ -1,0 +1,426 @@
+/* The MoE block (include/twin/tw_moe.h): forward and its hand-written backward, composed from
+ * twin's public ops (gemm, grouped GEMM, router, EP, collectives) and moe/elementwise.h, so
+ * the same code runs on every backend. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/elementwise.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_ep.h"
+#include "twin/tw_gemm.h"
+#include "twin/tw_moe.h"
+#include "twin/tw_router.h"
+
+struct tw_moe {
+  tw_ctx *ctx;
+  tw_moe_config cfg;
+  tw_mesh mesh;
+  tw_mesh_comms *mc;
+  tw_comm *ep_comm, *dp_comm, *tok_comm; /* dp/tok: NULL when one rank */
+  int own_ep_comm;
+  tw_ep *ep;
+  tw_ep_layer *layer;
+  int nle, k;
+  int64_t R, E, H, F, T; /* T: the last forward's T_r */
+  tw_dtype dt;
+  int forwarded, aux_on;
+  float aux_coeff_rank; /* aux_coeff * (T_r / T)^2: this rank's share of the global loss */
+  size_t saved;
+  /* saved for the backward */
+  float *logits, *topk_w, *recv_w, *h;
+  int32_t *idx, *counts, *gs;
+  void *recv, *eo;
+  /* scratch */
+  float *y32, *d_a, *d_logits, *d_logits_aux, *d_topk_w, *d_recv_w;
+  void *a, *d_h, *d_eo, *d_recv;
+};
+
+const char *tw_moe_act_name(tw_moe_act a) {
+  static const char *n[] = {"swiglu", "geglu", "bilinear"};
+  return (int)a >= 0 && a < TW_MOE_ACT_COUNT ? n[a] : NULL;
+}
+const char *tw_moe_weighting_name(tw_moe_weighting w) {
+  static const char *n[] = {"late", "early"};
+  return (int)w >= 0 && w < TW_MOE_WEIGHTING_COUNT ? n[w] : NULL;
+}
+const char *tw_moe_recipe_name(tw_moe_recipe r) {
+  static const char *n[] = {"f32", "bf16"};
+  return (int)r >= 0 && r < TW_MOE_RECIPE_COUNT ? n[r] : NULL;
+}
+
+static tw_status check_config(const tw_moe_config *c) {
+  const char *op = "moe_create";
+  if (c->size != sizeof *c)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: cfg.size = %zu, expected %zu (use TW_MOE_CONFIG_INIT)", op, c->size,
+                    sizeof *c);
+  if (c->num_experts < 1 || c->hidden < 1 || c->ffn < 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: E = %d, H = %lld and F = %lld must all be >= 1", op, c->num_experts,
+                    (long long)c->hidden, (long long)c->ffn);
+  if (c->router.topk < 1 || c->router.topk > c->num_experts)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: topk = %d must be in [1, E = %d]", op, c->router.topk, c->num_experts);
+  if (!tw_moe_act_name(c->act)) return tw_error(TW_ERR_INVALID_ARG, "%s: unknown activation %d", op, (int)c->act);
+  if (!tw_moe_weighting_name(c->weighting))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: unknown weighting %d", op, (int)c->weighting);
+  if (!tw_moe_recipe_name(c->recipe)) return tw_error(TW_ERR_INVALID_ARG, "%s: unknown recipe %d", op, (int)c->recipe);
+  if (!(c->aux_coeff >= 0) || !isfinite(c->aux_coeff))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: aux_coeff = %g must be finite and >= 0", op, (double)c->aux_coeff);
+  if (c->max_tokens < 0)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: max_tokens = %lld < 0", op, (long long)c->max_tokens);
+  if (c->global_tokens < 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: global_tokens = %lld must be >= 1 (the aux loss divides by it)", op,
+                    (long long)c->global_tokens);
+  return TW_OK;
+}
+
+static tw_status check_mesh(const tw_mesh *m, int nranks) {
+  char mb[96];
+  for (int i = 0; i < m->naxes; i++) {
+    tw_axis a = m->axis[i];
+    if (a == TW_AXIS_DP || a == TW_AXIS_EP) continue;
+    return tw_error(TW_ERR_UNSUPPORTED,
+                    "moe_create: mesh %s has axis %s; the MoE block shards over dp and ep only (moe.axes%s)",
+                    tw_mesh_str(m, mb, sizeof mb), tw_axis_name(a),
+                    a == TW_AXIS_FSDP ? "; fsdp sharding of the expert weights is not built yet" : "");
+  }
+  if (tw_mesh_ranks(m) != nranks)
+    return tw_error(TW_ERR_INVALID_ARG, "moe_create: mesh %s has %d ranks but the communicator has %d",
+                    tw_mesh_str(m, mb, sizeof mb), tw_mesh_ranks(m), nranks);
+  return TW_OK;
+}
+
+static tw_status alloc(tw_moe *m, size_t bytes, void *out, int saved) {
+  void **p = (void **)out;
+  TW_TRY(tw_alloc(m->ctx, bytes ? bytes : 1, p));
+  if (saved) m->saved += bytes;
+  return TW_OK;
+}
+
+tw_status tw_moe_destroy(tw_moe *m) {
+  if (!m) return TW_OK;
+  void *bufs[] = {m->logits, m->topk_w, m->recv_w, m->h, m->idx, m->counts, m->gs, m->recv, m->eo,
+                  m->y32, m->d_a, m->d_logits, m->d_logits_aux, m->d_topk_w, m->d_recv_w, m->a,
+                  m->d_h, m->d_eo, m->d_recv};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    if (bufs[i]) tw_free(m->ctx, bufs[i]);
+  tw_status s = tw_ep_layer_destroy(m->layer);
+  tw_status t = tw_ep_destroy(m->ep);
+  if (s == TW_OK) s = t;
+  if (m->own_ep_comm) {
+    t = tw_comm_destroy(m->ep_comm);
+    if (s == TW_OK) s = t;
+  }
+  t = tw_mesh_comms_destroy(m->mc);
+  if (s == TW_OK) s = t;
+  free(m);
+  return s;
+}
+
+static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
+  tw_comm *world = tw_ctx_comm(m->ctx);
+  if (!world)
+    return tw_error(TW_ERR_INVALID_ARG,
+                    "moe_create: the context has no communicator (EP needs one: a one-rank communicator for one rank)");
+  int n = tw_comm_size(world);
+  if (mesh) {
+    TW_TRY(check_mesh(mesh, n));
+    m->mesh = *mesh;
+  } else {
+    tw_axis ax = TW_AXIS_EP;
+    TW_TRY(tw_mesh_init(&m->mesh, 1, &ax, &n));
+  }
+  TW_TRY(tw_mesh_comms_create(m->ctx, &m->mesh, &m->mc));
+  m->dp_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_DP);
+  m->tok_comm = n > 1 ? world : NULL;
+  m->ep_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_EP);
+  if (!m->ep_comm) { /* ep = 1: each rank its own EP group */
+    if (n == 1) m->ep_comm = world;
+    else {
+      TW_TRY(tw_comm_split(world, tw_comm_rank(world), 0, &m->ep_comm));
+      m->own_ep_comm = 1;
+    }
+  }
+  return TW_OK;
+}
+
+tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *cfg, tw_moe **out) {
+  if (!ctx || !cfg || !out) return tw_error(TW_ERR_NULL, "moe_create: ctx, cfg or out is NULL");
+  *out = NULL;
+  TW_TRY(check_config(cfg));
+  tw_moe *m = (tw_moe *)calloc(1, sizeof *m);
+  if (!m) return tw_error(TW_ERR_MEMORY, "moe_create: out of host memory");
+  m->ctx = ctx;
+  m->cfg = *cfg;
+  m->E = cfg->num_experts; m->H = cfg->hidden; m->F = cfg->ffn; m->k = cfg->router.topk;
+  m->dt = cfg->recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
+  tw_status s = create_comms(m, mesh);
+  tw_ep_config ec = TW_EP_CONFIG_INIT;
+  if (s == TW_OK) {
+    ec.num_experts = cfg->num_experts; ec.topk = m->k; ec.max_tokens = cfg->max_tokens; ec.hidden = m->H;
+    ec.token_dtype = m->dt; ec.recv_capacity = cfg->recv_capacity; ec.alignment = cfg->alignment;
+    s = tw_ep_create(ctx, m->ep_comm, &ec, &m->ep);
+    if (s == TW_OK) s = tw_ep_layer_create(m->ep, &m->layer);
+  }
+  if (s != TW_OK) {
+    tw_moe_destroy(m);
+    return s;
+  }
+  m->nle = tw_ep_local_experts(m->ep);
+  m->R = tw_ep_recv_capacity(m->ep);
+  size_t T = (size_t)cfg->max_tokens, E = (size_t)m->E, k = (size_t)m->k, R = (size_t)m->R, H = (size_t)m->H,
+         F = (size_t)m->F, es = m->dt == TW_BF16 ? 2 : 4;
+  size_t ws = 0, layer_state = 0;
+  ec.recv_capacity = m->R;
+  s = tw_ep_workspace_bytes(&ec, tw_comm_size(m->ep_comm), &ws, &layer_state);
+  m->saved = layer_state;
+  int late = cfg->weighting == TW_MOE_WEIGHT_LATE;
+  if (s == TW_OK) s = alloc(m, 4 * T * E, &m->logits, 1);
+  if (s == TW_OK) s = alloc(m, 4 * T * k, &m->idx, 1);
+  if (s == TW_OK) s = alloc(m, 4 * T * k, &m->topk_w, 1);
+  if (s == TW_OK) s = alloc(m, 4 * E, &m->counts, 1);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->recv, 1);
+  if (s == TW_OK) s = alloc(m, 4 * R, &m->recv_w, 1);
+  if (s == TW_OK) s = alloc(m, 4 * (size_t)m->nle, &m->gs, 1);
+  if (s == TW_OK) s = alloc(m, 4 * R * 2 * F, &m->h, 1);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->eo, late);
+  if (s == TW_OK) s = alloc(m, 4 * R * H, &m->y32, 0);
+  if (s == TW_OK) s = alloc(m, es * R * F, &m->a, 0);
+  if (s == TW_OK) s = alloc(m, 4 * R * F, &m->d_a, 0);
+  if (s == TW_OK) s = alloc(m, es * R * 2 * F, &m->d_h, 0);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->d_eo, 0);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->d_recv, 0);
+  if (s == TW_OK) s = alloc(m, 4 * T * E, &m->d_logits, 0);
+  if (s == TW_OK) s = alloc(m, 4 * T * E, &m->d_logits_aux, 0);
+  if (s == TW_OK) s = alloc(m, 4 * T * k, &m->d_topk_w, 0);
+  if (s == TW_OK) s = alloc(m, 4 * R, &m->d_recv_w, 0);
+  if (s != TW_OK) {
+    tw_moe_destroy(m);
+    return s;
+  }
+  *out = m;
+  return TW_OK;
+}
+
+int tw_moe_local_experts(const tw_moe *m) { return m ? m->nle : 0; }
+size_t tw_moe_saved_bytes(const tw_moe *m) { return m ? m->saved : 0; }
+
+/* ---- argument checks ----------------------------------------------------------------- */
+static tw_status check_tensor(const char *op, const char *name, const tw_tensor *t, tw_mem mem, tw_dtype dt, int ndim,
+                              int64_t d0, int64_t d1, int64_t d2) {
+  if (tw_tensor_is_none(t)) return tw_error(TW_ERR_NULL, "%s: %s is missing", op, name);
+  int64_t want[3] = {d0, d1, d2};
+  int ok = t->ndim == ndim;
+  for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+  if (!ok) {
+    char got[96];
+    tw_tensor_str(t, got, sizeof got);
+    if (ndim == 3)
+      return tw_error(TW_ERR_SHAPE, "%s: %s is %s, expected [%lld, %lld, %lld]", op, name, got, (long long)d0,
+                      (long long)d1, (long long)d2);
+    return tw_error(TW_ERR_SHAPE, "%s: %s is %s, expected [%lld, %lld]", op, name, got, (long long)d0, (long long)d1);
+  }
+  if (t->dtype != dt)
+    return tw_error(TW_ERR_DTYPE, "%s: %s is %s, expected %s", op, name, tw_dtype_name(t->dtype), tw_dtype_name(dt));
+  if (t->mem != mem)
+    return tw_error(TW_ERR_MEMORY, "%s: %s lives in %s memory, this context needs %s", op, name,
+                    t->mem == TW_MEM_DEVICE ? "device" : "host", mem == TW_MEM_DEVICE ? "device" : "host");
+  if (!t->data && tw_tensor_numel(t) > 0) return tw_error(TW_ERR_NULL, "%s: %s has no data", op, name);
+  return TW_OK;
+}
+
+static int has_bias(const tw_moe_weights *w) { return !tw_tensor_is_none(&w->bi) || !tw_tensor_is_none(&w->bo); }
+
+static tw_status check_weights(const char *op, const tw_moe *m, const tw_moe_weights *w) {
+  if (!w) return tw_error(TW_ERR_NULL, "%s: weights is NULL", op);
+  tw_mem mem = tw_ctx_mem(m->ctx);
+  TW_TRY(check_tensor(op, "gate", &w->gate, mem, m->dt, 2, m->H, m->E, 0));
+  TW_TRY(check_tensor(op, "wi", &w->wi, mem, m->dt, 3, m->nle, m->H, 2 * m->F));
+  TW_TRY(check_tensor(op, "wo", &w->wo, mem, m->dt, 3, m->nle, m->F, m->H));
+  int hi = !tw_tensor_is_none(&w->bi), ho = !tw_tensor_is_none(&w->bo);
+  if (hi != ho)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: biases are all-or-nothing: %s is given but %s is missing", op,
+                    hi ? "bi" : "bo", hi ? "bo" : "bi");
+  if (hi) {
+    TW_TRY(check_tensor(op, "bi", &w->bi, mem, TW_F32, 2, m->nle, 2 * m->F, 0));
+    TW_TRY(check_tensor(op, "bo", &w->bo, mem, TW_F32, 2, m->nle, m->H, 0));
+  }
+  return TW_OK;
+}
+
+static tw_status check_tokens(const char *op, const tw_moe *m, const char *name, const tw_tensor *x, int64_t T) {
+  TW_TRY(check_tensor(op, name, x, tw_ctx_mem(m->ctx), m->dt, 2, T < 0 ? (x && x->ndim == 2 ? x->shape[0] : 0) : T,
+                      m->H, 0));
+  if (x->shape[0] > m->cfg.max_tokens)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s has %lld tokens, above max_tokens = %lld", op, name,
+                    (long long)x->shape[0], (long long)m->cfg.max_tokens);
+  return TW_OK;
+}
+
+/* The failing step names itself in front of the op's own message. */
+static tw_status step(tw_status s, const char *op, const char *what) {
+  if (s == TW_OK) return s;
+  char msg[TW_ERROR_MAX];
+  snprintf(msg, sizeof msg, "%s", tw_last_error());
+  return tw_error(s, "%s (%s): %s", op, what, msg);
+}
+
+/* ---- GEMM helpers -------------------------------------------------------------------- */
+static tw_tensor t2(const tw_moe *m, void *p, tw_dtype dt, int64_t r, int64_t c) {
+  return tw_tensor_2d(p, dt, r, c, tw_ctx_mem(m->ctx));
+}
+
+static tw_status mm(tw_moe *m, tw_tensor a, tw_op oa, tw_tensor b, tw_op ob, tw_tensor out, int acc) {
+  tw_operand pa = tw_operand_plain(&a), pb = tw_operand_plain(&b);
+  return tw_gemm(m->ctx, &pa, oa, &pb, ob, &out, acc);
+}
+
+static tw_status gg(tw_moe *m, tw_tensor lhs, const tw_tensor *rhs, tw_op op, tw_tensor out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_operand pl = tw_operand_plain(&lhs), pr = tw_operand_plain(rhs);
+  return tw_grouped_gemm(m->ctx, &pl, &pr, op, &gs, &out, 0);
+}
+
+static tw_status wgrad(tw_moe *m, tw_tensor lhs, tw_tensor rhs, const tw_tensor *out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_operand pl = tw_operand_plain(&lhs), pr = tw_operand_plain(&rhs);
+  tw_tensor o = *out;
+  return tw_grouped_gemm_wgrad(m->ctx, &pl, TW_OP_N, &pr, TW_OP_N, &gs, &o, 0);
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out, tw_tensor *aux) {
+  const char *op = "moe_forward";
+  if (!m || !x || !out) return tw_error(TW_ERR_NULL, "%s: moe, x or out is NULL", op);
+  m->forwarded = 0;
+  TW_TRY(check_tokens(op, m, "x", x, -1));
+  TW_TRY(check_weights(op, m, w));
+  int64_t T = x->shape[0];
+  TW_TRY(check_tokens(op, m, "out", out, T));
+  int want_aux = aux && !tw_tensor_is_none(aux);
+  if (want_aux && (aux->dtype != TW_F32 || tw_tensor_numel(aux) != 1 || aux->mem != tw_ctx_mem(m->ctx) || !aux->data))
+    return tw_error(TW_ERR_SHAPE, "%s: aux_loss must be one f32 element in the context's memory", op);
+  if (!m->tok_comm && T != m->cfg.global_tokens)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: one rank holds all tokens, so global_tokens = %lld must equal T = %lld", op,
+                    (long long)m->cfg.global_tokens, (long long)T);
+  tw_ctx *ctx = m->ctx;
+  tw_mem mem = tw_ctx_mem(ctx);
+  int64_t E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
+  int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE, bias = has_bias(w);
+  m->T = T;
+  tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
+  tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), counts = tw_tensor_1d(m->counts, TW_I32, E, mem);
+  tw_tensor recv = t2(m, m->recv, m->dt, R, H), recv_w = tw_tensor_1d(m->recv_w, TW_F32, R, mem);
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, mem), none = tw_tensor_none();
+
+  TW_TRY(step(mm(m, *x, TW_OP_N, w->gate, TW_OP_N, logits, 0), op, "gate GEMM"));
+  TW_TRY(step(tw_router_fwd(ctx, &logits, &m->cfg.router, &idx, &tw, &counts), op, "router"));
+  if (m->tok_comm) TW_TRY(step(tw_all_reduce(ctx, m->tok_comm, m->counts, m->counts, E, TW_I32, TW_REDUCE_SUM), op, "counts"));
+  TW_TRY(step(tw_ep_dispatch(ctx, m->layer, x, &none, &idx, &tw, &recv, &none, &recv_w, &gs, &none), op, "dispatch"));
+  /* h = recv @ wi[g] + bi[g] */
+  TW_TRY(step(gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F)), op, "GEMM wi"));
+  if (bias) TW_TRY(step(tw_moe_bias_out(ctx, m->h, &gs, (const float *)w->bi.data, 2 * F, m->h, TW_F32), op, "bias bi"));
+  TW_TRY(step(tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt), op, "activation"));
+  /* eo = a @ wo[g] + bo[g] (f32, then the recipe's dtype) */
+  TW_TRY(step(gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H)), op, "GEMM wo"));
+  TW_TRY(step(tw_moe_bias_out(ctx, m->y32, &gs, bias ? (const float *)w->bo.data : NULL, H, m->eo, m->dt), op, "bias bo"));
+  tw_tensor eo = t2(m, m->eo, m->dt, R, H);
+  TW_TRY(step(tw_ep_combine(ctx, m->layer, &eo, late ? &tw : &none, out), op, "combine"));
+  m->aux_on = want_aux && m->cfg.aux_coeff > 0;
+  if (want_aux) {
+    if (m->aux_on && T > 0) {
+      double share = (double)T / (double)m->cfg.global_tokens;
+      m->aux_coeff_rank = m->tok_comm ? (float)(m->cfg.aux_coeff * share * share) : m->cfg.aux_coeff;
+      TW_TRY(step(tw_router_aux_loss(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, aux), op, "aux loss"));
+    } else {
+      TW_TRY(tw_memset(ctx, aux->data, 0, 4));
+    }
+    if (m->tok_comm) TW_TRY(step(tw_all_reduce(ctx, m->tok_comm, aux->data, aux->data, 1, TW_F32, TW_REDUCE_SUM), op, "aux loss sum"));
+  }
+  m->forwarded = 1;
+  return TW_OK;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+static tw_status check_grads(const char *op, const tw_moe *m, const tw_moe_grads *g, int bias) {
+  if (!g) return tw_error(TW_ERR_NULL, "%s: grads is NULL", op);
+  tw_mem mem = tw_ctx_mem(m->ctx);
+  TW_TRY(check_tensor(op, "grads.gate", &g->gate, mem, TW_F32, 2, m->H, m->E, 0));
+  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->H, 2 * m->F));
+  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->H));
+  if (bias) {
+    TW_TRY(check_tensor(op, "grads.bi", &g->bi, mem, TW_F32, 2, m->nle, 2 * m->F, 0));
+    TW_TRY(check_tensor(op, "grads.bo", &g->bo, mem, TW_F32, 2, m->nle, m->H, 0));
+  }
+  return TW_OK;
+}
+
+static tw_status reduce(tw_moe *m, tw_comm *c, const tw_tensor *t) {
+  if (!c) return TW_OK;
+  return tw_all_reduce(m->ctx, c, t->data, t->data, tw_tensor_numel(t), TW_F32, TW_REDUCE_SUM);
+}
+
+tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w, const tw_tensor *d_out, float d_aux,
+                          tw_tensor *d_x, tw_moe_grads *grads) {
+  const char *op = "moe_backward";
+  if (!m || !x || !d_out || !d_x) return tw_error(TW_ERR_NULL, "%s: moe, x, d_out or d_x is NULL", op);
+  if (!m->forwarded) return tw_error(TW_ERR_INVALID_ARG, "%s: no successful forward to take the backward of", op);
+  TW_TRY(check_tokens(op, m, "x", x, m->T));
+  TW_TRY(check_weights(op, m, w));
+  TW_TRY(check_tokens(op, m, "d_out", d_out, m->T));
+  TW_TRY(check_tokens(op, m, "d_x", d_x, m->T));
+  int bias = has_bias(w);
+  TW_TRY(check_grads(op, m, grads, bias));
+  if (!isfinite(d_aux)) return tw_error(TW_ERR_INVALID_ARG, "%s: d_aux = %g is not finite", op, (double)d_aux);
+  tw_ctx *ctx = m->ctx;
+  tw_mem mem = tw_ctx_mem(ctx);
+  int64_t T = m->T, E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
+  int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE;
+  tw_tensor none = tw_tensor_none(), gs = tw_tensor_1d(m->gs, TW_I32, m->nle, mem);
+  tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), dtw = t2(m, m->d_topk_w, TW_F32, T, k);
+  tw_tensor eo = t2(m, m->eo, m->dt, R, H), d_eo = t2(m, m->d_eo, m->dt, R, H);
+  tw_tensor d_recv_w = tw_tensor_1d(m->d_recv_w, TW_F32, R, mem);
+
+  TW_TRY(step(tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none),
+              op, "combine_bwd"));
+  /* a again from h (not saved), as the forward made it */
+  TW_TRY(step(tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt), op, "activation (recompute)"));
+  TW_TRY(step(gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F)), op, "dgrad wo"));
+  TW_TRY(step(wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo), op, "wgrad wo"));
+  if (bias) TW_TRY(step(tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data), op, "bias grad bo"));
+  TW_TRY(step(tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
+                             late ? NULL : m->d_recv_w), op, "activation bwd"));
+  tw_tensor d_h = t2(m, m->d_h, m->dt, R, 2 * F);
+  if (bias) TW_TRY(step(tw_moe_bias_grad(ctx, m->d_h, m->dt, &gs, 2 * F, (float *)grads->bi.data), op, "bias grad bi"));
+  TW_TRY(step(wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi), op, "wgrad wi"));
+  tw_tensor d_recv = t2(m, m->d_recv, m->dt, R, H);
+  TW_TRY(step(gg(m, d_h, &w->wi, TW_OP_T, d_recv), op, "dgrad wi"));
+  TW_TRY(step(tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw), op,
+              "dispatch_bwd"));
+  /* the router: d_w -> d_logits, plus the aux loss's */
+  tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
+  tw_tensor d_logits = t2(m, m->d_logits, TW_F32, T, E), counts = tw_tensor_1d(m->counts, TW_I32, E, mem);
+  if (T > 0) {
+    TW_TRY(step(tw_router_bwd(ctx, &logits, &m->cfg.router, &idx, &dtw, &d_logits), op, "router_bwd"));
+    if (m->aux_on && d_aux != 0) {
+      tw_tensor d_aux_logits = t2(m, m->d_logits_aux, TW_F32, T, E);
+      TW_TRY(step(tw_router_aux_loss_bwd(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, d_aux, &d_aux_logits),
+                  op, "aux loss bwd"));
+      TW_TRY(step(tw_moe_add_f32(ctx, m->d_logits, m->d_logits_aux, T * E), op, "d_logits sum"));
+    }
+  } else {
+    TW_TRY(tw_memset(ctx, m->d_logits, 0, 4));
+  }
+  /* d_x = d_x_dispatch + d_logits @ gate^T (one rounding); d_gate = x^T d_logits */
+  TW_TRY(step(mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1), op, "dgrad gate"));
+  TW_TRY(step(mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0), op, "wgrad gate"));
+  TW_TRY(step(reduce(m, m->tok_comm, &grads->gate), op, "d_gate sum"));
+  TW_TRY(step(reduce(m, m->dp_comm, &grads->wi), op, "d_wi sum over dp"));
+  TW_TRY(step(reduce(m, m->dp_comm, &grads->wo), op, "d_wo sum over dp"));
+  if (bias) {
+    TW_TRY(step(reduce(m, m->dp_comm, &grads->bi), op, "d_bi sum over dp"));
+    TW_TRY(step(reduce(m, m->dp_comm, &grads->bo), op, "d_bo sum over dp"));
+  }
+  return TW_OK;
+}

@@ -1,0 +1,292 @@
+/* The MoE block's contract beyond the goldens: every bad input is refused with a message that
+ * names it; two layers interleaved give each layer's own results bit for bit; the backward
+ * agrees with central finite differences of the forward; the saved bytes are as the header
+ * states. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/threads.h"
+#include "test_util.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_ep.h"
+
+enum { T = 8, H = 6, F = 4, E = 4, K = 2 };
+
+static tw_moe_config base_cfg(void) {
+  tw_moe_config c = TW_MOE_CONFIG_INIT;
+  c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K;
+  c.max_tokens = T; c.global_tokens = T; c.aux_coeff = 0.01f;
+  return c;
+}
+
+typedef struct {
+  float x[T * H], gate[H * E], wi[E * H * 2 * F], wo[E * F * H], bi[E * 2 * F], bo[E * H], d_out[T * H];
+} problem;
+
+static void fill(problem *p, uint64_t seed) {
+  tt_fill_uniform_f32(p->x, T * H, seed, -1, 1);
+  tt_fill_uniform_f32(p->gate, H * E, seed + 1, -0.8f, 0.8f);
+  tt_fill_uniform_f32(p->wi, E * H * 2 * F, seed + 2, -0.4f, 0.4f);
+  tt_fill_uniform_f32(p->wo, E * F * H, seed + 3, -0.5f, 0.5f);
+  tt_fill_uniform_f32(p->bi, E * 2 * F, seed + 4, -0.2f, 0.2f);
+  tt_fill_uniform_f32(p->bo, E * H, seed + 5, -0.2f, 0.2f);
+  tt_fill_uniform_f32(p->d_out, T * H, seed + 6, -1, 1);
+}
+
+/* ---- errors ------------------------------------------------------------------------------ */
+typedef struct {
+  tw_comm *comm;
+  tw_ctx *ctx;
+} one_rank;
+
+static one_rank open_rank(void) {
+  one_rank r;
+  cr_assert_eq(tw_comm_init_threads(1, &r.comm), TW_OK);
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = r.comm;
+  cr_assert_eq(tw_ctx_create(&r.ctx, &cc), TW_OK);
+  return r;
+}
+static void close_rank(one_rank r) {
+  tw_ctx_destroy(r.ctx);
+  tw_comm_destroy(r.comm);
+}
+
+static void expect_create(tw_moe_config c, const tw_mesh *mesh, tw_status want, const char *substr) {
+  one_rank r = open_rank();
+  tw_moe *m = NULL;
+  tt_expect_status(tw_moe_create(r.ctx, mesh, &c, &m), want, substr);
+  cr_expect_null(m);
+  close_rank(r);
+}
+
+Test(moe_errors, config_values_are_named) {
+  tw_moe_config c = base_cfg();
+  c.num_experts = 0;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "E = 0");
+  c = base_cfg(); c.router.topk = 5;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "topk = 5 must be in [1, E = 4]");
+  c = base_cfg(); c.act = (tw_moe_act)7;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "unknown activation 7");
+  c = base_cfg(); c.weighting = (tw_moe_weighting)3;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "unknown weighting 3");
+  c = base_cfg(); c.recipe = (tw_moe_recipe)9;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "unknown recipe 9");
+  c = base_cfg(); c.aux_coeff = -1;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "aux_coeff = -1");
+  c = base_cfg(); c.global_tokens = 0;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "global_tokens = 0");
+  c = base_cfg(); c.size = 8;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "TW_MOE_CONFIG_INIT");
+}
+
+Test(moe_errors, meshes_outside_dp_and_ep_are_refused) {
+  tw_mesh m;
+  tw_axis tp = TW_AXIS_TP, fsdp = TW_AXIS_FSDP, ep = TW_AXIS_EP;
+  int one = 1, two = 2;
+  cr_assert_eq(tw_mesh_init(&m, 1, &tp, &one), TW_OK);
+  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "has axis tp");
+  cr_assert_eq(tw_mesh_init(&m, 1, &fsdp, &one), TW_OK);
+  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "fsdp sharding of the expert weights is not built yet");
+  cr_assert_eq(tw_mesh_init(&m, 1, &ep, &two), TW_OK);
+  expect_create(base_cfg(), &m, TW_ERR_INVALID_ARG, "has 2 ranks but the communicator has 1");
+  /* no communicator at all */
+  tw_moe_config c = base_cfg();
+  tw_moe *mo = NULL;
+  tt_expect_status(tw_moe_create(tt_ref_ctx(), NULL, &c, &mo), TW_ERR_INVALID_ARG, "the context has no communicator");
+}
+
+static tw_status experts_not_divisible(int rank, tw_comm *comm, void *arg) {
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_moe_config c = base_cfg();
+  c.num_experts = 3; c.global_tokens = 2 * T;
+  tw_moe *m = NULL;
+  tw_status s = tw_moe_create(ctx, NULL, &c, &m);
+  tw_moe_destroy(m);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(moe_errors, experts_must_divide_over_ep) {
+  tw_comm *comms[2];
+  cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
+  tt_expect_status(tw_run_ranks(2, comms, experts_not_divisible, NULL), TW_ERR_INVALID_ARG, "3");
+  for (int i = 0; i < 2; i++) tw_comm_destroy(comms[i]);
+}
+
+Test(moe_errors, tensors_biases_and_order_are_checked) {
+  static problem p;
+  fill(&p, 1);
+  one_rank r = open_rank();
+  tw_moe_config c = base_cfg();
+  tw_moe *m;
+  cr_assert_eq(tw_moe_create(r.ctx, NULL, &c, &m), TW_OK, "%s", tw_last_error());
+  float out[T * H], dx[T * H], g_gate[H * E], g_wi[E * H * 2 * F], g_wo[E * F * H], aux;
+  tw_moe_weights w;
+  w.gate = tw_tensor_2d(p.gate, TW_F32, H, E, TW_MEM_HOST);
+  w.wi = tw_tensor_3d(p.wi, TW_F32, E, H, 2 * F, TW_MEM_HOST);
+  w.wo = tw_tensor_3d(p.wo, TW_F32, E, F, H, TW_MEM_HOST);
+  w.bi = tw_tensor_none();
+  w.bo = tw_tensor_none();
+  tw_moe_grads g = {tw_tensor_2d(g_gate, TW_F32, H, E, TW_MEM_HOST), tw_tensor_3d(g_wi, TW_F32, E, H, 2 * F, TW_MEM_HOST),
+                    tw_tensor_3d(g_wo, TW_F32, E, F, H, TW_MEM_HOST), tw_tensor_none(), tw_tensor_none()};
+  tw_tensor x = tw_tensor_2d(p.x, TW_F32, T, H, TW_MEM_HOST), o = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST);
+  tw_tensor d = tw_tensor_2d(p.d_out, TW_F32, T, H, TW_MEM_HOST), tdx = tw_tensor_2d(dx, TW_F32, T, H, TW_MEM_HOST);
+  tw_tensor ta = tw_tensor_1d(&aux, TW_F32, 1, TW_MEM_HOST);
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &g), TW_ERR_INVALID_ARG, "no successful forward");
+  tw_moe_weights bad = w;
+  bad.wi = tw_tensor_3d(p.wi, TW_F32, E, 2 * F, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &x, &bad, &o, &ta), TW_ERR_SHAPE, "wi is [4, 8, 6] f32, expected [4, 6, 8]");
+  bad = w;
+  bad.gate.dtype = TW_BF16;
+  tt_expect_status(tw_moe_forward(m, &x, &bad, &o, &ta), TW_ERR_DTYPE, "gate is bf16, expected f32");
+  bad = w;
+  bad.bi = tw_tensor_2d(p.bi, TW_F32, E, 2 * F, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &x, &bad, &o, &ta), TW_ERR_INVALID_ARG, "bi is given but bo is missing");
+  bad = w;
+  bad.bo = tw_tensor_2d(p.bo, TW_F32, E, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &x, &bad, &o, &ta), TW_ERR_INVALID_ARG, "bo is given but bi is missing");
+  tw_tensor big = tw_tensor_2d(p.x, TW_F32, T + 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &big, &w, &o, &ta), TW_ERR_INVALID_ARG, "x has 9 tokens, above max_tokens = 8");
+  tw_tensor oshort = tw_tensor_2d(out, TW_F32, T - 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &x, &w, &oshort, &ta), TW_ERR_SHAPE, "out is [7, 6] f32, expected [8, 6]");
+  tw_tensor small = tw_tensor_2d(p.x, TW_F32, T - 1, H, TW_MEM_HOST), os = tw_tensor_2d(out, TW_F32, T - 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &small, &w, &os, &ta), TW_ERR_INVALID_ARG, "global_tokens = 8 must equal T = 7");
+  tw_tensor xb = tw_tensor_2d(p.x, TW_F32, T, H + 1, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &xb, &w, &o, &ta), TW_ERR_SHAPE, "x is");
+  /* a good forward, then a backward with a wrong gradient buffer, then a good one */
+  cr_assert_eq(tw_moe_forward(m, &x, &w, &o, &ta), TW_OK, "%s", tw_last_error());
+  tw_moe_grads gb = g;
+  gb.wo = tw_tensor_3d(g_wo, TW_F32, E, H, F, TW_MEM_HOST);
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &gb), TW_ERR_SHAPE, "grads.wo");
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, NAN, &tdx, &g), TW_ERR_INVALID_ARG, "d_aux = nan");
+  cr_assert_eq(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &g), TW_OK, "%s", tw_last_error());
+  /* a failed forward clears the state: no backward of a stale forward */
+  tt_expect_status(tw_moe_forward(m, &x, &bad, &o, &ta), TW_ERR_INVALID_ARG, "bo is given");
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &g), TW_ERR_INVALID_ARG, "no successful forward");
+  tw_moe_destroy(m);
+  close_rank(r);
+}
+
+/* A router error surfaces with the step named. */
+Test(moe_errors, a_failing_step_is_named) {
+  static problem p;
+  fill(&p, 2);
+  p.x[3] = NAN; /* a NaN logit */
+  one_rank r = open_rank();
+  tw_moe_config c = base_cfg();
+  tw_moe *m;
+  cr_assert_eq(tw_moe_create(r.ctx, NULL, &c, &m), TW_OK);
+  float out[T * H];
+  tw_moe_weights w = {tw_tensor_2d(p.gate, TW_F32, H, E, TW_MEM_HOST), tw_tensor_3d(p.wi, TW_F32, E, H, 2 * F, TW_MEM_HOST),
+                      tw_tensor_3d(p.wo, TW_F32, E, F, H, TW_MEM_HOST), tw_tensor_none(), tw_tensor_none()};
+  tw_tensor x = tw_tensor_2d(p.x, TW_F32, T, H, TW_MEM_HOST), o = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST);
+  tt_expect_status(tw_moe_forward(m, &x, &w, &o, NULL), TW_ERR_INVALID_ARG, "moe_forward (router)");
+  tw_moe_destroy(m);
+  close_rank(r);
+}
+
+/* ---- layers, saved bytes -------------------------------------------------------------------- */
+static void run(problem *p, tw_moe_config c, int layers, int bias, float *out, float *dx, float *dwi) {
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  r.cfg = c;
+  r.T = T;
+  r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.d_out = p->d_out;
+  if (bias) { r.bi = p->bi; r.bo = p->bo; }
+  r.d_aux = 1;
+  r.layers = layers;
+  r.out = out; r.dx = dx; r.dwi = dwi;
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+}
+
+Test(moe_layers, two_interleaved_layers_equal_each_alone) {
+  static problem p;
+  fill(&p, 3);
+  for (int early = 0; early < 2; early++) {
+    tw_moe_config c = base_cfg();
+    c.weighting = early ? TW_MOE_WEIGHT_EARLY : TW_MOE_WEIGHT_LATE;
+    float a[3][T * H], b[3][T * H], wa[E * H * 2 * F], wb[E * H * 2 * F];
+    run(&p, c, 1, 1, a[0], a[1], wa);
+    run(&p, c, 2, 1, b[0], b[1], wb);
+    cr_assert(memcmp(a[0], b[0], sizeof a[0]) == 0, "out differs when another layer runs in between");
+    cr_assert(memcmp(a[1], b[1], sizeof a[1]) == 0, "dx differs when another layer runs in between");
+    cr_assert(memcmp(wa, wb, sizeof wa) == 0, "dwi differs when another layer runs in between");
+  }
+}
+
+Test(moe_layers, saved_bytes_are_the_headers_sum) {
+  one_rank r = open_rank();
+  for (int late = 0; late < 2; late++) {
+    tw_moe_config c = base_cfg();
+    c.weighting = late ? TW_MOE_WEIGHT_LATE : TW_MOE_WEIGHT_EARLY;
+    tw_moe *m;
+    cr_assert_eq(tw_moe_create(r.ctx, NULL, &c, &m), TW_OK);
+    tw_ep_config ec = TW_EP_CONFIG_INIT;
+    ec.num_experts = E; ec.topk = K; ec.max_tokens = T; ec.hidden = H; ec.token_dtype = TW_F32;
+    int64_t R = tw_ep_capacity_no_drop(&ec, 1);
+    ec.recv_capacity = R;
+    size_t ws, layer;
+    cr_assert_eq(tw_ep_workspace_bytes(&ec, 1, &ws, &layer), TW_OK);
+    size_t want = 4 * T * E + 8 * T * K + 4 * E + layer + 4 * (size_t)R * H + 4 * (size_t)R + 4 * E +
+                  4 * (size_t)R * 2 * F + (late ? 4 * (size_t)R * H : 0);
+    cr_expect_eq(tw_moe_saved_bytes(m), want, "saved %zu bytes, header says %zu", tw_moe_saved_bytes(m), want);
+    tw_moe_destroy(m);
+  }
+  close_rank(r);
+}
+
+/* ---- finite differences ------------------------------------------------------------------- */
+/* L = sum(out * d_out) + aux in double, from an f32 forward */
+static double loss_of(problem *p, tw_moe_config c) {
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  float out[T * H], aux = 0;
+  r.cfg = c; r.T = T;
+  r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.bi = p->bi; r.bo = p->bo; r.d_out = p->d_out;
+  r.d_aux = 1; r.layers = 1; r.out = out; r.aux = &aux;
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+  double L = aux;
+  for (int i = 0; i < T * H; i++) L += (double)out[i] * p->d_out[i];
+  return L;
+}
+
+Test(moe_fd, backward_matches_central_differences) {
+  static problem p;
+  fill(&p, 4);
+  for (int early = 0; early < 2; early++) {
+    tw_moe_config c = base_cfg();
+    c.weighting = early ? TW_MOE_WEIGHT_EARLY : TW_MOE_WEIGHT_LATE;
+    c.act = early ? TW_MOE_GEGLU : TW_MOE_SWIGLU;
+    static float dx[T * H], dgate[H * E], dwi[E * H * 2 * F], dwo[E * F * H], dbi[E * 2 * F], dbo[E * H];
+    tw_moe_threads_run r;
+    memset(&r, 0, sizeof r);
+    r.cfg = c; r.T = T;
+    r.x = p.x; r.gate = p.gate; r.wi = p.wi; r.wo = p.wo; r.bi = p.bi; r.bo = p.bo; r.d_out = p.d_out;
+    r.d_aux = 1; r.layers = 1;
+    r.dx = dx; r.dgate = dgate; r.dwi = dwi; r.dwo = dwo; r.dbi = dbi; r.dbo = dbo;
+    cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+    struct { const char *name; float *param, *grad; int n; } ps[] = {
+        {"x", p.x, dx, T * H}, {"gate", p.gate, dgate, H * E}, {"wi", p.wi, dwi, E * H * 2 * F},
+        {"wo", p.wo, dwo, E * F * H}, {"bi", p.bi, dbi, E * 2 * F}, {"bo", p.bo, dbo, E * H}};
+    uint64_t st = 77 + early;
+    for (size_t q = 0; q < sizeof ps / sizeof *ps; q++)
+      for (int rep = 0; rep < 8; rep++) {
+        int i = (int)tt_rand_uniform(&st, 0, ps[q].n);
+        float keep = ps[q].param[i], h = 1e-2f;
+        ps[q].param[i] = keep + h;
+        double lp = loss_of(&p, c);
+        ps[q].param[i] = keep - h;
+        double lm = loss_of(&p, c);
+        ps[q].param[i] = keep;
+        double fd = (lp - lm) / (2.0 * h), got = ps[q].grad[i];
+        cr_expect(fabs(fd - got) <= 2e-3 + 2e-2 * fabs(fd), "%s %s[%d]: backward %.6g, central difference %.6g",
+                  early ? "early" : "late", ps[q].name, i, got, fd);
+      }
+  }
+}
