@@ -31,9 +31,26 @@ static void to_f32(float *dst, const void *src, int64_t n, tw_dtype dt) {
     dst[i] = dt == TW_F32 ? ((const float *)src)[i] : tw_bf16_to_f32(((const uint16_t *)src)[i]);
 }
 
-static tw_status rank_fn(int rank, tw_comm *comm, void *arg) {
-  job *j = (job *)arg;
-  tw_moe_threads_run *r = j->run;
+/* A host buffer staged into ctx memory (a copy on a device context; the host pointer on ref). */
+static tw_status stage(tw_ctx *ctx, void *host, tw_dtype dt, int64_t n, void **out) {
+  if (tw_ctx_mem(ctx) == TW_MEM_HOST) {
+    *out = host;
+    return TW_OK;
+  }
+  TW_TRY(tw_alloc(ctx, tw_dtype_storage_bytes(dt, n > 0 ? n : 1), out));
+  tw_tensor d = tw_tensor_1d(*out, dt, n, TW_MEM_DEVICE), h = tw_tensor_1d(host, dt, n, TW_MEM_HOST);
+  return n > 0 ? tw_tensor_copy(ctx, &d, &h) : TW_OK;
+}
+static tw_status unstage(tw_ctx *ctx, void *host, void *dev, tw_dtype dt, int64_t n) {
+  if (tw_ctx_mem(ctx) == TW_MEM_HOST || n == 0) return TW_OK;
+  tw_tensor d = tw_tensor_1d(dev, dt, n, TW_MEM_DEVICE), h = tw_tensor_1d(host, dt, n, TW_MEM_HOST);
+  return tw_tensor_copy(ctx, &h, &d);
+}
+
+enum { IN_X, IN_GATE, IN_WI, IN_WO, IN_BI, IN_BO, IN_DOUT, IN_EBIAS, OUT_Y, OUT_DX, OUT_Y2, OUT_AUX, OUT_AUX2,
+       G_GATE, G_WI, G_WO, G_BI, G_BO, NBUF };
+
+tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, int nranks) {
   const tw_mesh *mesh = &r->mesh;
   tw_dimspec tok = {0, {TW_AXIS_DP}};
   if (tw_mesh_axis_size(mesh, TW_AXIS_DP) > 1) tok.axis[tok.n++] = TW_AXIS_DP;
@@ -42,73 +59,92 @@ static tw_status rank_fn(int rank, tw_comm *comm, void *arg) {
   int ep = tw_mesh_axis_size(mesh, TW_AXIS_EP), epc = tw_mesh_coord(mesh, rank, TW_AXIS_EP);
   int dpc = tw_mesh_coord(mesh, rank, TW_AXIS_DP);
   tw_moe_config cfg = r->cfg;
-  int64_t Tl = r->T / j->nranks, H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, nle = E / ep;
+  int64_t Tl = r->T / nranks, H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, nle = E / ep;
   cfg.max_tokens = Tl;
   cfg.global_tokens = r->T;
   tw_dtype dt = cfg.recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
-  if (r->expert_bias) cfg.router.expert_bias = tw_tensor_1d((void *)r->expert_bias, TW_F32, E, TW_MEM_HOST);
-
-  tw_ctx *ctx = NULL;
-  tw_moe *m[2] = {NULL, NULL};
-  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.comm = comm;
-  int layers = r->layers == 2 ? 2 : 1;
-  void *x = as_dtype(r->x + Tl * H * shard, Tl * H, dt), *gate = as_dtype(r->gate, H * E, dt);
-  void *wi = as_dtype(r->wi + nle * H * 2 * F * epc, nle * H * 2 * F, dt);
-  void *wo = as_dtype(r->wo + nle * F * H * epc, nle * F * H, dt);
-  void *d_out = as_dtype(r->d_out + Tl * H * shard, Tl * H, dt);
-  size_t es = dt == TW_BF16 ? 2 : 4;
-  size_t nth = (size_t)(Tl * H > 0 ? Tl * H : 1);
-  void *out = calloc(nth, es), *dx = calloc(nth, es), *out2 = calloc(nth, es);
-  float *g_gate = (float *)calloc((size_t)(H * E), 4), *g_wi = (float *)calloc((size_t)(nle * H * 2 * F), 4);
-  float *g_wo = (float *)calloc((size_t)(nle * F * H), 4), *g_bi = (float *)calloc((size_t)(nle * 2 * F), 4);
-  float *g_bo = (float *)calloc((size_t)(nle * H), 4);
-  float aux = 0, aux2 = 0;
+  int layers = r->layers == 2 ? 2 : 1, bias = r->bi != NULL;
+  /* host copies in the recipe's dtype, then their ctx-memory twins */
+  int64_t n[NBUF] = {Tl * H, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,
+                     Tl * H, 1, 1, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H};
+  tw_dtype t[NBUF] = {dt, dt, dt, dt, TW_F32, TW_F32, dt, TW_F32, dt, dt, dt, TW_F32, TW_F32,
+                      TW_F32, TW_F32, TW_F32, TW_F32, TW_F32};
+  void *host[NBUF] = {0}, *dev[NBUF] = {0};
+  host[IN_X] = as_dtype(r->x + Tl * H * shard, Tl * H, dt);
+  host[IN_GATE] = as_dtype(r->gate, H * E, dt);
+  host[IN_WI] = as_dtype(r->wi + nle * H * 2 * F * epc, nle * H * 2 * F, dt);
+  host[IN_WO] = as_dtype(r->wo + nle * F * H * epc, nle * F * H, dt);
+  host[IN_BI] = bias ? as_dtype(r->bi + nle * 2 * F * epc, nle * 2 * F, TW_F32) : NULL;
+  host[IN_BO] = bias ? as_dtype(r->bo + nle * H * epc, nle * H, TW_F32) : NULL;
+  host[IN_DOUT] = as_dtype(r->d_out + Tl * H * shard, Tl * H, dt);
+  host[IN_EBIAS] = r->expert_bias ? as_dtype(r->expert_bias, E, TW_F32) : NULL;
+  for (int i = OUT_Y; i < NBUF; i++) host[i] = calloc((size_t)(n[i] > 0 ? n[i] : 1), 4);
   tw_status s = TW_OK;
-  if (!x || !gate || !wi || !wo || !d_out || !out || !dx || !out2 || !g_gate || !g_wi || !g_wo || !g_bi || !g_bo)
-    s = tw_error(TW_ERR_MEMORY, "moe threads: out of host memory");
-  if (s == TW_OK) s = tw_ctx_create(&ctx, &cc);
+  for (int i = 0; i < NBUF; i++) {
+    int optional = i == IN_BI || i == IN_BO || i == IN_EBIAS || (!bias && (i == G_BI || i == G_BO));
+    if (!host[i] && !optional) s = tw_error(TW_ERR_MEMORY, "moe threads: out of host memory");
+    if (s == TW_OK && host[i]) s = stage(ctx, host[i], t[i], n[i], &dev[i]);
+  }
+  if (r->expert_bias) cfg.router.expert_bias = tw_tensor_1d(dev[IN_EBIAS], TW_F32, E, tw_ctx_mem(ctx));
+  tw_moe *m[2] = {NULL, NULL};
   for (int l = 0; s == TW_OK && l < layers; l++) s = tw_moe_create(ctx, mesh, &cfg, &m[l]);
   if (s == TW_OK) {
+    tw_mem mem = tw_ctx_mem(ctx);
     tw_moe_weights w;
-    w.gate = tw_tensor_2d(gate, dt, H, E, TW_MEM_HOST);
-    w.wi = tw_tensor_3d(wi, dt, nle, H, 2 * F, TW_MEM_HOST);
-    w.wo = tw_tensor_3d(wo, dt, nle, F, H, TW_MEM_HOST);
-    w.bi = r->bi ? tw_tensor_2d((void *)(r->bi + nle * 2 * F * epc), TW_F32, nle, 2 * F, TW_MEM_HOST) : tw_tensor_none();
-    w.bo = r->bo ? tw_tensor_2d((void *)(r->bo + nle * H * epc), TW_F32, nle, H, TW_MEM_HOST) : tw_tensor_none();
+    w.gate = tw_tensor_2d(dev[IN_GATE], dt, H, E, mem);
+    w.wi = tw_tensor_3d(dev[IN_WI], dt, nle, H, 2 * F, mem);
+    w.wo = tw_tensor_3d(dev[IN_WO], dt, nle, F, H, mem);
+    w.bi = bias ? tw_tensor_2d(dev[IN_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
+    w.bo = bias ? tw_tensor_2d(dev[IN_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_moe_grads g;
-    g.gate = tw_tensor_2d(g_gate, TW_F32, H, E, TW_MEM_HOST);
-    g.wi = tw_tensor_3d(g_wi, TW_F32, nle, H, 2 * F, TW_MEM_HOST);
-    g.wo = tw_tensor_3d(g_wo, TW_F32, nle, F, H, TW_MEM_HOST);
-    g.bi = r->bi ? tw_tensor_2d(g_bi, TW_F32, nle, 2 * F, TW_MEM_HOST) : tw_tensor_none();
-    g.bo = r->bo ? tw_tensor_2d(g_bo, TW_F32, nle, H, TW_MEM_HOST) : tw_tensor_none();
-    tw_tensor tx = tw_tensor_2d(x, dt, Tl, H, TW_MEM_HOST), tout = tw_tensor_2d(out, dt, Tl, H, TW_MEM_HOST);
-    tw_tensor tdo = tw_tensor_2d(d_out, dt, Tl, H, TW_MEM_HOST), tdx = tw_tensor_2d(dx, dt, Tl, H, TW_MEM_HOST);
-    tw_tensor taux = tw_tensor_1d(&aux, TW_F32, 1, TW_MEM_HOST);
+    g.gate = tw_tensor_2d(dev[G_GATE], TW_F32, H, E, mem);
+    g.wi = tw_tensor_3d(dev[G_WI], TW_F32, nle, H, 2 * F, mem);
+    g.wo = tw_tensor_3d(dev[G_WO], TW_F32, nle, F, H, mem);
+    g.bi = bias ? tw_tensor_2d(dev[G_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
+    g.bo = bias ? tw_tensor_2d(dev[G_BO], TW_F32, nle, H, mem) : tw_tensor_none();
+    tw_tensor tx = tw_tensor_2d(dev[IN_X], dt, Tl, H, mem), tout = tw_tensor_2d(dev[OUT_Y], dt, Tl, H, mem);
+    tw_tensor tdo = tw_tensor_2d(dev[IN_DOUT], dt, Tl, H, mem), tdx = tw_tensor_2d(dev[OUT_DX], dt, Tl, H, mem);
+    tw_tensor taux = tw_tensor_1d(dev[OUT_AUX], TW_F32, 1, mem);
     /* two layers: layer 2 runs on other tokens (d_out as its x, x as its d_out: other routing)
      * between layer 1's forward and backward, which must not notice */
-    tw_tensor tout2 = tw_tensor_2d(out2, dt, Tl, H, TW_MEM_HOST), taux2 = tw_tensor_1d(&aux2, TW_F32, 1, TW_MEM_HOST);
+    tw_tensor tout2 = tw_tensor_2d(dev[OUT_Y2], dt, Tl, H, mem), taux2 = tw_tensor_1d(dev[OUT_AUX2], TW_F32, 1, mem);
     if (s == TW_OK) s = tw_moe_forward(m[0], &tx, &w, &tout, &taux);
     if (s == TW_OK && layers == 2) s = tw_moe_forward(m[1], &tdo, &w, &tout2, &taux2);
     if (s == TW_OK && layers == 2) s = tw_moe_backward(m[1], &tdo, &w, &tx, r->d_aux, &tdx, &g);
     if (s == TW_OK) s = tw_moe_backward(m[0], &tx, &w, &tdo, r->d_aux, &tdx, &g);
+    if (s == TW_OK) s = tw_ctx_sync(ctx);
+    if (s == TW_OK) s = tw_ctx_check(ctx);
   }
+  for (int i = OUT_Y; s == TW_OK && i < NBUF; i++)
+    if (host[i]) s = unstage(ctx, host[i], dev[i], t[i], n[i]);
   if (s == TW_OK) {
-    if (r->out) to_f32(r->out + Tl * H * shard, out, Tl * H, dt);
-    if (r->dx) to_f32(r->dx + Tl * H * shard, dx, Tl * H, dt);
-    if (rank == 0 && r->aux) r->aux[0] = aux;
-    if (rank == 0 && r->dgate) memcpy(r->dgate, g_gate, sizeof(float) * (size_t)(H * E));
+    if (r->out) to_f32(r->out + Tl * H * shard, host[OUT_Y], Tl * H, dt);
+    if (r->dx) to_f32(r->dx + Tl * H * shard, host[OUT_DX], Tl * H, dt);
+    if (rank == 0 && r->aux) r->aux[0] = *(float *)host[OUT_AUX];
+    if (rank == 0 && r->dgate) memcpy(r->dgate, host[G_GATE], sizeof(float) * (size_t)(H * E));
     if (dpc == 0) {
-      if (r->dwi) memcpy(r->dwi + nle * H * 2 * F * epc, g_wi, sizeof(float) * (size_t)(nle * H * 2 * F));
-      if (r->dwo) memcpy(r->dwo + nle * F * H * epc, g_wo, sizeof(float) * (size_t)(nle * F * H));
-      if (r->bi && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, g_bi, sizeof(float) * (size_t)(nle * 2 * F));
-      if (r->bo && r->dbo) memcpy(r->dbo + nle * H * epc, g_bo, sizeof(float) * (size_t)(nle * H));
+      if (r->dwi) memcpy(r->dwi + nle * H * 2 * F * epc, host[G_WI], sizeof(float) * (size_t)n[G_WI]);
+      if (r->dwo) memcpy(r->dwo + nle * F * H * epc, host[G_WO], sizeof(float) * (size_t)n[G_WO]);
+      if (bias && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, host[G_BI], sizeof(float) * (size_t)n[G_BI]);
+      if (bias && r->dbo) memcpy(r->dbo + nle * H * epc, host[G_BO], sizeof(float) * (size_t)n[G_BO]);
     }
   }
   for (int l = 0; l < 2; l++) tw_moe_destroy(m[l]);
+  for (int i = 0; i < NBUF; i++) {
+    if (dev[i] && dev[i] != host[i]) tw_free(ctx, dev[i]);
+    free(host[i]);
+  }
+  return s;
+}
+
+static tw_status rank_fn(int rank, tw_comm *comm, void *arg) {
+  job *j = (job *)arg;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  tw_status s = tw_ctx_create(&ctx, &cc);
+  if (s == TW_OK) s = tw_moe_run_rank(ctx, j->run, rank, j->nranks);
   tw_ctx_destroy(ctx);
-  free(x); free(gate); free(wi); free(wo); free(d_out); free(out); free(dx); free(out2);
-  free(g_gate); free(g_wi); free(g_wo); free(g_bi); free(g_bo);
   if (s != TW_OK) tw_comm_abort(comm);
   return s;
 }
@@ -118,7 +154,7 @@ tw_status tw_moe_run_threads(tw_moe_threads_run *r) {
   int n = r->mesh.naxes ? tw_mesh_ranks(&r->mesh) : 1;
   if (n < 1 || r->T % n != 0)
     return tw_error(TW_ERR_INVALID_ARG, "moe_run_threads: T = %lld tokens do not split over %d ranks", (long long)r->T, n);
-  if (r->mesh.naxes == 0) {
+  if (r->mesh.naxes == 0) { /* one rank */
     tw_axis ax = TW_AXIS_EP;
     int one = 1;
     TW_TRY(tw_mesh_init(&r->mesh, 1, &ax, &one));

@@ -1,4 +1,4 @@
-/* The MoE block on ref thread ranks from global f32 tensors (tests, `twin` tools): each rank
+/* The MoE block on ref thread ranks (or one rank on any context) from global f32 tensors (tests, `twin` tools): each rank
  * takes its token shard (dim 0 split over (dp, ep), ep minor) and the experts of its ep
  * coordinate, runs forward then backward, and the global outputs are put back together. */
 #ifndef TWIN_MOE_THREADS_H
@@ -23,5 +23,11 @@ typedef struct {
 } tw_moe_threads_run;
 
 tw_status tw_moe_run_threads(tw_moe_threads_run *run);
+
+/* One rank's part of run on ctx (any backend; ctx's communicator is the rank's world of
+ * nranks, and run->mesh must be set): inputs staged into ctx memory, outputs written back
+ * into run's global host buffers. tw_moe_run_threads calls it on ref thread ranks; GPU tests
+ * call it with a device context. */
+tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *run, int rank, int nranks);
 
 #endif
