@@ -14,6 +14,8 @@
 #include "twin/tw_moe.h"
 #include "twin/tw_router.h"
 
+int tw_moe_plant_skip_dp_reduce = 0;
+
 struct tw_moe {
   tw_ctx *ctx;
   tw_moe_config cfg;
@@ -416,6 +418,7 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   TW_TRY(step(mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1), op, "dgrad gate"));
   TW_TRY(step(mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0), op, "wgrad gate"));
   TW_TRY(step(reduce(m, m->tok_comm, &grads->gate), op, "d_gate sum"));
+  if (tw_moe_plant_skip_dp_reduce) return TW_OK;
   TW_TRY(step(reduce(m, m->dp_comm, &grads->wi), op, "d_wi sum over dp"));
   TW_TRY(step(reduce(m, m->dp_comm, &grads->wo), op, "d_wo sum over dp"));
   if (bias) {

@@ -27,4 +27,8 @@ tw_status tw_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const
 /* y[i] += x[i], f32. */
 tw_status tw_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n);
 
+/* Tests only (moe/fuzz.c's planted bug): nonzero = the backward skips the sum of the expert
+ * weight gradients over dp. */
+extern int tw_moe_plant_skip_dp_reduce;
+
 #endif

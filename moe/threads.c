@@ -63,7 +63,7 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   cfg.max_tokens = Tl;
   cfg.global_tokens = r->T;
   tw_dtype dt = cfg.recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
-  int layers = r->layers == 2 ? 2 : 1, bias = r->bi != NULL;
+  int layers = r->layers == 2 ? 2 : 1, bias = r->bi != NULL || r->bo != NULL;
   /* host copies in the recipe's dtype, then their ctx-memory twins */
   int64_t n[NBUF] = {Tl * H, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,
                      Tl * H, 1, 1, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H};
@@ -74,8 +74,8 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   host[IN_GATE] = as_dtype(r->gate, H * E, dt);
   host[IN_WI] = as_dtype(r->wi + nle * H * 2 * F * epc, nle * H * 2 * F, dt);
   host[IN_WO] = as_dtype(r->wo + nle * F * H * epc, nle * F * H, dt);
-  host[IN_BI] = bias ? as_dtype(r->bi + nle * 2 * F * epc, nle * 2 * F, TW_F32) : NULL;
-  host[IN_BO] = bias ? as_dtype(r->bo + nle * H * epc, nle * H, TW_F32) : NULL;
+  host[IN_BI] = r->bi ? as_dtype(r->bi + nle * 2 * F * epc, nle * 2 * F, TW_F32) : NULL;
+  host[IN_BO] = r->bo ? as_dtype(r->bo + nle * H * epc, nle * H, TW_F32) : NULL;
   host[IN_DOUT] = as_dtype(r->d_out + Tl * H * shard, Tl * H, dt);
   host[IN_EBIAS] = r->expert_bias ? as_dtype(r->expert_bias, E, TW_F32) : NULL;
   for (int i = OUT_Y; i < NBUF; i++) host[i] = calloc((size_t)(n[i] > 0 ? n[i] : 1), 4);
@@ -94,8 +94,8 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     w.gate = tw_tensor_2d(dev[IN_GATE], dt, H, E, mem);
     w.wi = tw_tensor_3d(dev[IN_WI], dt, nle, H, 2 * F, mem);
     w.wo = tw_tensor_3d(dev[IN_WO], dt, nle, F, H, mem);
-    w.bi = bias ? tw_tensor_2d(dev[IN_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
-    w.bo = bias ? tw_tensor_2d(dev[IN_BO], TW_F32, nle, H, mem) : tw_tensor_none();
+    w.bi = r->bi ? tw_tensor_2d(dev[IN_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
+    w.bo = r->bo ? tw_tensor_2d(dev[IN_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_moe_grads g;
     g.gate = tw_tensor_2d(dev[G_GATE], TW_F32, H, E, mem);
     g.wi = tw_tensor_3d(dev[G_WI], TW_F32, nle, H, 2 * F, mem);
@@ -125,8 +125,8 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     if (dpc == 0) {
       if (r->dwi) memcpy(r->dwi + nle * H * 2 * F * epc, host[G_WI], sizeof(float) * (size_t)n[G_WI]);
       if (r->dwo) memcpy(r->dwo + nle * F * H * epc, host[G_WO], sizeof(float) * (size_t)n[G_WO]);
-      if (bias && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, host[G_BI], sizeof(float) * (size_t)n[G_BI]);
-      if (bias && r->dbo) memcpy(r->dbo + nle * H * epc, host[G_BO], sizeof(float) * (size_t)n[G_BO]);
+      if (r->bi && r->bo && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, host[G_BI], sizeof(float) * (size_t)n[G_BI]);
+      if (r->bi && r->bo && r->dbo) memcpy(r->dbo + nle * H * epc, host[G_BO], sizeof(float) * (size_t)n[G_BO]);
     }
   }
   for (int l = 0; l < 2; l++) tw_moe_destroy(m[l]);
