@@ -27,13 +27,12 @@
 // A NaN logit sets the error word (GPU_ERR_NAN_LOGIT, token and expert) on every entry point;
 // the outputs of that call are then unspecified but every index written stays in [0, E).
 //
-// exp: the oracle calls the host libm's f64 exp (glibc: < 1 ulp, nearly always correctly
-// rounded); this file calls CUDA's f64 exp (max 1 ulp of f64). Where the two differ in the last
-// f64 bit, the f32 result can differ only if the f64 value lies within one f64 ulp of an f32
-// rounding boundary (probability about 2^-29 per value), and the top-k order only if two
-// experts' f64 scores are within one f64 ulp of each other without being equal. So results are
-// bit-identical except in such astronomically rare double-rounding cases; the tests check
-// every stored golden and >= 500 random cases bit for bit (tests/router_gpu_test.c).
+// exp: both sides call tw_exp_f64 (core/tw_exp.h: +, -, *, / and floor only, no FMA), not libm's
+// or CUDA's exp. With CUDA's f64 exp (1 ulp) against glibc's, 24 of 600 random cases differed
+// (H100, first run): the aux-loss gradient cancels to ~1e-19 where k = E, and one f64 ulp of a
+// probability is then the whole answer. With one exp on both sides every operation is the same
+// IEEE operation in the same order, so the results are bit-identical by construction; the
+// tests check every stored golden and 600 random cases bit for bit (tests/router_gpu_test.c).
 //
 // Shared memory per warp: 2 E f64 + group and top-k scratch + E bytes; E up to ~13000 fits one
 // warp in 227 KB. Larger E: TW_ERR_UNSUPPORTED naming E.
@@ -42,6 +41,7 @@
 #include <string.h>
 
 #include "core/backend_moe.h"
+#include "core/tw_exp.h"
 #include "gpu/gpu.h"
 #include "gpu/moe.h"
 #include "gpu/numerics.cuh"
@@ -91,7 +91,7 @@ __device__ static double logit_at(const router_args &a, int64_t i) {
 }
 
 // 1 / (1 + exp(-x)), the oracle's expression.
-__device__ static double sigmoid_d(double x) { return __ddiv_rn(1.0, __dadd_rn(1.0, exp(-x))); }
+__device__ static double sigmoid_d(double x) { return __ddiv_rn(1.0, __dadd_rn(1.0, tw_exp_f64(-x))); }
 
 // The largest of v[0..n) not blocked; ties to the lower index; -1 if none (ref argmax_free).
 __device__ static int64_t argmax_free(const double *v, const unsigned char *blocked, int64_t n) {
@@ -149,7 +149,7 @@ __device__ static void token_scores(const router_args &a, int64_t t, const warp_
       double o = __shfl_xor_sync(0xffffffffu, mx, d);
       mx = o > mx ? o : mx;
     }
-    for (int64_t e = lane; e < E; e += 32) m.s[e] = exp(__dsub_rn(m.s[e], mx));
+    for (int64_t e = lane; e < E; e += 32) m.s[e] = tw_exp_f64(__dsub_rn(m.s[e], mx));
     __syncwarp();
     double sum = 0.0;
     if (lane == 0)
@@ -212,7 +212,7 @@ __device__ static void topk_weights_of(const router_args &a, const warp_smem &m)
     double *v = m.v, mx = -INFINITY, sum = 0.0;
     for (int j = 0; j < k; j++) v[j] = m.s[m.idx[j]];
     for (int j = 0; j < k; j++) mx = v[j] > mx ? v[j] : mx;
-    for (int j = 0; j < k; j++) sum = __dadd_rn(sum, w[j] = exp(__dsub_rn(v[j], mx)));
+    for (int j = 0; j < k; j++) sum = __dadd_rn(sum, w[j] = tw_exp_f64(__dsub_rn(v[j], mx)));
     for (int j = 0; j < k; j++) w[j] = __ddiv_rn(w[j], sum);
   } else {
     double sum = 0.0;
@@ -279,7 +279,7 @@ __global__ void router_bwd_warp(router_args a, const int32_t *__restrict__ topk_
           // v_j = selected logits, then p_j = softmax(v)_j in place (ref: softmax(v, k, p))
           for (int j = 0; j < k; j++) v[j] = m.s[id[j]];
           for (int j = 0; j < k; j++) mx = v[j] > mx ? v[j] : mx;
-          for (int j = 0; j < k; j++) sum = __dadd_rn(sum, v[j] = exp(__dsub_rn(v[j], mx)));
+          for (int j = 0; j < k; j++) sum = __dadd_rn(sum, v[j] = tw_exp_f64(__dsub_rn(v[j], mx)));
           for (int j = 0; j < k; j++) v[j] = __ddiv_rn(v[j], sum);
           for (int j = 0; j < k; j++) gp = __dadd_rn(gp, __dmul_rn(g[j], v[j]));
           for (int j = 0; j < k; j++) ds[id[j]] = __dmul_rn(v[j], __dsub_rn(g[j], gp));
