@@ -1,11 +1,15 @@
 /* Stored router and EP cases (golden/gen_router.py, golden/gen_ep.py) through the one checker,
  * so `twin check`, `twin port` and the Criterion golden tests judge them the same way.
  *
+ * Device contexts get device copies of every input and output (mirror_in / mirror_out, which
+ * also reads the device error word after each call).
  * router: topk_idx and counts bit for bit; topk_weights, d_logits, aux_loss and aux_d_logits
  *   against the f64 golden within |got - exact| <= c u |exact| + tiny, u = 2^-24: the oracle
  *   computes in f64 and rounds once to f32 (c = 2: one rounding, plus the golden's own f64
  *   noise; the aux loss and its gradient sum T*E terms in f64 before rounding, c = 4).
- * ep: the case's ep_size ranks run as threads of ctx's backend (the ref thread communicator);
+ * ep: the case's ep_size ranks run as threads of ctx's backend (ref: the thread communicator;
+ *   gpu: NCCL with rank r on GPU r, skipped with "needs N GPUs, sees n" where fewer are
+ *   visible; inputs and outputs are copied to and from each rank's device);
  *   dispatch (rows, scales, weights, group sizes, drops), combine (weighted, unweighted),
  *   dispatch_bwd and combine_bwd bit for bit: twin fixes the slot order and every sum's order. */
 #include <stdio.h>
@@ -18,6 +22,11 @@
 #include "twin/tw_ep.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_router.h"
+
+/* The gpu side is linked only into binaries with //gpu (weak: NULL elsewhere). */
+#pragma weak tw_gpu_device_count
+#pragma weak tw_comm_init_nccl_local
+int tw_gpu_device_count(void); /* gpu/probe.cu */
 
 #define U32 (1.0 / 16777216.0)
 
@@ -97,6 +106,46 @@ static int skip_if_missing(tw_ctx *ctx, int have, const char *op, tw_golden_resu
   return 1;
 }
 
+/* ---- host <-> the context's memory ---------------------------------------------------------- */
+/* A device context gets device copies of the inputs and device outputs, read back after the
+ * call (and after tw_ctx_check, so a device-side error is the call's status). A host context
+ * works on the host tensors themselves. */
+#define MIRROR_MAX 32
+typedef struct {
+  tw_ctx *ctx;
+  void *bufs[MIRROR_MAX];
+  int n;
+} mirror;
+
+static int on_device(const mirror *m) { return tw_ctx_mem(m->ctx) != TW_MEM_HOST; }
+
+/* d = h in the context's memory (a copy when it is device memory); none stays none. */
+static tw_status mirror_in(mirror *m, const tw_tensor *h, tw_tensor *d) {
+  *d = *h;
+  if (!on_device(m) || tw_tensor_is_none(h)) return TW_OK;
+  d->mem = tw_ctx_mem(m->ctx);
+  d->data = NULL;
+  size_t bytes = tw_tensor_bytes(h);
+  if (!bytes) return TW_OK;
+  if (m->n == MIRROR_MAX) return tw_error(TW_ERR_INTERNAL, "routing golden: too many device buffers");
+  TW_TRY(tw_alloc(m->ctx, bytes, &d->data));
+  m->bufs[m->n++] = d->data;
+  return tw_tensor_copy(m->ctx, d, h);
+}
+
+/* Reads d back into h after checking the device (no-op for a host context). */
+static tw_status mirror_out(mirror *m, tw_tensor *h, const tw_tensor *d) {
+  if (!on_device(m) || tw_tensor_is_none(h)) return TW_OK;
+  TW_TRY(tw_ctx_check(m->ctx));
+  if (!tw_tensor_bytes(h)) return TW_OK;
+  return tw_tensor_copy(m->ctx, h, d);
+}
+
+static void mirror_free(mirror *m) {
+  for (int i = 0; i < m->n; i++) tw_free(m->ctx, m->bufs[i]);
+  m->n = 0;
+}
+
 /* ---- router -------------------------------------------------------------------------------- */
 tw_status tw_golden_run_router(tw_ctx *ctx, const char *dir, const tw_case_keys *k, tw_golden_result *res) {
   if (skip_if_missing(ctx, ctx->ops->router != NULL, "the router", res)) return TW_OK;
@@ -133,16 +182,35 @@ tw_status tw_golden_run_router(tw_ctx *ctx, const char *dir, const tw_case_keys 
   tw_tensor t_cnt = tw_tensor_1d(cnt, TW_I32, E, TW_MEM_HOST), t_dl = tw_tensor_2d(dl, TW_F32, T, E, TW_MEM_HOST);
   tw_tensor t_loss = tw_tensor_1d(&loss, TW_F32, 1, TW_MEM_HOST);
   const double tiny = 1e-30; /* far below every stored value's f32 spacing */
-  if (s == TW_OK) s = tw_router_fwd(ctx, &logits, &o, &t_idx, &t_w, &t_cnt);
+  /* the same tensors in the context's memory (device copies for a gpu context) */
+  mirror m = {ctx, {0}, 0};
+  tw_tensor d_logits_in, d_bias, d_dw, d_idx, d_w, d_cnt, d_dl, d_lossv;
+  if (s == TW_OK) s = mirror_in(&m, &logits, &d_logits_in);
+  if (s == TW_OK) s = mirror_in(&m, &bias, &d_bias);
+  if (s == TW_OK) s = mirror_in(&m, &dw, &d_dw);
+  if (s == TW_OK) s = mirror_in(&m, &t_idx, &d_idx);
+  if (s == TW_OK) s = mirror_in(&m, &t_w, &d_w);
+  if (s == TW_OK) s = mirror_in(&m, &t_cnt, &d_cnt);
+  if (s == TW_OK) s = mirror_in(&m, &t_dl, &d_dl);
+  if (s == TW_OK) s = mirror_in(&m, &t_loss, &d_lossv);
+  o.expert_bias = d_bias;
+  if (s == TW_OK) s = tw_router_fwd(ctx, &d_logits_in, &o, &d_idx, &d_w, &d_cnt);
+  if (s == TW_OK) s = mirror_out(&m, &t_idx, &d_idx);
+  if (s == TW_OK) s = mirror_out(&m, &t_w, &d_w);
+  if (s == TW_OK) s = mirror_out(&m, &t_cnt, &d_cnt);
   if (s == TW_OK) s = exact(res, dir, "topk_idx", "topk_idx", &t_idx);
   if (s == TW_OK) s = exact(res, dir, "counts", "counts", &t_cnt);
   if (s == TW_OK) s = close_f64(res, dir, "topk_weights", &t_w, 2, tiny);
-  if (s == TW_OK) s = tw_router_bwd(ctx, &logits, &o, &t_idx, &dw, &t_dl);
+  if (s == TW_OK) s = tw_router_bwd(ctx, &d_logits_in, &o, &d_idx, &d_dw, &d_dl);
+  if (s == TW_OK) s = mirror_out(&m, &t_dl, &d_dl);
   if (s == TW_OK) s = close_f64(res, dir, "d_logits", &t_dl, 2, 1e-12);
-  if (s == TW_OK) s = tw_router_aux_loss(ctx, &logits, &o, &t_cnt, (float)coeff, &t_loss);
+  if (s == TW_OK) s = tw_router_aux_loss(ctx, &d_logits_in, &o, &d_cnt, (float)coeff, &d_lossv);
+  if (s == TW_OK) s = mirror_out(&m, &t_loss, &d_lossv);
   if (s == TW_OK) s = close_f64(res, dir, "aux_loss", &t_loss, 4, tiny);
-  if (s == TW_OK) s = tw_router_aux_loss_bwd(ctx, &logits, &o, &t_cnt, (float)coeff, (float)d_loss, &t_dl);
+  if (s == TW_OK) s = tw_router_aux_loss_bwd(ctx, &d_logits_in, &o, &d_cnt, (float)coeff, (float)d_loss, &d_dl);
+  if (s == TW_OK) s = mirror_out(&m, &t_dl, &d_dl);
   if (s == TW_OK) s = close_f64(res, dir, "aux_d_logits", &t_dl, 4, 1e-12);
+  mirror_free(&m);
   free(idx); free(cnt); free(w); free(dl);
   free(logits.data); free(bias.data); free(dw.data);
   return s;
@@ -191,6 +259,7 @@ static tw_status ep_rank(int r, tw_comm *comm, void *arg) {
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.backend = c->backend;
   cc.comm = comm;
+  cc.device = c->backend == TW_BACKEND_REF ? 0 : r; /* gpu: rank r on GPU r (one NCCL rank per GPU) */
   TW_TRY(tw_ctx_create(&ctx, &cc));
   tw_tensor tok = tw_tensor_none(), idx = tw_tensor_none(), w = tw_tensor_none(), dout = tw_tensor_none();
   tw_tensor scl = tw_tensor_none(), y = tw_tensor_none(), dy = tw_tensor_none(), dyw = tw_tensor_none();
@@ -228,25 +297,59 @@ static tw_status ep_rank(int r, tw_comm *comm, void *arg) {
   tw_tensor tgs = tw_tensor_1d(gs, TW_I32, nle, TW_MEM_HOST), tdr = tw_tensor_1d(dropped, TW_I32, nle, TW_MEM_HOST);
   tw_tensor tout = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST), tdtok = tw_tensor_2d(dtok, TW_F32, T, H, TW_MEM_HOST);
   tw_tensor tdtw = tw_tensor_2d(dtw, TW_F32, T, k, TW_MEM_HOST), tdexp = tw_tensor_2d(dexp, TW_F32, R, H, TW_MEM_HOST);
-  if (s == TW_OK) s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &trecv, &rscl_t, &trw, &tgs, &tdr);
+  /* inputs and outputs in the context's memory (device copies for a gpu rank) */
+  mirror m = {ctx, {0}, 0};
+  tw_tensor D_tok, D_scl, D_idx, D_w, D_recv, D_rscl, D_rw, D_gs, D_dr, D_y, D_out, D_dy, D_dyw, D_dtok, D_dtw, D_dout,
+      D_dexp;
+  if (s == TW_OK) s = mirror_in(&m, &tok, &D_tok);
+  if (s == TW_OK) s = mirror_in(&m, &scl, &D_scl);
+  if (s == TW_OK) s = mirror_in(&m, &idx, &D_idx);
+  if (s == TW_OK) s = mirror_in(&m, &w, &D_w);
+  if (s == TW_OK) s = mirror_in(&m, &dout, &D_dout);
+  if (s == TW_OK) s = mirror_in(&m, &trecv, &D_recv);
+  if (s == TW_OK) s = mirror_in(&m, &rscl_t, &D_rscl);
+  if (s == TW_OK) s = mirror_in(&m, &trw, &D_rw);
+  if (s == TW_OK) s = mirror_in(&m, &tgs, &D_gs);
+  if (s == TW_OK) s = mirror_in(&m, &tdr, &D_dr);
+  if (s == TW_OK) s = mirror_in(&m, &tout, &D_out);
+  if (s == TW_OK) s = mirror_in(&m, &tdtok, &D_dtok);
+  if (s == TW_OK) s = mirror_in(&m, &tdtw, &D_dtw);
+  if (s == TW_OK) s = mirror_in(&m, &tdexp, &D_dexp);
+  if (s == TW_OK) s = tw_ep_dispatch(ctx, layer, &D_tok, &D_scl, &D_idx, &D_w, &D_recv, &D_rscl, &D_rw, &D_gs, &D_dr);
+  if (s == TW_OK) s = mirror_out(&m, &trecv, &D_recv);
+  if (s == TW_OK) s = mirror_out(&m, &rscl_t, &D_rscl);
+  if (s == TW_OK) s = mirror_out(&m, &trw, &D_rw);
+  if (s == TW_OK) s = mirror_out(&m, &tgs, &D_gs);
+  if (s == TW_OK) s = mirror_out(&m, &tdr, &D_dr);
   if (s == TW_OK) s = ep_exact(c, r, "recv_tokens", &trecv);
   if (s == TW_OK && c->scale_block) s = ep_exact(c, r, "recv_scales", &rscl_t);
   if (s == TW_OK) s = ep_exact(c, r, "recv_weights", &trw);
   if (s == TW_OK) s = ep_exact(c, r, "group_sizes", &tgs);
   if (s == TW_OK) s = ep_exact(c, r, "dropped", &tdr);
   if (s == TW_OK) s = ep_load(c, "expert_out", r, &y);
-  if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &tout);
+  if (s == TW_OK) s = mirror_in(&m, &y, &D_y);
+  if (s == TW_OK) s = tw_ep_combine(ctx, layer, &D_y, &D_w, &D_out);
+  if (s == TW_OK) s = mirror_out(&m, &tout, &D_out);
   if (s == TW_OK) s = ep_exact(c, r, "out", &tout);
-  if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &none, &tout);
+  if (s == TW_OK) s = tw_ep_combine(ctx, layer, &D_y, &none, &D_out);
+  if (s == TW_OK) s = mirror_out(&m, &tout, &D_out);
   if (s == TW_OK) s = ep_exact(c, r, "out_unweighted", &tout);
   if (s == TW_OK) s = ep_load(c, "d_recv", r, &dy);
   if (s == TW_OK) s = ep_load(c, "d_recv_weights", r, &dyw);
-  if (s == TW_OK) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &dyw, &tdtok, &tdtw);
+  if (s == TW_OK) s = mirror_in(&m, &dy, &D_dy);
+  if (s == TW_OK) s = mirror_in(&m, &dyw, &D_dyw);
+  if (s == TW_OK) s = tw_ep_dispatch_bwd(ctx, layer, &D_dy, &D_dyw, &D_dtok, &D_dtw);
+  if (s == TW_OK) s = mirror_out(&m, &tdtok, &D_dtok);
+  if (s == TW_OK) s = mirror_out(&m, &tdtw, &D_dtw);
   if (s == TW_OK) s = ep_exact(c, r, "d_tokens", &tdtok);
   if (s == TW_OK) s = ep_exact(c, r, "d_topk_weights", &tdtw);
-  if (s == TW_OK) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &tdexp, &tdtw);
+  if (s == TW_OK) s = tw_ep_combine_bwd(ctx, layer, &D_dout, &D_w, &D_y, &D_dexp, &D_dtw);
+  if (s == TW_OK) s = mirror_out(&m, &tdexp, &D_dexp);
+  if (s == TW_OK) s = mirror_out(&m, &tdtw, &D_dtw);
   if (s == TW_OK) s = ep_exact(c, r, "d_expert_out", &tdexp);
   if (s == TW_OK) s = ep_exact(c, r, "d_topk_weights_combine", &tdtw);
+  if (on_device(&m)) tw_ctx_sync(ctx);
+  mirror_free(&m);
   free(recv); free(rscl); free(rw); free(out); free(dtok); free(dtw); free(dexp); free(gs); free(dropped);
   free(tok.data); free(scl.data); free(idx.data); free(w.data); free(dout.data);
   free(y.data); free(dy.data); free(dyw.data);
@@ -258,13 +361,6 @@ static tw_status ep_rank(int r, tw_comm *comm, void *arg) {
 
 tw_status tw_golden_run_ep(tw_ctx *ctx, const char *dir, const tw_case_keys *k, tw_golden_result *res) {
   if (skip_if_missing(ctx, ctx->ops->ep != NULL, "EP dispatch/combine", res)) return TW_OK;
-  if (tw_ctx_backend(ctx) != TW_BACKEND_REF) {
-    /* the case's ranks are threads sharing host memory; a device backend's EP needs a
-     * communicator of its own memory (its tests run it against these same formulas) */
-    res->skipped = 1;
-    snprintf(res->detail, sizeof res->detail, "EP goldens run on ref thread ranks (the case's ranks share host memory)");
-    return TW_OK;
-  }
   ep_case *c = (ep_case *)calloc(1, sizeof *c);
   if (!c) return tw_error(TW_ERR_MEMORY, "ep golden: out of memory");
   double expect_error = 0;
@@ -295,7 +391,22 @@ tw_status tw_golden_run_ep(tw_ctx *ctx, const char *dir, const tw_case_keys *k, 
     c->policy = strcmp(policy, "drop") == 0 ? TW_EP_OVERFLOW_DROP : TW_EP_OVERFLOW_ERROR;
   }
   tw_comm *comms[EP_MAXR] = {0};
-  if (s == TW_OK) s = tw_comm_init_threads(c->n, comms);
+  if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) {
+    /* a device backend: the case's ranks are threads over NCCL, rank r on GPU r */
+    int have = tw_gpu_device_count ? tw_gpu_device_count() : 0;
+    if (have < c->n || !tw_comm_init_nccl_local) {
+      res->skipped = 1;
+      snprintf(res->detail, sizeof res->detail, "needs %d GPUs, sees %d (EP on the gpu backend: one NCCL rank per GPU)",
+               c->n, have);
+      free(c);
+      return TW_OK;
+    }
+    int devs[EP_MAXR];
+    for (int r = 0; r < c->n; r++) devs[r] = r;
+    s = tw_comm_init_nccl_local(c->n, devs, comms);
+  } else if (s == TW_OK) {
+    s = tw_comm_init_threads(c->n, comms);
+  }
   if (s == TW_OK) {
     tw_status rs = tw_run_ranks(c->n, comms, ep_rank, c);
     for (int r = 0; r < c->n; r++) tw_comm_destroy(comms[r]);
@@ -305,7 +416,9 @@ tw_status tw_golden_run_ep(tw_ctx *ctx, const char *dir, const tw_case_keys *k, 
       memset(&rep, 0, sizeof rep);
       rep.worst_index = -1;
       rep.count = 1;
-      rep.passed = rs == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "receive rows") != NULL;
+      /* ref refuses on the host (TW_ERR_INVALID_ARG); a device backend sees the counts on the
+       * device and reports through the error word (TW_ERR_DEVICE) with the same words */
+      rep.passed = (rs == TW_ERR_INVALID_ARG || rs == TW_ERR_DEVICE) && strstr(tw_last_error(), "receive rows") != NULL;
       rep.mismatches = !rep.passed;
       tw_golden_record(res, "capacity_error", &rep);
       if (!rep.passed)

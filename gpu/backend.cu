@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "gpu/gpu.h"
+#include "gpu/moe.h"
 
 extern "C" int tw_gpu_device_count(void);  // gpu/probe.cu
 
@@ -22,6 +23,8 @@ extern "C" int tw_gpu_device_count(void);  // gpu/probe.cu
 #pragma weak gpu_grouped_gemm
 #pragma weak gpu_grouped_gemm_wgrad
 #pragma weak gpu_gemm_fini
+#pragma weak gpu_router
+#pragma weak gpu_ep
 
 // Default sizes: the workspace is cuBLASLt's (32 MiB covers Hopper's largest heuristic);
 // scratch holds per-call prefix sums and per-group values and grows on demand.
@@ -119,6 +122,11 @@ static const char *op_name(long long op) {
     case GPU_OP_DEQUANTIZE: return "grouped_dequantize";
     case GPU_OP_GROUPED_GEMM: return "grouped_gemm";
     case GPU_OP_GROUPED_GEMM_WGRAD: return "grouped_gemm_wgrad";
+    case GPU_OP_ROUTER: return "router";
+    case GPU_OP_ROUTER_BWD: return "router_bwd";
+    case GPU_OP_ROUTER_AUX: return "router_aux_loss";
+    case GPU_OP_ROUTER_AUX_BWD: return "router_aux_loss_bwd";
+    case GPU_OP_EP_DISPATCH: return "ep_dispatch";
     default: return "gpu operation";
   }
 }
@@ -137,6 +145,19 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
     case GPU_ERR_GROUP_ALIGN:
       return tw_error(TW_ERR_DEVICE, "%s: group_sizes[%lld] = %lld breaks the operation's alignment (seen on the device)",
                       op, w[2], w[3]);
+    case GPU_ERR_NAN_LOGIT:
+      return tw_error(TW_ERR_DEVICE, "%s: logits[%lld, %lld] is NaN (seen on the device)", op, w[2], w[3]);
+    case GPU_ERR_EXPERT_ID:
+      return tw_error(TW_ERR_DEVICE, "%s: topk_idx[%lld, %lld] = %d is not an expert id (outside [0, E); seen on the device)",
+                      op, w[2], (long long)gpu_unpack_slot(w[3]), (int)gpu_unpack_id(w[3]));
+    case GPU_ERR_EXPERT_TWICE:
+      return tw_error(TW_ERR_DEVICE, "%s: token %lld lists expert %d twice (again at topk_idx slot %lld; seen on the device)",
+                      op, w[2], (int)gpu_unpack_id(w[3]), (long long)gpu_unpack_slot(w[3]));
+    case GPU_ERR_EP_CAPACITY:
+      return tw_error(TW_ERR_DEVICE,
+                      "%s: rank %lld needs %lld receive rows (per-expert counts rounded up to the alignment) but "
+                      "recv_capacity is %lld (overflow policy: error; nothing was written; seen on the device)",
+                      op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
     default:
       return tw_error(TW_ERR_DEVICE, "%s: device error code %lld (a = %lld, b = %lld)", op, w[0], w[2], w[3]);
   }
@@ -308,4 +329,6 @@ const tw_backend_ops tw_gpu_ops = {
     /* gemm */ gpu_gemm,
     /* grouped_gemm */ gpu_grouped_gemm,
     /* grouped_gemm_wgrad */ gpu_grouped_gemm_wgrad,
+    /* router */ &gpu_router,
+    /* ep */ &gpu_ep,
 };

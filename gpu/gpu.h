@@ -37,12 +37,22 @@ enum gpu_err_code {
   GPU_ERR_GROUP_NEGATIVE = 1,   // a = group index, b = its size
   GPU_ERR_GROUP_SUM = 2,        // a = sum of sizes, b = rows available
   GPU_ERR_GROUP_ALIGN = 3,      // a = group index, b = its size (must be a multiple of ...)
+  // MoE routing (gpu/router.cu, gpu/ep.cu; gpu/moe.h packs the values)
+  GPU_ERR_NAN_LOGIT = 20,       // a = token, b = expert
+  GPU_ERR_EXPERT_ID = 21,       // a = token, b = gpu_pack_id_slot(id, slot): id outside [0, E)
+  GPU_ERR_EXPERT_TWICE = 22,    // a = token, b = gpu_pack_id_slot(id, slot): id listed twice
+  GPU_ERR_EP_CAPACITY = 23,     // a = rank, b = gpu_pack_rows(demand, recv_capacity)
 };
 enum gpu_op_id {
   GPU_OP_QUANTIZE = 1,
   GPU_OP_DEQUANTIZE = 2,
   GPU_OP_GROUPED_GEMM = 3,
   GPU_OP_GROUPED_GEMM_WGRAD = 4,
+  GPU_OP_ROUTER = 20,
+  GPU_OP_ROUTER_BWD = 21,
+  GPU_OP_ROUTER_AUX = 22,
+  GPU_OP_ROUTER_AUX_BWD = 23,
+  GPU_OP_EP_DISPATCH = 24,
 };
 
 #ifdef __CUDACC__

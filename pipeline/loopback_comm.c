@@ -20,6 +20,7 @@ typedef struct lgroup {
   /* per-rank slots of the current call */
   const void **send;
   void **recv;
+  const int64_t **sdispl; /* all_to_allv: each rank's send displacements */
   int *color, *key;
   struct lgroup **made;  /* split: the group each rank joins */
   int *made_rank;
@@ -33,12 +34,13 @@ static lgroup *lgroup_new(int n) {
   pthread_cond_init(&g->cv, NULL);
   g->send = (const void **)calloc((size_t)n, sizeof *g->send);
   g->recv = (void **)calloc((size_t)n, sizeof *g->recv);
+  g->sdispl = (const int64_t **)calloc((size_t)n, sizeof *g->sdispl);
   g->color = (int *)calloc((size_t)n, sizeof(int));
   g->key = (int *)calloc((size_t)n, sizeof(int));
   g->made = (lgroup **)calloc((size_t)n, sizeof *g->made);
   g->made_rank = (int *)calloc((size_t)n, sizeof(int));
-  if (!g->send || !g->recv || !g->color || !g->key || !g->made || !g->made_rank) {
-    free(g->send); free(g->recv); free(g->color); free(g->key); free(g->made); free(g->made_rank); free(g);
+  if (!g->send || !g->recv || !g->sdispl || !g->color || !g->key || !g->made || !g->made_rank) {
+    free(g->send); free(g->recv); free(g->sdispl); free(g->color); free(g->key); free(g->made); free(g->made_rank); free(g);
     return NULL;
   }
   return g;
@@ -51,7 +53,7 @@ static void lgroup_unref(lgroup *g) {
   if (left > 0) return;
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
-  free(g->send); free(g->recv); free(g->color); free(g->key); free(g->made); free(g->made_rank); free(g);
+  free(g->send); free(g->recv); free(g->sdispl); free(g->color); free(g->key); free(g->made); free(g->made_rank); free(g);
 }
 
 static tw_status barrier(tw_comm *c, const char *op) {
@@ -115,6 +117,7 @@ typedef struct {
   int64_t count;
   size_t esize;
   const int *perm;
+  const int64_t *rcount, *rdispl; /* all_to_allv, the caller's */
 } args;
 
 static tw_status ag_body(tw_comm *c, tw_ctx *ctx, void *p) {
@@ -143,8 +146,27 @@ static tw_status pp_body(tw_comm *c, tw_ctx *ctx, void *p) {
   return b ? tw_memset(ctx, g->recv[c->rank], 0, b) : TW_OK;
 }
 
+/* all_to_allv: block rank of peer j's send (at its sdispl[rank]) into recv at rdispl[j]. */
+static tw_status a2a_body(tw_comm *c, tw_ctx *ctx, void *p) {
+  args *a = (args *)p;
+  lgroup *g = (lgroup *)c->impl;
+  for (int j = 0; j < g->n; j++)
+    TW_TRY(copy_bytes(ctx, (char *)g->recv[c->rank] + (size_t)a->rdispl[j] * a->esize,
+                      (const char *)g->send[j] + (size_t)g->sdispl[j][c->rank] * a->esize, (size_t)a->rcount[j] * a->esize));
+  return TW_OK;
+}
+
+static tw_status lb_all_to_allv(tw_comm *c, tw_ctx *ctx, const void *send, const int64_t *sc, const int64_t *sd,
+                                void *recv, const int64_t *rc, const int64_t *rd, tw_dtype dt) {
+  (void)sc;
+  lgroup *g = (lgroup *)c->impl;
+  g->sdispl[c->rank] = sd; /* published before collective()'s first barrier */
+  args a = {0, tw_dtype_storage_bytes(dt, 1), NULL, rc, rd};
+  return collective(c, ctx, "all_to_allv", send, recv, a2a_body, &a);
+}
+
 static tw_status lb_all_gather(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt) {
-  args a = {count, tw_dtype_storage_bytes(dt, 1), NULL};
+  args a = {count, tw_dtype_storage_bytes(dt, 1), NULL, NULL, NULL};
   return collective(c, ctx, "all_gather", send, recv, ag_body, &a);
 }
 
@@ -153,13 +175,13 @@ static tw_status lb_reduce_scatter(tw_comm *c, tw_ctx *ctx, const void *send, vo
   if (dt != TW_F32 || op != TW_REDUCE_SUM)
     return tw_error(TW_ERR_UNSUPPORTED, "reduce_scatter: the loopback communicator sums f32 only (got %s %s)",
                     tw_dtype_name(dt), tw_reduce_op_name(op));
-  args a = {count, 4, NULL};
+  args a = {count, 4, NULL, NULL, NULL};
   return collective(c, ctx, "reduce_scatter", send, recv, rs_body, &a);
 }
 
 static tw_status lb_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
                              const int *perm) {
-  args a = {count, tw_dtype_storage_bytes(dt, 1), perm};
+  args a = {count, tw_dtype_storage_bytes(dt, 1), perm, NULL, NULL};
   return collective(c, ctx, "ppermute", send, recv, pp_body, &a);
 }
 
@@ -183,9 +205,9 @@ static tw_status lb_destroy(tw_comm *c) {
 
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out);
 
-static const tw_comm_ops lb_host = {"loopback", TW_MEM_HOST, lb_all_gather, lb_reduce_scatter, NULL, NULL,
+static const tw_comm_ops lb_host = {"loopback", TW_MEM_HOST, lb_all_gather, lb_reduce_scatter, NULL, lb_all_to_allv,
                                     lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
-static const tw_comm_ops lb_device = {"loopback", TW_MEM_DEVICE, lb_all_gather, lb_reduce_scatter, NULL, NULL,
+static const tw_comm_ops lb_device = {"loopback", TW_MEM_DEVICE, lb_all_gather, lb_reduce_scatter, NULL, lb_all_to_allv,
                                       lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
 
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out) {

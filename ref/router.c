@@ -1,9 +1,12 @@
 /* The oracle's router (tw_router.h): straight loops over one token at a time, f64 inside,
- * f32 out. Read it against the formulas in the header. */
+ * f32 out. Read it against the formulas in the header. exp is twin's own tw_exp_f64
+ * (core/tw_exp.h), not libm's, so the oracle gives the same bits on every host and the CUDA
+ * twin (gpu/router.cu) can equal it bit for bit. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/tw_exp.h"
 #include "ref/ref_moe.h"
 #include "twin/tw_numerics.h"
 
@@ -15,11 +18,11 @@ static double logit_at(const tw_tensor *l, int64_t i) {
 static void softmax(const double *x, int64_t n, double *out) {
   double mx = -INFINITY, sum = 0.0;
   for (int64_t i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-  for (int64_t i = 0; i < n; i++) sum += out[i] = exp(x[i] - mx);
+  for (int64_t i = 0; i < n; i++) sum += out[i] = tw_exp_f64(x[i] - mx);
   for (int64_t i = 0; i < n; i++) out[i] /= sum;
 }
 
-static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double sigmoid(double x) { return 1.0 / (1.0 + tw_exp_f64(-x)); }
 
 /* The largest of v[0..n) not yet taken (and allowed); ties to the lower index. -1 if none. */
 static int64_t argmax_free(const double *v, const unsigned char *blocked, int64_t n) {

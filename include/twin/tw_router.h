@@ -1,5 +1,7 @@
 /* twin MoE router: top-k expert selection and its weights, with backward and the
- * load-balancing aux loss (TE router semantics, te-semantics.md §4.3). Computed in f32.
+ * load-balancing aux loss (TE router semantics, te-semantics.md §4.3). Computed in f64 and
+ * rounded once to f32 (the oracle, ref/router.c, and the CUDA twin, gpu/router.cu, give the
+ * same bits: every sum in the same order, exp from twin's own tw_exp_f64, core/tw_exp.h).
  *
  * Inputs: logits [T, E] f32 (bf16 accepted, widened to f32 first), E experts, k = topk.
  * Scores used for selection (sel) and the values the weights come from (val):

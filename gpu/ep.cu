@@ -1,0 +1,691 @@
+// gpu/ep.cu — expert-parallel dispatch / combine of tw_ep.h on the GPU, bit for bit equal to
+// ref/ep.c (the same slots, the same f32 sums in the same order).
+//
+// Build: //gpu:routing (nvcc -fmad=false: combine's w * y + acc stays two roundings, as in the
+// oracle).
+//
+// Version ep_nccl_slots (the baseline on NCCL's host API; the only version so far):
+//   * counts stay on the device: the routes are counted per chunk of 1024 (one warp per chunk),
+//     the per-expert counts of this rank are all-gathered (tw_all_gather on the communicator,
+//     in place), and one block derives every rank's slab layout from them (kept, offsets,
+//     group_sizes, dropped; capacity checked for every rank alike, as the oracle does);
+//   * the payload travels in fixed worst-case per-peer slots: S = max_tokens * min(k, NLE)
+//     rows of rb bytes per peer (distinct ids per token: a token sends at most min(k, NLE) rows
+//     to one rank), exchanged by one grouped ncclSend/ncclRecv (the communicator's all_to_allv
+//     with equal host-known counts), so no count ever goes to the host;
+//   * local kernels pack a route's row into its slot (send order: by expert, then t, then j;
+//     the rank within an expert from a per-chunk prefix, computed in order by one warp per
+//     chunk with __match_any_sync) and unpack the received rows into the expert-major
+//     layout (every destination row written once: routed rows, then zero padding / tail).
+//   No device-to-host copy, no host synchronization, no allocation per step: dispatch, combine
+//   and both backward ops can be captured in a CUDA graph. With ep_size 1 the exchange is
+//   NCCL's send/recv to self and the whole step is a local permutation.
+//   Rows on the wire: dispatch carries token bytes, scale bytes and the f32 weight; the way
+//   back carries rows in the caller's dtype (f32 or bf16) plus one f32 per slot, widened to
+//   f32 only where the oracle sums them, so every sum sees the oracle's values.
+//
+// Device-side checks (the ids live on the device): an id outside [0, E) or listed twice in a
+// token sets the error word (GPU_ERR_EXPERT_ID / GPU_ERR_EXPERT_TWICE, token, slot and id) and
+// that route is left out (counted nowhere, sent nowhere, combined as dropped); a capacity
+// overflow under the error policy sets GPU_ERR_EP_CAPACITY (rank, demand, R) on every rank
+// and the step writes none of its outputs (later combine / backward give zeros). No index is
+// ever formed from an unchecked id, and the exchange always moves the same fixed bytes, so a
+// bad step cannot hang the peers.
+//
+// Next (issue 13): fp8 rows on the wire as codes + scales in the grouped GEMM's layout; the
+// fast path on NCCL's device API (LSA pointers into the peers' receive slabs, no padding on the
+// wire); the 2-GPU sweep on a machine with 2 GPUs.
+#include <stdint.h>
+#include <string.h>
+
+#include "core/backend_moe.h"
+#include "gpu/gpu.h"
+#include "gpu/moe.h"
+#include "gpu/numerics.cuh"
+#include "twin/tw_comm.h"
+
+namespace {
+
+#define EP_CHUNK 1024  // routes per counting chunk (32 steps of one warp)
+
+struct ep_impl {
+  unsigned char *send, *recv;  // [n * S * rb] each
+  int64_t S;                   // rows per peer slot
+  size_t rb;                   // bytes per staged row (multiple of 16)
+};
+
+struct layer_impl {
+  void *base;
+  int32_t *chunk_counts, *chunk_base;  // [nchunks_max * E]
+  int32_t *counts_all;                 // [n * E]
+  int64_t *kept, *offs;                // [n * NLE], [n * (NLE + 1)]
+  int64_t *mykept, *sendbase;          // [E]
+  int64_t *before, *recv_pref;         // [n * NLE]
+  int64_t *route_pos;                  // [max_tokens * k] staging row of a route, -1: none
+  int64_t *recv_src;                   // [R] staging row of a destination slot, -1: none
+  int32_t *flag;                       // 1: the last dispatch failed (capacity, error policy)
+  int64_t nchunks_max;
+};
+
+// ---- row copies ---------------------------------------------------------------------------
+
+// One warp copies `bytes` bytes (16-byte vectors where both sides allow it).
+__device__ static void warp_copy(void *dst, const void *src, size_t bytes) {
+  const int lane = threadIdx.x & 31;
+  uintptr_t a = (uintptr_t)dst | (uintptr_t)src;
+  if ((a & 15) == 0 && (bytes & 15) == 0) {
+    for (size_t i = lane; i < bytes / 16; i += 32) ((uint4 *)dst)[i] = ((const uint4 *)src)[i];
+  } else if ((a & 3) == 0 && (bytes & 3) == 0) {
+    for (size_t i = lane; i < bytes / 4; i += 32) ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i];
+  } else {
+    for (size_t i = lane; i < bytes; i += 32) ((unsigned char *)dst)[i] = ((const unsigned char *)src)[i];
+  }
+}
+
+__device__ static void warp_zero(void *dst, size_t bytes) {
+  const int lane = threadIdx.x & 31;
+  if (((uintptr_t)dst & 15) == 0 && (bytes & 15) == 0) {
+    for (size_t i = lane; i < bytes / 16; i += 32) ((uint4 *)dst)[i] = make_uint4(0, 0, 0, 0);
+  } else if (((uintptr_t)dst & 3) == 0 && (bytes & 3) == 0) {
+    for (size_t i = lane; i < bytes / 4; i += 32) ((uint32_t *)dst)[i] = 0;
+  } else {
+    for (size_t i = lane; i < bytes; i += 32) ((unsigned char *)dst)[i] = 0;
+  }
+}
+
+__device__ static float load_f32(const void *p, int bf16, int64_t i) {
+  return bf16 ? tw_bf16_to_f32_d(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+__device__ static void store_f32(void *p, int bf16, int64_t i, float v) {
+  if (bf16) ((uint16_t *)p)[i] = tw_f32_to_bf16_d(v);
+  else ((float *)p)[i] = v;
+}
+
+// ---- routing tables -----------------------------------------------------------------------
+
+// The expert of route q, or -1 when it is invalid (reported once, by the counting kernel).
+__device__ static int route_expert(const int32_t *idx, int64_t q, int k, int E, long long *err, int report) {
+  int32_t e = idx[q];
+  int64_t t = q / k, j = q % k;
+  if (e < 0 || e >= E) {
+    if (report) gpu_report(err, GPU_ERR_EXPERT_ID, GPU_OP_EP_DISPATCH, t, gpu_pack_id_slot(e, j));
+    return -1;
+  }
+  for (int64_t i = 0; i < j; i++)
+    if (idx[t * k + i] == e) {
+      if (report) gpu_report(err, GPU_ERR_EXPERT_TWICE, GPU_OP_EP_DISPATCH, t, gpu_pack_id_slot(e, j));
+      return -1;
+    }
+  return e;
+}
+
+// One warp per chunk of EP_CHUNK routes: per-expert counts of the chunk.
+__global__ void ep_chunk_count(const int32_t *__restrict__ idx, int64_t routes, int k, int E,
+                               int32_t *__restrict__ chunk_counts, long long *err) {
+  extern __shared__ int32_t cnt[];
+  const int lane = threadIdx.x & 31;
+  for (int e = lane; e < E; e += 32) cnt[e] = 0;
+  __syncwarp();
+  int64_t base = (int64_t)blockIdx.x * EP_CHUNK;
+  for (int step = 0; step < EP_CHUNK / 32; step++) {
+    int64_t q = base + step * 32 + lane;
+    if (q >= routes) break;  // the tail is warp-uniform per step only at its last step: fine for atomics
+    int e = route_expert(idx, q, k, E, err, 1);
+    if (e >= 0) atomicAdd(&cnt[e], 1);
+  }
+  __syncwarp();
+  for (int e = lane; e < E; e += 32) chunk_counts[(int64_t)blockIdx.x * E + e] = cnt[e];
+}
+
+// Per expert: exclusive prefix over chunks (chunk_base) and this rank's count.
+__global__ void ep_chunk_scan(const int32_t *__restrict__ chunk_counts, int64_t nchunks, int E,
+                              int32_t *__restrict__ chunk_base, int32_t *__restrict__ count_mine) {
+  for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
+    int32_t run = 0;
+    for (int64_t c = 0; c < nchunks; c++) {
+      chunk_base[c * E + e] = run;
+      run += chunk_counts[c * E + e];
+    }
+    count_mine[e] = run;
+  }
+}
+
+struct layout_args {
+  int n, me, nle, E, policy;
+  int64_t A, R;
+};
+
+__device__ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+// One block: every rank's slabs from the gathered counts (ref slab_layout), this rank's send
+// bases and receive prefixes (ref route_tables), group_sizes and dropped.
+__global__ void ep_layout(layout_args a, const int32_t *__restrict__ counts_all, layer_impl L,
+                          int32_t *__restrict__ group_sizes, int32_t *__restrict__ dropped, long long *err) {
+  const int n = a.n, nle = a.nle, E = a.E;
+  __shared__ int failed;
+  if (threadIdx.x == 0) {
+    failed = 0;
+    for (int r = 0; r < n && !failed; r++) {  // the first rank in order, as the oracle
+      int64_t demand = 0;
+      for (int l = 0; l < nle; l++) {
+        int64_t c = 0;
+        for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + r * nle + l];
+        demand += round_up(c, a.A);
+      }
+      if (demand > a.R && a.policy == TW_EP_OVERFLOW_ERROR) {
+        gpu_report(err, GPU_ERR_EP_CAPACITY, GPU_OP_EP_DISPATCH, r, gpu_pack_rows(demand, a.R));
+        failed = 1;
+      }
+    }
+    *L.flag = failed;
+  }
+  __syncthreads();
+  if (failed) return;
+  for (int r = threadIdx.x; r < n; r += blockDim.x) {  // kept / offsets of rank r
+    int64_t o = 0;
+    for (int l = 0; l < nle; l++) {
+      int64_t c = 0;
+      for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + r * nle + l];
+      int64_t kept = c < a.R - o ? c : a.R - o;
+      L.kept[r * nle + l] = kept;
+      L.offs[(int64_t)r * (nle + 1) + l] = o;
+      o += round_up(kept, a.A);
+    }
+    L.offs[(int64_t)r * (nle + 1) + nle] = o;
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < n; r += blockDim.x) {  // this rank's routes to rank r
+    int64_t base = 0;
+    for (int l = 0; l < nle; l++) {
+      int e = r * nle + l;
+      int64_t before = 0;
+      for (int s = 0; s < a.me; s++) before += counts_all[(int64_t)s * E + e];
+      int64_t mine = counts_all[(int64_t)a.me * E + e], mk = L.kept[r * nle + l] - before;
+      mk = mk < 0 ? 0 : mk > mine ? mine : mk;
+      L.mykept[e] = mk;
+      L.sendbase[e] = base;
+      base += mk;
+    }
+  }
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {  // rows this rank receives from rank s
+    int64_t pref = 0;
+    for (int l = 0; l < nle; l++) {
+      int e = a.me * nle + l;
+      int64_t before = 0;
+      for (int s2 = 0; s2 < s; s2++) before += counts_all[(int64_t)s2 * E + e];
+      int64_t from = L.kept[a.me * nle + l] - before, cs = counts_all[(int64_t)s * E + e];
+      from = from < 0 ? 0 : from > cs ? cs : from;
+      L.before[(int64_t)s * nle + l] = before;
+      L.recv_pref[(int64_t)s * nle + l] = pref;
+      pref += from;
+    }
+  }
+  for (int l = threadIdx.x; l < nle; l += blockDim.x) {
+    int64_t c = 0;
+    for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + a.me * nle + l];
+    int64_t kept = L.kept[a.me * nle + l];
+    group_sizes[l] = (int32_t)round_up(kept, a.A);
+    if (dropped) dropped[l] = (int32_t)(c - kept);
+  }
+}
+
+// One warp per chunk, in order: the rank of each route among this rank's routes to its expert
+// (t, j order), hence its staging row r*S + sendbase[e] + rank, or -1 (dropped or invalid).
+__global__ void ep_route_pos(const int32_t *__restrict__ idx, int64_t routes, int k, int E, int nle, int64_t S,
+                             layer_impl L) {
+  extern __shared__ int32_t run[];
+  const int lane = threadIdx.x & 31;
+  const int64_t c = blockIdx.x;
+  const int failed = *L.flag;
+  for (int e = lane; e < E; e += 32) run[e] = L.chunk_base[c * E + e];
+  __syncwarp();
+  for (int step = 0; step < EP_CHUNK / 32; step++) {
+    int64_t q = c * EP_CHUNK + step * 32 + lane;
+    int e = q < routes ? route_expert(idx, q, k, E, NULL, 0) : -1;
+    unsigned same = __match_any_sync(0xffffffffu, e);
+    unsigned lower = same & ((1u << lane) - 1u);
+    int64_t rank = e >= 0 ? (int64_t)run[e] + __popc(lower) : 0;
+    __syncwarp();
+    if (e >= 0 && lower == 0) run[e] += __popc(same);  // the group's lowest lane advances it
+    __syncwarp();
+    if (q < routes) {
+      int64_t pos = -1;
+      if (e >= 0 && !failed && rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
+      L.route_pos[q] = pos;
+    }
+  }
+}
+
+// One warp per route: token row, scale row and weight into the route's staging row.
+__global__ void ep_pack_dispatch(const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
+                                 const float *__restrict__ w, int64_t routes, int k, size_t tb, size_t sb,
+                                 const int64_t *__restrict__ route_pos, unsigned char *__restrict__ send, size_t rb) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t q = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; q < routes; q += warps) {
+    int64_t p = route_pos[q];
+    if (p < 0) continue;
+    int64_t t = q / k;
+    unsigned char *row = send + (size_t)p * rb;
+    warp_copy(row, tokens + (size_t)t * tb, tb);
+    if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
+    if ((threadIdx.x & 31) == 0) memcpy(row + tb + sb, w + q, 4);
+  }
+}
+
+// Which staging row (source s's slot) fills destination row i, or -1 (padding, tail, failed).
+__device__ static int64_t source_row(int64_t i, const layer_impl &L, int n, int me, int nle, int64_t S) {
+  const int64_t *offs = L.offs + (int64_t)me * (nle + 1);
+  if (i >= offs[nle]) return -1;
+  int lo = 0, hi = nle - 1;  // the last l with offs[l] <= i
+  while (lo < hi) {
+    int mid = (lo + hi + 1) / 2;
+    if (offs[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  int l = lo;
+  int64_t ii = i - offs[l];
+  if (ii >= L.kept[(int64_t)me * nle + l]) return -1;
+  int s = 0;  // the last s with before[s][l] <= ii
+  for (int s2 = 1; s2 < n; s2++)
+    if (L.before[(int64_t)s2 * nle + l] <= ii) s = s2;
+  return (int64_t)s * S + L.recv_pref[(int64_t)s * nle + l] + (ii - L.before[(int64_t)s * nle + l]);
+}
+
+// One warp per destination row: routed rows from the staging, zeros elsewhere (ref: every
+// row written). Also records recv_src for combine and the backward.
+__global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_t rb, int64_t R, int n, int me,
+                                   int nle, int64_t S, layer_impl L, unsigned char *__restrict__ rtok, size_t tb,
+                                   unsigned char *__restrict__ rscl, size_t sb, float *__restrict__ rw) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  const int failed = *L.flag;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    if (failed) {  // nothing is written; later steps see no routes
+      if ((threadIdx.x & 31) == 0) L.recv_src[i] = -1;
+      continue;
+    }
+    int64_t p = source_row(i, L, n, me, nle, S);
+    if ((threadIdx.x & 31) == 0) L.recv_src[i] = p;
+    if (p >= 0) {
+      const unsigned char *row = recv + (size_t)p * rb;
+      warp_copy(rtok + (size_t)i * tb, row, tb);
+      if (sb) warp_copy(rscl + (size_t)i * sb, row + tb, sb);
+      if ((threadIdx.x & 31) == 0) memcpy(rw + i, row + tb + sb, 4);
+    } else {
+      warp_zero(rtok + (size_t)i * tb, tb);
+      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if ((threadIdx.x & 31) == 0) rw[i] = 0.0f;
+    }
+  }
+}
+
+// Destination rows back into the receive staging (the way back): row i (es * H bytes) and
+// optionally one f32 per slot at byte 4 H.
+__global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_bytes, const float *__restrict__ per_slot,
+                             int64_t R, const int64_t *__restrict__ recv_src, unsigned char *__restrict__ recv,
+                             size_t rb, int64_t H) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    int64_t p = recv_src[i];
+    if (p < 0) continue;
+    unsigned char *row = recv + (size_t)p * rb;
+    warp_copy(row, rows + (size_t)i * row_bytes, row_bytes);
+    if ((threadIdx.x & 31) == 0) {
+      float v = per_slot ? per_slot[i] : 0.0f;
+      memcpy(row + 4 * H, &v, 4);
+    }
+  }
+}
+
+// out[t] = sum_j w[t, j] * y(route) in f32, j order (combine), or d_tokens[t] = sum_j g(route)
+// (dispatch_bwd: w == NULL and unit == 0 means "no product", as the oracle adds g itself).
+// One block per token; d_w (dispatch_bwd) takes the per-slot f32.
+__global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb, int y_bf16, int64_t T, int k,
+                              int64_t H, const int64_t *__restrict__ route_pos, const float *__restrict__ w,
+                              int weighted_form, void *__restrict__ out, int out_bf16, float *__restrict__ d_w) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; j++) {
+        int64_t p = route_pos[t * k + j];
+        if (p < 0) continue;
+        float y = load_f32(send + (size_t)p * rb, y_bf16, h);
+        if (weighted_form) acc = __fadd_rn(acc, __fmul_rn(w ? w[t * k + j] : 1.0f, y));
+        else acc = __fadd_rn(acc, y);
+      }
+      store_f32(out, out_bf16, t * H + h, acc);
+    }
+    if (d_w)
+      for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        int64_t p = route_pos[t * k + j];
+        float g = 0.0f;
+        if (p >= 0) memcpy(&g, send + (size_t)p * rb + 4 * H, 4);
+        d_w[t * k + j] = g;
+      }
+  }
+}
+
+// combine_bwd, source side: staging row of route q = w[q] * d_out[t] (f32), in d_out's dtype.
+__global__ void ep_pack_dout(const void *__restrict__ d_out, int bf16, const float *__restrict__ w, int64_t routes,
+                             int k, int64_t H, const int64_t *__restrict__ route_pos, unsigned char *__restrict__ send,
+                             size_t rb) {
+  for (int64_t q = blockIdx.x; q < routes; q += gridDim.x) {
+    int64_t p = route_pos[q];
+    if (p < 0) continue;
+    int64_t t = q / k;
+    float wq = w ? w[q] : 1.0f;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+      store_f32(send + (size_t)p * rb, bf16, h, __fmul_rn(wq, load_f32(d_out, bf16, t * H + h)));
+  }
+}
+
+// combine_bwd, destination side: d_expert_out[i] = the received row, zeros elsewhere.
+__global__ void ep_unpack_rows(const unsigned char *__restrict__ recv, size_t rb, int64_t R,
+                               const int64_t *__restrict__ recv_src, unsigned char *__restrict__ out, size_t row_bytes) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    int64_t p = recv_src[i];
+    if (p >= 0) warp_copy(out + (size_t)i * row_bytes, recv + (size_t)p * rb, row_bytes);
+    else warp_zero(out + (size_t)i * row_bytes, row_bytes);
+  }
+}
+
+// combine_bwd d_topk_weights: one thread per route, sum_h d_out[t, h] * y[h] in f32, h order.
+__global__ void ep_dot_routes(const unsigned char *__restrict__ send, size_t rb, int y_bf16, const void *__restrict__ d_out,
+                              int d_bf16, int64_t routes, int k, int64_t H, const int64_t *__restrict__ route_pos,
+                              float *__restrict__ d_w) {
+  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x) {
+    int64_t p = route_pos[q], t = q / k;
+    float acc = 0.0f;
+    if (p >= 0) {
+      const unsigned char *y = send + (size_t)p * rb;
+      for (int64_t h = 0; h < H; h++)
+        acc = __fadd_rn(acc, __fmul_rn(load_f32(d_out, d_bf16, t * H + h), load_f32(y, y_bf16, h)));
+    }
+    d_w[q] = acc;
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------
+
+static int grid_for(tw_ctx *ctx, int64_t work, int per_block) {
+  int64_t b = (work + per_block - 1) / per_block, cap = (int64_t)gpu_of(ctx)->num_sms * 8;
+  if (b < 1) b = 1;
+  return (int)(b < cap ? b : cap);
+}
+
+static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+static size_t fwd_row_bytes(const tw_ep *ep) {
+  const tw_ep_config *c = &ep->cfg;
+  return tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
+         tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) + 4;
+}
+
+// A forced version of this family must be ep_nccl_slots (names of other families are left alone).
+static tw_status ep_version(tw_ctx *ctx, const char *op) {
+  const char *k = tw_ctx_kernel(ctx);
+  if (!k || strncmp(k, "ep_", 3) != 0 || strcmp(k, "ep_nccl_slots") == 0) return TW_OK;
+  return tw_error(TW_ERR_INVALID_ARG, "%s: no kernel version named '%s' (have ep_nccl_slots)", op, k);
+}
+
+static tw_status gpu_ep_create(tw_ep *ep) {
+  TW_TRY(ep_version(ep->ctx, "ep_create"));
+  const tw_comm_ops *co = ep->comm->ops;
+  if (!co->all_gather || !co->all_to_allv || !co->barrier)
+    return tw_error(TW_ERR_UNSUPPORTED, "ep_create: the '%s' communicator lacks all_gather, all_to_allv or barrier",
+                    co->name);
+  const tw_ep_config *c = &ep->cfg;
+  ep_impl *im = (ep_impl *)calloc(1, sizeof *im);
+  if (!im) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
+  int64_t kk = c->topk < ep->nle ? c->topk : ep->nle;
+  im->S = c->max_tokens * kk;
+  size_t back = (size_t)c->hidden * 4 + 4, fwd = fwd_row_bytes(ep);
+  im->rb = round16(fwd > back ? fwd : back);
+  size_t bytes = (size_t)ep->ep_size * (size_t)im->S * im->rb;
+  tw_status s = TW_OK;
+  if (bytes) {
+    s = tw_alloc(ep->ctx, bytes, (void **)&im->send);
+    if (s == TW_OK) s = tw_alloc(ep->ctx, bytes, (void **)&im->recv);
+  }
+  if (s == TW_OK) s = co->barrier(ep->comm, ep->ctx);  // every rank must come
+  if (s != TW_OK) {
+    if (im->send) tw_free(ep->ctx, im->send);
+    if (im->recv) tw_free(ep->ctx, im->recv);
+    free(im);
+    return s;
+  }
+  ep->impl = im;
+  return TW_OK;
+}
+
+static tw_status gpu_ep_destroy(tw_ep *ep) {
+  ep_impl *im = (ep_impl *)ep->impl;
+  if (!im) return TW_OK;
+  tw_status s = TW_OK;
+  if (im->send) s = tw_free(ep->ctx, im->send);
+  if (im->recv) {
+    tw_status s2 = tw_free(ep->ctx, im->recv);
+    if (s == TW_OK) s = s2;
+  }
+  free(im);
+  ep->impl = NULL;
+  return s;
+}
+
+static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  int64_t n = ep->ep_size, E = c->num_experts, nle = ep->nle, routes = c->max_tokens * c->topk;
+  int64_t nch = (routes + EP_CHUNK - 1) / EP_CHUNK, R = c->recv_capacity;
+  layer_impl *L = (layer_impl *)calloc(1, sizeof *L);
+  if (!L) return tw_error(TW_ERR_MEMORY, "ep_layer_create: out of host memory");
+  L->nchunks_max = nch;
+  // i64 arrays first (8-byte aligned), then i32
+  size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R;
+  size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + 1;
+  tw_status s = tw_alloc(ep->ctx, n64 * 8 + n32 * 4, &L->base);
+  if (s != TW_OK) {
+    free(L);
+    return s;
+  }
+  int64_t *p = (int64_t *)L->base;
+  L->kept = p; p += n * nle;
+  L->before = p; p += n * nle;
+  L->recv_pref = p; p += n * nle;
+  L->offs = p; p += n * (nle + 1);
+  L->mykept = p; p += E;
+  L->sendbase = p; p += E;
+  L->route_pos = p; p += routes;
+  L->recv_src = p; p += R;
+  int32_t *q = (int32_t *)p;
+  L->chunk_counts = q; q += nch * E;
+  L->chunk_base = q; q += nch * E;
+  L->counts_all = q; q += n * E;
+  L->flag = q;
+  // a combine before any dispatch is refused by core; still, start from "no routes"
+  s = tw_memset(ep->ctx, L->base, 0xff, n64 * 8);
+  if (s == TW_OK) s = tw_memset(ep->ctx, L->flag, 0, 4);
+  if (s != TW_OK) {
+    tw_free(ep->ctx, L->base);
+    free(L);
+    return s;
+  }
+  layer->impl = L;
+  return TW_OK;
+}
+
+static tw_status gpu_ep_layer_destroy(tw_ep_layer *layer) {
+  layer_impl *L = (layer_impl *)layer->impl;
+  if (!L) return TW_OK;
+  tw_status s = tw_free(layer->ep->ctx, L->base);
+  free(L);
+  layer->impl = NULL;
+  return s;
+}
+
+// The fixed-slot exchange: every peer gets S rows of rb bytes (forward: send -> recv).
+static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward) {
+  ep_impl *im = (ep_impl *)ep->impl;
+  int n = ep->ep_size;
+  int64_t cnt[2 * 8], *counts = cnt, *displs = cnt + n;
+  int64_t *heap = NULL;
+  if (n > 8) {
+    heap = (int64_t *)malloc(sizeof(int64_t) * 2 * (size_t)n);
+    if (!heap) return tw_error(TW_ERR_MEMORY, "ep: out of host memory");
+    counts = heap;
+    displs = heap + n;
+  }
+  int64_t slot = im->S * (int64_t)im->rb;
+  for (int r = 0; r < n; r++) {
+    counts[r] = slot;
+    displs[r] = r * slot;
+  }
+  tw_comm *c = ep->comm;
+  tw_status s = forward ? c->ops->all_to_allv(c, ctx, im->send, counts, displs, im->recv, counts, displs, TW_U8)
+                        : c->ops->all_to_allv(c, ctx, im->recv, counts, displs, im->send, counts, displs, TW_U8);
+  free(heap);
+  return s;
+}
+
+static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                 const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                 const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
+                                 tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  gpu_state *st = gpu_of(ctx);
+  cudaStream_t stream = st->stream;
+  const tw_ep_config *c = &ep->cfg;
+  int E = c->num_experts, k = c->topk, nle = ep->nle, n = ep->ep_size, me = ep->rank;
+  int64_t T = tokens->shape[0], routes = T * k, nch = (routes + EP_CHUNK - 1) / EP_CHUNK, R = c->recv_capacity;
+  size_t smem = (size_t)E * 4;
+  if (smem > (48u << 10)) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(ep_chunk_count, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "ep_dispatch: shared memory for E counters");
+    GPU_TRY_CUDA(cudaFuncSetAttribute(ep_route_pos, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "ep_dispatch: shared memory for E counters");
+  }
+  const int32_t *idx = (const int32_t *)topk_idx->data;
+  if (nch) {
+    ep_chunk_count<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, L->chunk_counts, st->err_word);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: count launch");
+  }
+  int32_t *mine = L->counts_all + (int64_t)me * E;
+  ep_chunk_scan<<<(E + 255) / 256, 256, 0, stream>>>(L->chunk_counts, nch, E, L->chunk_base, mine);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: scan launch");
+  TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
+  layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R};
+  ep_layout<<<1, 256, 0, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
+                                   tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data, st->err_word);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: layout launch");
+  size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
+  size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
+  if (nch) {
+    ep_route_pos<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, nle, im->S, *L);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
+    ep_pack_dispatch<<<grid_for(ctx, routes, 8), 256, 0, stream>>>(
+        (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
+        (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->send, im->rb);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: pack launch");
+  }
+  TW_TRY(exchange(ctx, ep, 1));
+  if (R) {
+    ep_unpack_dispatch<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
+        im->recv, im->rb, R, n, me, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
+        sb ? (unsigned char *)recv_scales->data : NULL, sb, (float *)recv_weights->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: unpack launch");
+  }
+  return TW_OK;
+}
+
+// Destination rows (and an optional per-slot f32) back to the sources' send staging.
+static tw_status rows_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const tw_tensor *per_slot) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  int64_t R = ep->cfg.recv_capacity, H = ep->cfg.hidden;
+  if (R) {
+    ep_pack_back<<<grid_for(ctx, R, 8), 256, 0, gpu_of(ctx)->stream>>>(
+        (const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, H),
+        per_slot && !tw_tensor_is_none(per_slot) ? (const float *)per_slot->data : NULL, R, L->recv_src, im->recv,
+        im->rb, H);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep: pack-back launch");
+  }
+  return exchange(ctx, ep, 0);
+}
+
+static unsigned sum_threads(int64_t H) { return H >= 256 ? 256u : (unsigned)((H + 31) / 32 * 32); }
+
+static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
+                                const tw_tensor *topk_weights, tw_tensor *out) {
+  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  int64_t T = layer->tokens, H = ep->cfg.hidden;
+  if (T == 0 || H == 0) return TW_OK;
+  ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H), 0, gpu_of(ctx)->stream>>>(
+      im->send, im->rb, expert_out->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos,
+      tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data, 1, out->data,
+      out->dtype == TW_BF16, NULL);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: launch");
+  return TW_OK;
+}
+
+static tw_status gpu_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,
+                                     const tw_tensor *d_recv_weights, tw_tensor *d_tokens,
+                                     tw_tensor *d_topk_weights) {
+  TW_TRY(rows_back(ctx, layer, d_recv, d_recv_weights));
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  int64_t T = layer->tokens, H = ep->cfg.hidden;
+  if (T == 0) return TW_OK;
+  ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, gpu_of(ctx)->stream>>>(
+      im->send, im->rb, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
+      d_tokens->dtype == TW_BF16, tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_bwd: launch");
+  return TW_OK;
+}
+
+static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                    const tw_tensor *topk_weights, const tw_tensor *expert_out,
+                                    tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  cudaStream_t stream = gpu_of(ctx)->stream;
+  int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
+  int k = ep->cfg.topk;
+  int bf16 = d_out->dtype == TW_BF16;
+  const float *w = tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data;
+  if (T * k) {
+    ep_pack_dout<<<grid_for(ctx, T * k, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
+        d_out->data, bf16, w, T * k, k, H, L->route_pos, im->send, im->rb);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: pack launch");
+  }
+  TW_TRY(exchange(ctx, ep, 1));
+  if (R) {
+    ep_unpack_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(im->recv, im->rb, R, L->recv_src,
+                                                            (unsigned char *)d_expert_out->data,
+                                                            tw_dtype_storage_bytes(d_expert_out->dtype, H));
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: unpack launch");
+  }
+  if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
+  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
+  if (T * k) {
+    ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(im->send, im->rb, expert_out->dtype == TW_BF16,
+                                                                  d_out->data, bf16, T * k, k, H, L->route_pos,
+                                                                  (float *)d_topk_weights->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
+  }
+  return TW_OK;
+}
+
+}  // namespace
+
+extern "C" const tw_ep_backend gpu_ep = {
+    gpu_ep_create,    gpu_ep_destroy,  gpu_ep_layer_create, gpu_ep_layer_destroy,
+    gpu_ep_dispatch,  gpu_ep_combine,  gpu_ep_dispatch_bwd, gpu_ep_combine_bwd,
+};

@@ -1,0 +1,643 @@
+/* EP dispatch / combine on the gpu backend (gpu/ep.cu, version ep_nccl_slots) against the
+ * oracle (ref/ep.c), bit for bit:
+ *   1 GPU   every stored EP golden with ep_size 1 through the runner `twin check` uses (NCCL
+ *           communicator of one rank: the exchange is NCCL send/recv to self), the others
+ *           skipped with "needs N GPUs, sees n"; 600 seeded random cases with ep_size 1 (E 1..64,
+ *           k 1..8, T 0..max_tokens, H 1..300 and awkward, f32 / bf16 / e4m3 with 1x128 or MXFP8
+ *           scales / e5m2, alignment 1..16, no-drop capacity, drop policy with small R, error
+ *           policy overflow) comparing dispatch (rows, scales, weights, group sizes, dropped),
+ *           combine weighted and unweighted, dispatch_bwd and combine_bwd from poisoned outputs;
+ *           device-side errors (id out of range, id twice, capacity overflow: error word, no
+ *           write, the next step works); dispatch -> combine captured in one CUDA graph and
+ *           replayed with new routing written into the same buffers, each replay vs the oracle.
+ *   1 GPU, several ranks: ep_size 2 and 4 as threads on GPU 0 over the loopback communicator
+ *           (160 random cases, error-policy overflow included) against the ref threads;
+ *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
+ *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
+ *           with "needs 2 GPUs, sees n" where fewer are visible. */
+#include <criterion/criterion.h>
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "golden/runner.h"
+#include "pipeline/loopback_comm.h"
+#include "tests/test_util.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_ep.h"
+#include "twin/tw_numerics.h"
+
+int tw_gpu_device_count(void); /* gpu/probe.cu */
+
+#define NEED_GPUS(n)                                                     \
+  do {                                                                   \
+    setenv("NCCL_NVLS_ENABLE", "0", 0);                                  \
+    int have_ = tw_gpu_device_count();                                   \
+    if (have_ < (n)) cr_skip_test("needs %d GPUs, sees %d", (n), have_); \
+  } while (0)
+
+#define MAXR 4
+
+/* ---- a random scenario for n ranks --------------------------------------------------------- */
+typedef struct {
+  int n, E, k, A, scale_block;
+  int64_t H, maxT, R, T[MAXR];
+  tw_dtype dt, ydt;
+  tw_ep_overflow policy;
+  unsigned char *tok[MAXR], *scl[MAXR];
+  int32_t *idx[MAXR];
+  float *w[MAXR], *rdw[MAXR];
+  unsigned char *y[MAXR], *dy[MAXR], *dout[MAXR];
+} scen;
+
+typedef struct { /* every output of one rank */
+  unsigned char *recv, *rscl, *out, *outu, *dtok, *dexp;
+  float *rw, *dtw, *dtwc;
+  int32_t *gs, *dr;
+  tw_status st; /* of dispatch (error cases) */
+} outs;
+
+static size_t tokb(const scen *c) { return tw_dtype_storage_bytes(c->dt, c->H); }
+static int64_t scols(const scen *c) { return c->scale_block ? c->H / c->scale_block : 0; }
+static tw_dtype sdt(const scen *c) { return c->scale_block == 32 ? TW_E8M0 : TW_F32; }
+static size_t sclb(const scen *c) { return c->scale_block ? tw_dtype_storage_bytes(sdt(c), scols(c)) : 0; }
+static size_t yb(const scen *c) { return tw_dtype_storage_bytes(c->ydt, c->H); }
+
+static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = (float)tt_rand_uniform(st, -2, 2);
+    if (dt == TW_F32) ((float *)p)[i] = v;
+    else if (dt == TW_BF16) ((uint16_t *)p)[i] = tw_f32_to_bf16(v);
+    else p[i] = (unsigned char)(tt_rand_u64(st) & 0x7e); /* fp8 codes, no NaN */
+  }
+}
+
+static void scen_make(scen *c, int n, uint64_t seed) {
+  uint64_t st = seed;
+  memset(c, 0, sizeof *c);
+  c->n = n;
+  static const int Es[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
+  do c->E = Es[tt_rand_u64(&st) % 10]; while (c->E % n);
+  c->k = 1 + (int)(tt_rand_u64(&st) % (uint64_t)(c->E < 8 ? c->E : 8));
+  int d = (int)(tt_rand_u64(&st) % 6);
+  c->dt = d == 0 ? TW_F32 : d <= 2 ? TW_BF16 : d <= 4 ? TW_E4M3 : TW_E5M2;
+  static const int64_t Hs[] = {1, 3, 8, 17, 64, 96, 128, 160, 256, 300};
+  if (tw_dtype_is_fp8(c->dt)) {
+    c->scale_block = (tt_rand_u64(&st) & 1) ? 128 : 32;
+    c->H = c->scale_block * (1 + (int64_t)(tt_rand_u64(&st) % 3));
+  } else {
+    c->H = Hs[tt_rand_u64(&st) % 10];
+  }
+  c->ydt = (tt_rand_u64(&st) & 1) ? TW_F32 : TW_BF16;
+  static const int As[] = {1, 1, 2, 4, 8, 16};
+  c->A = As[tt_rand_u64(&st) % 6];
+  c->maxT = 1 + (int64_t)(tt_rand_u64(&st) % 96);
+  for (int r = 0; r < n; r++) {
+    c->T[r] = (int64_t)(tt_rand_u64(&st) % (uint64_t)(c->maxT + 1));
+    if (tt_rand_u64(&st) % 8 == 0) c->T[r] = c->maxT;
+  }
+  int skew = (int)(tt_rand_u64(&st) % 3 == 0);
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = c->k; cfg.max_tokens = c->maxT; cfg.alignment = c->A;
+  int64_t nodrop = tw_ep_capacity_no_drop(&cfg, n);
+  int p = (int)(tt_rand_u64(&st) % 6);
+  c->policy = p == 5 ? TW_EP_OVERFLOW_ERROR : p >= 3 ? TW_EP_OVERFLOW_DROP : TW_EP_OVERFLOW_ERROR;
+  c->R = p >= 3 ? c->A * (1 + (int64_t)(tt_rand_u64(&st) % (uint64_t)(nodrop / c->A / 2 + 1))) : nodrop;
+  for (int r = 0; r < n; r++) {
+    int64_t T = c->T[r];
+    c->tok[r] = malloc(tokb(c) * (size_t)T + 1);
+    c->scl[r] = malloc(sclb(c) * (size_t)T + 1);
+    c->idx[r] = malloc((size_t)(T * c->k) * 4 + 4);
+    c->w[r] = malloc((size_t)(T * c->k) * 4 + 4);
+    c->dout[r] = malloc(yb(c) * (size_t)T + 1);
+    c->y[r] = malloc(yb(c) * (size_t)c->R + 1);
+    c->dy[r] = malloc(yb(c) * (size_t)c->R + 1);
+    c->rdw[r] = malloc((size_t)c->R * 4 + 4);
+    fill_f(c->tok[r], c->dt, T * c->H, &st);
+    if (c->scale_block == 128) for (int64_t i = 0; i < T * scols(c); i++) ((float *)c->scl[r])[i] = (float)tt_rand_uniform(&st, 0.1, 4);
+    if (c->scale_block == 32) for (int64_t i = 0; i < T * scols(c); i++) c->scl[r][i] = (unsigned char)(100 + tt_rand_u64(&st) % 50);
+    for (int64_t t = 0; t < T; t++) { /* k distinct ids per token */
+      int perm[64];
+      for (int e = 0; e < c->E; e++) perm[e] = e;
+      for (int j = 0; j < c->k; j++) {
+        int lim = skew && c->E > 2 * c->k ? 2 * c->k : c->E;
+        int m = j + (int)(tt_rand_u64(&st) % (uint64_t)(lim - j));
+        int tmp = perm[j]; perm[j] = perm[m]; perm[m] = tmp;
+        c->idx[r][t * c->k + j] = perm[j];
+      }
+    }
+    for (int64_t i = 0; i < T * c->k; i++) c->w[r][i] = (float)tt_rand_uniform(&st, -1, 1);
+    fill_f(c->dout[r], c->ydt, T * c->H, &st);
+    fill_f(c->y[r], c->ydt, c->R * c->H, &st);
+    fill_f(c->dy[r], c->ydt, c->R * c->H, &st);
+    for (int64_t i = 0; i < c->R; i++) c->rdw[r][i] = (float)tt_rand_uniform(&st, -1, 1);
+  }
+}
+
+static void scen_free(scen *c) {
+  for (int r = 0; r < c->n; r++) {
+    free(c->tok[r]); free(c->scl[r]); free(c->idx[r]); free(c->w[r]); free(c->dout[r]); free(c->y[r]);
+    free(c->dy[r]); free(c->rdw[r]);
+  }
+}
+
+static void outs_alloc(outs *o, const scen *c, int r) {
+  int nle = c->E / c->n;
+  int64_t T = c->T[r], R = c->R;
+  o->recv = malloc(tokb(c) * (size_t)R + 1); memset(o->recv, 0xAB, tokb(c) * (size_t)R);
+  o->rscl = malloc(sclb(c) * (size_t)R + 1); memset(o->rscl, 0xAB, sclb(c) * (size_t)R);
+  o->out = malloc(yb(c) * (size_t)T + 1);
+  o->outu = malloc(yb(c) * (size_t)T + 1);
+  o->dtok = malloc(yb(c) * (size_t)T + 1);
+  o->dexp = malloc(yb(c) * (size_t)R + 1);
+  o->rw = malloc((size_t)R * 4 + 4); memset(o->rw, 0xAB, (size_t)R * 4);
+  o->dtw = malloc((size_t)(T * c->k) * 4 + 4);
+  o->dtwc = malloc((size_t)(T * c->k) * 4 + 4);
+  o->gs = malloc((size_t)nle * 4); memset(o->gs, 0xAB, (size_t)nle * 4);
+  o->dr = malloc((size_t)nle * 4); memset(o->dr, 0xAB, (size_t)nle * 4);
+}
+static void outs_free(outs *o) {
+  free(o->recv); free(o->rscl); free(o->out); free(o->outu); free(o->dtok); free(o->dexp); free(o->rw); free(o->dtw);
+  free(o->dtwc); free(o->gs); free(o->dr);
+}
+
+/* ---- one rank's step on either backend ----------------------------------------------------- */
+typedef struct {
+  tw_ctx *ctx;
+  void *b[24];
+  int nb;
+} dmem;
+
+static tw_tensor put(dmem *m, const void *h, tw_dtype dt, int ndim, int64_t d0, int64_t d1, int copy) {
+  tw_tensor t = ndim == 1 ? tw_tensor_1d((void *)h, dt, d0, TW_MEM_HOST) : tw_tensor_2d((void *)h, dt, d0, d1, TW_MEM_HOST);
+  if (tw_ctx_mem(m->ctx) == TW_MEM_HOST) return t;
+  tw_tensor d = t;
+  d.mem = TW_MEM_DEVICE;
+  d.data = NULL;
+  size_t bytes = tw_tensor_bytes(&t);
+  if (bytes) {
+    cr_assert_eq(tw_alloc(m->ctx, bytes, &d.data), TW_OK, "%s", tw_last_error());
+    m->b[m->nb++] = d.data;
+    if (copy) cr_assert_eq(tw_tensor_copy(m->ctx, &d, &t), TW_OK, "%s", tw_last_error());
+    else cr_assert_eq(tw_memset(m->ctx, d.data, 0xAB, bytes), TW_OK);
+  }
+  return d;
+}
+static void get(dmem *m, void *h, const tw_tensor *d) {
+  if (tw_ctx_mem(m->ctx) == TW_MEM_HOST || !tw_tensor_bytes(d)) return;
+  tw_tensor t = *d;
+  t.mem = TW_MEM_HOST;
+  t.data = h;
+  cr_assert_eq(tw_tensor_copy(m->ctx, &t, d), TW_OK, "%s", tw_last_error());
+}
+
+/* Runs dispatch, both combines, dispatch_bwd and combine_bwd for rank r on ctx/comm. */
+static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs *o) {
+  int nle = c->E / c->n, k = c->k;
+  int64_t T = c->T[r], H = c->H, R = c->R;
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
+  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
+  if (s != TW_OK) return s;
+  s = tw_ep_layer_create(ep, &layer);
+  if (s != TW_OK) { tw_ep_destroy(ep); return s; }
+  dmem m = {ctx, {0}, 0};
+  tw_tensor none = tw_tensor_none();
+  tw_tensor tok = put(&m, c->tok[r], c->dt, 2, T, H, 1), idx = put(&m, c->idx[r], TW_I32, 2, T, k, 1);
+  tw_tensor w = put(&m, c->w[r], TW_F32, 2, T, k, 1);
+  tw_tensor scl = c->scale_block ? put(&m, c->scl[r], sdt(c), 2, T, scols(c), 1) : none;
+  tw_tensor recv = put(&m, o->recv, c->dt, 2, R, H, 0), rw = put(&m, o->rw, TW_F32, 1, R, 0, 0);
+  tw_tensor rscl = c->scale_block ? put(&m, o->rscl, sdt(c), 2, R, scols(c), 0) : none;
+  tw_tensor gs = put(&m, o->gs, TW_I32, 1, nle, 0, 0), dr = put(&m, o->dr, TW_I32, 1, nle, 0, 0);
+  s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+  if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
+  o->st = s;
+  get(&m, o->recv, &recv); get(&m, o->rw, &rw); get(&m, o->gs, &gs); get(&m, o->dr, &dr);
+  if (c->scale_block) get(&m, o->rscl, &rscl);
+  if (s == TW_OK) {
+    tw_tensor y = put(&m, c->y[r], c->ydt, 2, R, H, 1), out = put(&m, o->out, c->ydt, 2, T, H, 0);
+    tw_tensor outu = put(&m, o->outu, c->ydt, 2, T, H, 0);
+    tw_tensor dy = put(&m, c->dy[r], c->ydt, 2, R, H, 1), rdw = put(&m, c->rdw[r], TW_F32, 1, R, 0, 1);
+    tw_tensor dtok = put(&m, o->dtok, c->ydt, 2, T, H, 0), dtw = put(&m, o->dtw, TW_F32, 2, T, k, 0);
+    tw_tensor dout = put(&m, c->dout[r], c->ydt, 2, T, H, 1), dexp = put(&m, o->dexp, c->ydt, 2, R, H, 0);
+    tw_tensor dtwc = put(&m, o->dtwc, TW_F32, 2, T, k, 0);
+    if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &out);
+    if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &none, &outu);
+    if (s == TW_OK) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
+    if (s == TW_OK) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
+    if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
+    if (s == TW_OK) {
+      get(&m, o->out, &out); get(&m, o->outu, &outu); get(&m, o->dtok, &dtok); get(&m, o->dtw, &dtw);
+      get(&m, o->dexp, &dexp); get(&m, o->dtwc, &dtwc);
+    }
+  }
+  if (tw_ctx_mem(ctx) != TW_MEM_HOST) tw_ctx_sync(ctx);
+  for (int i = 0; i < m.nb; i++) tw_free(ctx, m.b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  return s;
+}
+
+static int cmp(const void *g, const void *r, size_t bytes, const char *what, const char *name, int rank) {
+  if (!bytes || memcmp(g, r, bytes) == 0) return 1;
+  const unsigned char *a = g, *b = r;
+  size_t i = 0;
+  while (a[i] == b[i]) i++;
+  cr_log_error("%s rank %d: %s differs first at byte %zu (gpu 0x%02x, ref 0x%02x)", name, rank, what, i, a[i], b[i]);
+  return 0;
+}
+
+/* 1 if rank r's gpu outputs equal the ref outputs bit for bit (statuses agree on errors). */
+static int same_outs(const scen *c, int r, const outs *g, const outs *f, const char *name) {
+  int nle = c->E / c->n;
+  int64_t T = c->T[r], R = c->R;
+  if ((g->st == TW_OK) != (f->st == TW_OK)) {
+    cr_log_error("%s rank %d: gpu status %s, ref %s", name, r, tw_status_name(g->st), tw_status_name(f->st));
+    return 0;
+  }
+  int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
+           cmp(g->rscl, f->rscl, sclb(c) * (size_t)R, "recv_scales", name, r) &&
+           cmp(g->rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
+           cmp(g->gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
+           cmp(g->dr, f->dr, (size_t)nle * 4, "dropped", name, r);
+  if (!ok || g->st != TW_OK) return ok; /* on an error both left the outputs as they were */
+  return cmp(g->out, f->out, yb(c) * (size_t)T, "combine out", name, r) &&
+         cmp(g->outu, f->outu, yb(c) * (size_t)T, "combine out (unweighted)", name, r) &&
+         cmp(g->dtok, f->dtok, yb(c) * (size_t)T, "d_tokens", name, r) &&
+         cmp(g->dtw, f->dtw, (size_t)(T * c->k) * 4, "d_topk_weights (dispatch_bwd)", name, r) &&
+         cmp(g->dexp, f->dexp, yb(c) * (size_t)R, "d_expert_out", name, r) &&
+         cmp(g->dtwc, f->dtwc, (size_t)(T * c->k) * 4, "d_topk_weights (combine_bwd)", name, r);
+}
+
+/* Token conservation: kept rows (sum of group sizes without padding is not visible, so: kept =
+ * routes to this rank's experts - dropped, and the non-zero recv_weights rows can't tell) --
+ * checked from the oracle's formula: sum_l dropped + rows kept == routes into the rank. */
+static int conserved(const scen *c, int r, const outs *o) {
+  int nle = c->E / c->n;
+  int64_t routes_in = 0, dropped = 0, padded = 0;
+  for (int s = 0; s < c->n; s++)
+    for (int64_t q = 0; q < c->T[s] * c->k; q++) routes_in += c->idx[s][q] / nle == r;
+  for (int l = 0; l < nle; l++) {
+    dropped += o->dr[l];
+    padded += o->gs[l];
+  }
+  return padded >= routes_in - dropped && padded <= c->R && dropped >= 0;
+}
+
+/* ---- 1 GPU --------------------------------------------------------------------------------- */
+static tw_ctx *gctx, *rctx;
+static tw_comm *gcomm, *rcomm;
+
+static void setup1(void) {
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
+  cfg.backend = TW_BACKEND_GPU;
+  cr_assert_eq(tw_ctx_create(&gctx, &cfg), TW_OK, "%s", tw_last_error());
+  int dev = 0;
+  cr_assert_eq(tw_comm_init_nccl_local(1, &dev, &gcomm), TW_OK, "%s", tw_last_error());
+  rctx = tt_ref_ctx();
+  cr_assert_eq(tw_comm_init_threads(1, &rcomm), TW_OK, "%s", tw_last_error());
+}
+static void teardown1(void) {
+  tw_comm_destroy(gcomm);
+  tw_comm_destroy(rcomm);
+  tw_ctx_destroy(gctx);
+  tw_ctx_destroy(rctx);
+}
+TestSuite(ep_gpu, .init = setup1, .fini = teardown1, .timeout = 900);
+
+Test(ep_gpu, goldens_ep_size_1_through_the_runner) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s/ep", tt_golden_root());
+  char **dirs = NULL;
+  int n = tw_golden_list_cases(root, &dirs), ran = 0, skipped = 0, failed = 0;
+  cr_assert_gt(n, 0, "no EP goldens under %s", root);
+  for (int i = 0; i < n; i++) {
+    tw_golden_result res;
+    tw_status s = tw_golden_run_case(gctx, dirs[i], &res);
+    if (res.skipped) { /* the runner answers TW_ERR_UNSUPPORTED for a skipped case */
+      tw_clear_error();
+      skipped++;
+      cr_assert(strstr(res.detail, "needs ") && strstr(res.detail, "GPUs, sees"), "%s: skipped for '%s'", dirs[i],
+                res.detail);
+      continue;
+    }
+    ran++;
+    if (s != TW_OK || !res.passed) {
+      failed++;
+      cr_log_error("%s: %s %s", dirs[i], s != TW_OK ? tw_last_error() : res.worst_output, res.detail);
+    }
+  }
+  cr_log_info("EP goldens on 1 GPU: %d ran (%d failed), %d skipped (need more GPUs)", ran, failed, skipped);
+  cr_assert_eq(failed, 0, "%d of %d EP goldens with ep_size 1 failed on the gpu", failed, ran);
+  cr_assert_gt(ran, 0, "no EP golden with ep_size 1 ran");
+  tw_golden_free_list(dirs, n);
+}
+
+Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) {
+  int N = 600, failed = 0, errors = 0, drops = 0, fp8 = 0;
+  for (int i = 0; i < N; i++) {
+    scen c;
+    scen_make(&c, 1, 0xe9000000u + (uint64_t)i);
+    char name[200];
+    snprintf(name, sizeof name, "case %d (E=%d k=%d T=%lld maxT=%lld H=%lld dt=%s sb=%d ydt=%s A=%d R=%lld %s)", i, c.E,
+             c.k, (long long)c.T[0], (long long)c.maxT, (long long)c.H, tw_dtype_name(c.dt), c.scale_block,
+             tw_dtype_name(c.ydt), c.A, (long long)c.R, c.policy == TW_EP_OVERFLOW_DROP ? "drop" : "error");
+    outs g, f;
+    outs_alloc(&g, &c, 0);
+    outs_alloc(&f, &c, 0);
+    tw_status gs = run_rank(gctx, gcomm, &c, 0, &g), fs = run_rank(rctx, rcomm, &c, 0, &f);
+    if (fs != TW_OK) errors++;
+    if (fs != TW_OK && !strstr(tw_last_error(), "receive rows")) cr_log_error("%s: ref %s", name, tw_last_error());
+    (void)gs;
+    int ok = same_outs(&c, 0, &g, &f, name);
+    if (ok && g.st != TW_OK) ok = g.st == TW_ERR_DEVICE; /* the overflow is seen on the device */
+    if (ok && f.st == TW_OK) ok = conserved(&c, 0, &g);
+    if (!ok) failed++;
+    for (int l = 0; f.st == TW_OK && l < c.E; l++) drops += f.dr[l] > 0;
+    fp8 += tw_dtype_is_fp8(c.dt);
+    outs_free(&g);
+    outs_free(&f);
+    scen_free(&c);
+  }
+  cr_log_info("EP random ep_size 1: %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ", N, errors,
+              drops, fp8, failed);
+  cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
+  cr_assert_gt(errors, 0, "no capacity-error case was drawn");
+  cr_assert_gt(drops, 0, "no drop case was drawn");
+}
+
+/* Device-side errors: the step reports through the error word, writes nothing out of bounds,
+ * and the next good step works. */
+Test(ep_gpu, device_errors) {
+  int E = 8, k = 2;
+  int64_t T = 4, H = 16;
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = E; cfg.topk = k; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = TW_F32;
+  tw_ep *ep;
+  tw_ep_layer *layer;
+  cr_assert_eq(tw_ep_create(gctx, gcomm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ep_layer_create(ep, &layer), TW_OK);
+  int64_t R = tw_ep_recv_capacity(ep);
+  float tok[64], w[8];
+  tt_fill_uniform_f32(tok, T * H, 1, -1, 1);
+  tt_fill_uniform_f32(w, T * k, 2, -1, 1);
+  int32_t good[8] = {0, 1, 2, 3, 4, 5, 6, 7}, range[8] = {0, 1, 2, 3, 4, 99, 6, 7}, twice[8] = {0, 1, 3, 3, 4, 5, 6, 7};
+  dmem m = {gctx, {0}, 0};
+  tw_tensor none = tw_tensor_none();
+  tw_tensor dtok = put(&m, tok, TW_F32, 2, T, H, 1), dw = put(&m, w, TW_F32, 2, T, k, 1);
+  tw_tensor didx = put(&m, good, TW_I32, 2, T, k, 1);
+  tw_tensor recv = put(&m, NULL, TW_F32, 2, R, H, 0), rw = put(&m, NULL, TW_F32, 1, R, 0, 0);
+  tw_tensor gs = put(&m, NULL, TW_I32, 1, E, 0, 0);
+  int32_t gsh[8];
+  /* id out of range */
+  tw_tensor h = tw_tensor_2d(range, TW_I32, T, k, TW_MEM_HOST);
+  cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
+  tt_expect_status(tw_ctx_check(gctx), TW_ERR_DEVICE, "ep_dispatch: topk_idx[2, 1] = 99 is not an expert id");
+  get(&m, gsh, &gs);
+  int sum = 0;
+  for (int e = 0; e < E; e++) sum += gsh[e];
+  cr_assert_eq(sum, 7, "the 7 good routes are dispatched, the bad one left out (got %d)", sum);
+  /* the same id twice in one token */
+  h.data = twice;
+  cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
+  tt_expect_status(tw_ctx_check(gctx), TW_ERR_DEVICE, "ep_dispatch: token 1 lists expert 3 twice");
+  /* a good step afterwards */
+  h.data = good;
+  cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
+  cr_assert_eq(tw_ctx_check(gctx), TW_OK, "%s", tw_last_error());
+  get(&m, gsh, &gs);
+  for (int e = 0; e < E; e++) cr_assert_eq(gsh[e], 1);
+  for (int i = 0; i < m.nb; i++) tw_free(gctx, m.b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+
+  /* capacity overflow under the error policy: nothing written */
+  cfg.recv_capacity = 4; /* 8 routes into 4 rows */
+  cr_assert_eq(tw_ep_create(gctx, gcomm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ep_layer_create(ep, &layer), TW_OK);
+  m.nb = 0;
+  dtok = put(&m, tok, TW_F32, 2, T, H, 1);
+  dw = put(&m, w, TW_F32, 2, T, k, 1);
+  didx = put(&m, good, TW_I32, 2, T, k, 1);
+  recv = put(&m, NULL, TW_F32, 2, 4, H, 0);
+  rw = put(&m, NULL, TW_F32, 1, 4, 0, 0);
+  gs = put(&m, NULL, TW_I32, 1, E, 0, 0);
+  cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
+  tt_expect_status(tw_ctx_check(gctx), TW_ERR_DEVICE, "rank 0 needs 8 receive rows");
+  cr_assert(strstr(tw_last_error(), "recv_capacity is 4"), "%s", tw_last_error());
+  unsigned char rb[4 * 16 * 4];
+  get(&m, rb, &recv);
+  for (size_t i = 0; i < sizeof rb; i++) cr_assert_eq(rb[i], 0xAB, "recv_tokens byte %zu written on overflow", i);
+  get(&m, gsh, &gs);
+  for (int e = 0; e < E; e++) cr_assert_eq((uint32_t)gsh[e], 0xABABABABu, "group_sizes written on overflow");
+  for (int i = 0; i < m.nb; i++) tw_free(gctx, m.b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+}
+
+/* dispatch -> combine captured once in a CUDA graph; each replay reads new routing written
+ * into the same device buffers and must equal the oracle. */
+Test(ep_gpu, graph_capture_and_replay) {
+  cudaStream_t stream;
+  cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.stream = stream;
+  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK, "%s", tw_last_error());
+  /* a fixed shape: E 16, k 4, T 48, H 96 bf16, A 8, no-drop capacity */
+  int E = 16, k = 4;
+  int64_t T = 48, H = 96;
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = E; cfg.topk = k; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = TW_BF16; cfg.alignment = 8;
+  tw_ep *ep;
+  tw_ep_layer *layer;
+  cr_assert_eq(tw_ep_create(ctx, gcomm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ep_layer_create(ep, &layer), TW_OK);
+  int64_t R = tw_ep_recv_capacity(ep);
+  dmem m = {ctx, {0}, 0};
+  tw_tensor none = tw_tensor_none();
+  tw_tensor tok = put(&m, NULL, TW_BF16, 2, T, H, 0), idx = put(&m, NULL, TW_I32, 2, T, k, 0);
+  tw_tensor w = put(&m, NULL, TW_F32, 2, T, k, 0), recv = put(&m, NULL, TW_BF16, 2, R, H, 0);
+  tw_tensor rw = put(&m, NULL, TW_F32, 1, R, 0, 0), gs = put(&m, NULL, TW_I32, 1, E, 0, 0);
+  tw_tensor y = put(&m, NULL, TW_BF16, 2, R, H, 0), out = put(&m, NULL, TW_BF16, 2, T, H, 0);
+  /* the layer must have dispatched once before combine is accepted by core (host state only) */
+  uint16_t *htok = malloc((size_t)(T * H) * 2), *hy = malloc((size_t)(R * H) * 2), *hout = malloc((size_t)(T * H) * 2);
+  uint16_t *rrecv = malloc((size_t)(R * H) * 2), *grecv = malloc((size_t)(R * H) * 2), *rout = malloc((size_t)(T * H) * 2);
+  int32_t *hidx = malloc((size_t)(T * k) * 4);
+  float *hw = malloc((size_t)(T * k) * 4);
+  uint64_t st = 4242;
+  for (int64_t i = 0; i < T * k; i++) hidx[i] = (int32_t)(i % k);
+  cr_assert_eq(tw_tensor_copy(ctx, &idx, &(tw_tensor){hidx, TW_I32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(ctx, layer, &tok, &none, &idx, &w, &recv, &none, &rw, &gs, &none), TW_OK);
+  cr_assert_eq(tw_ctx_check(ctx), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cr_assert_eq(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  tw_status s1 = tw_ep_dispatch(ctx, layer, &tok, &none, &idx, &w, &recv, &none, &rw, &gs, &none);
+  tw_status s2 = tw_ep_combine(ctx, layer, &y, &w, &out);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s1, TW_OK, "dispatch under capture: %s", tw_last_error());
+  cr_assert_eq(s2, TW_OK, "combine under capture: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "end capture: %s", cudaGetErrorString(ce));
+  cr_assert_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 3; rep++) {
+    for (int64_t i = 0; i < T * H; i++) htok[i] = tw_f32_to_bf16((float)tt_rand_uniform(&st, -2, 2));
+    for (int64_t i = 0; i < R * H; i++) hy[i] = tw_f32_to_bf16((float)tt_rand_uniform(&st, -2, 2));
+    for (int64_t t = 0; t < T; t++) {
+      int perm[16];
+      for (int e = 0; e < E; e++) perm[e] = e;
+      for (int j = 0; j < k; j++) {
+        int mm = j + (int)(tt_rand_u64(&st) % (uint64_t)(E - j));
+        int tmp = perm[j]; perm[j] = perm[mm]; perm[mm] = tmp;
+        hidx[t * k + j] = perm[j];
+        hw[t * k + j] = (float)tt_rand_uniform(&st, -1, 1);
+      }
+    }
+    cr_assert_eq(tw_tensor_copy(ctx, &tok, &(tw_tensor){htok, TW_BF16, 2, {T, H}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &idx, &(tw_tensor){hidx, TW_I32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &w, &(tw_tensor){hw, TW_F32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &y, &(tw_tensor){hy, TW_BF16, 2, {R, H}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(cudaGraphLaunch(exec, stream), cudaSuccess);
+    cr_assert_eq(tw_ctx_check(ctx), TW_OK, "replay %d: %s", rep, tw_last_error());
+    tw_tensor hrecv = {grecv, TW_BF16, 2, {R, H}, TW_MEM_HOST}, hout_t = {hout, TW_BF16, 2, {T, H}, TW_MEM_HOST};
+    cr_assert_eq(tw_tensor_copy(ctx, &hrecv, &recv), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &hout_t, &out), TW_OK);
+    /* the oracle on the same routing */
+    tw_ep *rep_ep;
+    tw_ep_layer *rl;
+    cr_assert_eq(tw_ep_create(rctx, rcomm, &cfg, &rep_ep), TW_OK);
+    cr_assert_eq(tw_ep_layer_create(rep_ep, &rl), TW_OK);
+    int32_t rgs[16];
+    float *rrw = malloc((size_t)R * 4);
+    tw_tensor a = {htok, TW_BF16, 2, {T, H}, TW_MEM_HOST}, b = {hidx, TW_I32, 2, {T, k}, TW_MEM_HOST};
+    tw_tensor cw = {hw, TW_F32, 2, {T, k}, TW_MEM_HOST}, d = {rrecv, TW_BF16, 2, {R, H}, TW_MEM_HOST};
+    tw_tensor e = {rrw, TW_F32, 1, {R}, TW_MEM_HOST}, f = {rgs, TW_I32, 1, {E}, TW_MEM_HOST};
+    tw_tensor yy = {hy, TW_BF16, 2, {R, H}, TW_MEM_HOST}, oo = {rout, TW_BF16, 2, {T, H}, TW_MEM_HOST};
+    cr_assert_eq(tw_ep_dispatch(rctx, rl, &a, &none, &b, &cw, &d, &none, &e, &f, &none), TW_OK);
+    cr_assert_eq(tw_ep_combine(rctx, rl, &yy, &cw, &oo), TW_OK);
+    cr_assert_eq(memcmp(grecv, rrecv, (size_t)(R * H) * 2), 0, "replay %d: recv_tokens differ from the oracle", rep);
+    cr_assert_eq(memcmp(hout, rout, (size_t)(T * H) * 2), 0, "replay %d: combine differs from the oracle", rep);
+    free(rrw);
+    tw_ep_layer_destroy(rl);
+    tw_ep_destroy(rep_ep);
+  }
+  cr_log_info("EP graph: dispatch + combine captured once, 3 replays with new routing equal the oracle");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (int i = 0; i < m.nb; i++) tw_free(ctx, m.b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
+  free(htok); free(hy); free(hout); free(rrecv); free(grecv); free(rout); free(hidx); free(hw);
+}
+
+/* ---- several ranks ------------------------------------------------------------------------- */
+typedef struct {
+  const scen *c;
+  outs *o;
+  int gpu; /* 0 ref, 1 gpu rank r on GPU r (NCCL), 2 gpu every rank on GPU 0 (loopback) */
+} rank_arg;
+
+static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
+  rank_arg *a = (rank_arg *)arg;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = a->gpu ? TW_BACKEND_GPU : TW_BACKEND_REF;
+  cc.device = a->gpu == 1 ? r : 0;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_status s = run_rank(ctx, comm, a->c, r, &a->o[r]);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) {
+  NEED_GPUS(2);
+  tw_comm *g[2], *f[2];
+  int devs[2] = {0, 1};
+  cr_assert_eq(tw_comm_init_nccl_local(2, devs, g), TW_OK, "%s", tw_last_error());
+  int N = 200, failed = 0;
+  for (int i = 0; i < N; i++) {
+    scen c;
+    scen_make(&c, 2, 0xe9200000u + (uint64_t)i);
+    /* a failing rank aborts the NCCL group (tw_run_ranks): overflow is the 1-GPU test's */
+    if (c.policy == TW_EP_OVERFLOW_ERROR) c.policy = TW_EP_OVERFLOW_DROP;
+    char name[96];
+    snprintf(name, sizeof name, "2-rank case %d (E=%d k=%d H=%lld R=%lld)", i, c.E, c.k, (long long)c.H, (long long)c.R);
+    outs go[2], fo[2];
+    for (int r = 0; r < 2; r++) {
+      outs_alloc(&go[r], &c, r);
+      outs_alloc(&fo[r], &c, r);
+    }
+    cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
+    rank_arg ga = {&c, go, 1}, fa = {&c, fo, 0};
+    tw_run_ranks(2, g, rank_fn, &ga);
+    tw_run_ranks(2, f, rank_fn, &fa);
+    for (int r = 0; r < 2; r++) {
+      int ok = same_outs(&c, r, &go[r], &fo[r], name);
+      if (ok && fo[r].st == TW_OK) ok = conserved(&c, r, &go[r]);
+      failed += !ok;
+      outs_free(&go[r]);
+      outs_free(&fo[r]);
+    }
+    tw_comm_destroy(f[0]);
+    tw_comm_destroy(f[1]);
+    scen_free(&c);
+  }
+  tw_comm_destroy(g[0]);
+  tw_comm_destroy(g[1]);
+  cr_assert_eq(failed, 0, "%d rank results of %d 2-rank cases differ from ref", failed, N);
+}
+
+/* ep_size 2 and 4 on ONE GPU: the ranks are threads with their own gpu contexts on GPU 0 over
+ * the loopback communicator (pipeline/loopback_comm.h: device-to-device copies instead of
+ * NCCL, which takes one rank per GPU). It runs every multi-rank path of gpu/ep.cu (gathered
+ * counts, every rank's slabs, send bases, receive prefixes, drops across sources) against the
+ * ref thread communicator, bit for bit, with the error policy's overflow included. */
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
+  int N = 160, failed = 0, errors = 0;
+  for (int i = 0; i < N; i++) {
+    int n = i % 2 ? 4 : 2;
+    scen c;
+    scen_make(&c, n, 0xe9400000u + (uint64_t)i);
+    char name[128];
+    snprintf(name, sizeof name, "loopback %d-rank case %d (E=%d k=%d H=%lld R=%lld %s)", n, i, c.E, c.k, (long long)c.H,
+             (long long)c.R, c.policy == TW_EP_OVERFLOW_DROP ? "drop" : "error");
+    outs go[MAXR], fo[MAXR];
+    for (int r = 0; r < n; r++) {
+      outs_alloc(&go[r], &c, r);
+      outs_alloc(&fo[r], &c, r);
+    }
+    tw_comm *g[MAXR], *f[MAXR];
+    cr_assert_eq(tw_comm_init_loopback(n, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
+    cr_assert_eq(tw_comm_init_threads(n, f), TW_OK);
+    rank_arg ga = {&c, go, 2}, fa = {&c, fo, 0};
+    tw_run_ranks(n, g, rank_fn, &ga);
+    tw_run_ranks(n, f, rank_fn, &fa);
+    errors += fo[0].st != TW_OK;
+    for (int r = 0; r < n; r++) {
+      int ok = same_outs(&c, r, &go[r], &fo[r], name);
+      if (ok && go[r].st != TW_OK) ok = go[r].st == TW_ERR_DEVICE;
+      if (ok && fo[r].st == TW_OK) ok = conserved(&c, r, &go[r]);
+      failed += !ok;
+      outs_free(&go[r]);
+      outs_free(&fo[r]);
+      tw_comm_destroy(g[r]);
+      tw_comm_destroy(f[r]);
+    }
+    scen_free(&c);
+  }
+  cr_log_info("EP ep_size 2/4 on one GPU (loopback): %d cases (%d capacity errors), %d rank results differ", N, errors,
+              failed);
+  cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
+}
