@@ -33,12 +33,14 @@
 // anything but plain bf16 x bf16 / f16 x f16, K or (op N) N not a multiple of 8, K = 0,
 // pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates.
 // Other architectures compile the kernel as an empty stub that is never launched.
+#include <cub/block/block_scan.cuh>
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cudaTypedefs.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/gemm_common.cuh"
@@ -52,6 +54,8 @@
 #define GGW_BK 64
 #define GGW_STAGES 4
 #define GGW_THREADS 384
+// CTAs per cluster: 2 (rhs tile multicast to a pair of CTAs) unless the environment sets
+// TWIN_GG_WGMMA_CLUSTER=1 (measurement knob: the single-CTA variant, for comparison).
 #define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
 #define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
 #define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
@@ -99,6 +103,31 @@ __device__ __forceinline__ void ggw_tma_3d(void *dst, const CUtensorMap *map, ui
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
       "[%2];\n" ::"r"(ggw_smem(dst)),
       "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// Clusters (CL = 2): rank in the cluster, cluster-wide barrier, arrive on a peer's mbarrier,
+// TMA load multicast into the same shared-memory offset of every CTA in mask.
+__device__ __forceinline__ uint32_t ggw_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ggw_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void ggw_bar_arrive_at(uint64_t *b, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ggw_smem(b)),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ void ggw_tma_3d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                              int c2, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(ggw_smem(dst)),
+      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
       : "memory");
 }
 // Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), addresses in 16 B units.
@@ -209,7 +238,10 @@ __device__ __forceinline__ void ggw_put2(void *out, int64_t i, float v0, float v
 }
 
 // Linear tile id -> group (last g with tile_start[g] <= t), row tile start p0, column start q0.
-__device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
+// CL = 2: a tile id names 256 rows (both CTAs of the cluster), this CTA takes rows rank*128..
+template <int CL>
+__device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint32_t rank, int64_t &g, int64_t &p0,
+                                           int64_t &q0) {
   int64_t lo = 0, hi = p.G - 1;
   while (lo < hi) {
     int64_t mid = (lo + hi + 1) >> 1;
@@ -218,14 +250,17 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, int64
   }
   g = lo;
   int64_t local = t - p.tile_start[g];
-  p0 = (local / p.tilesQ) * GGW_BM;
+  p0 = (local / p.tilesQ) * (GGW_BM * CL) + rank * GGW_BM;
   q0 = (local % p.tilesQ) * GGW_BN;
 }
 #endif  // GGW_DEVICE
 
 // F16: f16 inputs (else bf16). TB: rhs op N ([G, K, N], N-major in shared memory; wgmma's
-// transpose bit), else op T ([G, N, K], K-major). OUT: output tw_dtype.
-template <bool F16, int TB, int OUT>
+// transpose bit), else op T ([G, N, K], K-major). OUT: output tw_dtype. CL: CTAs per cluster
+// (2: the pair takes 256 rows x 256 columns, same group and columns; each CTA loads half of
+// the rhs tile and multicasts it to both, halving rhs traffic out of L2; a stage is free
+// once the consumers of both CTAs released it).
+template <bool F16, int TB, int OUT, int CL>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const ggw_params p) {
@@ -236,14 +271,16 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   uint64_t *full = (uint64_t *)(base + GGW_STAGES * GGW_STAGE_BYTES);
   uint64_t *empty = full + GGW_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const uint32_t rank = CL > 1 ? ggw_cta_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
       ggw_bar_init(&full[s], 1);
-      ggw_bar_init(&empty[s], 8);  // one arrival per consumer warp
+      ggw_bar_init(&empty[s], 8 * CL);  // one arrival per consumer warp of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if (CL > 1) ggw_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  else __syncthreads();
   const int64_t total = p.tile_start[p.G];
   const int ktiles = (int)((p.K + GGW_BK - 1) / GGW_BK);
 
@@ -255,21 +292,33 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
       int s = 0;
       uint32_t phase = 0;
-      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
         int64_t g, p0, q0;
-        ggw_locate(p, t, g, p0, q0);
+        ggw_locate<CL>(p, t, rank, g, p0, q0);
         const int row0 = (int)(p.offsets[g] + p0);
         for (int kt = 0; kt < ktiles; ++kt) {
           ggw_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           ggw_bar_expect(&full[s], GGW_STAGE_BYTES);
           ggw_tma_2d(sa, &map_a, &full[s], kt * GGW_BK, row0);
-          if (TB == 0) {
-            ggw_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
-          } else {
+          if (CL == 1) {
+            if (TB == 0) {
+              ggw_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
+            } else {
 #pragma unroll
-            for (int j = 0; j < GGW_BN / 64; ++j)
-              ggw_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+              for (int j = 0; j < GGW_BN / 64; ++j)
+                ggw_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+            }
+          } else {  // this CTA's half of the rhs tile (columns rank*128..), to both CTAs
+            const int h = (int)rank * (GGW_BN / CL);
+            if (TB == 0) {
+              ggw_tma_3d_mc(sb + h * 128, &map_b, &full[s], kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
+            } else {
+#pragma unroll
+              for (int j = 0; j < GGW_BN / 64 / CL; ++j)
+                ggw_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + h + 64 * j,
+                              kt * GGW_BK, (int)g, (uint16_t)3);
+            }
           }
           if (++s == GGW_STAGES) {
             s = 0;
@@ -285,9 +334,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     float d[128];
     int s = 0;
     uint32_t phase = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
       int64_t g, p0, q0;
-      ggw_locate(p, t, g, p0, q0);
+      ggw_locate<CL>(p, t, rank, g, p0, q0);
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
@@ -307,7 +356,11 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         ggw_touch(d);
         if (prev >= 0) {
           __syncwarp();
-          if (lane == 0) ggw_bar_arrive(&empty[prev]);
+          if (lane == 0) {
+            if (CL == 1) ggw_bar_arrive(&empty[prev]);
+            else
+              for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+          }
         }
         prev = s;
         if (++s == GGW_STAGES) {
@@ -319,7 +372,11 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       ggw_touch(d);
       if (prev >= 0) {
         __syncwarp();
-        if (lane == 0) ggw_bar_arrive(&empty[prev]);
+        if (lane == 0) {
+          if (CL == 1) ggw_bar_arrive(&empty[prev]);
+          else
+            for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+        }
       }
       // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
       const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
@@ -344,7 +401,35 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       }
     }
   }
+  // no CTA leaves while its peer may still arrive on its barriers
+  if (CL > 1) {
+    __syncwarp();
+    ggw_cluster_sync();
+  }
 #endif
+}
+
+// tile_start[g] = sum_{j<g} ceil(m_j / rows) * tilesQ (rows = 128 * CL), one block.
+#define GGW_PREFIX_THREADS 256
+__global__ void __launch_bounds__(GGW_PREFIX_THREADS)
+    ggw_tile_prefix(const int64_t *__restrict__ offsets, int64_t G, int64_t rows, int64_t tilesQ,
+                    int64_t *__restrict__ tile_start) {
+  typedef cub::BlockScan<int64_t, GGW_PREFIX_THREADS> scan_t;
+  __shared__ typename scan_t::TempStorage tmp;
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t b = 0; b < G; b += GGW_PREFIX_THREADS) {
+    const int64_t g = b + threadIdx.x;
+    const int64_t v = g < G ? ((offsets[g + 1] - offsets[g] + rows - 1) / rows) * tilesQ : 0;
+    int64_t ex, sum;
+    scan_t(tmp).ExclusiveSum(v, ex, sum);
+    if (g < G) tile_start[g] = carry + ex;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += sum;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tile_start[G] = carry;
 }
 
 // ---- host side ---------------------------------------------------------------------------------
@@ -383,19 +468,36 @@ int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw
   return *why == NULL;
 }
 
-template <bool F16, int TB, int OUT>
+// Persistent grid: as many CTAs (clusters of CL) as are resident at once, asked once per device.
+template <bool F16, int TB, int OUT, int CL>
 static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggw_params *p,
                               const char *op) {
   gpu_state *st = gpu_of(ctx);
-  static int attr_set[64];
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggw_params) = ggw_kernel<F16, TB, OUT, CL>;
+  static int grid_of[64];
   int dev = st->device < 64 ? st->device : 0;
-  if (!attr_set[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(ggw_kernel<F16, TB, OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_SMEM),
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = CL;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(GGW_THREADS);
+  cfg.dynamicSmemBytes = GGW_SMEM;
+  cfg.stream = st->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  if (!grid_of[dev]) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_SMEM),
                  "grouped_gemm (gg_wgmma): cudaFuncSetAttribute");
-    attr_set[dev] = 1;
+    int clusters = 0;
+    cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
+    GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma): cluster occupancy");
+    grid_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
   }
-  ggw_kernel<F16, TB, OUT><<<(unsigned)st->num_sms, GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *p);
-  GPU_TRY_CUDA(cudaGetLastError(), op);
+  cfg.gridDim = dim3((unsigned)grid_of[dev]);
+  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *p), op);
   return TW_OK;
 }
 
@@ -409,6 +511,11 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
+  static int cl = 0;
+  if (!cl) {
+    const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
+    cl = e && strcmp(e, "1") == 0 ? 1 : 2;
+  }
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
@@ -426,7 +533,7 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
     const int tb = rhs_op == TW_OP_N;  // [G, K, N]: N inner
     cuuint64_t dims[3] = {(cuuint64_t)(tb ? N : K), (cuuint64_t)(tb ? K : N), (cuuint64_t)G};
     cuuint64_t strides[2] = {(cuuint64_t)(tb ? N : K) * 2, (cuuint64_t)(K * N) * 2};
-    cuuint32_t box[3] = {64, tb ? (cuuint32_t)GGW_BK : (cuuint32_t)GGW_BN, 1}, es[3] = {1, 1, 1};
+    cuuint32_t box[3] = {64, tb ? (cuuint32_t)GGW_BK : (cuuint32_t)(GGW_BN / cl), 1}, es[3] = {1, 1, 1};
     CUresult r = enc(&mb, dt, 3, rhs->data.data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
@@ -444,13 +551,16 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   p.accumulate = accumulate;
   int64_t *ts;
   TW_TRY(gpu_scratch(ctx, (size_t)(G + 1) * sizeof(int64_t), (void **)&ts));
-  TW_TRY(gg_tile_prefix_launch(ctx, offsets, G, p.tilesQ, ts, op));
+  ggw_tile_prefix<<<1, GGW_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, (int64_t)GGW_BM * cl, p.tilesQ, ts);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
   p.tile_start = ts;
-#define GGW_OUT(F, T)                                                                        \
-  switch (out->dtype) {                                                                      \
-    case TW_F32: return ggw_launch_t<F, T, TW_F32>(ctx, &ma, &mb, &p, op);                   \
-    case TW_BF16: return ggw_launch_t<F, T, TW_BF16>(ctx, &ma, &mb, &p, op);                 \
-    default: return ggw_launch_t<F, T, TW_F16>(ctx, &ma, &mb, &p, op);                       \
+#define GGW_CL(F, T, O) \
+  return cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &p, op) : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &p, op);
+#define GGW_OUT(F, T)                   \
+  switch (out->dtype) {                 \
+    case TW_F32: GGW_CL(F, T, TW_F32)   \
+    case TW_BF16: GGW_CL(F, T, TW_BF16) \
+    default: GGW_CL(F, T, TW_F16)       \
   }
   if (f16) {
     if (rhs_op == TW_OP_N) { GGW_OUT(true, 1) }
@@ -459,4 +569,5 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   if (rhs_op == TW_OP_N) { GGW_OUT(false, 1) }
   GGW_OUT(false, 0)
 #undef GGW_OUT
+#undef GGW_CL
 }
