@@ -62,9 +62,6 @@ typedef struct {
 // Launches the kernel on ctx's stream (no host sync); scratch must be reset by the caller.
 tw_status gg_run(tw_ctx *ctx, const gg_problem *p, const char *op);
 int gg_wide_fits(tw_ctx *ctx);  // gg_mma_wide's shared memory fits this device
-// gg_tile_prefix on ctx's stream: tile_start[g] = sum_{j<g} ceil(m_j / 128) * tilesQ, [G+1].
-tw_status gg_tile_prefix_launch(tw_ctx *ctx, const int64_t *offsets, int64_t G, int64_t tilesQ, int64_t *tile_start,
-                                const char *op);
 
 // Kernel version 4 (gg_wgmma, gpu/grouped_gemm_wgmma.cu): Hopper forward, ragged M.
 // gg_wgmma_takes: 1 if it takes the problem, else 0 and *why (a phrase after its name).

@@ -2,6 +2,11 @@
 // ref_grouped_gemm_wgrad). Group sizes stay in device memory.
 //
 // Versions (tw_ctx_kernel() may force one by name):
+//   gg_wgmma    (auto on sm_90 for the plain bf16/f16 forward it takes: K, and N for rhs op N,
+//               multiples of 8, 16-byte aligned bases): gpu/grouped_gemm_wgmma.cu, Hopper wgmma
+//               fed by TMA, 128x256x64 tiles, warp-specialized, persistent. Forward only; what
+//               it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it). Measured
+//               2.4x gg_mma_wide on an H100, 0.86-1.03x torch._grouped_mm (gpu/NOTES-gemm.md).
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
@@ -28,9 +33,9 @@ static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_L
                                        GG_KERNEL_WGMMA};
 #define GG_NVERSIONS 5
 
-// gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): set to 1
-// only after it passed on the device (gpu/NOTES-gemm.md).
-#define GG_WGMMA_AUTO 0
+// gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
+// it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
+#define GG_WGMMA_AUTO 1
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);

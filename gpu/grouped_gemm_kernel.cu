@@ -650,13 +650,6 @@ __global__ void __launch_bounds__(GG_PREFIX_THREADS)
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-tw_status gg_tile_prefix_launch(tw_ctx *ctx, const int64_t *offsets, int64_t G, int64_t tilesQ, int64_t *tile_start,
-                                const char *op) {
-  gg_tile_prefix<<<1, GG_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, tilesQ, tile_start);
-  GPU_TRY_CUDA(cudaGetLastError(), op);
-  return TW_OK;
-}
-
 static size_t gg_smem_bytes(int compute, int stages, int bn) {
   int es = compute == GG_FMA_F32 ? 4 : compute == GG_MMA_FP8 ? 1 : 2;
   int bk = bn > GG_BN ? 64 : GG_BK;  // as BK_ in gg_kernel

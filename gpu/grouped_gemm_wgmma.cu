@@ -40,6 +40,7 @@
 #include <cudaTypedefs.h>
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +55,9 @@
 #define GGW_BK 64
 #define GGW_STAGES 4
 #define GGW_THREADS 384
-// CTAs per cluster: 2 (rhs tile multicast to a pair of CTAs) unless the environment sets
-// TWIN_GG_WGMMA_CLUSTER=1 (measurement knob: the single-CTA variant, for comparison).
+// CTAs per cluster: 1 unless the environment sets TWIN_GG_WGMMA_CLUSTER=2 (measurement knob:
+// pairs of CTAs with the rhs tile multicast; correct on the H100 but measured at half the
+// rate in run g2, gpu/NOTES-gemm.md). TWIN_GG_WGMMA_VERBOSE=1 prints the grid once.
 #define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
 #define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
 #define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
@@ -495,6 +497,10 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
     cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
     GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma): cluster occupancy");
     grid_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
+    const char *v = getenv("TWIN_GG_WGMMA_VERBOSE");
+    if (v && *v == '1')
+      fprintf(stderr, "gg_wgmma: cluster %d, max active clusters %d, grid %d CTAs, %d SMs\n", CL, clusters,
+              grid_of[dev], st->num_sms);
   }
   cfg.gridDim = dim3((unsigned)grid_of[dev]);
   GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *p), op);
@@ -514,7 +520,7 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   static int cl = 0;
   if (!cl) {
     const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
-    cl = e && strcmp(e, "1") == 0 ? 1 : 2;
+    cl = e && strcmp(e, "2") == 0 ? 2 : 1;
   }
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap ma, mb;
