@@ -493,16 +493,25 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
   if (!grid_of[dev]) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_SMEM),
                  "grouped_gemm (gg_wgmma): cudaFuncSetAttribute");
+    grid_of[dev] = st->num_sms;
+  }
+  if (CL == 1) {  // a plain launch, as in run g1 (suspect of the G32 drop in g2/g3: cluster launch of 1)
+    fn<<<(unsigned)grid_of[dev], GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *p);
+    GPU_TRY_CUDA(cudaGetLastError(), op);
+    return TW_OK;
+  }
+  static int clusters_of[64];
+  if (!clusters_of[dev]) {
     int clusters = 0;
     cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
     GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma): cluster occupancy");
-    grid_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
+    clusters_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
     const char *v = getenv("TWIN_GG_WGMMA_VERBOSE");
     if (v && *v == '1')
       fprintf(stderr, "gg_wgmma: cluster %d, max active clusters %d, grid %d CTAs, %d SMs\n", CL, clusters,
-              grid_of[dev], st->num_sms);
+              clusters_of[dev], st->num_sms);
   }
-  cfg.gridDim = dim3((unsigned)grid_of[dev]);
+  cfg.gridDim = dim3((unsigned)clusters_of[dev]);
   GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *p), op);
   return TW_OK;
 }
