@@ -57,7 +57,8 @@
 #define GGW_THREADS 384
 // CTAs per cluster: 1 unless the environment sets TWIN_GG_WGMMA_CLUSTER=2 (measurement knob:
 // pairs of CTAs with the rhs tile multicast; correct on the H100 but measured at half the
-// rate in run g2, gpu/NOTES-gemm.md). TWIN_GG_WGMMA_VERBOSE=1 prints the grid once.
+// rate in run g2, gpu/NOTES-gemm.md). TWIN_GG_WGMMA_VERBOSE=1 prints the grid once,
+// TWIN_GG_WGMMA_GRID=n launches n CTAs (cluster variant only).
 #define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
 #define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
 #define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
@@ -120,7 +121,7 @@ __device__ __forceinline__ void ggw_cluster_sync() {
 __device__ __forceinline__ void ggw_bar_arrive_at(uint64_t *b, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ggw_smem(b)),
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ggw_smem(b)),
       "r"(cta)
       : "memory");
 }
@@ -506,6 +507,8 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
     cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
     GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma): cluster occupancy");
     clusters_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
+    const char *gv = getenv("TWIN_GG_WGMMA_GRID");  // measurement knob: CTAs of the cluster grid
+    if (gv && atoi(gv) >= CL) clusters_of[dev] = atoi(gv) / CL * CL;
     const char *v = getenv("TWIN_GG_WGMMA_VERBOSE");
     if (v && *v == '1')
       fprintf(stderr, "gg_wgmma: cluster %d, max active clusters %d, grid %d CTAs, %d SMs\n", CL, clusters,
