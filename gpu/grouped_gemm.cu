@@ -4,9 +4,10 @@
 // Versions (tw_ctx_kernel() may force one by name):
 //   gg_wgmma    (auto on sm_90 for the plain bf16/f16 forward it takes: K, and N for rhs op N,
 //               multiples of 8, 16-byte aligned bases): gpu/grouped_gemm_wgmma.cu, Hopper wgmma
-//               fed by TMA, 128x256x64 tiles, warp-specialized, persistent. Forward only; what
-//               it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it). Measured
-//               2.4x gg_mma_wide on an H100, 0.86-1.03x torch._grouped_mm (gpu/NOTES-gemm.md).
+//               fed by TMA, 128x256x64 tiles, warp-specialized, persistent, pairs of CTAs
+//               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Forward
+//               only; what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it).
+//               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with

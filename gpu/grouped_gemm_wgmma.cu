@@ -55,10 +55,12 @@
 #define GGW_BK 64
 #define GGW_STAGES 4
 #define GGW_THREADS 384
-// CTAs per cluster: 1 unless the environment sets TWIN_GG_WGMMA_CLUSTER=2 (measurement knob:
-// pairs of CTAs with the rhs tile multicast; correct on the H100 but measured at half the
-// rate in run g2, gpu/NOTES-gemm.md). TWIN_GG_WGMMA_VERBOSE=1 prints the grid once,
-// TWIN_GG_WGMMA_GRID=n launches n CTAs (cluster variant only).
+// CTAs per cluster: 2 (pairs sharing the rhs tile by multicast: 1.09-1.15x the single CTA on
+// the H100, run g6) when the groups average at least 256 rows (M / G >= 256: the host does not
+// see the sizes); else 1 (a pair covers 256 rows, so with 128-row groups one CTA of each pair
+// would compute rows it never stores). Measurement knobs: TWIN_GG_WGMMA_CLUSTER=1 or 2 forces
+// one, TWIN_GG_WGMMA_VERBOSE=1 prints the cluster grid once, TWIN_GG_WGMMA_GRID=n launches n
+// CTAs (cluster variant).
 #define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
 #define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
 #define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
@@ -529,11 +531,12 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
-  static int cl = 0;
-  if (!cl) {
+  static int forced_cl = -1;
+  if (forced_cl < 0) {
     const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
-    cl = e && strcmp(e, "2") == 0 ? 2 : 1;
+    forced_cl = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? atoi(e) : 0;
   }
+  const int cl = forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
