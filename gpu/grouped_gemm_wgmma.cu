@@ -20,9 +20,14 @@
 //     advance 32 bytes per k16 step, N-major B advances 16 k-rows = 2048 bytes, LBO 8 KiB
 //     between its 64-column boxes). One wgmma group in flight per consumer (wait_group 1):
 //     the stage of k-tile kt-1 is released once k-tile kt is issued.
-//   - Persistent CTAs (one per SM) walk the linear tile ids of gg_tile_prefix (device
+//   - Persistent CTAs (one per SM) walk the linear tile ids of ggw_tile_prefix (device
 //     offsets -> tile starts); producer and consumers each find (g, p-tile, q-tile) by binary
 //     search, so both walk the same sequence with no communication but the ring.
+//   - Clusters of 2 (when groups average >= 256 rows): a tile id names 256 rows; the pair
+//     shares the group and the columns, each CTA loads half of the rhs tile and multicasts it
+//     to both, and a stage is free once the consumers of both CTAs arrived on its empty
+//     barrier (remote arrive, cta-scope release: a cluster-scope release there halved the
+//     rate, run g2 in gpu/NOTES-gemm.md).
 //   - Ragged edges: a tile's 128 lhs rows start at o_g + p0; rows past the group belong to
 //     the next group (or past M: TMA fills zeros). Their products are computed but never
 //     stored: the epilogue writes row i only if p0 + i < m_g, column j only if j < N. The K
