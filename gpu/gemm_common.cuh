@@ -63,6 +63,14 @@ typedef struct {
 tw_status gg_run(tw_ctx *ctx, const gg_problem *p, const char *op);
 int gg_wide_fits(tw_ctx *ctx);  // gg_mma_wide's shared memory fits this device
 
+// Kernel version 4 (gg_wgmma, gpu/grouped_gemm_wgmma.cu): Hopper forward, ragged M.
+// gg_wgmma_takes: 1 if it takes the problem, else 0 and *why (a phrase after its name).
+int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op, const tw_tensor *out,
+                   const char **why);
+// offsets: device [G+1] from gpu_group_prefix. TW_ERR_UNSUPPORTED naming it when it declines.
+tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                           const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
+
 // Fills a gg_operand from a tw_operand (data pointer, dtype, scales); the caller sets the
 // addressing (kmajor, ragged, row_elems, group_stride, ld, src_group_rows).
 void gg_operand_from(gg_operand *o, const tw_operand *t);
@@ -88,6 +96,7 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op);
 #define GG_KERNEL_MMA_WIDE "gg_mma_wide"
 #define GG_KERNEL_FMA "gg_fma"
 #define GG_KERNEL_LT_LOOP "gg_lt_loop"
+#define GG_KERNEL_WGMMA "gg_wgmma"
 #define GEMM_KERNEL_LT "gemm_lt"
 
 #endif

@@ -2,6 +2,12 @@
 // ref_grouped_gemm_wgrad). Group sizes stay in device memory.
 //
 // Versions (tw_ctx_kernel() may force one by name):
+//   gg_wgmma    (auto on sm_90 for the plain bf16/f16 forward it takes: K, and N for rhs op N,
+//               multiples of 8, 16-byte aligned bases): gpu/grouped_gemm_wgmma.cu, Hopper wgmma
+//               fed by TMA, 128x256x64 tiles, warp-specialized, persistent, pairs of CTAs
+//               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Forward
+//               only; what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it).
+//               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
@@ -22,9 +28,15 @@
 
 #include "gpu/gemm_common.cuh"
 
-typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3 } gg_version;
+typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3, VER_WGMMA = 4 } gg_version;
 
-static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE};
+static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE,
+                                       GG_KERNEL_WGMMA};
+#define GG_NVERSIONS 5
+
+// gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
+// it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
+#define GG_WGMMA_AUTO 1
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -39,12 +51,21 @@ static tw_status choose_version(tw_ctx *ctx, const char *op, const tw_operand *a
   const char *k = tw_ctx_kernel(ctx);
   *v = has_f32(a, b) ? VER_FMA : gg_wide_fits(ctx) ? VER_MMA_WIDE : VER_MMA;
   if (!k) return TW_OK;
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < GG_NVERSIONS; ++i)
     if (strcmp(k, gg_names[i]) == 0) *v = (gg_version)i;
   if ((*v == VER_MMA || *v == VER_MMA_WIDE) && has_f32(a, b))
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' takes bf16, f16 or fp8 operands, not %s x %s", op, k,
                     tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
   return TW_OK;
+}
+
+// Whether the context forces one of this file's versions by name.
+static int forced(tw_ctx *ctx) {
+  const char *k = tw_ctx_kernel(ctx);
+  if (!k) return 0;
+  for (int i = 0; i < GG_NVERSIONS; ++i)
+    if (strcmp(k, gg_names[i]) == 0) return 1;
+  return 0;
 }
 
 static int compute_of(const tw_operand *a, const tw_operand *b, gg_version v) {
@@ -215,10 +236,15 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return fwd_loop(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate);
+  const char *why;
+  if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA;
   int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = group_sizes->shape[0];
+  if (v == VER_WGMMA && !gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why))  // before any work is enqueued
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
   gg_problem p;
   memset(&p, 0, sizeof p);
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  if (v == VER_WGMMA) return gg_wgmma_forward(ctx, lhs, rhs, rhs_op, p.offsets, G, out, accumulate, op);
   p.kind = GG_FWD_RAGGED;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;
@@ -248,6 +274,9 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
+  if (v == VER_WGMMA)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_mma_wide)", op,
+                    GG_KERNEL_WGMMA);
   int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
                                           : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);

@@ -186,3 +186,4 @@ Test(graph_gpu, grouped_gemm_replays_with_new_sizes, .timeout = 300) { graph_rep
 Test(graph_gpu, grouped_gemm_wgrad_replays_with_new_sizes, .timeout = 300) { graph_replay(1, NULL); }
 Test(graph_gpu, gg_mma_wide_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_mma_wide"); }
 Test(graph_gpu, gg_mma_wide_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_mma_wide"); }
+Test(graph_gpu, gg_wgmma_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_wgmma"); }

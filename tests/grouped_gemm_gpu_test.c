@@ -260,6 +260,8 @@ static const tw_dtype out_types[] = {TW_F32, TW_BF16, TW_F16};
 static int aligned_dims;
 /* gg_lt_loop runs cuBLASLt, which writes f32 or the input dtype (no bf16 -> f16). */
 static int lt_loop_outs;
+/* gg_wgmma (TMA): K and N rounded up to multiples of 8 (16-byte rows); it declines others. */
+static int tma_dims;
 static tw_dtype pick_out(tw_dtype in) {
   if (lt_loop_outs) return (rnd() & 1) ? TW_F32 : in;
   return out_types[rnd() % 3];
@@ -282,6 +284,10 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     K = 64 * irange(1, 6);
     if (G > 16) G = irange(1, 16);
     M = irange(0, 4 * budget / (N * K));
+  }
+  if (tma_dims) {
+    K = (K + 7) / 8 * 8;
+    N = (N + 7) / 8 * 8;
   }
   tw_op rhs_op = (tw_op)(rnd() & 1);
   tw_dtype od = pick_out(kind == 1 ? TW_F16 : TW_BF16);
@@ -576,13 +582,31 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   Test(op, random_lt_loop_version, .timeout = 600) { ctx_for("gg_lt_loop"); lt_loop_outs = 1; for (int s = 0; s < 40; ++s) fn(5000 + s, (int)(s % 2), BUDGET / 4); lt_loop_outs = 0; ctx_done(); cases_done(#op ".lt_loop"); }
 
 RANDOM_TESTS(grouped_gemm_gpu, fwd_case)
+
+/* gg_wgmma (Hopper, forward only): 400 random + 100 aligned bf16/f16 cases, and a few large
+ * ones (many 64-deep k-tiles, several 128x256 tiles per group, K % 64 != 0 most of the time). */
+Test(grouped_gemm_gpu, random_gg_wgmma_version, .timeout = 900) {
+  ctx_for("gg_wgmma"); tma_dims = 1;
+  for (int s = 0; s < 400; ++s) fwd_case(11000 + s, (int)(s % 2), BUDGET);
+  tma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma");
+}
+Test(grouped_gemm_gpu, aligned_gg_wgmma_version, .timeout = 600) {
+  ctx_for("gg_wgmma"); aligned_dims = 1;
+  for (int s = 0; s < 100; ++s) fwd_case(12000 + s, (int)(s % 2), BUDGET);
+  aligned_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_aligned");
+}
+Test(grouped_gemm_gpu, large_gg_wgmma_version, .timeout = 900) {
+  ctx_for("gg_wgmma"); tma_dims = 1;
+  for (int s = 0; s < 8; ++s) fwd_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
+  tma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_large");
+}
 RANDOM_TESTS(grouped_gemm_wgrad_gpu, wgrad_case)
 
 /* ---- device error word ------------------------------------------------------------------ */
 /* Bad sizes in device memory: TW_ERR_DEVICE at the next check, and nothing written outside
  * out (a guard band after it stays poisoned). */
-static void bad_sizes(const int32_t *sizes, int64_t G, int wgrad) {
-  ctx_for(NULL);
+static void bad_sizes_with(const int32_t *sizes, int64_t G, int wgrad, const char *kernel) {
+  ctx_for(kernel);
   int64_t M = 64, N = 32, K = 16;
   int64_t ls[2] = {M, K};
   tw_tensor lhs = host_new(TW_BF16, 2, ls);
@@ -637,6 +661,16 @@ static void bad_sizes(const int32_t *sizes, int64_t G, int wgrad) {
   ctx_done();
 }
 
+static void bad_sizes(const int32_t *sizes, int64_t G, int wgrad) { bad_sizes_with(sizes, G, wgrad, NULL); }
+
+Test(grouped_gemm_gpu, gg_wgmma_negative_size_sets_device_error) {
+  int32_t s[3] = {10, -5, 20};
+  bad_sizes_with(s, 3, 0, "gg_wgmma");
+}
+Test(grouped_gemm_gpu, gg_wgmma_sum_past_rows_sets_device_error) {
+  int32_t s[3] = {40, 40, 40};
+  bad_sizes_with(s, 3, 0, "gg_wgmma");
+}
 Test(grouped_gemm_gpu, negative_size_sets_device_error) {
   int32_t s[3] = {10, -5, 20};
   bad_sizes(s, 3, 0);
@@ -694,3 +728,33 @@ static void rejects_f32(const char *kernel) {
 }
 Test(grouped_gemm_gpu, mma_version_rejects_f32) { rejects_f32("gg_mma"); }
 Test(grouped_gemm_gpu, mma_wide_version_rejects_f32) { rejects_f32("gg_mma_wide"); }
+Test(grouped_gemm_gpu, wgmma_version_rejects_f32) { rejects_f32("gg_wgmma"); }
+
+/* gg_wgmma declines what TMA cannot address (K not a multiple of 8) and the wgrad, by name. */
+Test(grouped_gemm_gpu, wgmma_version_declines_by_name) {
+  ctx_for("gg_wgmma");
+  int64_t M = 8, K = 12, N = 16, G = 1;
+  int64_t ls[2] = {M, K}, rs[3] = {G, K, N}, gsh[1] = {G}, os[2] = {M, N}, ws[3] = {G, K, N};
+  tw_tensor lhs = host_new(TW_BF16, 2, ls), rhs = host_new(TW_BF16, 3, rs), gs = host_new(TW_I32, 1, gsh);
+  fill_random(&lhs, M, K);
+  fill_random(&rhs, G * K, N);
+  ((int32_t *)gs.data)[0] = 8;
+  tw_tensor ld = dev_copy(&lhs), rd = dev_copy(&rhs), gd = dev_copy(&gs), out = host_new(TW_BF16, 2, os);
+  tw_tensor od = dev_copy(&out);
+  tw_operand a = tw_operand_plain(&ld), b = tw_operand_plain(&rd);
+  tw_status s = tw_grouped_gemm(gpu_ctx, &a, &b, TW_OP_N, &gd, &od, 0);
+  cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "gg_wgmma") != NULL, "message: %s", tw_last_error());
+  /* wgrad: lhs [M, K], rhs [M, N] -> out [G, K, N] */
+  int64_t r2[2] = {M, N};
+  tw_tensor y = host_new(TW_BF16, 2, r2), w = host_new(TW_BF16, 3, ws);
+  fill_random(&y, M, N);
+  tw_tensor yd = dev_copy(&y), wd = dev_copy(&w);
+  tw_operand bb = tw_operand_plain(&yd);
+  s = tw_grouped_gemm_wgrad(gpu_ctx, &a, TW_OP_N, &bb, TW_OP_N, &gd, &wd, 0);
+  cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "gg_wgmma") != NULL, "message: %s", tw_last_error());
+  dev_free(&ld); dev_free(&rd); dev_free(&gd); dev_free(&od); dev_free(&yd); dev_free(&wd);
+  host_free(&lhs); host_free(&rhs); host_free(&gs); host_free(&out); host_free(&y); host_free(&w);
+  ctx_done();
+}

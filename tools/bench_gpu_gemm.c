@@ -7,7 +7,8 @@
  *     ("% of dense peak") of the grouped rows below.
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
  *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
- *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows) and
+ *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
+ *     (Hopper wgmma + TMA, bf16 rows) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
@@ -215,8 +216,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     fclose(f);
   }
   tw_ctx *c_auto = make_ctx(NULL), *c_mma = make_ctx("gg_mma"), *c_loop = make_ctx("gg_lt_loop"),
-         *c_lt = make_ctx("gemm_lt"), *c_wide = make_ctx("gg_mma_wide");
-  if (!c_auto || !c_mma || !c_loop || !c_lt || !c_wide) return 1;
+         *c_lt = make_ctx("gemm_lt"), *c_wide = make_ctx("gg_mma_wide"), *c_wg = make_ctx("gg_wgmma");
+  if (!c_auto || !c_mma || !c_loop || !c_lt || !c_wide || !c_wg) return 1;
   int rc = 0;
   /* cmd_bench printed the header */
 
@@ -331,9 +332,10 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
       double pms = kind == 2 ? -1 : peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
-      tw_ctx *ctxs[3] = {c_mma, c_loop, c_wide};
-      const char *names[3] = {"gg_mma", "gg_lt_loop", "gg_mma_wide"};
-      for (int v = 0; v < (kind == 2 ? 1 : 3); ++v) {
+      tw_ctx *ctxs[4] = {c_mma, c_loop, c_wide, c_wg};
+      const char *names[4] = {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"};
+      /* gg_wgmma (Hopper, bf16/f16 only): bf16 rows */
+      for (int v = 0; v < (kind == 2 ? 1 : kind == 1 ? 3 : 4); ++v) {
         c.ctx = ctxs[v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
@@ -344,7 +346,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     tw_free(c_auto, sb);
   }
   tw_ctx_destroy(c_auto); tw_ctx_destroy(c_mma); tw_ctx_destroy(c_loop); tw_ctx_destroy(c_lt);
-  tw_ctx_destroy(c_wide);
+  tw_ctx_destroy(c_wide); tw_ctx_destroy(c_wg);
   free(peers);
   peers = NULL;
   cudaStreamDestroy(stream);

@@ -65,6 +65,16 @@
  *   (TW_ERR_INVALID_ARG: in-place GEMMs are not supported). The ref backend calls OpenBLAS
  *   with 32-bit sizes: M, N or K (per group) above INT_MAX is TW_ERR_UNSUPPORTED.
  *
+ * Accumulation model per gpu kernel version (the tests derive their bound from it:
+ * tw_gemm_error_bound with u_acc per add; gpu/NOTES-gemm.md):
+ *   gg_mma, gg_mma_wide, gg_wgmma: exact products (bf16/f16 x bf16/f16 and fp8 decoded to
+ *     bf16/f16 fit f32) summed in the tensor core's f32 accumulator, whose rounding is not
+ *     specified as RNE: u_acc = 2^-23 (one f32 ulp per add). gg_wgmma (Hopper wgmma, bf16/f16
+ *     only) keeps this model: its K-chunks of 16 are added into the f32 accumulator as mma.sync's.
+ *   gg_fma: exact f32 FMA, RNE (meets the same bound).
+ *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
+ *     ~2^-13 relative): not the f32 model, so auto never picks it for fp8.
+ *
  * Alignment: the ref backend accepts any shape and any element-aligned pointer. A backend
  * that needs more (gpu: fp8 cuBLASLt paths want 16-byte leading dimensions) states it in
  * tw_gemm_alignment() and rejects violations with TW_ERR_ALIGNMENT and the values, before

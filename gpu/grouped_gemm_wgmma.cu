@@ -1,0 +1,599 @@
+// gpu/grouped_gemm_wgmma.cu — kernel version 4 of the grouped GEMM (gg_wgmma): Hopper (sm_90a)
+// bf16/f16 forward with ragged M from device group sizes.
+//
+//   C[o_g + i, :] = lhs[o_g + i, :] @ op(rhs[g])   for i < m_g   (f32 accumulation)
+//
+// Design (written for twin; the general Hopper recipe, not copied from a library):
+//   - CTA tile 128 x 256 x 64, 384 threads: warpgroup 0 is the producer (one thread issues
+//     the TMA loads), warpgroups 1 and 2 are consumers, each owning 64 rows x 256 columns
+//     (128 f32 accumulators per thread). setmaxnreg moves registers from the producer (40)
+//     to the consumers (232).
+//   - 4-stage shared-memory ring (48 KiB a stage). Each stage has a "full" mbarrier (the
+//     producer's expect_tx; the TMA engine completes the bytes) and an "empty" mbarrier (each
+//     of the 8 consumer warps arrives once its wgmma reads of the stage are done).
+//   - TMA with 128-byte swizzle: lhs through one 2-D map [M, K] (box 128 rows x 64 k), rhs
+//     through one 3-D map over [G, N, K] (op T, K-major, box 256 x 64) or [G, K, N] (op N,
+//     N-major, four 64 x 64 boxes). Maps depend only on pointers and shapes, never on the
+//     group sizes, so they travel by value in the kernel parameters: graph-capturable,
+//     replayable with new sizes in the same buffer.
+//   - wgmma m64n256k16 from shared memory (descriptors: 128-byte swizzle; K-major A and B
+//     advance 32 bytes per k16 step, N-major B advances 16 k-rows = 2048 bytes, LBO 8 KiB
+//     between its 64-column boxes). One wgmma group in flight per consumer (wait_group 1):
+//     the stage of k-tile kt-1 is released once k-tile kt is issued.
+//   - Persistent CTAs (one per SM) walk the linear tile ids of ggw_tile_prefix (device
+//     offsets -> tile starts); producer and consumers each find (g, p-tile, q-tile) by binary
+//     search, so both walk the same sequence with no communication but the ring.
+//   - Clusters of 2 (when groups average >= 256 rows): a tile id names 256 rows; the pair
+//     shares the group and the columns, each CTA loads half of the rhs tile and multicasts it
+//     to both, and a stage is free once the consumers of both CTAs arrived on its empty
+//     barrier (remote arrive, cta-scope release: a cluster-scope release there halved the
+//     rate, run g2 in gpu/NOTES-gemm.md).
+//   - Ragged edges: a tile's 128 lhs rows start at o_g + p0; rows past the group belong to
+//     the next group (or past M: TMA fills zeros). Their products are computed but never
+//     stored: the epilogue writes row i only if p0 + i < m_g, column j only if j < N. The K
+//     tail (K % 64) and N tail come back as zeros from TMA's out-of-bounds fill, and rhs
+//     group g never reads group g+1 (the group index is its own map dimension).
+//   - Epilogue straight from the accumulators (pairs of columns per store when aligned).
+// Operands it declines (TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide):
+// anything but plain bf16 x bf16 / f16 x f16, K or (op N) N not a multiple of 8, K = 0,
+// pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates.
+// Other architectures compile the kernel as an empty stub that is never launched.
+#include <cub/block/block_scan.cuh>
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cudaTypedefs.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gemm_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GGW_DEVICE 1
+#endif
+
+#define GGW_BM 128
+#define GGW_BN 256
+#define GGW_BK 64
+#define GGW_STAGES 4
+#define GGW_THREADS 384
+// CTAs per cluster: 2 (pairs sharing the rhs tile by multicast: 1.09-1.15x the single CTA on
+// the H100, run g6) when the groups average at least 256 rows (M / G >= 256: the host does not
+// see the sizes); else 1 (a pair covers 256 rows, so with 128-row groups one CTA of each pair
+// would compute rows it never stores). Measurement knobs: TWIN_GG_WGMMA_CLUSTER=1 or 2 forces
+// one, TWIN_GG_WGMMA_VERBOSE=1 prints the cluster grid once, TWIN_GG_WGMMA_GRID=n launches n
+// CTAs (cluster variant).
+#define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
+#define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
+#define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
+// ring + 1 KiB for aligning the base to the 1024-byte swizzle atom + barriers
+#define GGW_SMEM (GGW_STAGES * GGW_STAGE_BYTES + 1024 + 2 * GGW_STAGES * 8)
+
+struct ggw_params {
+  const int64_t *offsets;     // device [G+1] row offsets (gpu_group_prefix)
+  const int64_t *tile_start;  // device [G+1] tile starts (gg_tile_prefix with tilesQ)
+  void *out;
+  int64_t N, K, G, tilesQ;
+  int accumulate;
+};
+
+#ifdef GGW_DEVICE
+// ---- PTX wrappers (sm_90a) ---------------------------------------------------------------
+__device__ __forceinline__ uint32_t ggw_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ggw_bar_init(uint64_t *b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ggw_smem(b)), "r"(count));
+}
+__device__ __forceinline__ void ggw_bar_expect(uint64_t *b, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ggw_smem(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ggw_bar_arrive(uint64_t *b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ggw_smem(b)) : "memory");
+}
+__device__ __forceinline__ void ggw_bar_wait(uint64_t *b, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(ggw_smem(b)),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void ggw_tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          ggw_smem(dst)),
+      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1)
+      : "memory");
+}
+__device__ __forceinline__ void ggw_tma_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                           int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+      "[%2];\n" ::"r"(ggw_smem(dst)),
+      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// Clusters (CL = 2): rank in the cluster, cluster-wide barrier, arrive on a peer's mbarrier,
+// TMA load multicast into the same shared-memory offset of every CTA in mask.
+__device__ __forceinline__ uint32_t ggw_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ggw_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void ggw_bar_arrive_at(uint64_t *b, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ggw_smem(b)),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ void ggw_tma_3d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                              int c2, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(ggw_smem(dst)),
+      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
+// Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), addresses in 16 B units.
+__device__ __forceinline__ uint64_t ggw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
+         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
+}
+__device__ __forceinline__ void ggw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void ggw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void ggw_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// d (+)= A(64x16, desc da) * B(16x256, desc db); scale_d = 0 overwrites d. The 128 f32
+// accumulators of one thread, in wgmma's fragment order (see ggw_epilogue).
+template <bool F16, int TB>
+__device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, int scale_d) {
+  if (F16)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+  else
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+// Keeps the compiler from moving uses of the accumulators across wgmma.wait_group.
+__device__ __forceinline__ void ggw_touch(float *d) {
+#pragma unroll
+  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <int OUT>
+__device__ __forceinline__ void ggw_put1(void *out, int64_t i, float v, int acc) {
+  if (OUT == TW_F32) {
+    float *p = (float *)out + i;
+    *p = acc ? *p + v : v;
+  } else if (OUT == TW_BF16) {
+    __nv_bfloat16 *p = (__nv_bfloat16 *)out + i;
+    *p = __float2bfloat16_rn(acc ? __bfloat162float(*p) + v : v);
+  } else {
+    __half *p = (__half *)out + i;
+    *p = __float2half_rn(acc ? __half2float(*p) + v : v);
+  }
+}
+template <int OUT>
+__device__ __forceinline__ void ggw_put2(void *out, int64_t i, float v0, float v1, int acc) {
+  if (OUT == TW_F32) {
+    float2 *p = (float2 *)((float *)out + i);
+    if (acc) {
+      float2 o = *p;
+      v0 = o.x + v0;
+      v1 = o.y + v1;
+    }
+    *p = make_float2(v0, v1);
+  } else if (OUT == TW_BF16) {
+    __nv_bfloat162 *p = (__nv_bfloat162 *)((__nv_bfloat16 *)out + i);
+    if (acc) {
+      __nv_bfloat162 o = *p;
+      v0 = __low2float(o) + v0;
+      v1 = __high2float(o) + v1;
+    }
+    *p = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+  } else {
+    __half2 *p = (__half2 *)((__half *)out + i);
+    if (acc) {
+      __half2 o = *p;
+      v0 = __low2float(o) + v0;
+      v1 = __high2float(o) + v1;
+    }
+    *p = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+  }
+}
+
+// Linear tile id -> group (last g with tile_start[g] <= t), row tile start p0, column start q0.
+// CL = 2: a tile id names 256 rows (both CTAs of the cluster), this CTA takes rows rank*128..
+template <int CL>
+__device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint32_t rank, int64_t &g, int64_t &p0,
+                                           int64_t &q0) {
+  int64_t lo = 0, hi = p.G - 1;
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) >> 1;
+    if (p.tile_start[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  g = lo;
+  int64_t local = t - p.tile_start[g];
+  p0 = (local / p.tilesQ) * (GGW_BM * CL) + rank * GGW_BM;
+  q0 = (local % p.tilesQ) * GGW_BN;
+}
+#endif  // GGW_DEVICE
+
+// F16: f16 inputs (else bf16). TB: rhs op N ([G, K, N], N-major in shared memory; wgmma's
+// transpose bit), else op T ([G, N, K], K-major). OUT: output tw_dtype. CL: CTAs per cluster
+// (2: the pair takes 256 rows x 256 columns, same group and columns; each CTA loads half of
+// the rhs tile and multicasts it to both, halving rhs traffic out of L2; a stage is free
+// once the consumers of both CTAs released it).
+template <bool F16, int TB, int OUT, int CL>
+__global__ void __launch_bounds__(GGW_THREADS, 1)
+    ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const ggw_params p) {
+#ifdef GGW_DEVICE
+  extern __shared__ __align__(1024) unsigned char ggw_raw[];
+  // the swizzle pattern is a function of address bits 7-9: stages start on 1024-byte bounds
+  unsigned char *base = ggw_raw + ((1024 - (ggw_smem(ggw_raw) & 1023)) & 1023);
+  uint64_t *full = (uint64_t *)(base + GGW_STAGES * GGW_STAGE_BYTES);
+  uint64_t *empty = full + GGW_STAGES;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const uint32_t rank = CL > 1 ? ggw_cta_rank() : 0;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < GGW_STAGES; ++s) {
+      ggw_bar_init(&full[s], 1);
+      ggw_bar_init(&empty[s], 8 * CL);  // one arrival per consumer warp of each CTA
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  if (CL > 1) ggw_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  else __syncthreads();
+  const int64_t total = p.tile_start[p.G];
+  const int ktiles = (int)((p.K + GGW_BK - 1) / GGW_BK);
+
+  if (wg == 0) {
+    // ---- producer: one thread issues every TMA load --------------------------------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
+        int64_t g, p0, q0;
+        ggw_locate<CL>(p, t, rank, g, p0, q0);
+        const int row0 = (int)(p.offsets[g] + p0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          ggw_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
+          ggw_bar_expect(&full[s], GGW_STAGE_BYTES);
+          ggw_tma_2d(sa, &map_a, &full[s], kt * GGW_BK, row0);
+          if (CL == 1) {
+            if (TB == 0) {
+              ggw_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
+            } else {
+#pragma unroll
+              for (int j = 0; j < GGW_BN / 64; ++j)
+                ggw_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+            }
+          } else {  // this CTA's half of the rhs tile (columns rank*128..), to both CTAs
+            const int h = (int)rank * (GGW_BN / CL);
+            if (TB == 0) {
+              ggw_tma_3d_mc(sb + h * 128, &map_b, &full[s], kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
+            } else {
+#pragma unroll
+              for (int j = 0; j < GGW_BN / 64 / CL; ++j)
+                ggw_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + h + 64 * j,
+                              kt * GGW_BK, (int)g, (uint16_t)3);
+            }
+          }
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    float d[128];
+    int s = 0;
+    uint32_t phase = 0;
+    for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
+      int64_t g, p0, q0;
+      ggw_locate<CL>(p, t, rank, g, p0, q0);
+      const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        ggw_bar_wait(&full[s], phase);
+        const uint32_t a0 = ggw_smem(base + s * GGW_STAGE_BYTES) + c * (64 * GGW_BK * 2);
+        const uint32_t b0 = ggw_smem(base + s * GGW_STAGE_BYTES + GGW_A_BYTES);
+        ggw_fence();
+#pragma unroll
+        for (int k = 0; k < GGW_BK / 16; ++k) {
+          const uint64_t da = ggw_desc(a0 + k * 32, 16, 1024);
+          const uint64_t db = TB == 0 ? ggw_desc(b0 + k * 32, 16, 1024)
+                                      : ggw_desc(b0 + k * (16 * 128), 64 * GGW_BK * 2, 1024);
+          ggw_mma_256<F16, TB>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
+        }
+        ggw_commit();
+        ggw_wait<1>();
+        ggw_touch(d);
+        if (prev >= 0) {
+          __syncwarp();
+          if (lane == 0) {
+            if (CL == 1) ggw_bar_arrive(&empty[prev]);
+            else
+              for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+          }
+        }
+        prev = s;
+        if (++s == GGW_STAGES) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      ggw_wait<0>();
+      ggw_touch(d);
+      if (prev >= 0) {
+        __syncwarp();
+        if (lane == 0) {
+          if (CL == 1) ggw_bar_arrive(&empty[prev]);
+          else
+            for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+        }
+      }
+      // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
+      const int64_t cbase = q0 + 2 * (lane % 4);
+      const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 8 * h;
+        if (r >= mg) continue;
+        const int64_t rowbase = (og + r) * p.N;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int64_t col = cbase + 8 * j;
+          const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+          if (pairs) {
+            if (col < p.N) ggw_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+          } else {
+            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+          }
+        }
+      }
+    }
+  }
+  // no CTA leaves while its peer may still arrive on its barriers
+  if (CL > 1) {
+    __syncwarp();
+    ggw_cluster_sync();
+  }
+#endif
+}
+
+// tile_start[g] = sum_{j<g} ceil(m_j / rows) * tilesQ (rows = 128 * CL), one block.
+#define GGW_PREFIX_THREADS 256
+__global__ void __launch_bounds__(GGW_PREFIX_THREADS)
+    ggw_tile_prefix(const int64_t *__restrict__ offsets, int64_t G, int64_t rows, int64_t tilesQ,
+                    int64_t *__restrict__ tile_start) {
+  typedef cub::BlockScan<int64_t, GGW_PREFIX_THREADS> scan_t;
+  __shared__ typename scan_t::TempStorage tmp;
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t b = 0; b < G; b += GGW_PREFIX_THREADS) {
+    const int64_t g = b + threadIdx.x;
+    const int64_t v = g < G ? ((offsets[g + 1] - offsets[g] + rows - 1) / rows) * tilesQ : 0;
+    int64_t ex, sum;
+    scan_t(tmp).ExclusiveSum(v, ex, sum);
+    if (g < G) tile_start[g] = carry + ex;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += sum;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) tile_start[G] = carry;
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+static PFN_cuTensorMapEncodeTiled_v12000 ggw_encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+  if (!fn) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    else
+      cudaGetLastError();
+  }
+  return fn;
+}
+
+// Whether gg_wgmma takes this forward problem; if not, *why says what it declines.
+int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op, const tw_tensor *out,
+                   const char **why) {
+  gpu_state *st = gpu_of(ctx);
+  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = rhs->data.shape[0];
+  const int dt = lhs->data.dtype;
+  *why = NULL;
+  if (st->sm != 90) *why = "needs an sm_90 device (wgmma, TMA)";
+  else if (lhs->mode != TW_SCALE_NONE || rhs->mode != TW_SCALE_NONE || (dt != TW_BF16 && dt != TW_F16) ||
+           rhs->data.dtype != dt)
+    *why = "takes plain bf16 x bf16 or f16 x f16 operands only";
+  else if (rhs->data.ndim != 3) *why = "takes rhs as one [G, K, N] or [G, N, K] tensor";
+  else if (K == 0 || K % 8 || (rhs_op == TW_OP_N && N % 8))
+    *why = "needs K (and N for rhs_op N) a non-zero multiple of 8 (TMA: 16-byte row strides)";
+  else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
+    *why = "needs 16-byte aligned lhs and rhs";
+  else if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31) || N >= ((int64_t)1 << 31) || G >= ((int64_t)1 << 31))
+    *why = "needs M, N, K and G below 2^31 (TMA coordinates)";
+  return *why == NULL;
+}
+
+// Persistent grid: as many CTAs (clusters of CL) as are resident at once, asked once per device.
+template <bool F16, int TB, int OUT, int CL>
+static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggw_params *p,
+                              const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggw_params) = ggw_kernel<F16, TB, OUT, CL>;
+  static int grid_of[64];
+  int dev = st->device < 64 ? st->device : 0;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = CL;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(GGW_THREADS);
+  cfg.dynamicSmemBytes = GGW_SMEM;
+  cfg.stream = st->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  if (!grid_of[dev]) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_SMEM),
+                 "grouped_gemm (gg_wgmma): cudaFuncSetAttribute");
+    grid_of[dev] = st->num_sms;
+  }
+  if (CL == 1) {  // a plain launch, as in run g1 (suspect of the G32 drop in g2/g3: cluster launch of 1)
+    fn<<<(unsigned)grid_of[dev], GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *p);
+    GPU_TRY_CUDA(cudaGetLastError(), op);
+    return TW_OK;
+  }
+  static int clusters_of[64];
+  if (!clusters_of[dev]) {
+    int clusters = 0;
+    cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
+    GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma): cluster occupancy");
+    clusters_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
+    const char *gv = getenv("TWIN_GG_WGMMA_GRID");  // measurement knob: CTAs of the cluster grid
+    if (gv && atoi(gv) >= CL) clusters_of[dev] = atoi(gv) / CL * CL;
+    const char *v = getenv("TWIN_GG_WGMMA_VERBOSE");
+    if (v && *v == '1')
+      fprintf(stderr, "gg_wgmma: cluster %d, max active clusters %d, grid %d CTAs, %d SMs\n", CL, clusters,
+              clusters_of[dev], st->num_sms);
+  }
+  cfg.gridDim = dim3((unsigned)clusters_of[dev]);
+  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *p), op);
+  return TW_OK;
+}
+
+tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                           const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+  const char *why;
+  if (!gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
+  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  if (M == 0 || N == 0 || G == 0) return TW_OK;
+  PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
+  if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
+  const int f16 = lhs->data.dtype == TW_F16;
+  static int forced_cl = -1;
+  if (forced_cl < 0) {
+    const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
+    forced_cl = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? atoi(e) : 0;
+  }
+  const int cl = forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);
+  const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
+  {
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * 2};
+    cuuint32_t box[2] = {GGW_BK, GGW_BM}, es[2] = {1, 1};
+    CUresult r = enc(&ma, dt, 2, lhs->data.data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': lhs tensor map refused (CUresult %d)", op, GG_KERNEL_WGMMA,
+                      (int)r);
+  }
+  {
+    const int tb = rhs_op == TW_OP_N;  // [G, K, N]: N inner
+    cuuint64_t dims[3] = {(cuuint64_t)(tb ? N : K), (cuuint64_t)(tb ? K : N), (cuuint64_t)G};
+    cuuint64_t strides[2] = {(cuuint64_t)(tb ? N : K) * 2, (cuuint64_t)(K * N) * 2};
+    cuuint32_t box[3] = {64, tb ? (cuuint32_t)GGW_BK : (cuuint32_t)(GGW_BN / cl), 1}, es[3] = {1, 1, 1};
+    CUresult r = enc(&mb, dt, 3, rhs->data.data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': rhs tensor map refused (CUresult %d)", op, GG_KERNEL_WGMMA,
+                      (int)r);
+  }
+  ggw_params p;
+  memset(&p, 0, sizeof p);
+  p.offsets = offsets;
+  p.out = out->data;
+  p.N = N;
+  p.K = K;
+  p.G = G;
+  p.tilesQ = (N + GGW_BN - 1) / GGW_BN;
+  p.accumulate = accumulate;
+  int64_t *ts;
+  TW_TRY(gpu_scratch(ctx, (size_t)(G + 1) * sizeof(int64_t), (void **)&ts));
+  ggw_tile_prefix<<<1, GGW_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, (int64_t)GGW_BM * cl, p.tilesQ, ts);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
+  p.tile_start = ts;
+#define GGW_CL(F, T, O) \
+  return cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &p, op) : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &p, op);
+#define GGW_OUT(F, T)                   \
+  switch (out->dtype) {                 \
+    case TW_F32: GGW_CL(F, T, TW_F32)   \
+    case TW_BF16: GGW_CL(F, T, TW_BF16) \
+    default: GGW_CL(F, T, TW_F16)       \
+  }
+  if (f16) {
+    if (rhs_op == TW_OP_N) { GGW_OUT(true, 1) }
+    GGW_OUT(true, 0)
+  }
+  if (rhs_op == TW_OP_N) { GGW_OUT(false, 1) }
+  GGW_OUT(false, 0)
+#undef GGW_OUT
+#undef GGW_CL
+}
