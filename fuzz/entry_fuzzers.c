@@ -8,6 +8,7 @@
 
 #include "fuzz/ep_fuzz.h"
 #include "ops/registry.h"
+#include "moe/fuzz.h"
 #include "pipeline/fuzz.h"
 
 static double since(const struct timespec *t0) {
@@ -103,6 +104,43 @@ int tw_fuzz_run_pipeline(const tw_op_fuzz_opts *o, FILE *out) {
     FILE *f = fopen(path, "w");
     if (f) {
       fprintf(f, "# twin pipeline fuzz repro (seed %llu): %s\n%s\n", (unsigned long long)o->seed, rep.message, b);
+      fclose(f);
+      fprintf(out, "  repro: %s\n", path);
+    }
+  }
+  return 1;
+}
+
+int tw_fuzz_run_moe(const tw_op_fuzz_opts *o, FILE *out) {
+  int plant = TW_MOE_FUZZ_PLANT_NONE;
+  if (o->plant) {
+    if (strcmp(o->plant, "moe_skip_dp_reduce")) {
+      fprintf(stderr, "twin fuzz: the moe fuzzer has no planted bug '%s'\n", o->plant);
+      return 2;
+    }
+    plant = TW_MOE_FUZZ_PLANT_SKIP_DP_REDUCE;
+  }
+  tw_moe_fuzz_report rep;
+  int max = o->cases > 0 ? (int)o->cases : BY_TIME;
+  if (tw_moe_fuzz(o->seed, max, o->cases > 0 ? 0 : o->seconds, plant, &rep) != TW_OK) {
+    fprintf(out, "moe: %s\n", tw_last_error());
+    return 1;
+  }
+  char a[512], b[512];
+  if (!rep.failures) {
+    fprintf(out, "moe: %d cases (%d valid: dp x ep thread ranks vs one rank; %d invalid named by their rule) clean\n",
+            rep.cases, rep.valid, rep.invalid);
+    return 0;
+  }
+  fprintf(out, "moe: FAILED after %d cases: %s\n  first: %s\n  shrunk: %s\n", rep.cases, rep.message,
+          tw_moe_fuzz_case_str(&rep.first_failure, a, sizeof a), tw_moe_fuzz_case_str(&rep.shrunk, b, sizeof b));
+  if (o->out_dir) {
+    char path[1024];
+    mkdir(o->out_dir, 0755);
+    snprintf(path, sizeof path, "%s/moe-%llu.txt", o->out_dir, (unsigned long long)o->seed);
+    FILE *f = fopen(path, "w");
+    if (f) {
+      fprintf(f, "# twin moe fuzz repro (seed %llu): %s\n%s\n", (unsigned long long)o->seed, rep.message, b);
       fclose(f);
       fprintf(out, "  repro: %s\n", path);
     }

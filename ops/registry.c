@@ -1,5 +1,5 @@
 /* The table of operations (registry.h says how to add one). Order: numerics, quantize, GEMM,
- * routing (router, EP), the pipeline; the MoE block appends its own. */
+ * routing (router, EP), the pipeline, the MoE block. */
 #include "ops/registry.h"
 
 #include <stdio.h>
@@ -16,6 +16,7 @@
 #pragma weak tw_fuzz_run_router
 #pragma weak tw_fuzz_run_ep
 #pragma weak tw_fuzz_run_pipeline
+#pragma weak tw_fuzz_run_moe
 
 #define GG_VERSIONS "gg_mma_wide", "gg_mma", "gg_fma"
 
@@ -134,6 +135,16 @@ static const tw_op_entry table[] = {
      .auto_rule = "one schedule (pipeline/scan.c) on any backend's communicator",
      .fuzz_run = tw_fuzz_run_pipeline,
      .planted = "pipeline_stale_window"},
+    {.name = "moe",
+     .area = "moe",
+     .summary = "MoE block: router -> dispatch -> grouped FFN (SwiGLU/GeGLU/bilinear) -> combine with its "
+                "hand-written VJP, over the interface (f32, bf16; dp x ep)",
+     .compare = TW_COMPARE_BOUND,
+     .min_ranks = 1,
+     .above_interface = 1,
+     .auto_rule = "one block (moe/block.c) over the public ops on any backend",
+     .fuzz_run = tw_fuzz_run_moe,
+     .planted = "moe_skip_dp_reduce"},
 };
 
 enum { COUNT = (int)(sizeof table / sizeof table[0]) };

@@ -95,6 +95,7 @@ typedef struct tw_op_entry {
 int tw_fuzz_run_router(const tw_op_fuzz_opts *o, FILE *out);
 int tw_fuzz_run_ep(const tw_op_fuzz_opts *o, FILE *out);
 int tw_fuzz_run_pipeline(const tw_op_fuzz_opts *o, FILE *out);
+int tw_fuzz_run_moe(const tw_op_fuzz_opts *o, FILE *out);
 
 /* Where an entry's function sits in a backend's table (core/backend.h). */
 #define TW_BACKEND_SLOT(field) offsetof(struct tw_backend_ops, field)

@@ -179,6 +179,48 @@ static tw_status lb_reduce_scatter(tw_comm *c, tw_ctx *ctx, const void *send, vo
   return collective(c, ctx, "reduce_scatter", send, recv, rs_body, &a);
 }
 
+/* all_reduce (f32 or i32 sum): each rank reads every peer's send to the host and adds them
+ * in rank order 0, 1, ... (like the thread communicator, so results match it bit for bit),
+ * into a host sum that is written to recv after the closing barrier (recv may be send). */
+typedef struct {
+  int64_t count;
+  tw_dtype dt;
+  void *sum, *tmp; /* host */
+} ar_args;
+
+static tw_status ar_body(tw_comm *c, tw_ctx *ctx, void *p) {
+  ar_args *a = (ar_args *)p;
+  lgroup *g = (lgroup *)c->impl;
+  tw_mem m = tw_ctx_mem(ctx);
+  for (int j = 0; j < g->n; j++) {
+    tw_tensor h = tw_tensor_1d(j ? a->tmp : a->sum, a->dt, a->count, TW_MEM_HOST);
+    tw_tensor d = tw_tensor_1d((void *)g->send[j], a->dt, a->count, m);
+    TW_TRY(tw_tensor_copy(ctx, &h, &d));
+    for (int64_t i = 0; j && i < a->count; i++) {
+      if (a->dt == TW_F32) ((float *)a->sum)[i] += ((const float *)a->tmp)[i];
+      else ((int32_t *)a->sum)[i] += ((const int32_t *)a->tmp)[i];
+    }
+  }
+  return TW_OK;
+}
+
+static tw_status lb_all_reduce(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
+                               tw_reduce_op op) {
+  if ((dt != TW_F32 && dt != TW_I32) || op != TW_REDUCE_SUM)
+    return tw_error(TW_ERR_UNSUPPORTED, "all_reduce: the loopback communicator sums f32 and i32 only (got %s %s)",
+                    tw_dtype_name(dt), tw_reduce_op_name(op));
+  ar_args a = {count, dt, malloc(4 * (size_t)(count > 0 ? count : 1)), malloc(4 * (size_t)(count > 0 ? count : 1))};
+  tw_status s = a.sum && a.tmp ? collective(c, ctx, "all_reduce", send, recv, ar_body, &a)
+                               : tw_error(TW_ERR_MEMORY, "all_reduce: out of host memory");
+  if (s == TW_OK && count > 0) {
+    tw_tensor d = tw_tensor_1d(recv, dt, count, tw_ctx_mem(ctx)), h = tw_tensor_1d(a.sum, dt, count, TW_MEM_HOST);
+    s = tw_tensor_copy(ctx, &d, &h);
+  }
+  free(a.sum);
+  free(a.tmp);
+  return s;
+}
+
 static tw_status lb_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
                              const int *perm) {
   args a = {count, tw_dtype_storage_bytes(dt, 1), perm, NULL, NULL};
@@ -205,9 +247,9 @@ static tw_status lb_destroy(tw_comm *c) {
 
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out);
 
-static const tw_comm_ops lb_host = {"loopback", TW_MEM_HOST, lb_all_gather, lb_reduce_scatter, NULL, lb_all_to_allv,
+static const tw_comm_ops lb_host = {"loopback", TW_MEM_HOST, lb_all_gather, lb_reduce_scatter, lb_all_reduce, lb_all_to_allv,
                                     lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
-static const tw_comm_ops lb_device = {"loopback", TW_MEM_DEVICE, lb_all_gather, lb_reduce_scatter, NULL, lb_all_to_allv,
+static const tw_comm_ops lb_device = {"loopback", TW_MEM_DEVICE, lb_all_gather, lb_reduce_scatter, lb_all_reduce, lb_all_to_allv,
                                       lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
 
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out) {

@@ -6,10 +6,10 @@
  *
  * Each collective: sync the caller's context (its send buffer is final), barrier, the caller
  * reads its peers' buffers into its own recv with its own context, sync, barrier. Reductions
- * (reduce_scatter, f32 sum only) add the peers' blocks in rank order 0, 1, ..., like the ref
- * thread communicator, so results match it bit for bit. Supports all_gather, reduce_scatter
- * (f32 sum), all_to_allv (byte blocks; EP on one GPU), ppermute, barrier, split; the rest are
- * TW_ERR_UNSUPPORTED. A peer that does not
+ * (reduce_scatter f32 sum; all_reduce f32 or i32 sum, through the host) add the peers' blocks
+ * in rank order 0, 1, ..., like the ref thread communicator, so results match it bit for bit.
+ * Supports all_gather, reduce_scatter, all_reduce, all_to_allv (byte blocks; EP and the MoE
+ * block on one GPU), ppermute, barrier, split; the rest are TW_ERR_UNSUPPORTED. A peer that does not
  * arrive within the timeout aborts the group: every rank's call then fails. */
 #ifndef TWIN_PIPELINE_LOOPBACK_COMM_H
 #define TWIN_PIPELINE_LOOPBACK_COMM_H

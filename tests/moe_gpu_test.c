@@ -11,6 +11,7 @@
 
 #include "tests/moe_cases.h"
 #include "test_util.h"
+#include "pipeline/loopback_comm.h"
 #include "twin/tw_comm.h"
 
 int tw_gpu_device_count(void); /* gpu/probe.cu */
@@ -23,7 +24,7 @@ int tw_gpu_device_count(void); /* gpu/probe.cu */
 
 typedef struct {
   tw_moe_threads_run *run;
-  int n;
+  int n, one_gpu;
 } gjob;
 
 static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
@@ -31,7 +32,7 @@ static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
   tw_ctx *ctx = NULL;
   tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
   cfg.backend = TW_BACKEND_GPU;
-  cfg.device = rank;
+  cfg.device = j->one_gpu ? 0 : rank;
   cfg.comm = comm;
   TW_TRY(tw_ctx_create(&ctx, &cfg));
   tw_status s = tw_moe_run_rank(ctx, j->run, rank, j->n);
@@ -53,13 +54,53 @@ static tw_status run_on_gpus(tw_moe_threads_run *run) {
   tw_comm *comms[8];
   TW_TRY(tw_comm_init_nccl_local(n, dev, comms));
   for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
-  gjob j = {run, n};
+  gjob j = {run, n, 0};
   tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
   char msg[TW_ERROR_MAX];
   snprintf(msg, sizeof msg, "%s", tw_last_error());
   for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
   if (s != TW_OK) return tw_error(s, "%s", msg);
   return TW_OK;
+}
+
+/* Every rank of run->mesh as a thread on GPU 0 over the loopback communicator (device memory,
+ * copies and host barriers: a correctness vehicle for dp x ep on one GPU). */
+static tw_status run_loopback(tw_moe_threads_run *run) {
+  int n = tw_mesh_ranks(&run->mesh);
+  tw_comm *comms[8];
+  TW_TRY(tw_comm_init_loopback(n, TW_MEM_DEVICE, comms));
+  for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
+  gjob j = {run, n, 1};
+  tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
+  char msg[TW_ERROR_MAX];
+  snprintf(msg, sizeof msg, "%s", tw_last_error());
+  for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+  if (s != TW_OK) return tw_error(s, "%s", msg);
+  return TW_OK;
+}
+
+static void loopback_meshes(const char *dir, const char *name) {
+  gcase c;
+  moe_load_case(dir, &c);
+  static const int meshes[][2] = {{1, 2}, {2, 2}, {1, 4}};
+  for (int i = 0; i < 3; i++) {
+    int dp = meshes[i][0], ep = meshes[i][1];
+    if (c.T % (dp * ep) || c.E % ep) continue;
+    tw_mesh m;
+    tw_axis ax[2] = {TW_AXIS_DP, TW_AXIS_EP};
+    int sz[2] = {dp, ep};
+    cr_assert_eq(tw_mesh_init(&m, 2, ax, sz), TW_OK);
+    char cname[300];
+    snprintf(cname, sizeof cname, "%s dp=%d,ep=%d (one GPU, loopback)", name, dp, ep);
+    double w = moe_check_case(&c, cname, &m, run_loopback);
+    cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
+  }
+  moe_free_case(&c);
+}
+
+Test(moe_gpu, every_stored_case_sharded_on_one_gpu_over_loopback) {
+  NEED_GPUS(1);
+  cr_assert_geq(moe_each_case(loopback_meshes), 13);
 }
 
 static void on_one_gpu(const char *dir, const char *name) {
@@ -146,4 +187,115 @@ Test(moe_gpu, larger_bf16_block_matches_ref) {
     free(ref[i]);
     free(gpu[i]);
   }
+}
+
+/* ---- the block's forward + backward in one CUDA graph -------------------------------------- */
+#include <cuda_runtime.h>
+
+#define CU(call)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    cr_assert_eq(e_, cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));              \
+  } while (0)
+
+static void *dev_copy(tw_ctx *ctx, const void *host, size_t bytes) {
+  void *d = NULL;
+  cr_assert_eq(tw_alloc(ctx, bytes, &d), TW_OK, "%s", tw_last_error());
+  if (host) CU(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* Captured once, replayed with new tokens (hence new routing) written into the same x buffer;
+ * each replay's out, dx and gradients equal the ref block on those tokens within twice the
+ * F32 budget. */
+Test(moe_gpu, forward_and_backward_replay_in_one_cuda_graph) {
+  NEED_GPUS(1);
+  enum { T = 96, H = 32, F = 16, E = 8, K = 2 };
+  static float x[T * H], gate[H * E], wi[E * H * 2 * F], wo[E * F * H], bi[E * 2 * F], bo[E * H], d_out[T * H];
+  tt_fill_uniform_f32(gate, H * E, 2, -0.35f, 0.35f);
+  tt_fill_uniform_f32(wi, E * H * 2 * F, 3, -0.18f, 0.18f);
+  tt_fill_uniform_f32(wo, E * F * H, 4, -0.25f, 0.25f);
+  tt_fill_uniform_f32(bi, E * 2 * F, 5, -0.2f, 0.2f);
+  tt_fill_uniform_f32(bo, E * H, 6, -0.2f, 0.2f);
+  tt_fill_uniform_f32(d_out, T * H, 7, -1, 1);
+  tw_moe_config cfg = TW_MOE_CONFIG_INIT;
+  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K;
+  cfg.aux_coeff = 0.01f; cfg.max_tokens = T; cfg.global_tokens = T; cfg.alignment = 4;
+
+  cudaStream_t stream;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  tw_comm *comm;
+  int dev0 = 0;
+  cr_assert_eq(tw_comm_init_nccl_local(1, &dev0, &comm), TW_OK, "%s", tw_last_error());
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU; cc.comm = comm; cc.stream = stream;
+  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK, "%s", tw_last_error());
+  tw_moe *m;
+  cr_assert_eq(tw_moe_create(ctx, NULL, &cfg, &m), TW_OK, "%s", tw_last_error());
+  tw_mem D = TW_MEM_DEVICE;
+  float *dx_ = dev_copy(ctx, NULL, sizeof x), *dout_ = dev_copy(ctx, NULL, sizeof x), *daux = dev_copy(ctx, NULL, 4);
+  float *xd = dev_copy(ctx, x, sizeof x), *dod = dev_copy(ctx, d_out, sizeof d_out);
+  tw_moe_weights w = {tw_tensor_2d(dev_copy(ctx, gate, sizeof gate), TW_F32, H, E, D),
+                      tw_tensor_3d(dev_copy(ctx, wi, sizeof wi), TW_F32, E, H, 2 * F, D),
+                      tw_tensor_3d(dev_copy(ctx, wo, sizeof wo), TW_F32, E, F, H, D),
+                      tw_tensor_2d(dev_copy(ctx, bi, sizeof bi), TW_F32, E, 2 * F, D),
+                      tw_tensor_2d(dev_copy(ctx, bo, sizeof bo), TW_F32, E, H, D)};
+  tw_moe_grads g = {tw_tensor_2d(dev_copy(ctx, NULL, sizeof gate), TW_F32, H, E, D),
+                    tw_tensor_3d(dev_copy(ctx, NULL, sizeof wi), TW_F32, E, H, 2 * F, D),
+                    tw_tensor_3d(dev_copy(ctx, NULL, sizeof wo), TW_F32, E, F, H, D),
+                    tw_tensor_2d(dev_copy(ctx, NULL, sizeof bi), TW_F32, E, 2 * F, D),
+                    tw_tensor_2d(dev_copy(ctx, NULL, sizeof bo), TW_F32, E, H, D)};
+  tw_tensor tx = tw_tensor_2d(xd, TW_F32, T, H, D), tout = tw_tensor_2d(dout_, TW_F32, T, H, D);
+  tw_tensor tdo = tw_tensor_2d(dod, TW_F32, T, H, D), tdx = tw_tensor_2d(dx_, TW_F32, T, H, D);
+  tw_tensor taux = tw_tensor_1d(daux, TW_F32, 1, D);
+  /* eager once (first-use setup outside the capture), then capture */
+  tt_fill_uniform_f32(x, T * H, 100, -1, 1);
+  CU(cudaMemcpy(xd, x, sizeof x, cudaMemcpyHostToDevice));
+  cr_assert_eq(tw_moe_forward(m, &tx, &w, &tout, &taux), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_moe_backward(m, &tx, &w, &tdo, 1, &tdx, &g), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_sync(ctx), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tw_status s = tw_moe_forward(m, &tx, &w, &tout, &taux);
+  if (s == TW_OK) s = tw_moe_backward(m, &tx, &w, &tdo, 1, &tdx, &g);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s, TW_OK, "captured block: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "capture failed (a host sync inside the block?): %s", cudaGetErrorString(ce));
+  cudaGraphExec_t exec;
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 4; rep++) {
+    tt_fill_uniform_f32(x, T * H, 200 + rep, -1, 1);
+    CU(cudaMemcpyAsync(xd, x, sizeof x, cudaMemcpyHostToDevice, stream));
+    CU(cudaGraphLaunch(exec, stream));
+    CU(cudaStreamSynchronize(stream));
+    cr_assert_eq(tw_ctx_check(ctx), TW_OK, "replay %d: %s", rep, tw_last_error());
+    static float got[5][E * H * 2 * F], want[5][E * H * 2 * F];
+    int64_t n[5] = {T * H, T * H, H * E, E * H * 2 * F, E * F * H};
+    void *src[5] = {dout_, dx_, g.gate.data, g.wi.data, g.wo.data};
+    for (int q = 0; q < 5; q++) CU(cudaMemcpy(got[q], src[q], 4 * (size_t)n[q], cudaMemcpyDeviceToHost));
+    tw_moe_threads_run r;
+    memset(&r, 0, sizeof r);
+    r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
+    r.x = x; r.gate = gate; r.wi = wi; r.wo = wo; r.bi = bi; r.bo = bo; r.d_out = d_out;
+    r.out = want[0]; r.dx = want[1]; r.dgate = want[2]; r.dwi = want[3]; r.dwo = want[4];
+    cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+    const char *names[5] = {"out", "dx", "dgate", "dwi", "dwo"};
+    for (int q = 0; q < 5; q++) {
+      double ss = 0;
+      for (int64_t i = 0; i < n[q]; i++) ss += (double)want[q][i] * want[q][i];
+      double rms = sqrt(ss / (double)n[q]), k = 2.0 * (H + 2 * F + K + 16 + (q ? E + T : 0));
+      for (int64_t i = 0; i < n[q]; i++) {
+        double bound = k * ldexp(1, -24) * (fabs(want[q][i]) + rms);
+        cr_assert(fabs((double)got[q][i] - want[q][i]) <= bound, "replay %d %s[%lld]: graph %.9g, ref %.9g", rep,
+                  names[q], (long long)i, (double)got[q][i], (double)want[q][i]);
+      }
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  tw_moe_destroy(m);
+  tw_ctx_destroy(ctx);
+  tw_comm_destroy(comm);
+  cudaStreamDestroy(stream);
 }

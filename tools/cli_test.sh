@@ -129,6 +129,8 @@ expect check_ep_goldens 0 "ep/ep8_e8_k1_a1" -- check --backend ref --filter ep/
 expect fuzz_router_ep_pipeline 0 "pipeline: 20 cases" -- fuzz --op router,ep,pipeline --cases 20 --out "$T-fuzz"
 expect fuzz_ep_plant_caught 1 "shrunk" -- fuzz --op ep --plant ep_wrong_rank --cases 50 --out "$T-fuzz"
 expect fuzz_pipeline_plant_caught 1 "S=3" -- fuzz --op pipeline --plant pipeline_stale_window --cases 200 --out "$T-fuzz"
+expect fuzz_moe 0 "moe: 60 cases" -- fuzz --op moe --cases 60 --out "$T-fuzz"
+expect fuzz_moe_plant_caught 1 "dwi" -- fuzz --op moe --plant moe_skip_dp_reduce --cases 200 --out "$T-fuzz"
 expect fuzz_own_fuzzers_are_ref 2 "ref thread ranks only" -- fuzz --backend gpu --op ep --cases 1
 expect fuzz_ep_foreign_plant 2 "take only their own plants" -- fuzz --op ep,router --plant round_toward_zero --cases 1
 expect plan_pipeline 0 "bubble d(S-1)/(MR+d(S-1)) = 2/14" -- plan --op pipeline --stages 3 --microbatches 6 --repeats 2 --bsw --fsdp 2
