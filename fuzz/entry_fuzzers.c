@@ -17,6 +17,19 @@ static double since(const struct timespec *t0) {
   return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
+/* <out_dir>/<op>-<seed>.txt: the failure and the shrunk case, one line each */
+static void write_repro(const tw_op_fuzz_opts *o, FILE *out, const char *op, const char *message, const char *shrunk) {
+  if (!o->out_dir) return;
+  char path[1024];
+  mkdir(o->out_dir, 0755);
+  snprintf(path, sizeof path, "%s/%s-%llu.txt", o->out_dir, op, (unsigned long long)o->seed);
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  fprintf(f, "# twin %s fuzz repro (seed %llu): %s\n%s\n", op, (unsigned long long)o->seed, message, shrunk);
+  fclose(f);
+  fprintf(out, "  repro: %s\n", path);
+}
+
 /* max cases for a run bounded by --seconds: the loop's own clock stops it */
 #define BY_TIME 2000000000
 
@@ -97,17 +110,7 @@ int tw_fuzz_run_pipeline(const tw_op_fuzz_opts *o, FILE *out) {
   }
   fprintf(out, "pipeline: FAILED after %d cases: %s\n  first: %s\n  shrunk: %s\n", rep.cases, rep.message,
           tw_pipeline_fuzz_case_str(&rep.first_failure, a, sizeof a), tw_pipeline_fuzz_case_str(&rep.shrunk, b, sizeof b));
-  if (o->out_dir) {
-    char path[1024];
-    mkdir(o->out_dir, 0755);
-    snprintf(path, sizeof path, "%s/pipeline-%llu.txt", o->out_dir, (unsigned long long)o->seed);
-    FILE *f = fopen(path, "w");
-    if (f) {
-      fprintf(f, "# twin pipeline fuzz repro (seed %llu): %s\n%s\n", (unsigned long long)o->seed, rep.message, b);
-      fclose(f);
-      fprintf(out, "  repro: %s\n", path);
-    }
-  }
+  write_repro(o, out, "pipeline", rep.message, b);
   return 1;
 }
 
@@ -134,16 +137,6 @@ int tw_fuzz_run_moe(const tw_op_fuzz_opts *o, FILE *out) {
   }
   fprintf(out, "moe: FAILED after %d cases: %s\n  first: %s\n  shrunk: %s\n", rep.cases, rep.message,
           tw_moe_fuzz_case_str(&rep.first_failure, a, sizeof a), tw_moe_fuzz_case_str(&rep.shrunk, b, sizeof b));
-  if (o->out_dir) {
-    char path[1024];
-    mkdir(o->out_dir, 0755);
-    snprintf(path, sizeof path, "%s/moe-%llu.txt", o->out_dir, (unsigned long long)o->seed);
-    FILE *f = fopen(path, "w");
-    if (f) {
-      fprintf(f, "# twin moe fuzz repro (seed %llu): %s\n%s\n", (unsigned long long)o->seed, rep.message, b);
-      fclose(f);
-      fprintf(out, "  repro: %s\n", path);
-    }
-  }
+  write_repro(o, out, "moe", rep.message, b);
   return 1;
 }
