@@ -31,6 +31,8 @@ struct tw_moe {
   int forwarded, aux_on;
   float aux_coeff_rank; /* aux_coeff * (T_r / T)^2: this rank's share of the global loss */
   size_t saved;
+  void (*hook)(void *arg, const char *step); /* tw_moe_set_step_hook (benches) */
+  void *hook_arg;
   /* saved for the backward */
   float *logits, *topk_w, *recv_w, *h;
   int32_t *idx, *counts, *gs;
@@ -260,6 +262,17 @@ static tw_status check_tokens(const char *op, const tw_moe *m, const char *name,
   return TW_OK;
 }
 
+/* The step about to run, for a bench's timer (no-op without a hook). */
+static void mark(tw_moe *m, const char *name) {
+  if (m->hook) m->hook(m->hook_arg, name);
+}
+
+void tw_moe_set_step_hook(tw_moe *m, void (*fn)(void *arg, const char *step), void *arg) {
+  if (!m) return;
+  m->hook = fn;
+  m->hook_arg = arg;
+}
+
 /* The failing step names itself in front of the op's own message. */
 static tw_status step(tw_status s, const char *op, const char *what) {
   if (s == TW_OK) return s;
@@ -316,30 +329,31 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   tw_tensor recv = t2(m, m->recv, m->dt, R, H), recv_w = tw_tensor_1d(m->recv_w, TW_F32, R, mem);
   tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, mem), none = tw_tensor_none();
 
-  TW_TRY(step(mm(m, *x, TW_OP_N, w->gate, TW_OP_N, logits, 0), op, "gate GEMM"));
-  TW_TRY(step(tw_router_fwd(ctx, &logits, &m->cfg.router, &idx, &tw, &counts), op, "router"));
-  if (m->tok_comm) TW_TRY(step(tw_all_reduce(ctx, m->tok_comm, m->counts, m->counts, E, TW_I32, TW_REDUCE_SUM), op, "counts"));
-  TW_TRY(step(tw_ep_dispatch(ctx, m->layer, x, &none, &idx, &tw, &recv, &none, &recv_w, &gs, &none), op, "dispatch"));
+  TW_TRY(step((mark(m, "gate GEMM"), mm(m, *x, TW_OP_N, w->gate, TW_OP_N, logits, 0)), op, "gate GEMM"));
+  TW_TRY(step((mark(m, "router"), tw_router_fwd(ctx, &logits, &m->cfg.router, &idx, &tw, &counts)), op, "router"));
+  if (m->tok_comm) TW_TRY(step((mark(m, "counts"), tw_all_reduce(ctx, m->tok_comm, m->counts, m->counts, E, TW_I32, TW_REDUCE_SUM)), op, "counts"));
+  TW_TRY(step((mark(m, "dispatch"), tw_ep_dispatch(ctx, m->layer, x, &none, &idx, &tw, &recv, &none, &recv_w, &gs, &none)), op, "dispatch"));
   /* h = recv @ wi[g] + bi[g] */
-  TW_TRY(step(gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F)), op, "GEMM wi"));
-  if (bias) TW_TRY(step(tw_moe_bias_out(ctx, m->h, &gs, (const float *)w->bi.data, 2 * F, m->h, TW_F32), op, "bias bi"));
-  TW_TRY(step(tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt), op, "activation"));
+  TW_TRY(step((mark(m, "GEMM wi"), gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  if (bias) TW_TRY(step((mark(m, "bias bi"), tw_moe_bias_out(ctx, m->h, &gs, (const float *)w->bi.data, 2 * F, m->h, TW_F32)), op, "bias bi"));
+  TW_TRY(step((mark(m, "activation"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation"));
   /* eo = a @ wo[g] + bo[g] (f32, then the recipe's dtype) */
-  TW_TRY(step(gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H)), op, "GEMM wo"));
-  TW_TRY(step(tw_moe_bias_out(ctx, m->y32, &gs, bias ? (const float *)w->bo.data : NULL, H, m->eo, m->dt), op, "bias bo"));
+  TW_TRY(step((mark(m, "GEMM wo"), gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  TW_TRY(step((mark(m, "bias bo"), tw_moe_bias_out(ctx, m->y32, &gs, bias ? (const float *)w->bo.data : NULL, H, m->eo, m->dt)), op, "bias bo"));
   tw_tensor eo = t2(m, m->eo, m->dt, R, H);
-  TW_TRY(step(tw_ep_combine(ctx, m->layer, &eo, late ? &tw : &none, out), op, "combine"));
+  TW_TRY(step((mark(m, "combine"), tw_ep_combine(ctx, m->layer, &eo, late ? &tw : &none, out)), op, "combine"));
   m->aux_on = want_aux && m->cfg.aux_coeff > 0;
   if (want_aux) {
     if (m->aux_on && T > 0) {
       double share = (double)T / (double)m->cfg.global_tokens;
       m->aux_coeff_rank = m->tok_comm ? (float)(m->cfg.aux_coeff * share * share) : m->cfg.aux_coeff;
-      TW_TRY(step(tw_router_aux_loss(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, aux), op, "aux loss"));
+      TW_TRY(step((mark(m, "aux loss"), tw_router_aux_loss(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, aux)), op, "aux loss"));
     } else {
       TW_TRY(tw_memset(ctx, aux->data, 0, 4));
     }
-    if (m->tok_comm) TW_TRY(step(tw_all_reduce(ctx, m->tok_comm, aux->data, aux->data, 1, TW_F32, TW_REDUCE_SUM), op, "aux loss sum"));
+    if (m->tok_comm) TW_TRY(step((mark(m, "aux loss sum"), tw_all_reduce(ctx, m->tok_comm, aux->data, aux->data, 1, TW_F32, TW_REDUCE_SUM)), op, "aux loss sum"));
   }
+  mark(m, "end");
   m->forwarded = 1;
   return TW_OK;
 }
@@ -384,46 +398,43 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor eo = t2(m, m->eo, m->dt, R, H), d_eo = t2(m, m->d_eo, m->dt, R, H);
   tw_tensor d_recv_w = tw_tensor_1d(m->d_recv_w, TW_F32, R, mem);
 
-  TW_TRY(step(tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none),
-              op, "combine_bwd"));
+  TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
   /* a again from h (not saved), as the forward made it */
-  TW_TRY(step(tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt), op, "activation (recompute)"));
-  TW_TRY(step(gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F)), op, "dgrad wo"));
-  TW_TRY(step(wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo), op, "wgrad wo"));
-  if (bias) TW_TRY(step(tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data), op, "bias grad bo"));
-  TW_TRY(step(tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
-                             late ? NULL : m->d_recv_w), op, "activation bwd"));
+  TW_TRY(step((mark(m, "activation (recompute)"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation (recompute)"));
+  TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
+  TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo)), op, "wgrad wo"));
+  if (bias) TW_TRY(step((mark(m, "bias grad bo"), tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data)), op, "bias grad bo"));
+  TW_TRY(step((mark(m, "activation bwd"), tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
+                             late ? NULL : m->d_recv_w)), op, "activation bwd"));
   tw_tensor d_h = t2(m, m->d_h, m->dt, R, 2 * F);
-  if (bias) TW_TRY(step(tw_moe_bias_grad(ctx, m->d_h, m->dt, &gs, 2 * F, (float *)grads->bi.data), op, "bias grad bi"));
-  TW_TRY(step(wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi), op, "wgrad wi"));
+  if (bias) TW_TRY(step((mark(m, "bias grad bi"), tw_moe_bias_grad(ctx, m->d_h, m->dt, &gs, 2 * F, (float *)grads->bi.data)), op, "bias grad bi"));
+  TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi)), op, "wgrad wi"));
   tw_tensor d_recv = t2(m, m->d_recv, m->dt, R, H);
-  TW_TRY(step(gg(m, d_h, &w->wi, TW_OP_T, d_recv), op, "dgrad wi"));
-  TW_TRY(step(tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw), op,
-              "dispatch_bwd"));
+  TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
+  TW_TRY(step((mark(m, "dispatch_bwd"), tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw)), op, "dispatch_bwd"));
   /* the router: d_w -> d_logits, plus the aux loss's */
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
   tw_tensor d_logits = t2(m, m->d_logits, TW_F32, T, E), counts = tw_tensor_1d(m->counts, TW_I32, E, mem);
   if (T > 0) {
-    TW_TRY(step(tw_router_bwd(ctx, &logits, &m->cfg.router, &idx, &dtw, &d_logits), op, "router_bwd"));
+    TW_TRY(step((mark(m, "router_bwd"), tw_router_bwd(ctx, &logits, &m->cfg.router, &idx, &dtw, &d_logits)), op, "router_bwd"));
     if (m->aux_on && d_aux != 0) {
       tw_tensor d_aux_logits = t2(m, m->d_logits_aux, TW_F32, T, E);
-      TW_TRY(step(tw_router_aux_loss_bwd(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, d_aux, &d_aux_logits),
-                  op, "aux loss bwd"));
-      TW_TRY(step(tw_moe_add_f32(ctx, m->d_logits, m->d_logits_aux, T * E), op, "d_logits sum"));
+      TW_TRY(step((mark(m, "aux loss bwd"), tw_router_aux_loss_bwd(ctx, &logits, &m->cfg.router, &counts, m->aux_coeff_rank, d_aux, &d_aux_logits)), op, "aux loss bwd"));
+      TW_TRY(step((mark(m, "d_logits sum"), tw_moe_add_f32(ctx, m->d_logits, m->d_logits_aux, T * E)), op, "d_logits sum"));
     }
   } else {
     TW_TRY(tw_memset(ctx, m->d_logits, 0, 4));
   }
   /* d_x = d_x_dispatch + d_logits @ gate^T (one rounding); d_gate = x^T d_logits */
-  TW_TRY(step(mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1), op, "dgrad gate"));
-  TW_TRY(step(mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0), op, "wgrad gate"));
-  TW_TRY(step(reduce(m, m->tok_comm, &grads->gate), op, "d_gate sum"));
+  TW_TRY(step((mark(m, "dgrad gate"), mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1)), op, "dgrad gate"));
+  TW_TRY(step((mark(m, "wgrad gate"), mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0)), op, "wgrad gate"));
+  TW_TRY(step((mark(m, "d_gate sum"), reduce(m, m->tok_comm, &grads->gate)), op, "d_gate sum"));
   if (tw_moe_plant_skip_dp_reduce) return TW_OK;
-  TW_TRY(step(reduce(m, m->dp_comm, &grads->wi), op, "d_wi sum over dp"));
-  TW_TRY(step(reduce(m, m->dp_comm, &grads->wo), op, "d_wo sum over dp"));
+  TW_TRY(step((mark(m, "d_wi sum over dp"), reduce(m, m->dp_comm, &grads->wi)), op, "d_wi sum over dp"));
+  TW_TRY(step((mark(m, "d_wo sum over dp"), reduce(m, m->dp_comm, &grads->wo)), op, "d_wo sum over dp"));
   if (bias) {
-    TW_TRY(step(reduce(m, m->dp_comm, &grads->bi), op, "d_bi sum over dp"));
-    TW_TRY(step(reduce(m, m->dp_comm, &grads->bo), op, "d_bo sum over dp"));
+    TW_TRY(step((mark(m, "d_bi sum over dp"), reduce(m, m->dp_comm, &grads->bi)), op, "d_bi sum over dp"));
+    TW_TRY(step((mark(m, "d_bo sum over dp"), reduce(m, m->dp_comm, &grads->bo)), op, "d_bo sum over dp"));
   }
   return TW_OK;
 }

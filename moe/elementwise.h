@@ -27,6 +27,10 @@ tw_status tw_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const
 /* y[i] += x[i], f32. */
 tw_status tw_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n);
 
+/* Benches: fn(arg, name) is called before each step of the forward and backward (the names of
+ * moe/block.c's error messages) and with "end" after the last one; NULL removes it. */
+void tw_moe_set_step_hook(tw_moe *moe, void (*fn)(void *arg, const char *step), void *arg);
+
 /* Tests only (moe/fuzz.c's planted bug): nonzero = the backward skips the sum of the expert
  * weight gradients over dp. */
 extern int tw_moe_plant_skip_dp_reduce;

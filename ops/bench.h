@@ -50,6 +50,7 @@ double tw_bench_now_ms(void);             /* monotonic wall clock */
 /* GPU benches live with their kernels' owners (tools/bench_gpu_*.c); 0 on success. */
 int tw_bench_gpu_quantize(const tw_bench_cfg *cfg);
 int tw_bench_gpu_gemm(const tw_bench_cfg *cfg);
+int tw_bench_gpu_moe(const tw_bench_cfg *cfg); /* only with --op moe */
 
 #ifdef __cplusplus
 }

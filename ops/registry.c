@@ -12,6 +12,7 @@
 /* The gpu benches are linked only into //tools:twin (tools/bench_gpu_*.c): weak, NULL elsewhere. */
 #pragma weak tw_bench_gpu_quantize
 #pragma weak tw_bench_gpu_gemm
+#pragma weak tw_bench_gpu_moe
 /* The routing and pipeline fuzzers (fuzz/entry_fuzzers.c) are linked into //tools:twin. */
 #pragma weak tw_fuzz_run_router
 #pragma weak tw_fuzz_run_ep
@@ -143,6 +144,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 1,
      .above_interface = 1,
      .auto_rule = "one block (moe/block.c) over the public ops on any backend",
+     .bench_gpu = tw_bench_gpu_moe,
      .fuzz_run = tw_fuzz_run_moe,
      .planted = "moe_skip_dp_reduce"},
 };

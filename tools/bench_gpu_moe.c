@@ -1,0 +1,221 @@
+/* `twin bench --backend gpu --op moe`: the MoE block (tw_moe.h) forward + backward on one GPU
+ * (a one-rank NCCL communicator), bf16, H 7168, F 2048, k 8, SwiGLU, late weighting, aux loss,
+ * E 32 at 4096 and 16384 tokens and E 256 at 4096 (E 256 at 16384 does not fit 80 GB with f32
+ * weight gradients). Rate: the six expert GEMMs' FLOPs (18 T k H F) over the fwd + bwd time.
+ * Peer: the same block in PyTorch (tools/peers/torch_moe.py: torch.topk router, experts by
+ * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
+ * each row, the breakdown by step (CUDA events between the block's steps, one extra run). */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/elementwise.h"
+#include "ops/bench.h"
+#include "ops/data.h"
+#include "tools/bench_gpu.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_moe.h"
+
+static cudaStream_t stream;
+
+static char *read_all(const char *path) {
+  if (!path) return NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = (char *)malloc((size_t)n + 1);
+  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
+  if (s) s[n] = 0;
+  fclose(f);
+  return s;
+}
+
+static double peer_ms(const char *peers, const char *key, const char *peer) {
+  if (!peers) return -1;
+  char k[128];
+  snprintf(k, sizeof k, "\"%s\"", key);
+  const char *p = strstr(peers, k);
+  if (!p) return -1;
+  const char *end = strchr(p, '}');
+  snprintf(k, sizeof k, "\"%s\":", peer);
+  const char *q = strstr(p, k);
+  if (!q || (end && q > end)) return -1;
+  return strtod(q + strlen(k), NULL);
+}
+
+/* random bf16 in +-[2^-8, 2^0) times 2^shift (shift <= 0) through a host chunk */
+static int fill_bf16(void *d, int64_t n, int shift, uint64_t *rs) {
+  enum { CH = 1 << 22 };
+  static uint16_t host[CH];
+  for (int64_t i = 0; i < CH; ++i) {
+    uint64_t r = tw_splitmix64(rs);
+    host[i] = (uint16_t)(((r & 1) << 15) | ((uint64_t)(119 + shift + (r >> 1) % 8) << 7) | ((r >> 8) & 0x7F));
+  }
+  for (int64_t off = 0; off < n; off += CH) {
+    int64_t k = n - off < CH ? n - off : CH;
+    if (cudaMemcpy((uint16_t *)d + off, host, (size_t)k * 2, cudaMemcpyHostToDevice) != cudaSuccess) return -1;
+  }
+  return 0;
+}
+
+typedef struct {
+  tw_moe *m;
+  tw_tensor x, out, d_out, d_x, aux;
+  tw_moe_weights w;
+  tw_moe_grads g;
+} job;
+
+static int fwd_bwd(void *arg) {
+  job *j = (job *)arg;
+  if (tw_moe_forward(j->m, &j->x, &j->w, &j->out, &j->aux) != TW_OK) return 1;
+  return tw_moe_backward(j->m, &j->x, &j->w, &j->d_out, 1.0f, &j->d_x, &j->g) != TW_OK;
+}
+
+/* step timer: an event before each step */
+enum { MAX_MARKS = 96 };
+typedef struct {
+  cudaEvent_t ev[MAX_MARKS];
+  const char *name[MAX_MARKS];
+  int n;
+} marks;
+static void on_step(void *arg, const char *name) {
+  marks *mk = (marks *)arg;
+  if (mk->n >= MAX_MARKS) return;
+  cudaEventRecord(mk->ev[mk->n], stream);
+  mk->name[mk->n++] = name;
+}
+
+static const char *category(const char *s) {
+  if (strstr(s, "GEMM") || strstr(s, "grad gate") || strstr(s, "grad w")) return "GEMMs";
+  if (strstr(s, "aux")) return "aux loss";
+  if (strstr(s, "router")) return "router";
+  if (strstr(s, "dispatch")) return "dispatch";
+  if (strstr(s, "combine")) return "combine";
+  if (strstr(s, "activation") || strstr(s, "bias")) return "activation";
+  return "other";
+}
+
+static void *dalloc(tw_ctx *ctx, size_t bytes, int *ok) {
+  void *p = NULL;
+  if (*ok && tw_alloc(ctx, bytes, &p) != TW_OK) *ok = 0;
+  return p;
+}
+
+static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const tw_bench_cfg *cfg) {
+  const int64_t H = 7168, F = 2048;
+  const int K = 8;
+  tw_moe_config c = TW_MOE_CONFIG_INIT;
+  c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K; c.recipe = TW_MOE_BF16;
+  c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T;
+  char shape[96], key[64];
+  snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d bf16", E, (long long)T, (long long)H, (long long)F, K);
+  snprintf(key, sizeof key, "moe_E%d_T%lld", E, (long long)T);
+  job j;
+  memset(&j, 0, sizeof j);
+  int ok = 1;
+  tw_mem D = TW_MEM_DEVICE;
+  void *bufs[16];
+  int nb = 0;
+  if (tw_moe_create(ctx, NULL, &c, &j.m) != TW_OK) ok = 0;
+#define A(bytes) (bufs[nb++] = dalloc(ctx, (bytes), &ok))
+  j.x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.d_out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.d_x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.aux = tw_tensor_1d(A(4), TW_F32, 1, D);
+  j.w.gate = tw_tensor_2d(A((size_t)(H * E * 2)), TW_BF16, H, E, D);
+  j.w.wi = tw_tensor_3d(A((size_t)(E * H * 2 * F * 2)), TW_BF16, E, H, 2 * F, D);
+  j.w.wo = tw_tensor_3d(A((size_t)(E * F * H * 2)), TW_BF16, E, F, H, D);
+  j.w.bi = j.w.bo = tw_tensor_none();
+  j.g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
+  j.g.wi = tw_tensor_3d(A((size_t)(E * H * 2 * F * 4)), TW_F32, E, H, 2 * F, D);
+  j.g.wo = tw_tensor_3d(A((size_t)(E * F * H * 4)), TW_F32, E, F, H, D);
+  j.g.bi = j.g.bo = tw_tensor_none();
+#undef A
+  uint64_t rs = 0x6d6f65ull + (uint64_t)E * 131 + (uint64_t)T;
+  if (ok) ok = !fill_bf16(j.x.data, T * H, 0, &rs) && !fill_bf16(j.d_out.data, T * H, 0, &rs) &&
+               !fill_bf16(j.w.gate.data, H * E, -6, &rs) && !fill_bf16(j.w.wi.data, E * H * 2 * F, -6, &rs) &&
+               !fill_bf16(j.w.wo.data, E * F * H, -5, &rs);
+  tw_bench_row r;
+  memset(&r, 0, sizeof r);
+  r.op = "moe";
+  snprintf(r.shape, sizeof r.shape, "%s", shape);
+  r.backend = "gpu";
+  snprintf(r.version, sizeof r.version, "fwd+bwd");
+  r.unit = "TFLOP/s";
+  r.pct_of_floor = -1;
+  r.flops = 18.0 * (double)T * K * (double)H * (double)F;
+  double pms = peer_ms(peers, key, "torch_block");
+  snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd)" : "");
+  r.peer_ms = pms;
+  if (!ok) {
+    fprintf(stderr, "bench moe %s: does not fit or failed to set up: %s\n", shape, tw_last_error());
+    r.ms = -1;
+  } else {
+    int warm = cfg->warmup > 2 ? cfg->warmup : 2, iters = cfg->iters > 5 ? cfg->iters : 5;
+    r.ms = tw_bench_gpu_time(stream, warm, iters, fwd_bwd, &j);
+    if (tw_ctx_check(ctx) != TW_OK) r.ms = -1;
+  }
+  r.rate = r.ms > 0 ? r.flops / (r.ms * 1e9) : -1;
+  r.ratio = pms > 0 && r.ms > 0 ? pms / r.ms : -1;
+  tw_bench_emit(&r, cfg->csv);
+  if (ok && r.ms > 0) { /* breakdown */
+    static marks mk;
+    static int made;
+    if (!made) {
+      for (int i = 0; i < MAX_MARKS; i++) cudaEventCreate(&mk.ev[i]);
+      made = 1;
+    }
+    mk.n = 0;
+    tw_moe_set_step_hook(j.m, on_step, &mk);
+    fwd_bwd(&j);
+    tw_moe_set_step_hook(j.m, NULL, NULL);
+    cudaStreamSynchronize(stream);
+    const char *cats[] = {"GEMMs", "router", "dispatch", "activation", "combine", "aux loss", "other"};
+    double sum[7] = {0};
+    for (int i = 0; i + 1 < mk.n; i++) {
+      if (!strcmp(mk.name[i], "end")) continue;
+      float ms = 0;
+      cudaEventElapsedTime(&ms, mk.ev[i], mk.ev[i + 1]);
+      for (int q = 0; q < 7; q++)
+        if (!strcmp(category(mk.name[i]), cats[q])) sum[q] += ms;
+    }
+    printf("  breakdown %s:", shape);
+    for (int q = 0; q < 7; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < 6 ? "," : "\n");
+  }
+  tw_moe_destroy(j.m);
+  for (int i = 0; i < nb; i++)
+    if (bufs[i]) tw_free(ctx, bufs[i]);
+}
+
+int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
+  if (cfg->op && strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    fprintf(stderr, "bench gpu moe: no CUDA stream (no GPU?)\n");
+    return 1;
+  }
+  tw_comm *comm = NULL;
+  int dev0 = 0;
+  if (tw_comm_init_nccl_local(1, &dev0, &comm) != TW_OK) {
+    fprintf(stderr, "bench gpu moe: %s\n", tw_last_error());
+    return 1;
+  }
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU; cc.comm = comm; cc.stream = stream;
+  if (tw_ctx_create(&ctx, &cc) != TW_OK) {
+    fprintf(stderr, "bench gpu moe: %s\n", tw_last_error());
+    return 1;
+  }
+  char *peers = read_all(cfg->peers_json);
+  bench_shape(ctx, 32, 4096, peers, cfg);
+  bench_shape(ctx, 32, 16384, peers, cfg);
+  bench_shape(ctx, 256, 4096, peers, cfg);
+  free(peers);
+  tw_ctx_destroy(ctx);
+  tw_comm_destroy(comm);
+  return 0;
+}
