@@ -197,6 +197,8 @@ static tw_status ref_router_bwd(tw_ctx *ctx, const tw_tensor *logits, const tw_r
   return st;
 }
 
+#define TW_ROUTER_AUX_CHUNK 256 /* tokens per partial sum of the aux loss (tw_router.h) */
+
 /* p[t, :] of the aux loss: full softmax, or sigmoid normalized to sum 1. */
 static void aux_probs(const tw_tensor *logits, const tw_router_opts *o, int64_t t, int64_t E,
                       double *x, double *p) {
@@ -219,11 +221,17 @@ static tw_status ref_router_aux_loss(tw_ctx *ctx, const tw_tensor *logits, const
   double c = (double)coeff * (double)E / ((double)o->topk * (double)T * (double)T);
   scratch sc;
   tw_status st = scratch_alloc(&sc, E, o->topk, 0);
-  double total = 0.0;
+  double total = 0.0, chunk = 0.0; /* tw_router.h's order: rows, 256-token chunks, chunks */
   for (int64_t t = 0; st == TW_OK && t < T; t++) {
     aux_probs(logits, o, t, E, sc.x, sc.s);
     if (!d_logits) {
-      for (int64_t e = 0; e < E; e++) total += sc.s[e] * (double)cnt[e];
+      double row = 0.0;
+      for (int64_t e = 0; e < E; e++) row += sc.s[e] * (double)cnt[e];
+      chunk += row;
+      if ((t + 1) % TW_ROUTER_AUX_CHUNK == 0 || t == T - 1) {
+        total += chunk;
+        chunk = 0.0;
+      }
       continue;
     }
     /* v = d_loss * c * counts; d_logits = J_p^T v */

@@ -36,6 +36,9 @@
  *   sigmoid); loss = coeff * E / (k * T^2) * sum_e (sum_t p[t, e]) * counts[e]. counts is an
  *   input (i32 [E], normally the forward's counts) and a constant for the gradient:
  *   d_logits[t, :] = d_loss * coeff * E / (k * T^2) * J_p(t)^T counts.
+ *   Summation order (fixed, so every backend gets the same bits): r_t = sum_e p[t, e] *
+ *   counts[e] in e order; chunk sums of 256 consecutive tokens in t order; the total is the
+ *   sum of the chunk sums in order; loss = (float)(c * total), all in f64.
  *
  * Errors (every one names the values): k < 1 or k > E; num_groups not dividing E, group_topk
  *   outside [1, num_groups], k / group_topk < 1 or > E / num_groups; expert_bias with SOFTMAX
