@@ -41,8 +41,10 @@ static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
   return s;
 }
 
-/* Every rank of run->mesh on its own GPU over NCCL (one GPU: a one-rank NCCL communicator). */
-static tw_status run_on_gpus(tw_moe_threads_run *run) {
+/* Every rank of run->mesh as a thread: on its own GPU over NCCL (one GPU: a one-rank NCCL
+ * communicator), or with one_gpu all on GPU 0 over the loopback communicator (device memory,
+ * copies and host barriers: a correctness vehicle for dp x ep on one GPU). */
+static tw_status run_ranks_on(tw_moe_threads_run *run, int one_gpu) {
   if (run->mesh.naxes == 0) {
     tw_axis ax = TW_AXIS_EP;
     int one = 1;
@@ -52,9 +54,9 @@ static tw_status run_on_gpus(tw_moe_threads_run *run) {
   if (n > 8) return tw_error(TW_ERR_INVALID_ARG, "moe gpu test: %d ranks", n);
   for (int i = 0; i < n; i++) dev[i] = i;
   tw_comm *comms[8];
-  TW_TRY(tw_comm_init_nccl_local(n, dev, comms));
+  TW_TRY(one_gpu ? tw_comm_init_loopback(n, TW_MEM_DEVICE, comms) : tw_comm_init_nccl_local(n, dev, comms));
   for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
-  gjob j = {run, n, 0};
+  gjob j = {run, n, one_gpu};
   tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
   char msg[TW_ERROR_MAX];
   snprintf(msg, sizeof msg, "%s", tw_last_error());
@@ -62,22 +64,8 @@ static tw_status run_on_gpus(tw_moe_threads_run *run) {
   if (s != TW_OK) return tw_error(s, "%s", msg);
   return TW_OK;
 }
-
-/* Every rank of run->mesh as a thread on GPU 0 over the loopback communicator (device memory,
- * copies and host barriers: a correctness vehicle for dp x ep on one GPU). */
-static tw_status run_loopback(tw_moe_threads_run *run) {
-  int n = tw_mesh_ranks(&run->mesh);
-  tw_comm *comms[8];
-  TW_TRY(tw_comm_init_loopback(n, TW_MEM_DEVICE, comms));
-  for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
-  gjob j = {run, n, 1};
-  tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
-  char msg[TW_ERROR_MAX];
-  snprintf(msg, sizeof msg, "%s", tw_last_error());
-  for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
-  if (s != TW_OK) return tw_error(s, "%s", msg);
-  return TW_OK;
-}
+static tw_status run_on_gpus(tw_moe_threads_run *run) { return run_ranks_on(run, 0); }
+static tw_status run_loopback(tw_moe_threads_run *run) { return run_ranks_on(run, 1); }
 
 static void loopback_meshes(const char *dir, const char *name) {
   gcase c;

@@ -11,4 +11,10 @@ typedef int (*tw_gpu_work)(void *arg);
  * untimed calls; < 0 if a call failed. */
 double tw_bench_gpu_time(cudaStream_t s, int warmup, int iters, tw_gpu_work fn, void *arg);
 
+/* The --peers file (JSON from a tools/peers script) as one string, or NULL if path is NULL or
+ * unreadable (free() it). */
+char *tw_bench_peers_read(const char *path);
+/* ms of `peer` in row `key` of {"rows": {"<key>": {"<peer>": ms, ...}}}, or -1. */
+double tw_bench_peer_ms(const char *peers, const char *key, const char *peer);
+
 #endif

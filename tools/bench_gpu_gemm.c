@@ -77,18 +77,7 @@ static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *
 
 /* ---- peers ----------------------------------------------------------------------------- */
 static char *peers;
-static double peer_ms(const char *key, const char *peer) {
-  if (!peers) return -1;
-  char k[128];
-  snprintf(k, sizeof k, "\"%s\"", key);
-  const char *p = strstr(peers, k);
-  if (!p) return -1;
-  const char *end = strchr(p, '}');
-  snprintf(k, sizeof k, "\"%s\":", peer);
-  const char *q = strstr(p, k);
-  if (!q || (end && q > end)) return -1;
-  return strtod(q + strlen(k), NULL);
-}
+static double peer_ms(const char *key, const char *peer) { return tw_bench_peer_ms(peers, key, peer); }
 
 /* ---- the calls ------------------------------------------------------------------------- */
 typedef struct {
@@ -205,15 +194,9 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench gpu gemm: no CUDA stream (no GPU?)\n");
     return 1;
   }
-  if (cfg->peers_json) {
-    FILE *f = fopen(cfg->peers_json, "rb");
-    if (!f) { fprintf(stderr, "bench gpu gemm: cannot open --peers %s\n", cfg->peers_json); return 1; }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    peers = (char *)calloc((size_t)n + 1, 1);
-    if (fread(peers, 1, (size_t)n, f) != (size_t)n) n = 0;
-    fclose(f);
+  if (cfg->peers_json && !(peers = tw_bench_peers_read(cfg->peers_json))) {
+    fprintf(stderr, "bench gpu gemm: cannot open --peers %s\n", cfg->peers_json);
+    return 1;
   }
   tw_ctx *c_auto = make_ctx(NULL), *c_mma = make_ctx("gg_mma"), *c_loop = make_ctx("gg_lt_loop"),
          *c_lt = make_ctx("gemm_lt"), *c_wide = make_ctx("gg_mma_wide"), *c_wg = make_ctx("gg_wgmma");

@@ -19,33 +19,6 @@
 
 static cudaStream_t stream;
 
-static char *read_all(const char *path) {
-  if (!path) return NULL;
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = (char *)malloc((size_t)n + 1);
-  if (s && fread(s, 1, (size_t)n, f) != (size_t)n) n = 0;
-  if (s) s[n] = 0;
-  fclose(f);
-  return s;
-}
-
-static double peer_ms(const char *peers, const char *key, const char *peer) {
-  if (!peers) return -1;
-  char k[128];
-  snprintf(k, sizeof k, "\"%s\"", key);
-  const char *p = strstr(peers, k);
-  if (!p) return -1;
-  const char *end = strchr(p, '}');
-  snprintf(k, sizeof k, "\"%s\":", peer);
-  const char *q = strstr(p, k);
-  if (!q || (end && q > end)) return -1;
-  return strtod(q + strlen(k), NULL);
-}
-
 /* random bf16 in +-[2^-8, 2^0) times 2^shift (shift <= 0) through a host chunk */
 static int fill_bf16(void *d, int64_t n, int shift, uint64_t *rs) {
   enum { CH = 1 << 22 };
@@ -148,7 +121,7 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const 
   r.unit = "TFLOP/s";
   r.pct_of_floor = -1;
   r.flops = 18.0 * (double)T * K * (double)H * (double)F;
-  double pms = peer_ms(peers, key, "torch_block");
+  double pms = tw_bench_peer_ms(peers, key, "torch_block");
   snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd)" : "");
   r.peer_ms = pms;
   if (!ok) {
@@ -210,7 +183,8 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench gpu moe: %s\n", tw_last_error());
     return 1;
   }
-  char *peers = read_all(cfg->peers_json);
+  char *peers = tw_bench_peers_read(cfg->peers_json);
+  if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
   bench_shape(ctx, 32, 4096, peers, cfg);
   bench_shape(ctx, 32, 16384, peers, cfg);
   bench_shape(ctx, 256, 4096, peers, cfg);
