@@ -3,7 +3,6 @@
 #include "tests/moe_cases.h"
 
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,20 +125,5 @@ double moe_check_case(gcase *c, const char *cname, const tw_mesh *mesh, moe_runn
 }
 
 int moe_each_case(void (*fn)(const char *dir, const char *name)) {
-  char root[1024];
-  snprintf(root, sizeof root, "%s/moe", tt_golden_root());
-  DIR *d = opendir(root);
-  cr_assert(d, "no goldens at %s (python3 golden/gen_moe.py)", root);
-  struct dirent *e;
-  int n = 0;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char dir[1300];
-    snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
-    fn(dir, e->d_name);
-    n++;
-  }
-  closedir(d);
-  return n;
+  return tt_each_golden_case("moe", "golden/gen_moe.py", fn);
 }
-

@@ -14,7 +14,6 @@
  * wrong layer order or MaxText's BSW window is outside it by orders of magnitude. */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,21 +122,8 @@ static double run_case_opt(const char *dir, const char *cname, int stale, int fa
 }
 
 Test(pipeline_golden, every_stored_case_within_the_bound) {
-  char root[1024];
-  snprintf(root, sizeof root, "%s/pipeline", tt_golden_root());
-  DIR *d = opendir(root);
-  cr_assert(d, "no goldens at %s (python3 golden/gen_pipeline.py)", root);
-  struct dirent *e;
-  int n = 0;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] == '.') continue;
-    char dir[1300];
-    snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
-    run_case(dir, e->d_name);
-    n++;
-  }
-  closedir(d);
-  cr_assert_geq(n, 26, "only %d pipeline goldens under %s", n, root);
+  int n = tt_each_golden_case("pipeline", "golden/gen_pipeline.py", run_case);
+  cr_assert_geq(n, 26, "only %d pipeline goldens", n);
 }
 
 /* The goldens are not vacuous: the same case with layers in the wrong order (stage-major

@@ -1,6 +1,7 @@
 #include "tests/test_util.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,4 +91,22 @@ void tt_expect_bound_at(const tw_tensor *got, const tw_tensor *expected, const t
   cr_assert_eq(s, TW_OK, "%s:%d: %s: check_bound: %s", file, line, what, tw_last_error());
   char buf[512];
   cr_assert(r.passed, "%s:%d: %s: %s", file, line, what, tw_check_format(&r, buf, sizeof buf));
+}
+
+int tt_each_golden_case(const char *area, const char *gen, void (*fn)(const char *dir, const char *name)) {
+  char root[1024];
+  snprintf(root, sizeof root, "%s/%s", tt_golden_root(), area);
+  DIR *d = opendir(root);
+  cr_assert(d, "no goldens at %s (python3 %s)", root, gen);
+  struct dirent *e;
+  int n = 0;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char dir[1300];
+    snprintf(dir, sizeof dir, "%s/%s", root, e->d_name);
+    fn(dir, e->d_name);
+    n++;
+  }
+  closedir(d);
+  return n;
 }

@@ -29,6 +29,9 @@ void tt_write_file(const char *path, const void *bytes, size_t n);
 
 /* The stored goldens: "$TEST_SRCDIR/twin/golden/data" under Bazel, else "golden/data". */
 const char *tt_golden_root(void);
+/* Calls fn(dir, name) for each case folder under <golden root>/<area> (the test fails if the
+ * area is missing; `gen` names its generator for the message); returns how many. */
+int tt_each_golden_case(const char *area, const char *gen, void (*fn)(const char *dir, const char *name));
 
 /* Asserts s == want and, when substr is not NULL, that tw_last_error() contains it. */
 #define tt_expect_status(s, want, substr) tt_expect_status_at((s), (want), (substr), __FILE__, __LINE__)
