@@ -12,6 +12,7 @@
 #include "twin/tw_ep.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_moe.h"
+#include "twin/tw_quantize.h"
 #include "twin/tw_router.h"
 
 int tw_moe_plant_skip_dp_reduce = 0;
@@ -40,6 +41,12 @@ struct tw_moe {
   /* scratch */
   float *y32, *d_a, *d_logits, *d_logits_aux, *d_topk_w, *d_recv_w;
   void *a, *d_h, *d_eo, *d_recv;
+  /* FP8_* recipes: the fp8 copies of the GEMM operands (moe/block.c "fp8 operands") */
+  int fp8;
+  tw_scaling act_mode, w_mode;
+  int32_t *gs_h, *gs_f; /* uniform group sizes of the weight sources: NLE x H, NLE x F */
+  tw_qtensor q_recv, q_wi, q_wo, q_a, q_deo, q_dh;
+  void *qbuf[6][4]; /* the q_* buffers, to free */
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -50,9 +57,17 @@ const char *tw_moe_weighting_name(tw_moe_weighting w) {
   static const char *n[] = {"late", "early"};
   return (int)w >= 0 && w < TW_MOE_WEIGHTING_COUNT ? n[w] : NULL;
 }
+static const char *recipe_names[] = {"f32", "bf16", "fp8_current", "fp8_block", "fp8_mxfp8"};
 const char *tw_moe_recipe_name(tw_moe_recipe r) {
-  static const char *n[] = {"f32", "bf16"};
-  return (int)r >= 0 && r < TW_MOE_RECIPE_COUNT ? n[r] : NULL;
+  return (int)r >= 0 && r < TW_MOE_RECIPE_COUNT ? recipe_names[r] : NULL;
+}
+int tw_moe_recipe_from_name(const char *name, tw_moe_recipe *out) {
+  for (int r = 0; name && r < TW_MOE_RECIPE_COUNT; r++)
+    if (!strcmp(name, recipe_names[r])) {
+      if (out) *out = (tw_moe_recipe)r;
+      return 1;
+    }
+  return 0;
 }
 
 static tw_status check_config(const tw_moe_config *c) {
@@ -109,6 +124,11 @@ tw_status tw_moe_destroy(tw_moe *m) {
                   m->d_h, m->d_eo, m->d_recv};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     if (bufs[i]) tw_free(m->ctx, bufs[i]);
+  for (int i = 0; i < 6; i++)
+    for (int j = 0; j < 4; j++)
+      if (m->qbuf[i][j]) tw_free(m->ctx, m->qbuf[i][j]);
+  if (m->gs_h) tw_free(m->ctx, m->gs_h);
+  if (m->gs_f) tw_free(m->ctx, m->gs_f);
   tw_status s = tw_ep_layer_destroy(m->layer);
   tw_status t = tw_ep_destroy(m->ep);
   if (s == TW_OK) s = t;
@@ -120,6 +140,70 @@ tw_status tw_moe_destroy(tw_moe *m) {
   if (s == TW_OK) s = t;
   free(m);
   return s;
+}
+
+/* ---- fp8 operands (FP8_* recipes) ----------------------------------------------------- */
+/* q's buffers for an [M, K] source in G groups, both orientations (e4m3). Slot i of qbuf;
+ * the colwise half counts as saved when save_col, the rowwise half when save_row. */
+static tw_status alloc_q(tw_moe *m, int slot, tw_scaling mode, int64_t M, int64_t K, int64_t G, int save_row,
+                         int save_col, tw_qtensor *q) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  TW_TRY(tw_quantize_output_shapes(&o, M, K, G, q));
+  tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
+  int saved[5] = {save_row, save_row, save_col, save_col, save_row || save_col};
+  int j = 0;
+  for (int i = 0; i < 5; i++) {
+    if (tw_tensor_is_none(parts[i])) continue;
+    parts[i]->mem = tw_ctx_mem(m->ctx);
+    TW_TRY(alloc(m, tw_tensor_bytes(parts[i]), &parts[i]->data, saved[i]));
+    m->qbuf[slot][j++] = parts[i]->data;
+  }
+  return TW_OK;
+}
+
+/* NLE copies of v as i32 in the context's memory (the uniform group sizes of a weight). */
+static tw_status uniform_sizes(tw_moe *m, int64_t v, int32_t **out) {
+  TW_TRY(alloc(m, 4 * (size_t)m->nle, out, 0));
+  int32_t *h = (int32_t *)malloc(4 * (size_t)m->nle);
+  if (!h) return tw_error(TW_ERR_MEMORY, "moe_create: out of host memory");
+  for (int i = 0; i < m->nle; i++) h[i] = (int32_t)v;
+  tw_tensor src = tw_tensor_1d(h, TW_I32, m->nle, TW_MEM_HOST), dst = tw_tensor_1d(*out, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_status s = tw_tensor_copy(m->ctx, &dst, &src);
+  if (s == TW_OK) s = tw_ctx_sync(m->ctx);
+  free(h);
+  return s;
+}
+
+static tw_status alloc_fp8(tw_moe *m) {
+  int64_t R = m->R, H = m->H, F = m->F, G = m->nle;
+  TW_TRY(uniform_sizes(m, H, &m->gs_h));
+  TW_TRY(uniform_sizes(m, F, &m->gs_f));
+  TW_TRY(alloc_q(m, 0, m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
+  TW_TRY(alloc_q(m, 1, m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
+  TW_TRY(alloc_q(m, 2, m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
+  TW_TRY(alloc_q(m, 3, m->act_mode, R, F, G, 0, 0, &m->q_a));
+  TW_TRY(alloc_q(m, 4, m->act_mode, R, H, G, 0, 0, &m->q_deo));
+  TW_TRY(alloc_q(m, 5, m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
+  return TW_OK;
+}
+
+static tw_status quantize(tw_moe *m, const tw_tensor *x, const int32_t *gs, tw_qtensor *q) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = q->mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  return tw_grouped_quantize(m->ctx, x, &g, &o, q);
+}
+
+/* The orientation whose blocks run along the source's rows (the dim a GEMM contracts when
+ * it reads this operand as [K, N] or, in wgrad, over tokens) and the op that reads it:
+ * transposed colwise copies (tensor, 1x128, 128x128) are read with op T, MXFP8's colwise
+ * data keeps x's layout (op N). */
+static tw_operand rows_operand(const tw_qtensor *q, tw_op *op) {
+  *op = q->mode == TW_SCALE_MXFP8_1D ? TW_OP_N : TW_OP_T;
+  return tw_operand_colwise(q);
 }
 
 static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
@@ -158,7 +242,11 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   m->ctx = ctx;
   m->cfg = *cfg;
   m->E = cfg->num_experts; m->H = cfg->hidden; m->F = cfg->ffn; m->k = cfg->router.topk;
-  m->dt = cfg->recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
+  m->dt = cfg->recipe == TW_MOE_F32 ? TW_F32 : TW_BF16;
+  m->fp8 = cfg->recipe >= TW_MOE_FP8_CURRENT;
+  m->act_mode = cfg->recipe == TW_MOE_FP8_CURRENT ? TW_SCALE_TENSOR_CURRENT
+                : cfg->recipe == TW_MOE_FP8_BLOCK ? TW_SCALE_BLOCK_1x128 : TW_SCALE_MXFP8_1D;
+  m->w_mode = cfg->recipe == TW_MOE_FP8_BLOCK ? TW_SCALE_BLOCK_128x128 : m->act_mode;
   tw_status s = create_comms(m, mesh);
   tw_ep_config ec = TW_EP_CONFIG_INIT;
   if (s == TW_OK) {
@@ -184,7 +272,7 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->idx, 1);
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->topk_w, 1);
   if (s == TW_OK) s = alloc(m, 4 * E, &m->counts, 1);
-  if (s == TW_OK) s = alloc(m, es * R * H, &m->recv, 1);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->recv, !m->fp8);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->recv_w, 1);
   if (s == TW_OK) s = alloc(m, 4 * (size_t)m->nle, &m->gs, 1);
   if (s == TW_OK) s = alloc(m, 4 * R * 2 * F, &m->h, 1);
@@ -199,6 +287,7 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * E, &m->d_logits_aux, 0);
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->d_topk_w, 0);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->d_recv_w, 0);
+  if (s == TW_OK && m->fp8) s = alloc_fp8(m);
   if (s != TW_OK) {
     tw_moe_destroy(m);
     return s;
@@ -208,6 +297,15 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
 }
 
 int tw_moe_local_experts(const tw_moe *m) { return m ? m->nle : 0; }
+
+double tw_moe_error_budget(const tw_moe_config *c, int64_t T, int gradient) {
+  if (c->recipe == TW_MOE_F32) {
+    double k = (double)(c->hidden + 2 * c->ffn + c->router.topk + 16);
+    return ldexp(gradient ? k + (double)(c->num_experts + T) : k, -24);
+  }
+  double b = ldexp(gradient ? 16 : 8, -8); /* BF16: about eight bf16 roundings, twice for gradients */
+  return c->recipe == TW_MOE_BF16 ? b : b + ldexp(gradient ? 16 : 8, -4); /* FP8_*: e4m3 quantizations */
+}
 size_t tw_moe_saved_bytes(const tw_moe *m) { return m ? m->saved : 0; }
 
 /* ---- argument checks ----------------------------------------------------------------- */
@@ -304,6 +402,26 @@ static tw_status wgrad(tw_moe *m, tw_tensor lhs, tw_tensor rhs, const tw_tensor 
   return tw_grouped_gemm_wgrad(m->ctx, &pl, TW_OP_N, &pr, TW_OP_N, &gs, &o, 0);
 }
 
+/* fp8 grouped forward: out = rowwise(lhs) @ op(rhs) with rhs's orientation as given. */
+static tw_status gg_q(tw_moe *m, const tw_qtensor *lhs, tw_operand rhs, tw_op op, tw_tensor out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_operand pl = tw_operand_rowwise(lhs);
+  return tw_grouped_gemm(m->ctx, &pl, &rhs, op, &gs, &out, 0);
+}
+
+/* fp8 wgrad: out[g] = lhs_g^T rhs_g from the colwise copies (blocks along tokens). */
+static tw_status wgrad_q(tw_moe *m, const tw_qtensor *lhs, const tw_qtensor *rhs, const tw_tensor *out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx)), o = *out;
+  tw_op ol, orr;
+  tw_operand pl = rows_operand(lhs, &ol), pr = rows_operand(rhs, &orr);
+  return tw_grouped_gemm_wgrad(m->ctx, &pl, ol, &pr, orr, &gs, &o, 0);
+}
+
+/* The weights as 2-D sources: wi [NLE*H, 2F], wo [NLE*F, H]. */
+static tw_tensor flat(const tw_moe *m, const tw_tensor *w) {
+  return t2(m, w->data, w->dtype, w->shape[0] * w->shape[1], w->shape[2]);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out, tw_tensor *aux) {
   const char *op = "moe_forward";
@@ -334,11 +452,29 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   if (m->tok_comm) TW_TRY(step((mark(m, "counts"), tw_all_reduce(ctx, m->tok_comm, m->counts, m->counts, E, TW_I32, TW_REDUCE_SUM)), op, "counts"));
   TW_TRY(step((mark(m, "dispatch"), tw_ep_dispatch(ctx, m->layer, x, &none, &idx, &tw, &recv, &none, &recv_w, &gs, &none)), op, "dispatch"));
   /* h = recv @ wi[g] + bi[g] */
-  TW_TRY(step((mark(m, "GEMM wi"), gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  if (m->fp8) {
+    tw_tensor wi2 = flat(m, &w->wi), wo2 = flat(m, &w->wo);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &recv, m->gs, &m->q_recv)), op, "quantize recv"));
+    TW_TRY(step(quantize(m, &wi2, m->gs_h, &m->q_wi), op, "quantize wi"));
+    TW_TRY(step(quantize(m, &wo2, m->gs_f, &m->q_wo), op, "quantize wo"));
+    tw_op o;
+    tw_operand r = rows_operand(&m->q_wi, &o);
+    TW_TRY(step((mark(m, "GEMM wi"), gg_q(m, &m->q_recv, r, o, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  } else {
+    TW_TRY(step((mark(m, "GEMM wi"), gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  }
   if (bias) TW_TRY(step((mark(m, "bias bi"), tw_moe_bias_out(ctx, m->h, &gs, (const float *)w->bi.data, 2 * F, m->h, TW_F32)), op, "bias bi"));
   TW_TRY(step((mark(m, "activation"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation"));
   /* eo = a @ wo[g] + bo[g] (f32, then the recipe's dtype) */
-  TW_TRY(step((mark(m, "GEMM wo"), gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  if (m->fp8) {
+    tw_tensor a = t2(m, m->a, m->dt, R, F);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &a, m->gs, &m->q_a)), op, "quantize a"));
+    tw_op o;
+    tw_operand r = rows_operand(&m->q_wo, &o);
+    TW_TRY(step((mark(m, "GEMM wo"), gg_q(m, &m->q_a, r, o, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  } else {
+    TW_TRY(step((mark(m, "GEMM wo"), gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  }
   TW_TRY(step((mark(m, "bias bo"), tw_moe_bias_out(ctx, m->y32, &gs, bias ? (const float *)w->bo.data : NULL, H, m->eo, m->dt)), op, "bias bo"));
   tw_tensor eo = t2(m, m->eo, m->dt, R, H);
   TW_TRY(step((mark(m, "combine"), tw_ep_combine(ctx, m->layer, &eo, late ? &tw : &none, out)), op, "combine"));
@@ -401,16 +537,30 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
   /* a again from h (not saved), as the forward made it */
   TW_TRY(step((mark(m, "activation (recompute)"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation (recompute)"));
-  TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
-  TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo)), op, "wgrad wo"));
+  if (m->fp8) {
+    tw_tensor a = t2(m, m->a, m->dt, R, F);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &d_eo, m->gs, &m->q_deo)), op, "quantize d_eo"));
+    TW_TRY(step(quantize(m, &a, m->gs, &m->q_a), op, "quantize a"));
+    TW_TRY(step((mark(m, "dgrad wo"), gg_q(m, &m->q_deo, tw_operand_rowwise(&m->q_wo), TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad_q(m, &m->q_a, &m->q_deo, &grads->wo)), op, "wgrad wo"));
+  } else {
+    TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo)), op, "wgrad wo"));
+  }
   if (bias) TW_TRY(step((mark(m, "bias grad bo"), tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data)), op, "bias grad bo"));
   TW_TRY(step((mark(m, "activation bwd"), tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
                              late ? NULL : m->d_recv_w)), op, "activation bwd"));
   tw_tensor d_h = t2(m, m->d_h, m->dt, R, 2 * F);
   if (bias) TW_TRY(step((mark(m, "bias grad bi"), tw_moe_bias_grad(ctx, m->d_h, m->dt, &gs, 2 * F, (float *)grads->bi.data)), op, "bias grad bi"));
-  TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi)), op, "wgrad wi"));
   tw_tensor d_recv = t2(m, m->d_recv, m->dt, R, H);
-  TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
+  if (m->fp8) {
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &d_h, m->gs, &m->q_dh)), op, "quantize d_h"));
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad_q(m, &m->q_recv, &m->q_dh, &grads->wi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "dgrad wi"), gg_q(m, &m->q_dh, tw_operand_rowwise(&m->q_wi), TW_OP_T, d_recv)), op, "dgrad wi"));
+  } else {
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
+  }
   TW_TRY(step((mark(m, "dispatch_bwd"), tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw)), op, "dispatch_bwd"));
   /* the router: d_w -> d_logits, plus the aux loss's */
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);

@@ -43,7 +43,8 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   c->alignment = 1 << pick(st, 0, 3);
   c->act = (tw_moe_act)pick(st, 0, 2);
   c->weighting = (tw_moe_weighting)pick(st, 0, 1);
-  c->recipe = pick(st, 0, 3) == 0 ? TW_MOE_BF16 : TW_MOE_F32;
+  int r = pick(st, 0, 5); /* f32 half the time, bf16 and the three fp8 recipes the rest */
+  c->recipe = r < 3 ? TW_MOE_F32 : r == 3 ? TW_MOE_BF16 : (tw_moe_recipe)pick(st, TW_MOE_FP8_CURRENT, TW_MOE_FP8_MXFP8);
   c->bias = pick(st, 0, 1);
   c->aux = pick(st, 0, 1);
   c->expect = NULL;
@@ -251,9 +252,9 @@ tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int pla
     free_bufs(&in); free_bufs(&sh); free_bufs(&one);
     return tw_error(s, "a valid case failed: %s", msg);
   }
-  int bf16 = c->recipe == TW_MOE_BF16;
-  double kf = bf16 ? 8 : (double)(c->H + 2 * c->F + c->k + 16), kb = bf16 ? 16 : kf + (double)(c->E + T);
-  double unit = bf16 ? ldexp(1, -8) : ldexp(1, -24);
+  tw_moe_config bc = TW_MOE_CONFIG_INIT;
+  bc.num_experts = c->E; bc.hidden = c->H; bc.ffn = c->F; bc.router.topk = c->k; bc.recipe = c->recipe;
+  double kf = tw_moe_error_budget(&bc, T, 0), kb = tw_moe_error_budget(&bc, T, 1), unit = 1;
   int64_t H = c->H, F = c->F, E = c->E;
   if (s == TW_OK) s = compare("out", one.out, sh.out, T * H, kf, unit);
   if (s == TW_OK && c->aux) s = compare("aux", one.aux, sh.aux, 1, kf, unit);

@@ -62,7 +62,7 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   int64_t Tl = r->T / nranks, H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, nle = E / ep;
   cfg.max_tokens = Tl;
   cfg.global_tokens = r->T;
-  tw_dtype dt = cfg.recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
+  tw_dtype dt = cfg.recipe == TW_MOE_F32 ? TW_F32 : TW_BF16;
   int layers = r->layers == 2 ? 2 : 1, bias = r->bi != NULL || r->bo != NULL;
   /* host copies in the recipe's dtype, then their ctx-memory twins */
   int64_t n[NBUF] = {Tl * H, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,

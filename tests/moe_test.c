@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_ep.h"
+#include "twin/tw_quantize.h"
 
 enum { T = 8, H = 6, F = 4, E = 4, K = 2 };
 
@@ -239,6 +240,62 @@ Test(moe_layers, saved_bytes_are_the_headers_sum) {
     tw_moe_destroy(m);
   }
   close_rank(r);
+}
+
+/* FP8_*: recv is kept as its colwise fp8 copy (data + scales) instead of bf16, and the fp8
+ * copies of wi and wo (both orientations) join the saved state. */
+static size_t q_bytes(tw_scaling mode, int64_t M, int64_t K, int64_t G, int row, int col) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_qtensor q;
+  cr_assert_eq(tw_quantize_output_shapes(&o, M, K, G, &q), TW_OK, "%s", tw_last_error());
+  size_t b = 0;
+  if (row) b += tw_tensor_bytes(&q.row_data) + (tw_tensor_is_none(&q.row_scale_inv) ? 0 : tw_tensor_bytes(&q.row_scale_inv));
+  if (col) b += tw_tensor_bytes(&q.col_data) + (tw_tensor_is_none(&q.col_scale_inv) ? 0 : tw_tensor_bytes(&q.col_scale_inv));
+  if (!tw_tensor_is_none(&q.amax)) b += tw_tensor_bytes(&q.amax);
+  return b;
+}
+
+Test(moe_layers, fp8_saved_bytes_are_the_headers_sum) {
+  one_rank r = open_rank();
+  const tw_moe_recipe recipes[3] = {TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
+  const tw_scaling act[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_MXFP8_1D};
+  const tw_scaling wts[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
+  for (int i = 0; i < 3; i++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = recipes[i];
+    tw_moe *m;
+    cr_assert_eq(tw_moe_create(r.ctx, NULL, &c, &m), TW_OK, "%s", tw_last_error());
+    tw_ep_config ec = TW_EP_CONFIG_INIT;
+    ec.num_experts = E; ec.topk = K; ec.max_tokens = T; ec.hidden = H; ec.token_dtype = TW_BF16;
+    int64_t R = tw_ep_capacity_no_drop(&ec, 1);
+    ec.recv_capacity = R;
+    size_t ws, layer;
+    cr_assert_eq(tw_ep_workspace_bytes(&ec, 1, &ws, &layer), TW_OK);
+    size_t want = 4 * T * E + 8 * T * K + 4 * E + layer + 4 * (size_t)R + 4 * E + 4 * (size_t)R * 2 * F +
+                  2 * (size_t)R * H /* eo, late */ + q_bytes(act[i], R, H, E, 0, 1) +
+                  q_bytes(wts[i], E * H, 2 * F, E, 1, 1) + q_bytes(wts[i], E * F, H, E, 1, 1);
+    cr_expect_eq(tw_moe_saved_bytes(m), want, "%s: saved %zu bytes, header says %zu", tw_moe_recipe_name(c.recipe),
+                 tw_moe_saved_bytes(m), want);
+    tw_moe_destroy(m);
+  }
+  close_rank(r);
+}
+
+Test(moe_layers, two_interleaved_fp8_layers_equal_each_alone) {
+  static problem p;
+  fill(&p, 5);
+  for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = (tw_moe_recipe)rc;
+    float a[3][T * H], b[3][T * H], wa[E * H * 2 * F], wb[E * H * 2 * F];
+    run(&p, c, 1, 1, a[0], a[1], wa);
+    run(&p, c, 2, 1, b[0], b[1], wb);
+    cr_assert(memcmp(a[0], b[0], sizeof a[0]) == 0, "%s: out differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+    cr_assert(memcmp(a[1], b[1], sizeof a[1]) == 0, "%s: dx differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+    cr_assert(memcmp(wa, wb, sizeof wa) == 0, "%s: dwi differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+  }
 }
 
 /* ---- finite differences ------------------------------------------------------------------- */

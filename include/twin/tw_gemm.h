@@ -42,7 +42,8 @@
  *   as they are). Rows S..M-1 are never read.
  *
  * Quantized operands: both operands quantized with the same mode, or neither (delayed and
- *   current count as the same: both are per-tensor scales). fp8 pairs: (e4m3, e4m3),
+ *   current count as the same: both are per-tensor scales; so do BLOCK_1x128 and
+ *   BLOCK_128x128, DeepSeek-V3's pairing of 1x128 activations with 128x128 weights). fp8 pairs: (e4m3, e4m3),
  *   (e4m3, e5m2), (e5m2, e4m3); e5m2 x e5m2 is TW_ERR_DTYPE (as in TE).
  *   Block scaling (MXFP8, BLOCK_1x128) must run along the contracting dimension: for each
  *   operand, the orientation (rowwise/colwise) must put its blocks on K, else
