@@ -178,7 +178,11 @@ static tw_status probe_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipe
   return j->dense.vjp(b, ctx, w, x, dy, dx, dw, rows, scratch);
 }
 
-static tw_status barrier(tw_ctx *ctx, tw_comm *comm) { return comm ? tw_comm_barrier(ctx, comm) : TW_OK; }
+/* Every rank here, its stream drained (NCCL's barrier is an all-reduce on the stream). */
+static tw_status barrier(tw_ctx *ctx, tw_comm *comm) {
+  if (comm) TW_TRY(tw_comm_barrier(ctx, comm));
+  return tw_ctx_sync(ctx);
+}
 
 static tw_status prank(int rank, tw_comm *comm, void *arg) {
   pjob *j = (pjob *)arg;
