@@ -13,6 +13,7 @@
 #pragma weak tw_bench_gpu_quantize
 #pragma weak tw_bench_gpu_gemm
 #pragma weak tw_bench_gpu_moe
+#pragma weak tw_bench_gpu_pipeline
 /* The routing and pipeline fuzzers (fuzz/entry_fuzzers.c) are linked into //tools:twin. */
 #pragma weak tw_fuzz_run_router
 #pragma weak tw_fuzz_run_ep
@@ -134,6 +135,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 2,
      .above_interface = 1,
      .auto_rule = "one schedule (pipeline/scan.c) on any backend's communicator",
+     .bench_gpu = tw_bench_gpu_pipeline,
      .fuzz_run = tw_fuzz_run_pipeline,
      .planted = "pipeline_stale_window"},
     {.name = "moe",
