@@ -170,7 +170,7 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, con
 }
 
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
-  if (cfg->op && strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
+  if (!cfg->op || strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     fprintf(stderr, "bench gpu moe: no CUDA stream (no GPU?)\n");
     return 1;
