@@ -193,3 +193,15 @@ extern "C" tw_status gpu_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int6
   GPU_TRY_CUDA(cudaGetLastError(), "moe add: launch");
   return TW_OK;
 }
+
+// fsdp layouts: P strided 2-D copies (cudaMemcpy2DAsync), each A rows of B elements.
+extern "C" tw_status gpu_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es,
+                                        void *dst) {
+  size_t row = (size_t)B * es;
+  if (!row || !A) return TW_OK;
+  for (int64_t p = 0; p < P; p++)
+    GPU_TRY_CUDA(cudaMemcpy2DAsync((char *)dst + (size_t)p * row, (size_t)P * row, (const char *)src + (size_t)p * A * row,
+                                   row, row, (size_t)A, cudaMemcpyDeviceToDevice, gpu_of(ctx)->stream),
+                 "moe swap_outer: cudaMemcpy2DAsync");
+  return TW_OK;
+}

@@ -22,7 +22,9 @@ struct tw_moe {
   tw_moe_config cfg;
   tw_mesh mesh;
   tw_mesh_comms *mc;
-  tw_comm *ep_comm, *dp_comm, *tok_comm; /* dp/tok: NULL when one rank */
+  tw_comm *ep_comm, *dp_comm, *fsdp_comm, *tok_comm; /* dp/fsdp/tok: NULL when one rank */
+  int fs;          /* fsdp size: wi, wo and their gradients are sharded on H into fs parts */
+  int64_t Hs;      /* H / fs */
   int own_ep_comm;
   tw_ep *ep;
   tw_ep_layer *layer;
@@ -46,7 +48,11 @@ struct tw_moe {
   tw_scaling act_mode, w_mode;
   int32_t *gs_h, *gs_f; /* uniform group sizes of the weight sources: NLE x H, NLE x F */
   tw_qtensor q_recv, q_wi, q_wo, q_a, q_deo, q_dh;
-  void *qbuf[6][4]; /* the q_* buffers, to free */
+  void *qbuf[6][5]; /* the q_* buffers, to free */
+  /* fsdp > 1: the gathered weights (kept for the backward), full-size f32 gradients before
+   * the reduce-scatter, and one staging buffer for the layout swaps */
+  void *wi_full, *wo_full, *stage;
+  float *dwi_full, *dwo_full;
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -98,11 +104,10 @@ static tw_status check_mesh(const tw_mesh *m, int nranks) {
   char mb[96];
   for (int i = 0; i < m->naxes; i++) {
     tw_axis a = m->axis[i];
-    if (a == TW_AXIS_DP || a == TW_AXIS_EP) continue;
+    if (a == TW_AXIS_DP || a == TW_AXIS_FSDP || a == TW_AXIS_EP) continue;
     return tw_error(TW_ERR_UNSUPPORTED,
-                    "moe_create: mesh %s has axis %s; the MoE block shards over dp and ep only (moe.axes%s)",
-                    tw_mesh_str(m, mb, sizeof mb), tw_axis_name(a),
-                    a == TW_AXIS_FSDP ? "; fsdp sharding of the expert weights is not built yet" : "");
+                    "moe_create: mesh %s has axis %s; the MoE block shards over dp, fsdp and ep only (moe.axes)",
+                    tw_mesh_str(m, mb, sizeof mb), tw_axis_name(a));
   }
   if (tw_mesh_ranks(m) != nranks)
     return tw_error(TW_ERR_INVALID_ARG, "moe_create: mesh %s has %d ranks but the communicator has %d",
@@ -125,8 +130,11 @@ tw_status tw_moe_destroy(tw_moe *m) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     if (bufs[i]) tw_free(m->ctx, bufs[i]);
   for (int i = 0; i < 6; i++)
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < 5; j++)
       if (m->qbuf[i][j]) tw_free(m->ctx, m->qbuf[i][j]);
+  void *fs_bufs[] = {m->wi_full, m->wo_full, m->stage, m->dwi_full, m->dwo_full};
+  for (size_t i = 0; i < sizeof fs_bufs / sizeof *fs_bufs; i++)
+    if (fs_bufs[i]) tw_free(m->ctx, fs_bufs[i]);
   if (m->gs_h) tw_free(m->ctx, m->gs_h);
   if (m->gs_f) tw_free(m->ctx, m->gs_f);
   tw_status s = tw_ep_layer_destroy(m->layer);
@@ -221,6 +229,12 @@ static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
   }
   TW_TRY(tw_mesh_comms_create(m->ctx, &m->mesh, &m->mc));
   m->dp_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_DP);
+  m->fsdp_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_FSDP);
+  m->fs = tw_mesh_axis_size(&m->mesh, TW_AXIS_FSDP);
+  if (m->H % m->fs != 0)
+    return tw_error(TW_ERR_INVALID_ARG, "moe_create: H = %lld does not split over fsdp = %d (moe.fsdp: the expert weights are sharded on H)",
+                    (long long)m->H, m->fs);
+  m->Hs = m->H / m->fs;
   m->tok_comm = n > 1 ? world : NULL;
   m->ep_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_EP);
   if (!m->ep_comm) { /* ep = 1: each rank its own EP group */
@@ -288,6 +302,14 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->d_topk_w, 0);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->d_recv_w, 0);
   if (s == TW_OK && m->fp8) s = alloc_fp8(m);
+  if (s == TW_OK && m->fs > 1) { /* gathered weights kept for the backward; the rest scratch */
+    size_t wi_n = (size_t)m->nle * H * 2 * F, wo_n = (size_t)m->nle * F * H, big = wi_n > wo_n ? wi_n : wo_n;
+    s = alloc(m, es * wi_n, &m->wi_full, 1);
+    if (s == TW_OK) s = alloc(m, es * wo_n, &m->wo_full, 1);
+    if (s == TW_OK) s = alloc(m, 4 * big, &m->stage, 0);
+    if (s == TW_OK) s = alloc(m, 4 * wi_n, &m->dwi_full, 0);
+    if (s == TW_OK) s = alloc(m, 4 * wo_n, &m->dwo_full, 0);
+  }
   if (s != TW_OK) {
     tw_moe_destroy(m);
     return s;
@@ -338,8 +360,8 @@ static tw_status check_weights(const char *op, const tw_moe *m, const tw_moe_wei
   if (!w) return tw_error(TW_ERR_NULL, "%s: weights is NULL", op);
   tw_mem mem = tw_ctx_mem(m->ctx);
   TW_TRY(check_tensor(op, "gate", &w->gate, mem, m->dt, 2, m->H, m->E, 0));
-  TW_TRY(check_tensor(op, "wi", &w->wi, mem, m->dt, 3, m->nle, m->H, 2 * m->F));
-  TW_TRY(check_tensor(op, "wo", &w->wo, mem, m->dt, 3, m->nle, m->F, m->H));
+  TW_TRY(check_tensor(op, "wi", &w->wi, mem, m->dt, 3, m->nle, m->Hs, 2 * m->F));
+  TW_TRY(check_tensor(op, "wo", &w->wo, mem, m->dt, 3, m->nle, m->F, m->Hs));
   int hi = !tw_tensor_is_none(&w->bi), ho = !tw_tensor_is_none(&w->bo);
   if (hi != ho)
     return tw_error(TW_ERR_INVALID_ARG, "%s: biases are all-or-nothing: %s is given but %s is missing", op,
@@ -422,6 +444,35 @@ static tw_tensor flat(const tw_moe *m, const tw_tensor *w) {
   return t2(m, w->data, w->dtype, w->shape[0] * w->shape[1], w->shape[2]);
 }
 
+/* fsdp: the full weights from the shards. all_gather gives [fs][NLE][Hs*2F] for wi (wants
+ * [NLE][fs][Hs*2F]) and [fs][NLE*F][Hs] for wo (wants [NLE*F][fs][Hs]). */
+static tw_status gather_weights(tw_moe *m, const tw_moe_weights *w) {
+  size_t es = m->dt == TW_BF16 ? 2 : 4;
+  int64_t wi_n = m->nle * m->Hs * 2 * m->F, wo_n = m->nle * m->F * m->Hs;
+  TW_TRY(tw_all_gather(m->ctx, m->fsdp_comm, w->wi.data, m->stage, wi_n, m->dt));
+  TW_TRY(tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle, m->Hs * 2 * m->F, es, m->wi_full));
+  TW_TRY(tw_all_gather(m->ctx, m->fsdp_comm, w->wo.data, m->stage, wo_n, m->dt));
+  return tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle * m->F, m->Hs, es, m->wo_full);
+}
+
+/* The weights the GEMMs read: the caller's (fsdp = 1) or the gathered ones. */
+static tw_moe_weights full_weights(const tw_moe *m, const tw_moe_weights *w) {
+  tw_moe_weights f = *w;
+  if (m->fs > 1) {
+    tw_mem mem = tw_ctx_mem(m->ctx);
+    f.wi = tw_tensor_3d(m->wi_full, m->dt, m->nle, m->H, 2 * m->F, mem);
+    f.wo = tw_tensor_3d(m->wo_full, m->dt, m->nle, m->F, m->H, mem);
+  }
+  return f;
+}
+
+/* fsdp: the full f32 gradient back to this rank's shard, summed over fsdp (the inverse
+ * layout swap, then reduce_scatter). */
+static tw_status scatter_grad(tw_moe *m, const float *full, int64_t A, int64_t B, tw_tensor *shard) {
+  TW_TRY(tw_moe_swap_outer(m->ctx, full, A, m->fs, B, 4, m->stage));
+  return tw_reduce_scatter(m->ctx, m->fsdp_comm, m->stage, shard->data, A * B, TW_F32, TW_REDUCE_SUM);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out, tw_tensor *aux) {
   const char *op = "moe_forward";
@@ -442,6 +493,9 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   int64_t E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
   int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE, bias = has_bias(w);
   m->T = T;
+  if (m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
+  tw_moe_weights wf = full_weights(m, w);
+  w = &wf;
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
   tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), counts = tw_tensor_1d(m->counts, TW_I32, E, mem);
   tw_tensor recv = t2(m, m->recv, m->dt, R, H), recv_w = tw_tensor_1d(m->recv_w, TW_F32, R, mem);
@@ -499,8 +553,8 @@ static tw_status check_grads(const char *op, const tw_moe *m, const tw_moe_grads
   if (!g) return tw_error(TW_ERR_NULL, "%s: grads is NULL", op);
   tw_mem mem = tw_ctx_mem(m->ctx);
   TW_TRY(check_tensor(op, "grads.gate", &g->gate, mem, TW_F32, 2, m->H, m->E, 0));
-  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->H, 2 * m->F));
-  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->H));
+  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->Hs, 2 * m->F));
+  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->Hs));
   if (bias) {
     TW_TRY(check_tensor(op, "grads.bi", &g->bi, mem, TW_F32, 2, m->nle, 2 * m->F, 0));
     TW_TRY(check_tensor(op, "grads.bo", &g->bo, mem, TW_F32, 2, m->nle, m->H, 0));
@@ -525,6 +579,8 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   int bias = has_bias(w);
   TW_TRY(check_grads(op, m, grads, bias));
   if (!isfinite(d_aux)) return tw_error(TW_ERR_INVALID_ARG, "%s: d_aux = %g is not finite", op, (double)d_aux);
+  tw_moe_weights wf = full_weights(m, w); /* fsdp: gathered by the forward */
+  w = &wf;
   tw_ctx *ctx = m->ctx;
   tw_mem mem = tw_ctx_mem(ctx);
   int64_t T = m->T, E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
@@ -533,6 +589,9 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), dtw = t2(m, m->d_topk_w, TW_F32, T, k);
   tw_tensor eo = t2(m, m->eo, m->dt, R, H), d_eo = t2(m, m->d_eo, m->dt, R, H);
   tw_tensor d_recv_w = tw_tensor_1d(m->d_recv_w, TW_F32, R, mem);
+  /* the expert weight gradients at full size (fsdp: scattered to the shards at the end) */
+  tw_tensor gwi = m->fs > 1 ? tw_tensor_3d(m->dwi_full, TW_F32, m->nle, H, 2 * F, mem) : grads->wi;
+  tw_tensor gwo = m->fs > 1 ? tw_tensor_3d(m->dwo_full, TW_F32, m->nle, F, H, mem) : grads->wo;
 
   TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
   /* a again from h (not saved), as the forward made it */
@@ -542,10 +601,10 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
     TW_TRY(step((mark(m, "quantize"), quantize(m, &d_eo, m->gs, &m->q_deo)), op, "quantize d_eo"));
     TW_TRY(step(quantize(m, &a, m->gs, &m->q_a), op, "quantize a"));
     TW_TRY(step((mark(m, "dgrad wo"), gg_q(m, &m->q_deo, tw_operand_rowwise(&m->q_wo), TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
-    TW_TRY(step((mark(m, "wgrad wo"), wgrad_q(m, &m->q_a, &m->q_deo, &grads->wo)), op, "wgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad_q(m, &m->q_a, &m->q_deo, &gwo)), op, "wgrad wo"));
   } else {
     TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
-    TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo)), op, "wgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &gwo)), op, "wgrad wo"));
   }
   if (bias) TW_TRY(step((mark(m, "bias grad bo"), tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data)), op, "bias grad bo"));
   TW_TRY(step((mark(m, "activation bwd"), tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
@@ -555,10 +614,10 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor d_recv = t2(m, m->d_recv, m->dt, R, H);
   if (m->fp8) {
     TW_TRY(step((mark(m, "quantize"), quantize(m, &d_h, m->gs, &m->q_dh)), op, "quantize d_h"));
-    TW_TRY(step((mark(m, "wgrad wi"), wgrad_q(m, &m->q_recv, &m->q_dh, &grads->wi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad_q(m, &m->q_recv, &m->q_dh, &gwi)), op, "wgrad wi"));
     TW_TRY(step((mark(m, "dgrad wi"), gg_q(m, &m->q_dh, tw_operand_rowwise(&m->q_wi), TW_OP_T, d_recv)), op, "dgrad wi"));
   } else {
-    TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &gwi)), op, "wgrad wi"));
     TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
   }
   TW_TRY(step((mark(m, "dispatch_bwd"), tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw)), op, "dispatch_bwd"));
@@ -579,6 +638,14 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   TW_TRY(step((mark(m, "dgrad gate"), mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1)), op, "dgrad gate"));
   TW_TRY(step((mark(m, "wgrad gate"), mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0)), op, "wgrad gate"));
   TW_TRY(step((mark(m, "d_gate sum"), reduce(m, m->tok_comm, &grads->gate)), op, "d_gate sum"));
+  if (m->fs > 1) {
+    TW_TRY(step((mark(m, "d_wi reduce-scatter over fsdp"), scatter_grad(m, m->dwi_full, m->nle, H / m->fs * 2 * F, &grads->wi)), op, "d_wi reduce-scatter over fsdp"));
+    TW_TRY(step((mark(m, "d_wo reduce-scatter over fsdp"), scatter_grad(m, m->dwo_full, m->nle * F, H / m->fs, &grads->wo)), op, "d_wo reduce-scatter over fsdp"));
+    if (bias) {
+      TW_TRY(step((mark(m, "d_bi sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bi)), op, "d_bi sum over fsdp"));
+      TW_TRY(step((mark(m, "d_bo sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bo)), op, "d_bo sum over fsdp"));
+    }
+  }
   if (tw_moe_plant_skip_dp_reduce) return TW_OK;
   TW_TRY(step((mark(m, "d_wi sum over dp"), reduce(m, m->dp_comm, &grads->wi)), op, "d_wi sum over dp"));
   TW_TRY(step((mark(m, "d_wo sum over dp"), reduce(m, m->dp_comm, &grads->wo)), op, "d_wo sum over dp"));

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "twin/tw_numerics.h"
 
@@ -18,6 +19,8 @@ extern tw_status gpu_moe_act_bwd(tw_ctx *ctx, tw_moe_act act, const float *h, co
 extern tw_status gpu_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const tw_tensor *gs, int64_t C,
                                    float *db) __attribute__((weak));
 extern tw_status gpu_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n) __attribute__((weak));
+extern tw_status gpu_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es, void *dst)
+    __attribute__((weak));
 
 static tw_status no_gpu(const char *op) {
   return tw_error(TW_ERR_UNSUPPORTED, "moe %s: backend 'gpu' of this binary lacks gpu/moe_elementwise.cu", op);
@@ -131,5 +134,15 @@ tw_status tw_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const
 tw_status tw_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n) {
   if (tw_ctx_backend(ctx) == TW_BACKEND_GPU) return gpu_moe_add_f32 ? gpu_moe_add_f32(ctx, y, x, n) : no_gpu("add");
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
+  return TW_OK;
+}
+
+tw_status tw_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es, void *dst) {
+  if (tw_ctx_backend(ctx) == TW_BACKEND_GPU)
+    return gpu_moe_swap_outer ? gpu_moe_swap_outer(ctx, src, P, A, B, es, dst) : no_gpu("swap_outer");
+  size_t row = (size_t)B * es;
+  for (int64_t p = 0; p < P; p++)
+    for (int64_t a = 0; a < A; a++)
+      memcpy((char *)dst + ((size_t)a * (size_t)P + (size_t)p) * row, (const char *)src + ((size_t)p * (size_t)A + (size_t)a) * row, row);
   return TW_OK;
 }

@@ -30,22 +30,24 @@ static void one_rank(const char *dir, const char *name) {
 
 Test(moe_golden, every_stored_case_on_one_rank) { cr_assert_geq(moe_each_case(one_rank), 18); }
 
-/* The same goldens with the block sharded over thread ranks: every mesh of dp and ep that
- * divides the case (T % ranks, E % ep), up to 8 ranks. */
+/* The same goldens with the block sharded over thread ranks: every mesh of dp, fsdp and ep
+ * up to 8 ranks that divides the case (T % ranks, E % ep, H % fsdp). */
 static void sharded(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);
-  static const int meshes[][2] = {{1, 2}, {2, 1}, {1, 4}, {2, 2}, {4, 1}, {1, 8}, {2, 4}, {4, 2}};
+  static const int meshes[][3] = {{1, 1, 2}, {2, 1, 1}, {1, 1, 4}, {2, 1, 2}, {4, 1, 1}, {1, 1, 8}, {2, 1, 4},
+                                  {4, 1, 2}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}, {1, 4, 1}, {1, 2, 4}, {2, 2, 2},
+                                  {1, 4, 2}, {1, 8, 1}};
   int ran = 0;
   for (size_t i = 0; i < sizeof meshes / sizeof *meshes; i++) {
-    int dp = meshes[i][0], ep = meshes[i][1];
-    if (c.T % (dp * ep) != 0 || c.E % ep != 0) continue;
+    int dp = meshes[i][0], fs = meshes[i][1], ep = meshes[i][2];
+    if (c.T % (dp * fs * ep) != 0 || c.E % ep != 0 || c.H % fs != 0) continue;
     tw_mesh m;
-    tw_axis ax[2] = {TW_AXIS_DP, TW_AXIS_EP};
-    int sz[2] = {dp, ep};
-    cr_assert_eq(tw_mesh_init(&m, 2, ax, sz), TW_OK);
+    tw_axis ax[3] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP};
+    int sz[3] = {dp, fs, ep};
+    cr_assert_eq(tw_mesh_init(&m, 3, ax, sz), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s dp=%d,ep=%d", name, dp, ep);
+    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d", name, dp, fs, ep);
     double w = moe_check_case(&c, cname, &m, NULL);
     cr_log_info("moe golden %s: worst |diff|/bound %.3g", cname, w);
     ran++;
@@ -54,7 +56,7 @@ static void sharded(const char *dir, const char *name) {
   moe_free_case(&c);
 }
 
-Test(moe_golden, every_stored_case_sharded_over_dp_and_ep) { cr_assert_geq(moe_each_case(sharded), 18); }
+Test(moe_golden, every_stored_case_sharded_over_dp_fsdp_and_ep) { cr_assert_geq(moe_each_case(sharded), 18); }
 
 /* The goldens are not vacuous: the block with the other weighting, without its biases, or
  * with another activation is far outside the bound. */

@@ -43,7 +43,7 @@ static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
 
 /* Every rank of run->mesh as a thread: on its own GPU over NCCL (one GPU: a one-rank NCCL
  * communicator), or with one_gpu all on GPU 0 over the loopback communicator (device memory,
- * copies and host barriers: a correctness vehicle for dp x ep on one GPU). */
+ * copies and host barriers: a correctness vehicle for dp x fsdp x ep on one GPU). */
 static tw_status run_ranks_on(tw_moe_threads_run *run, int one_gpu) {
   if (run->mesh.naxes == 0) {
     tw_axis ax = TW_AXIS_EP;
@@ -70,16 +70,16 @@ static tw_status run_loopback(tw_moe_threads_run *run) { return run_ranks_on(run
 static void loopback_meshes(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);
-  static const int meshes[][2] = {{1, 2}, {2, 2}, {1, 4}};
-  for (int i = 0; i < 3; i++) {
-    int dp = meshes[i][0], ep = meshes[i][1];
-    if (c.T % (dp * ep) || c.E % ep) continue;
+  static const int meshes[][3] = {{1, 1, 2}, {2, 1, 2}, {1, 1, 4}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}};
+  for (int i = 0; i < 6; i++) {
+    int dp = meshes[i][0], fs = meshes[i][1], ep = meshes[i][2];
+    if (c.T % (dp * fs * ep) || c.E % ep || c.H % fs) continue;
     tw_mesh m;
-    tw_axis ax[2] = {TW_AXIS_DP, TW_AXIS_EP};
-    int sz[2] = {dp, ep};
-    cr_assert_eq(tw_mesh_init(&m, 2, ax, sz), TW_OK);
+    tw_axis ax[3] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP};
+    int sz[3] = {dp, fs, ep};
+    cr_assert_eq(tw_mesh_init(&m, 3, ax, sz), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s dp=%d,ep=%d (one GPU, loopback)", name, dp, ep);
+    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d (one GPU, loopback)", name, dp, fs, ep);
     double w = moe_check_case(&c, cname, &m, run_loopback);
     cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
   }
@@ -107,20 +107,21 @@ Test(moe_gpu, every_stored_case_on_one_gpu) {
 static void on_two_gpus(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);
-  if (c.T % 2 == 0 && c.E % 2 == 0) {
+  tw_axis axes[2] = {TW_AXIS_EP, TW_AXIS_FSDP};
+  for (int a = 0; a < 2; a++) { /* ep = 2, then fsdp = 2 (weights gathered / reduce-scattered over NCCL) */
+    if (c.T % 2 || (a == 0 && c.E % 2) || (a == 1 && c.H % 2)) continue;
     tw_mesh m;
-    tw_axis ax = TW_AXIS_EP;
     int two = 2;
-    cr_assert_eq(tw_mesh_init(&m, 1, &ax, &two), TW_OK);
+    cr_assert_eq(tw_mesh_init(&m, 1, &axes[a], &two), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s ep=2 (2 GPUs)", name);
+    snprintf(cname, sizeof cname, "%s %s=2 (2 GPUs)", name, a == 0 ? "ep" : "fsdp");
     double w = moe_check_case(&c, cname, &m, run_on_gpus);
     cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
   }
   moe_free_case(&c);
 }
 
-Test(moe_gpu, every_stored_case_on_two_gpus_ep2) {
+Test(moe_gpu, every_stored_case_on_two_gpus_ep2_and_fsdp2) {
   NEED_GPUS(2);
   cr_assert_geq(moe_each_case(on_two_gpus), 18);
 }

@@ -83,14 +83,14 @@ Test(moe_errors, config_values_are_named) {
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "TW_MOE_CONFIG_INIT");
 }
 
-Test(moe_errors, meshes_outside_dp_and_ep_are_refused) {
+Test(moe_errors, meshes_outside_dp_fsdp_and_ep_are_refused) {
   tw_mesh m;
-  tw_axis tp = TW_AXIS_TP, fsdp = TW_AXIS_FSDP, ep = TW_AXIS_EP;
+  tw_axis tp = TW_AXIS_TP, pp = TW_AXIS_PP, ep = TW_AXIS_EP;
   int one = 1, two = 2;
   cr_assert_eq(tw_mesh_init(&m, 1, &tp, &one), TW_OK);
   expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "has axis tp");
-  cr_assert_eq(tw_mesh_init(&m, 1, &fsdp, &one), TW_OK);
-  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "fsdp sharding of the expert weights is not built yet");
+  cr_assert_eq(tw_mesh_init(&m, 1, &pp, &one), TW_OK);
+  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "has axis pp");
   cr_assert_eq(tw_mesh_init(&m, 1, &ep, &two), TW_OK);
   expect_create(base_cfg(), &m, TW_ERR_INVALID_ARG, "has 2 ranks but the communicator has 1");
   /* no communicator at all */
@@ -118,6 +118,32 @@ Test(moe_errors, experts_must_divide_over_ep) {
   cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
   tt_expect_status(tw_run_ranks(2, comms, experts_not_divisible, NULL), TW_ERR_INVALID_ARG, "3");
   for (int i = 0; i < 2; i++) tw_comm_destroy(comms[i]);
+}
+
+static tw_status hidden_not_divisible(int rank, tw_comm *comm, void *arg) {
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_moe_config c = base_cfg();
+  c.global_tokens = 4 * T;
+  tw_mesh m;
+  tw_axis fsdp = TW_AXIS_FSDP;
+  int four = 4;
+  tw_status s = tw_mesh_init(&m, 1, &fsdp, &four);
+  tw_moe *mo = NULL;
+  if (s == TW_OK) s = tw_moe_create(ctx, &m, &c, &mo);
+  tw_moe_destroy(mo);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(moe_errors, hidden_must_divide_over_fsdp) {
+  tw_comm *comms[4];
+  cr_assert_eq(tw_comm_init_threads(4, comms), TW_OK);
+  tt_expect_status(tw_run_ranks(4, comms, hidden_not_divisible, NULL), TW_ERR_INVALID_ARG,
+                   "H = 6 does not split over fsdp = 4");
+  for (int i = 0; i < 4; i++) tw_comm_destroy(comms[i]);
 }
 
 Test(moe_errors, tensors_biases_and_order_are_checked) {

@@ -32,8 +32,9 @@
  *   d_recv = d_h @ wi[g]^T;  d_x_disp, d_w(early) = dispatch_bwd(d_recv, d_recv_w)
  *   d_logits = router_bwd(d_w) + d_aux * aux_loss_bwd
  *   d_x = d_x_disp + d_logits @ gate^T (one rounding to x's dtype);  d_gate = x^T d_logits
- *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp (the ranks with
- *   the same experts and other tokens). Weight gradients are f32, overwritten.
+ *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp and fsdp (the
+ *   ranks with the same experts and other tokens; fsdp: see Sharding). Weight gradients are
+ *   f32, overwritten, in the weights' (sharded) shapes.
  * Elementwise math (act, its backward, bias, weighting) is done in double and rounded once to
  * f32 (then to bf16 where the recipe keeps bf16), like pipeline/dense.c.
  *
@@ -76,20 +77,28 @@
  *   recv s*R*H, recv_w 4*R, group sizes 4*NLE, h 4*R*2F, eo s*R*H (LATE weighting only).
  *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, plus the fp8 copies of wi
  *   and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
+ *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
+ *   same sizes and one f32 staging buffer of the larger).
  *   tw_moe_saved_bytes() returns the sum. Scratch for one call (not kept): 4*R*H (f32 GEMM
  *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
  *
- * Sharding (tw_moe_create's mesh): axes dp and ep only (tp, fsdp, pp, cp: TW_ERR_UNSUPPORTED
- * naming the axis; fsdp sharding of the expert weights is not built yet). Every rank holds
- * its own token shard (x's dim 0 split over (dp, ep), ep innermost), the local experts of its
- * ep coordinate, and the gate. The EP group is the ep axis (a one-rank group for ep = 1).
+ * Sharding (tw_moe_create's mesh): axes dp, fsdp and ep (tp, pp, cp: TW_ERR_UNSUPPORTED
+ * naming the axis). Every rank holds its own token shard (x's dim 0 split over (dp, fsdp, ep),
+ * ep innermost), the local experts of its ep coordinate, and the gate. The EP group is the ep
+ * axis (a one-rank group for ep = 1). fsdp (size f, H % f == 0 or TW_ERR_INVALID_ARG) shards
+ * the expert weights on H: a rank holds wi [NLE, H/f, 2F] (rows c*H/f.. of each expert, c its
+ * fsdp coordinate) and wo [NLE, F, H/f] (columns c*H/f..); bi, bo and the gate are whole. The
+ * forward all-gathers wi and wo over fsdp (in the weights' dtype; the fp8 recipes quantize
+ * the gathered weights: fp8 codes do not travel yet) and keeps them for the backward, which
+ * reduce-scatters d_wi and d_wo over fsdp back to the shards (then sums them over dp) and
+ * all-reduces d_bi and d_bo over fsdp and dp.
  *
  * Layers: each tw_moe is one layer with its own EP state and residuals, so layers interleave
  * freely (fwd L1, fwd L2, bwd L2, bwd L1 equals each alone, bit for bit).
  *
  * Errors (each names the values): E, H, F, k, max_tokens, global_tokens, recipe, act,
  * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
- * context without a communicator, E % ep; weights or tokens of the wrong shape or dtype; one
+ * context without a communicator, E % ep, H % fsdp; weights or tokens of the wrong shape or dtype; one
  * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
  * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
  */
