@@ -53,6 +53,12 @@ struct tw_moe {
    * the reduce-scatter, and one staging buffer for the layout swaps */
   void *wi_full, *wo_full, *stage;
   float *dwi_full, *dwo_full;
+  /* fp8_gather: the shards' fp8 copies, their uniform group sizes (Hs) and the scales */
+  int qgather;
+  int32_t *gs_hs;
+  tw_qtensor qs_wi, qs_wo;
+  void *qsbuf[2][5];
+  float *scale_wi, *scale_wo;
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -94,6 +100,12 @@ static tw_status check_config(const tw_moe_config *c) {
     return tw_error(TW_ERR_INVALID_ARG, "%s: aux_coeff = %g must be finite and >= 0", op, (double)c->aux_coeff);
   if (c->max_tokens < 0)
     return tw_error(TW_ERR_INVALID_ARG, "%s: max_tokens = %lld < 0", op, (long long)c->max_tokens);
+  if (c->fp8_gather != 0 && c->fp8_gather != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: fp8_gather = %d must be 0 or 1", op, c->fp8_gather);
+  if (c->fp8_gather && c->recipe != TW_MOE_FP8_CURRENT)
+    return tw_error(TW_ERR_INVALID_ARG,
+                    "%s: fp8_gather = 1 needs recipe fp8_current (got %s: block and MXFP8 scales of a shard are not laid out as the gathered tensor's)",
+                    op, tw_moe_recipe_name(c->recipe) ? tw_moe_recipe_name(c->recipe) : "?");
   if (c->global_tokens < 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: global_tokens = %lld must be >= 1 (the aux loss divides by it)", op,
                     (long long)c->global_tokens);
@@ -132,7 +144,10 @@ tw_status tw_moe_destroy(tw_moe *m) {
   for (int i = 0; i < 6; i++)
     for (int j = 0; j < 5; j++)
       if (m->qbuf[i][j]) tw_free(m->ctx, m->qbuf[i][j]);
-  void *fs_bufs[] = {m->wi_full, m->wo_full, m->stage, m->dwi_full, m->dwo_full};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 5; j++)
+      if (m->qsbuf[i][j]) tw_free(m->ctx, m->qsbuf[i][j]);
+  void *fs_bufs[] = {m->wi_full, m->wo_full, m->stage, m->dwi_full, m->dwo_full, m->gs_hs, m->scale_wi, m->scale_wo};
   for (size_t i = 0; i < sizeof fs_bufs / sizeof *fs_bufs; i++)
     if (fs_bufs[i]) tw_free(m->ctx, fs_bufs[i]);
   if (m->gs_h) tw_free(m->ctx, m->gs_h);
@@ -153,7 +168,7 @@ tw_status tw_moe_destroy(tw_moe *m) {
 /* ---- fp8 operands (FP8_* recipes) ----------------------------------------------------- */
 /* q's buffers for an [M, K] source in G groups, both orientations (e4m3). Slot i of qbuf;
  * the colwise half counts as saved when save_col, the rowwise half when save_row. */
-static tw_status alloc_q(tw_moe *m, int slot, tw_scaling mode, int64_t M, int64_t K, int64_t G, int save_row,
+static tw_status alloc_q(tw_moe *m, void **bufs, tw_scaling mode, int64_t M, int64_t K, int64_t G, int save_row,
                          int save_col, tw_qtensor *q) {
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
@@ -166,7 +181,7 @@ static tw_status alloc_q(tw_moe *m, int slot, tw_scaling mode, int64_t M, int64_
     if (tw_tensor_is_none(parts[i])) continue;
     parts[i]->mem = tw_ctx_mem(m->ctx);
     TW_TRY(alloc(m, tw_tensor_bytes(parts[i]), &parts[i]->data, saved[i]));
-    m->qbuf[slot][j++] = parts[i]->data;
+    bufs[j++] = parts[i]->data;
   }
   return TW_OK;
 }
@@ -188,13 +203,24 @@ static tw_status alloc_fp8(tw_moe *m) {
   int64_t R = m->R, H = m->H, F = m->F, G = m->nle;
   TW_TRY(uniform_sizes(m, H, &m->gs_h));
   TW_TRY(uniform_sizes(m, F, &m->gs_f));
-  TW_TRY(alloc_q(m, 0, m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
-  TW_TRY(alloc_q(m, 1, m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
-  TW_TRY(alloc_q(m, 2, m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
-  TW_TRY(alloc_q(m, 3, m->act_mode, R, F, G, 0, 0, &m->q_a));
-  TW_TRY(alloc_q(m, 4, m->act_mode, R, H, G, 0, 0, &m->q_deo));
-  TW_TRY(alloc_q(m, 5, m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
+  TW_TRY(alloc_q(m, m->qbuf[0], m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
+  TW_TRY(alloc_q(m, m->qbuf[1], m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
+  TW_TRY(alloc_q(m, m->qbuf[2], m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
+  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 0, &m->q_a));
+  TW_TRY(alloc_q(m, m->qbuf[4], m->act_mode, R, H, G, 0, 0, &m->q_deo));
+  TW_TRY(alloc_q(m, m->qbuf[5], m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
   return TW_OK;
+}
+
+/* fp8_gather: the shards' fp8 copies ([NLE*Hs, 2F] in groups of Hs rows, [NLE*F, Hs] in
+ * groups of F rows) and their per-expert scales. */
+static tw_status alloc_qgather(tw_moe *m) {
+  int64_t G = m->nle;
+  TW_TRY(uniform_sizes(m, m->Hs, &m->gs_hs));
+  TW_TRY(alloc_q(m, m->qsbuf[0], TW_SCALE_TENSOR_CURRENT, G * m->Hs, 2 * m->F, G, 0, 0, &m->qs_wi));
+  TW_TRY(alloc_q(m, m->qsbuf[1], TW_SCALE_TENSOR_CURRENT, G * m->F, m->Hs, G, 0, 0, &m->qs_wo));
+  TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wi, 0));
+  return alloc(m, 4 * (size_t)G, &m->scale_wo, 0);
 }
 
 static tw_status quantize(tw_moe *m, const tw_tensor *x, const int32_t *gs, tw_qtensor *q) {
@@ -302,11 +328,13 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->d_topk_w, 0);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->d_recv_w, 0);
   if (s == TW_OK && m->fp8) s = alloc_fp8(m);
+  m->qgather = m->fs > 1 && cfg->fp8_gather;
   if (s == TW_OK && m->fs > 1) { /* gathered weights kept for the backward; the rest scratch */
     size_t wi_n = (size_t)m->nle * H * 2 * F, wo_n = (size_t)m->nle * F * H, big = wi_n > wo_n ? wi_n : wo_n;
-    s = alloc(m, es * wi_n, &m->wi_full, 1);
-    if (s == TW_OK) s = alloc(m, es * wo_n, &m->wo_full, 1);
+    if (!m->qgather) s = alloc(m, es * wi_n, &m->wi_full, 1);
+    if (s == TW_OK && !m->qgather) s = alloc(m, es * wo_n, &m->wo_full, 1);
     if (s == TW_OK) s = alloc(m, 4 * big, &m->stage, 0);
+    if (s == TW_OK && m->qgather) s = alloc_qgather(m);
     if (s == TW_OK) s = alloc(m, 4 * wi_n, &m->dwi_full, 0);
     if (s == TW_OK) s = alloc(m, 4 * wo_n, &m->dwo_full, 0);
   }
@@ -455,10 +483,52 @@ static tw_status gather_weights(tw_moe *m, const tw_moe_weights *w) {
   return tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle * m->F, m->Hs, es, m->wo_full);
 }
 
+/* fp8_gather: one weight shard quantized with the scales of the whole weight (amax max-reduced
+ * over fsdp, then the delayed form with those scales), its codes gathered into q in both
+ * orientations. rows/col_P, col_A, col_B: the swap that turns the gathered [fs, ...] layout
+ * into q's, for the rowwise (row_A, row_B) and the per-group transposed colwise copy. */
+static tw_status gather_q(tw_moe *m, const tw_tensor *shard, const int32_t *gs, tw_qtensor *qs, float *scale,
+                          int64_t row_A, int64_t row_B, int64_t col_A, int64_t col_B, tw_qtensor *q) {
+  tw_ctx *ctx = m->ctx;
+  int64_t G = m->nle, n = tw_tensor_numel(shard);
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = TW_SCALE_TENSOR_CURRENT;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, G, tw_ctx_mem(ctx));
+  qs->mode = TW_SCALE_TENSOR_CURRENT;
+  TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs)); /* for the shard's amax */
+  TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
+  TW_TRY(tw_moe_scales_from_amax(ctx, (const float *)qs->amax.data, G, 448.0f, scale));
+  o.mode = qs->mode = TW_SCALE_TENSOR_DELAYED;
+  o.scale = tw_tensor_1d(scale, TW_F32, G, tw_ctx_mem(ctx));
+  TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs));
+  TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
+  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->row_data.data, m->stage, n, TW_E4M3));
+  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, row_A, row_B, 1, q->row_data.data));
+  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->col_data.data, m->stage, n, TW_E4M3));
+  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, col_A, col_B, 1, q->col_data.data));
+  TW_TRY(tw_tensor_copy(ctx, &q->row_scale_inv, &qs->row_scale_inv));
+  if (!tw_tensor_is_none(&q->col_scale_inv)) {
+    const tw_tensor *src = tw_tensor_is_none(&qs->col_scale_inv) ? &qs->row_scale_inv : &qs->col_scale_inv;
+    TW_TRY(tw_tensor_copy(ctx, &q->col_scale_inv, src));
+  }
+  return tw_tensor_copy(ctx, &q->amax, &qs->amax);
+}
+
+/* fp8_gather: q_wi and q_wo from the shards. wi's shard [NLE*Hs, 2F] gathers as [fs][NLE][Hs*2F]
+ * (rowwise) and [fs][NLE*2F][Hs] (colwise: [2F, Hs] per expert); wo's [NLE*F, Hs] as
+ * [fs][NLE*F][Hs] and [fs][NLE][Hs*F] ([Hs, F] per expert). */
+static tw_status gather_weights_fp8(tw_moe *m, const tw_moe_weights *w) {
+  int64_t G = m->nle, Hs = m->Hs, F = m->F;
+  tw_tensor wi = t2(m, w->wi.data, m->dt, G * Hs, 2 * F), wo = t2(m, w->wo.data, m->dt, G * F, Hs);
+  TW_TRY(gather_q(m, &wi, m->gs_hs, &m->qs_wi, m->scale_wi, G, Hs * 2 * F, G * 2 * F, Hs, &m->q_wi));
+  return gather_q(m, &wo, m->gs_f, &m->qs_wo, m->scale_wo, G * F, Hs, G, Hs * F, &m->q_wo);
+}
+
 /* The weights the GEMMs read: the caller's (fsdp = 1) or the gathered ones. */
 static tw_moe_weights full_weights(const tw_moe *m, const tw_moe_weights *w) {
   tw_moe_weights f = *w;
-  if (m->fs > 1) {
+  if (m->fs > 1 && !m->qgather) { /* fp8_gather: the GEMMs read q_wi, q_wo only */
     tw_mem mem = tw_ctx_mem(m->ctx);
     f.wi = tw_tensor_3d(m->wi_full, m->dt, m->nle, m->H, 2 * m->F, mem);
     f.wo = tw_tensor_3d(m->wo_full, m->dt, m->nle, m->F, m->H, mem);
@@ -493,7 +563,8 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   int64_t E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
   int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE, bias = has_bias(w);
   m->T = T;
-  if (m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
+  if (m->qgather) TW_TRY(step((mark(m, "fsdp all-gather (fp8)"), gather_weights_fp8(m, w)), op, "fsdp all-gather (fp8)"));
+  else if (m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
   tw_moe_weights wf = full_weights(m, w);
   w = &wf;
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
@@ -509,8 +580,10 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   if (m->fp8) {
     tw_tensor wi2 = flat(m, &w->wi), wo2 = flat(m, &w->wo);
     TW_TRY(step((mark(m, "quantize"), quantize(m, &recv, m->gs, &m->q_recv)), op, "quantize recv"));
-    TW_TRY(step(quantize(m, &wi2, m->gs_h, &m->q_wi), op, "quantize wi"));
-    TW_TRY(step(quantize(m, &wo2, m->gs_f, &m->q_wo), op, "quantize wo"));
+    if (!m->qgather) { /* fp8_gather made them from the shards */
+      TW_TRY(step(quantize(m, &wi2, m->gs_h, &m->q_wi), op, "quantize wi"));
+      TW_TRY(step(quantize(m, &wo2, m->gs_f, &m->q_wo), op, "quantize wo"));
+    }
     tw_op o;
     tw_operand r = rows_operand(&m->q_wi, &o);
     TW_TRY(step((mark(m, "GEMM wi"), gg_q(m, &m->q_recv, r, o, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));

@@ -18,6 +18,8 @@ static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
 static int pick(uint64_t *s, int lo, int hi) { return lo + (int)(next_u64(s) % (uint64_t)(hi - lo + 1)); }
 static float uni(uint64_t *s, float lo, float hi) { return lo + (hi - lo) * (float)((next_u64(s) >> 40) * 0x1.0p-24); }
 
+enum { FP8_MIN_HF = 4 };
+
 void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   memset(c, 0, sizeof *c);
   static const int meshes[][3] = {{1, 1, 1}, {1, 1, 2}, {2, 1, 1}, {1, 1, 4}, {2, 1, 2}, {4, 1, 1}, {1, 1, 8},
@@ -50,6 +52,16 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   c->recipe = r < 3 ? TW_MOE_F32 : r == 3 ? TW_MOE_BF16 : (tw_moe_recipe)pick(st, TW_MOE_FP8_CURRENT, TW_MOE_FP8_MXFP8);
   c->bias = pick(st, 0, 1);
   c->aux = pick(st, 0, 1);
+  c->fp8_gather = c->recipe == TW_MOE_FP8_CURRENT && pick(st, 0, 1);
+  /* fp8: the budget is relative to |x| + rms of the tensor, and a weight gradient of one
+   * element whose token sum cancels has an rms far below its terms, while sharding over
+   * tokens changes the quantization blocks (found by this fuzzer: dwo of H = F = 1 at dp = 4,
+   * -5e-6 vs 3e-3 from terms of ~5e-2). At least 4 x 4 per expert keeps rms meaningful. */
+  if (c->recipe >= TW_MOE_FP8_CURRENT) {
+    int q = c->fsdp > 1 ? c->fsdp : 1;
+    while (c->H < FP8_MIN_HF) c->H += q;
+    if (c->F < FP8_MIN_HF) c->F = FP8_MIN_HF;
+  }
   c->expect = NULL;
   if (pick(st, 0, 4) != 0) return;
   switch (pick(st, 0, 4)) {
@@ -66,12 +78,12 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
 }
 
 const char *tw_moe_fuzz_case_str(const tw_moe_fuzz_case *c, char *buf, size_t n) {
-  snprintf(buf, n, "%s=%d,fsdp=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s bias=%d aux=%d%s%s",
+  snprintf(buf, n, "%s=%d,fsdp=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s%s bias=%d aux=%d%s%s",
            c->dp < 0 ? "tp" : "dp", abs(c->dp), c->fsdp, c->ep, c->E, c->k, c->groups, c->group_topk,
            c->score == TW_ROUTER_SIGMOID ? "sigmoid" : "softmax", c->pre_softmax ? "-pre" : "",
            c->expert_bias ? "+bias" : "", (long long)c->H, (long long)c->F, (long long)c->tokens_per_rank,
            (long long)c->alignment, tw_moe_act_name(c->act), tw_moe_weighting_name(c->weighting),
-           tw_moe_recipe_name(c->recipe), c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
+           tw_moe_recipe_name(c->recipe), c->fp8_gather ? "+gather" : "", c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
   return buf;
 }
 
@@ -180,7 +192,7 @@ static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int6
   cfg.num_experts = c->E; cfg.hidden = H; cfg.ffn = F;
   cfg.router.topk = c->k; cfg.router.score = c->score; cfg.router.pre_softmax = c->pre_softmax;
   cfg.router.num_groups = c->groups; cfg.router.group_topk = c->group_topk;
-  cfg.act = c->act; cfg.weighting = c->weighting; cfg.recipe = c->recipe;
+  cfg.act = c->act; cfg.weighting = c->weighting; cfg.recipe = c->recipe; cfg.fp8_gather = c->fp8_gather;
   cfg.aux_coeff = c->aux ? 0.05f : 0.0f;
   cfg.alignment = c->alignment;
   r.cfg = cfg;
@@ -283,8 +295,10 @@ int tw_moe_fuzz_shrink(tw_moe_fuzz_case *c, uint64_t seed, int plant) {
       tw_moe_fuzz_case t = *c;
       switch (f) {
         case 0: if (t.tokens_per_rank > 1) t.tokens_per_rank--; break;
-        case 1: if (t.H > (t.fsdp > 1 ? t.fsdp : 1)) t.H -= t.fsdp > 1 ? t.fsdp : 1; break; /* stays a multiple */
-        case 2: if (t.F > 1) t.F--; break;
+        case 1: /* stays a multiple of fsdp, and fp8 keeps FP8_MIN_HF (see the draw) */
+          if (t.H - (t.fsdp > 1 ? t.fsdp : 1) >= (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.H -= t.fsdp > 1 ? t.fsdp : 1;
+          break;
+        case 2: if (t.F > (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.F--; break;
         case 3: if (t.k > 1 && !t.groups) t.k--; break;
         case 4: if (t.E > t.ep && !t.groups && t.E - t.ep >= t.k) t.E -= t.ep; break;
         case 5: if (t.bias) t.bias = 0; break;

@@ -91,6 +91,40 @@ Test(moe_gpu, every_stored_case_sharded_on_one_gpu_over_loopback) {
   cr_assert_geq(moe_each_case(loopback_meshes), 18);
 }
 
+/* fp8_gather on one GPU over loopback (fsdp = 2): e4m3 codes gathered instead of bf16, the
+ * same bits as quantizing the gathered weights, and within the golden's budget. */
+Test(moe_gpu, fp8_gather_on_one_gpu_equals_quantizing_the_gathered_weights) {
+  NEED_GPUS(1);
+  char dir[1200];
+  snprintf(dir, sizeof dir, "%s/moe/fp8_current_late", tt_golden_root());
+  gcase c;
+  moe_load_case(dir, &c);
+  tw_mesh m;
+  tw_axis ax = TW_AXIS_FSDP;
+  int two = 2;
+  cr_assert_eq(tw_mesh_init(&m, 1, &ax, &two), TW_OK);
+  int64_t n = c.T * c.H, nwi = c.E * c.H * 2 * c.F, nwo = c.E * c.F * c.H;
+  float *o[2], *dx[2], *dwi[2], *dwo[2];
+  for (int q = 0; q < 2; q++) {
+    o[q] = (float *)calloc((size_t)n, 4); dx[q] = (float *)calloc((size_t)n, 4);
+    dwi[q] = (float *)calloc((size_t)nwi, 4); dwo[q] = (float *)calloc((size_t)nwo, 4);
+    tw_moe_threads_run r = c.run;
+    r.mesh = m;
+    r.cfg.fp8_gather = q;
+    r.out = o[q]; r.dx = dx[q]; r.dwi = dwi[q]; r.dwo = dwo[q];
+    cr_assert_eq(run_loopback(&r), TW_OK, "fp8_gather = %d: %s", q, tw_last_error());
+  }
+  cr_assert(memcmp(o[0], o[1], 4 * (size_t)n) == 0, "out differs with fp8_gather");
+  cr_assert(memcmp(dx[0], dx[1], 4 * (size_t)n) == 0, "dx differs with fp8_gather");
+  cr_assert(memcmp(dwi[0], dwi[1], 4 * (size_t)nwi) == 0, "dwi differs with fp8_gather");
+  cr_assert(memcmp(dwo[0], dwo[1], 4 * (size_t)nwo) == 0, "dwo differs with fp8_gather");
+  c.run.cfg.fp8_gather = 1;
+  double w = moe_check_case(&c, "fp8_current_late fsdp=2 fp8_gather (one GPU, loopback)", &m, run_loopback);
+  cr_log_info("moe gpu fp8_gather fsdp=2: bit-identical to gathering bf16; worst |diff|/bound %.3g", w);
+  for (int q = 0; q < 2; q++) { free(o[q]); free(dx[q]); free(dwi[q]); free(dwo[q]); }
+  moe_free_case(&c);
+}
+
 static void on_one_gpu(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);

@@ -79,6 +79,10 @@ Test(moe_errors, config_values_are_named) {
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "aux_coeff = -1");
   c = base_cfg(); c.global_tokens = 0;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "global_tokens = 0");
+  c = base_cfg(); c.recipe = TW_MOE_BF16; c.fp8_gather = 1;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs recipe fp8_current (got bf16");
+  c = base_cfg(); c.fp8_gather = 2;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 2 must be 0 or 1");
   c = base_cfg(); c.size = 8;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "TW_MOE_CONFIG_INIT");
 }
@@ -321,6 +325,41 @@ Test(moe_layers, two_interleaved_fp8_layers_equal_each_alone) {
     cr_assert(memcmp(a[0], b[0], sizeof a[0]) == 0, "%s: out differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
     cr_assert(memcmp(a[1], b[1], sizeof a[1]) == 0, "%s: dx differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
     cr_assert(memcmp(wa, wb, sizeof wa) == 0, "%s: dwi differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+  }
+}
+
+/* fp8_gather (quantize before the fsdp all-gather) gives the very bits of quantizing the
+ * gathered weights, on fsdp = 2 and on fsdp = 2 x ep = 2. */
+static void run_mesh(problem *p, tw_moe_config c, int fsdp, int ep, float *out, float *dx, float *dwi, float *dwo) {
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  r.cfg = c;
+  r.cfg.global_tokens = T;
+  r.T = T;
+  tw_axis ax[2] = {TW_AXIS_FSDP, TW_AXIS_EP};
+  int sz[2] = {fsdp, ep};
+  cr_assert_eq(tw_mesh_init(&r.mesh, ep > 1 ? 2 : 1, ax, sz), TW_OK);
+  r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.d_out = p->d_out; r.bi = p->bi; r.bo = p->bo;
+  r.d_aux = 1; r.layers = 1;
+  r.out = out; r.dx = dx; r.dwi = dwi; r.dwo = dwo;
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+}
+
+Test(moe_layers, fp8_gather_equals_quantizing_the_gathered_weights) {
+  static problem p;
+  fill(&p, 6);
+  for (int ep = 1; ep <= 2; ep++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = TW_MOE_FP8_CURRENT;
+    static float o[2][T * H], dx[2][T * H], dwi[2][E * H * 2 * F], dwo[2][E * F * H];
+    for (int q = 0; q < 2; q++) {
+      c.fp8_gather = q;
+      run_mesh(&p, c, 2, ep, o[q], dx[q], dwi[q], dwo[q]);
+    }
+    cr_assert(memcmp(o[0], o[1], sizeof o[0]) == 0, "ep=%d: out differs with fp8_gather", ep);
+    cr_assert(memcmp(dx[0], dx[1], sizeof dx[0]) == 0, "ep=%d: dx differs with fp8_gather", ep);
+    cr_assert(memcmp(dwi[0], dwi[1], sizeof dwi[0]) == 0, "ep=%d: dwi differs with fp8_gather", ep);
+    cr_assert(memcmp(dwo[0], dwo[1], sizeof dwo[0]) == 0, "ep=%d: dwo differs with fp8_gather", ep);
   }
 }
 

@@ -89,16 +89,22 @@
  * the expert weights on H: a rank holds wi [NLE, H/f, 2F] (rows c*H/f.. of each expert, c its
  * fsdp coordinate) and wo [NLE, F, H/f] (columns c*H/f..); bi, bo and the gate are whole. The
  * forward all-gathers wi and wo over fsdp (in the weights' dtype; the fp8 recipes quantize
- * the gathered weights: fp8 codes do not travel yet) and keeps them for the backward, which
- * reduce-scatters d_wi and d_wo over fsdp back to the shards (then sums them over dp) and
- * all-reduces d_bi and d_bo over fsdp and dp.
+ * the gathered weights) and keeps them for the backward, which reduce-scatters d_wi and d_wo
+ * over fsdp back to the shards (then sums them over dp) and all-reduces d_bi and d_bo over
+ * fsdp and dp.
+ *   fp8_gather = 1 (FP8_CURRENT only, else TW_ERR_INVALID_ARG; ignored when fsdp = 1):
+ *   quantize before the all-gather, so e4m3 codes travel instead of bf16 (half the bytes).
+ *   Each rank takes its shard's per-expert amax, the amax is max-reduced over fsdp, the
+ *   scales come from it (tw_scale_from_amax), and the shard is quantized with them (the
+ *   delayed form): the gathered codes and scales are exactly those of quantizing the gathered
+ *   weights, so results are bit-identical to fp8_gather = 0. Both orientations travel.
  *
  * Layers: each tw_moe is one layer with its own EP state and residuals, so layers interleave
  * freely (fwd L1, fwd L2, bwd L2, bwd L1 equals each alone, bit for bit).
  *
  * Errors (each names the values): E, H, F, k, max_tokens, global_tokens, recipe, act,
  * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
- * context without a communicator, E % ep, H % fsdp; weights or tokens of the wrong shape or dtype; one
+ * context without a communicator, E % ep, H % fsdp, fp8_gather with another recipe; weights or tokens of the wrong shape or dtype; one
  * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
  * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
  */
@@ -143,10 +149,11 @@ typedef struct {
   int64_t global_tokens;     /* T: the sum of T_r over the token ranks (the aux loss's T) */
   int64_t alignment;         /* EP slab alignment (tw_ep_config.alignment) */
   int64_t recv_capacity;     /* 0: the no-drop capacity */
+  int fp8_gather;            /* FP8_CURRENT with fsdp > 1: quantize before the fsdp all-gather */
 } tw_moe_config;
 
 #define TW_MOE_CONFIG_INIT \
-  {sizeof(tw_moe_config), 0, 0, 0, TW_ROUTER_OPTS_INIT, TW_MOE_SWIGLU, TW_MOE_WEIGHT_LATE, TW_MOE_F32, 0.0f, 0, 0, 1, 0}
+  {sizeof(tw_moe_config), 0, 0, 0, TW_ROUTER_OPTS_INIT, TW_MOE_SWIGLU, TW_MOE_WEIGHT_LATE, TW_MOE_F32, 0.0f, 0, 0, 1, 0, 0}
 
 typedef struct {
   tw_tensor gate, wi, wo; /* recipe dtype */
