@@ -624,8 +624,14 @@ struct ggw_wparams {
   void *out;               // [G, P, N]
   int64_t P, N, G, tilesP, tilesQ;
   int accumulate;
-  int mask;  // 1 (always, but for the timing knob TWIN_GG_WGMMA_WGRAD_NOMASK): zero the tail rows
+  int mask;     // 1 (always, but for the timing knob TWIN_GG_WGMMA_WGRAD_NOMASK): zero the tail rows
+  int tma_out;  // 1: the epilogue goes through shared memory and TMA stores (not accumulating,
+                // out 16-byte aligned); else stores from registers as the forward's
 };
+// Epilogue staging for TMA stores: per consumer warpgroup two 8 KiB buffers (64 rows x 128
+// bytes: 64 bf16/f16 or 32 f32 columns, 128-byte swizzle), after the ring.
+#define GGW_EPI_BYTES (2 * 2 * 8192)
+#define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 2 * GGW_STAGES * 8)
 
 #ifdef GGW_DEVICE
 __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
@@ -637,14 +643,31 @@ __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int
 }
 #endif
 
+#ifdef GGW_DEVICE
+// TMA store of one 3-D box from shared memory (bulk-group completion), and its waits.
+__device__ __forceinline__ void ggw_tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
+      "r"(ggw_smem(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void ggw_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ggw_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+#endif
+
 template <bool F16, int OUT>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const ggw_wparams p) {
+                     const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
 #ifdef GGW_DEVICE
   extern __shared__ __align__(1024) unsigned char ggw_raw[];
   unsigned char *base = ggw_raw + ((1024 - (ggw_smem(ggw_raw) & 1023)) & 1023);
-  uint64_t *full = (uint64_t *)(base + GGW_STAGES * GGW_STAGE_BYTES);
+  unsigned char *epi = base + GGW_STAGES * GGW_STAGE_BYTES;
+  uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + GGW_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
@@ -695,6 +718,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     int s = 0;
     uint32_t phase = 0;
     const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    unsigned char *ebuf = epi + c * 16384;  // this warpgroup's two staging buffers
+    int eb = 0;                             // next staging buffer
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       int64_t g, p0, q0;
       ggw_wlocate(p, t, g, p0, q0);
@@ -760,7 +785,43 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       ggw_touch(d);
       __syncwarp();
       if (lane == 0) ggw_bar_arrive(&empty[prev]);
-      // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      if (p.tma_out) {
+        // ---- epilogue through shared memory: chunks of 64 rows x 128 bytes (CW columns), each
+        // converted into a staging buffer (128-byte swizzle: conflict-free), then one TMA store
+        // of the box into out viewed as [G, K, N] (rows past K and columns past N are clipped by
+        // the map, never into group g+1). Two buffers alternate; a buffer is refilled once the
+        // store issued from it two chunks ago has read it.
+        if (p0 + 64 * c >= p.P) continue;  // this warpgroup's rows are all past K (uniform)
+        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = GGW_BN / CW;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          if (q0 + ch * CW >= p.N) break;  // uniform
+          unsigned char *buf = ebuf + eb * 8192;
+          if (tid == 0) ggw_store_wait_read<1>();
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int rl = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+            for (int jj = 0; jj < JPC; ++jj) {
+              const int j = ch * JPC + jj;
+              const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+              const int b = (8 * jj + 2 * (lane % 4)) * ES;
+              unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
+              if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
+              else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+              else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+            }
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+          if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)(p0 + 64 * c), (int)g);
+          eb ^= 1;
+        }
+        continue;
+      }
+      // ---- epilogue from registers (accumulate, or out not 16-byte aligned): rows
+      // p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = r0 + 8 * h;
@@ -779,6 +840,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         }
       }
     }
+    if (tid == 0) ggw_store_wait_all();  // the staging buffers stay alive until read
   }
 #endif
 }
@@ -799,26 +861,26 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
     *why = "needs 16-byte aligned lhs and rhs";
   else if (lhs->data.shape[0] >= ((int64_t)1 << 31) - GGW_BK || out->shape[1] >= ((int64_t)1 << 31) ||
-           out->shape[2] >= ((int64_t)1 << 31))
-    *why = "needs M, N and K below 2^31 (TMA coordinates)";
+           out->shape[2] >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31))
+    *why = "needs M, N, K and G below 2^31 (TMA coordinates)";
   return *why == NULL;
 }
 
 template <bool F16, int OUT>
-static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggw_wparams *p,
-                                    const char *op) {
+static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
+                                    const ggw_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const ggw_wparams) = ggw_wgrad_kernel<F16, OUT>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) = ggw_wgrad_kernel<F16, OUT>;
   static int ready[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!ready[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_SMEM),
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_WSMEM),
                  "grouped_gemm_wgrad (gg_wgmma): cudaFuncSetAttribute");
     ready[dev] = 1;
   }
   const int64_t total = p->G * p->tilesP * p->tilesQ;
   const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
-  fn<<<grid, GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *p);
+  fn<<<grid, GGW_THREADS, GGW_WSMEM, st->stream>>>(*ma, *mb, *mo, *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
@@ -866,11 +928,30 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   // multiple of 64.
   const char *nm = getenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
   p.mask = !(nm && *nm == '1');
+  // out [G, K, N] as a 3-D map (so a box never crosses into group g+1), boxes of 64 rows x 128
+  // bytes; TMA stores need a 16-byte aligned base (K, N multiples of 8 give 16-byte strides).
+  // Measurement knob TWIN_GG_WGMMA_WGRAD_REGSTORE=1: the register epilogue instead.
+  CUtensorMap mo;
+  memset(&mo, 0, sizeof mo);
+  const char *rs = getenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
+  p.tma_out = !accumulate && ((uintptr_t)out->data & 15) == 0 && !(rs && *rs == '1');
+  if (p.tma_out) {
+    const int es = out->dtype == TW_F32 ? 4 : 2;
+    const CUtensorMapDataType ot = out->dtype == TW_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)P, (cuuint64_t)G};
+    cuuint64_t strides[2] = {(cuuint64_t)N * es, (cuuint64_t)(P * N) * es};
+    cuuint32_t box[3] = {(cuuint32_t)(128 / es), 64, 1}, es3[3] = {1, 1, 1};
+    CUresult r = enc(&mo, ot, 3, out->data, dims, strides, box, es3, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
+  }
 #define GGW_WOUT(F)                                                                   \
   switch (out->dtype) {                                                               \
-    case TW_F32: return ggw_wgrad_launch_t<F, TW_F32>(ctx, &ma, &mb, &p, op);         \
-    case TW_BF16: return ggw_wgrad_launch_t<F, TW_BF16>(ctx, &ma, &mb, &p, op);       \
-    default: return ggw_wgrad_launch_t<F, TW_F16>(ctx, &ma, &mb, &p, op);             \
+    case TW_F32: return ggw_wgrad_launch_t<F, TW_F32>(ctx, &ma, &mb, &mo, &p, op);    \
+    case TW_BF16: return ggw_wgrad_launch_t<F, TW_BF16>(ctx, &ma, &mb, &mo, &p, op);  \
+    default: return ggw_wgrad_launch_t<F, TW_F16>(ctx, &ma, &mb, &mo, &p, op);        \
   }
   if (f16) { GGW_WOUT(true) }
   GGW_WOUT(false)

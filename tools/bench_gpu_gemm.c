@@ -13,8 +13,10 @@
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
  *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
  *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
- *     gg_wgmma, peer torch._grouped_mm in its ragged-K form (offs along the contracting dim),
- *     and the ratio to gg_wgmma's forward rate on the same shape (target >= 0.9).
+ *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
+ *     torch._grouped_mm in its ragged-K form (offs along the contracting dim), the ratio to
+ *     gg_wgmma's forward rate on the same shape (target >= 0.9), and on G32 / G128 ragged sizes
+ *     timed with and without the tail-row zeroing.
  * `--op grouped_gemm_wgrad` (alias wgrad) runs only the dense bf16 floor, the bf16 gg_wgmma
  * forward rows and the wgrad rows.
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
@@ -362,11 +364,15 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       snprintf(wkey, sizeof wkey, "wgrad_%s", key + strlen("grouped_"));
       cur_bytes = (double)(M * sh.K + M * sh.N) * 2 + (double)sh.G * sh.K * sh.N * 2;
       const double pms = peer_ms(wkey, "torch._grouped_mm");
-      tw_ctx *ctxs[2] = {c_wide, c_wg};
-      const char *names[2] = {"gg_mma_wide", "gg_wgmma"};
-      for (int v = 0; v < 2; ++v) {
+      /* v = 2: gg_wgmma with the register epilogue (TWIN_GG_WGMMA_WGRAD_REGSTORE=1), the
+       * accumulate path's stores, to show what the TMA-store epilogue buys */
+      tw_ctx *ctxs[3] = {c_wide, c_wg, c_wg};
+      const char *names[3] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue"};
+      for (int v = 0; v < 3; ++v) {
         c.ctx = ctxs[v];
+        if (v == 2) setenv("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1", 1);
         double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
+        if (v == 2) unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
         row_out(shape, names[v], ms, flop, peak_bf16, "torch._grouped_mm", pms, cfg->csv);
         if (v == 1 && ms > 0 && fwd_wgmma_tflops > 0)
