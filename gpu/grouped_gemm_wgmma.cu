@@ -627,11 +627,14 @@ struct ggw_wparams {
   int mask;     // 1 (always, but for the timing knob TWIN_GG_WGMMA_WGRAD_NOMASK): zero the tail rows
   int tma_out;  // 1: the epilogue goes through shared memory and TMA stores (not accumulating,
                 // out 16-byte aligned); else stores from registers as the forward's
+  int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
+                  // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
 };
 // Epilogue staging for TMA stores: per consumer warpgroup two 8 KiB buffers (64 rows x 128
 // bytes: 64 bf16/f16 or 32 f32 columns, 128-byte swizzle), after the ring.
 #define GGW_EPI_BYTES (2 * 2 * 8192)
-#define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 2 * GGW_STAGES * 8)
+#define GGW_ZERO_PROD_DEFAULT 0
+#define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
 
 #ifdef GGW_DEVICE
 __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
@@ -669,11 +672,14 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   unsigned char *epi = base + GGW_STAGES * GGW_STAGE_BYTES;
   uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + GGW_STAGES;
+  uint64_t *land = empty + GGW_STAGES;  // zero_prod: the TMA bytes landed (before the tail zeroing)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int zp = p.zero_prod;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
-      ggw_bar_init(&full[s], 1);
-      ggw_bar_init(&empty[s], 8);  // one arrival per consumer warp
+      ggw_bar_init(&full[s], zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
+      ggw_bar_init(&empty[s], 8);          // one arrival per consumer warp
+      ggw_bar_init(&land[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -698,11 +704,44 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           ggw_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           const int row = (int)(og + (int64_t)kt * GGW_BK);
-          ggw_bar_expect(&full[s], GGW_STAGE_BYTES);
-          ggw_tma_2d(sa, &map_a, &full[s], (int)p0, row);
-          ggw_tma_2d(sa + BOX, &map_a, &full[s], (int)p0 + 64, row);
+          uint64_t *tb = zp ? &land[s] : &full[s];
+          ggw_bar_expect(tb, GGW_STAGE_BYTES);
+          ggw_tma_2d(sa, &map_a, tb, (int)p0, row);
+          ggw_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
 #pragma unroll
-          for (int j = 0; j < GGW_BN / 64; ++j) ggw_tma_2d(sb + j * BOX, &map_b, &full[s], (int)q0 + 64 * j, row);
+          for (int j = 0; j < GGW_BN / 64; ++j) ggw_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (zp && tid >= 32) {
+      // ---- zero_prod: warps 1-3 pass every stage on from land[s] to full[s]; on a group's
+      // last k-tile they first zero rows valid..63 of its six 64 x 64 boxes (A: 2, B: 4,
+      // contiguous), each warp a third, then fence.proxy.async (generic writes -> wgmma)
+      const int zt = tid - 32, lane = tid % 32;
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggw_wlocate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          ggw_bar_wait(&land[s], phase);
+          const int valid = (int)(mg - (int64_t)kt * GGW_BK);
+          if (valid < GGW_BK && p.mask) {
+            unsigned char *st = base + s * GGW_STAGE_BYTES;
+            const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
+            for (int i = zt; i < 6 * per_box; i += 96) {
+              const int b = i / per_box, r = i - b * per_box;
+              *(uint4 *)(st + b * BOX + (valid + r / 8) * 128 + (r % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          }
+          __syncwarp();
+          if (lane == 0) ggw_bar_arrive(&full[s]);
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -746,7 +785,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         ggw_bar_wait(&full[s], phase);
         unsigned char *st = base + s * GGW_STAGE_BYTES;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
-        if (valid < GGW_BK && p.mask) {
+        if (valid < GGW_BK && p.mask && !zp) {
           // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 belong to another
           // group (or past the sum): zero them, then make the writes visible to wgmma
           const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
@@ -928,6 +967,10 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   // multiple of 64.
   const char *nm = getenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
   p.mask = !(nm && *nm == '1');
+  // who zeroes a group's tail rows (gpu/NOTES-gemm.md, run w3): TWIN_GG_WGMMA_WGRAD_ZERO=
+  // producer | consumer overrides the default, read on every call (the bench times both)
+  const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
+  p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
   // out [G, K, N] as a 3-D map (so a box never crosses into group g+1), boxes of 64 rows x 128
   // bytes; TMA stores need a 16-byte aligned base (K, N multiples of 8 give 16-byte strides).
   // Measurement knob TWIN_GG_WGMMA_WGRAD_REGSTORE=1: the register epilogue instead.

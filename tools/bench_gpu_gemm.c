@@ -366,13 +366,16 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       const double pms = peer_ms(wkey, "torch._grouped_mm");
       /* v = 2: gg_wgmma with the register epilogue (TWIN_GG_WGMMA_WGRAD_REGSTORE=1), the
        * accumulate path's stores, to show what the TMA-store epilogue buys */
-      tw_ctx *ctxs[3] = {c_wide, c_wg, c_wg};
-      const char *names[3] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue"};
-      for (int v = 0; v < 3; ++v) {
+      /* v = 3: the tail zeroing done by producer warps (TWIN_GG_WGMMA_WGRAD_ZERO=producer) */
+      tw_ctx *ctxs[4] = {c_wide, c_wg, c_wg, c_wg};
+      const char *names[4] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue", "gg_wgmma, producer zeroing"};
+      for (int v = 0; v < 4; ++v) {
         c.ctx = ctxs[v];
         if (v == 2) setenv("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1", 1);
+        if (v == 3) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
         double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
         if (v == 2) unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
+        if (v == 3) unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
         row_out(shape, names[v], ms, flop, peak_bf16, "torch._grouped_mm", pms, cfg->csv);
         if (v == 1 && ms > 0 && fwd_wgmma_tflops > 0)
@@ -391,13 +394,15 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         snprintf(shape, sizeof shape, "wgrad G=%lld m=%lld-+%d N=%lld K=%lld bf16", (long long)sh.G, (long long)sh.m,
                  (int)d, (long long)sh.N, (long long)sh.K);
         c.ctx = c_wg;
-        for (int nomask = 0; nomask < 2; ++nomask) {
-          if (nomask) setenv("TWIN_GG_WGMMA_WGRAD_NOMASK", "1", 1);
+        const char *modes[3] = {"gg_wgmma", "gg_wgmma, no tail zeroing (timing only)", "gg_wgmma, producer zeroing"};
+        for (int mode = 0; mode < 3; ++mode) {
+          if (mode == 1) setenv("TWIN_GG_WGMMA_WGRAD_NOMASK", "1", 1);
+          if (mode == 2) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
           double ms = time_it(run_call, &c, warmup, iters, c_wg);
-          if (nomask) unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
+          unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
+          unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
           if (ms < 0) { fprintf(stderr, "%s gg_wgmma: %s\n", shape, tw_last_error()); rc = 1; }
-          row_out(shape, nomask ? "gg_wgmma, no tail zeroing (timing only)" : "gg_wgmma", ms, flop, peak_bf16, "",
-                  -1, cfg->csv);
+          row_out(shape, modes[mode], ms, flop, peak_bf16, "", -1, cfg->csv);
         }
         int32_t *hu = (int32_t *)malloc((size_t)sh.G * 4);
         for (int64_t g = 0; g < sh.G; ++g) hu[g] = (int32_t)sh.m;
