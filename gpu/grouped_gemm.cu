@@ -6,8 +6,10 @@
 //               multiples of 8, 16-byte aligned bases): gpu/grouped_gemm_wgmma.cu, Hopper wgmma
 //               fed by TMA, 128x256x64 tiles, warp-specialized, persistent, pairs of CTAs
 //               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Also the
-//               wgrad with lhs [M, K], rhs [M, N] (ops N; K, N multiples of 8), auto likewise;
-//               what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it).
+//               wgrad with lhs [M, K], rhs [M, N] (ops N; K, N multiples of 8), auto likewise
+//               (H200: 0.91-1.44x its forward's rate, 1.12-1.41x torch's wgrad, 2.6-8.7x
+//               gg_mma_wide); what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED
+//               naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64

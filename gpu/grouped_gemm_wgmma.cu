@@ -619,6 +619,14 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
 //     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this (gpu/NOTES-gemm.md,
 //     "gg_wgmma wgrad", says why this and not per-group tensor maps patched on the device).
 //   - Empty groups: out[g] = +0 written by the consumers (accumulate: untouched); no loads.
+//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block goes through two 8 KiB
+//     staging buffers (64 rows x 128 bytes, 128-byte swizzle) and TMA stores into out seen as
+//     [G, K, N] (clipped per group); accumulating: stores from registers (f32 read-modify-write,
+//     one rounding). Run w2: 2.7x on the write-bound G128 shape.
+//   - Knobs (measurement): TWIN_GG_WGMMA_WGRAD_ZERO=producer has producer warps 1-3 zero the
+//     tail rows between a land and the full barrier (correct, not faster: run w3);
+//     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (wrong results, timing only);
+//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue.
 struct ggw_wparams {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
   void *out;               // [G, P, N]
