@@ -101,7 +101,9 @@ static const tw_op_entry table[] = {
      .shard_rule = "grouped_gemm",
      .min_ranks = 1,
      .versions = {GG_VERSIONS},
-     .auto_rule = "gg_mma_wide where it fits, else gg_mma; gg_fma when an operand is f32"},
+     .auto_rule = "gg_wgmma on sm_90 for plain bf16/f16 lhs [M, K], rhs [M, N] (K, N multiples of 8), else "
+                  "gg_mma_wide where it fits, else gg_mma; gg_fma when an operand is f32",
+     .bench_gpu = tw_bench_gpu_gemm},
     {.name = "router",
      .backend_slot = TW_BACKEND_SLOT(router),
      .area = "routing",

@@ -187,3 +187,4 @@ Test(graph_gpu, grouped_gemm_wgrad_replays_with_new_sizes, .timeout = 300) { gra
 Test(graph_gpu, gg_mma_wide_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_mma_wide"); }
 Test(graph_gpu, gg_mma_wide_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_mma_wide"); }
 Test(graph_gpu, gg_wgmma_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_wgmma"); }
+Test(graph_gpu, gg_wgmma_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_wgmma"); }

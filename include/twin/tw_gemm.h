@@ -71,7 +71,9 @@
  *   gg_mma, gg_mma_wide, gg_wgmma: exact products (bf16/f16 x bf16/f16 and fp8 decoded to
  *     bf16/f16 fit f32) summed in the tensor core's f32 accumulator, whose rounding is not
  *     specified as RNE: u_acc = 2^-23 (one f32 ulp per add). gg_wgmma (Hopper wgmma, bf16/f16
- *     only) keeps this model: its K-chunks of 16 are added into the f32 accumulator as mma.sync's.
+ *     only, forward and wgrad) keeps this model: its K-chunks of 16 are added into the f32
+ *     accumulator as mma.sync's; in the wgrad, rows past a group's end are zeroed in shared
+ *     memory before the wgmma reads them, so they add exact zeros (never NaN from other rows).
  *   gg_fma: exact f32 FMA, RNE (meets the same bound).
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
  *     ~2^-13 relative): not the f32 model, so auto never picks it for fp8.
