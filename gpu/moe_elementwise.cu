@@ -66,15 +66,19 @@ __device__ int group_of(const int64_t *ends, int G, int64_t row) {
   return lo;
 }
 
+// Rows over blocks, columns over threads: no 64-bit division per element (the flat-index
+// form spent most of its time in i / C and i % C).
 __global__ void bias_out_kernel(const float *y, const int32_t *gs, int G, const float *bias, int64_t C, void *out,
                                 int bf16) {
   __shared__ int64_t ends[MAX_GROUPS];
   group_ends(gs, G, ends);
-  int64_t n = ends[G - 1] * C;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / C, c = i % C;
-    double b = bias ? (double)bias[group_of(ends, G, r) * C + c] : 0.0;
-    store(out, bf16, i, (double)y[i] + b);
+  int64_t rows = ends[G - 1];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *b = bias ? bias + (int64_t)group_of(ends, G, r) * C : NULL;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      int64_t i = r * C + c;
+      store(out, bf16, i, (double)y[i] + (b ? (double)b[c] : 0.0));
+    }
   }
 }
 
@@ -82,12 +86,15 @@ __global__ void act_fwd_kernel(int act, const float *h, const int32_t *gs, int G
                                int bf16) {
   __shared__ int64_t ends[MAX_GROUPS];
   group_ends(gs, G, ends);
-  int64_t n = ends[G - 1] * F;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / F, f = i % F;
-    double v = act_value(act, h[r * 2 * F + f]) * (double)h[r * 2 * F + F + f];
-    if (w) v *= (double)w[r];
-    store(a, bf16, i, v);
+  int64_t rows = ends[G - 1];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *hr = h + r * 2 * F;
+    double wr = w ? (double)w[r] : 1.0;
+    for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
+      double v = act_value(act, hr[f]) * (double)hr[F + f];
+      if (w) v *= wr;
+      store(a, bf16, r * F + f, v);
+    }
   }
 }
 
