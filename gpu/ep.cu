@@ -65,6 +65,9 @@ struct layer_impl {
   int64_t *recv_src;                   // [R] staging row of a destination slot, -1: none
   int32_t *flag;                       // 1: the last dispatch failed (capacity, error policy)
   int64_t nchunks_max;
+  // one rank only (the direct path: no staging copies): [S] each, the route and the
+  // destination row of a staging slot; NULL for ep_size > 1
+  int64_t *slot_route, *slot_row;
 };
 
 // ---- row copies ---------------------------------------------------------------------------
@@ -252,6 +255,7 @@ __global__ void ep_route_pos(const int32_t *__restrict__ idx, int64_t routes, in
       int64_t pos = -1;
       if (e >= 0 && !failed && rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
       L.route_pos[q] = pos;
+      if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
     }
   }
 }
@@ -318,6 +322,53 @@ __global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_
   }
 }
 
+// One rank, direct: destination row i straight from its token (the slot's route), no staging;
+// the same bytes as pack + identity exchange + unpack. Records recv_src and slot_row.
+__global__ void ep_dispatch_direct(const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
+                                   const float *__restrict__ w, int k, int64_t R, int nle, int64_t S, layer_impl L,
+                                   unsigned char *__restrict__ rtok, size_t tb, unsigned char *__restrict__ rscl,
+                                   size_t sb, float *__restrict__ rw) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  const int failed = *L.flag;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    if (failed) {
+      if ((threadIdx.x & 31) == 0) L.recv_src[i] = -1;
+      continue;
+    }
+    int64_t p = source_row(i, L, 1, 0, nle, S);
+    if ((threadIdx.x & 31) == 0) L.recv_src[i] = p;
+    if (p >= 0) {
+      int64_t q = L.slot_route[p], t = q / k;
+      if ((threadIdx.x & 31) == 0) L.slot_row[p] = i;
+      warp_copy(rtok + (size_t)i * tb, tokens + (size_t)t * tb, tb);
+      if (sb) warp_copy(rscl + (size_t)i * sb, scales + (size_t)t * sb, sb);
+      if ((threadIdx.x & 31) == 0) rw[i] = w[q];
+    } else {
+      warp_zero(rtok + (size_t)i * tb, tb);
+      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if ((threadIdx.x & 31) == 0) rw[i] = 0.0f;
+    }
+  }
+}
+
+// One rank, direct combine_bwd rows: d_expert_out[i] = w[q] * d_out[t] of the slot's route
+// (in d_out's dtype, as the staging row held it), zeros for rows without a route.
+__global__ void ep_dout_direct(const void *__restrict__ d_out, int bf16, const float *__restrict__ w, int k, int64_t H,
+                               int64_t R, layer_impl L, unsigned char *__restrict__ out, size_t row_bytes) {
+  for (int64_t i = blockIdx.x; i < R; i += gridDim.x) {
+    int64_t p = L.recv_src[i];
+    unsigned char *row = out + (size_t)i * row_bytes;
+    if (p < 0) {
+      for (size_t b = threadIdx.x; b < row_bytes; b += blockDim.x) row[b] = 0;
+      continue;
+    }
+    int64_t q = L.slot_route[p], t = q / k;
+    float wq = w ? w[q] : 1.0f;
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x)
+      store_f32(row, bf16, h, __fmul_rn(wq, load_f32(d_out, bf16, t * H + h)));
+  }
+}
+
 // Destination rows back into the receive staging (the way back): row i (es * H bytes) and
 // optionally one f32 per slot at byte 4 H.
 __global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_bytes, const float *__restrict__ per_slot,
@@ -339,15 +390,19 @@ __global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_
 // out[t] = sum_j w[t, j] * y(route) in f32, j order (combine), or d_tokens[t] = sum_j g(route)
 // (dispatch_bwd: w == NULL and unit == 0 means "no product", as the oracle adds g itself).
 // One block per token; d_w (dispatch_bwd) takes the per-slot f32.
+// direct (one rank): slot_row != NULL, rows read from `send` = the destination rows themselves
+// (rb = their row bytes) and d_w from per_slot[row] (0 when per_slot is NULL).
 __global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb, int y_bf16, int64_t T, int k,
                               int64_t H, const int64_t *__restrict__ route_pos, const float *__restrict__ w,
-                              int weighted_form, void *__restrict__ out, int out_bf16, float *__restrict__ d_w) {
+                              int weighted_form, void *__restrict__ out, int out_bf16, float *__restrict__ d_w,
+                              const int64_t *__restrict__ slot_row, const float *__restrict__ per_slot) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
       float acc = 0.0f;
       for (int j = 0; j < k; j++) {
         int64_t p = route_pos[t * k + j];
         if (p < 0) continue;
+        if (slot_row) p = slot_row[p];
         float y = load_f32(send + (size_t)p * rb, y_bf16, h);
         if (weighted_form) acc = __fadd_rn(acc, __fmul_rn(w ? w[t * k + j] : 1.0f, y));
         else acc = __fadd_rn(acc, y);
@@ -358,7 +413,8 @@ __global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb,
       for (int j = threadIdx.x; j < k; j += blockDim.x) {
         int64_t p = route_pos[t * k + j];
         float g = 0.0f;
-        if (p >= 0) memcpy(&g, send + (size_t)p * rb + 4 * H, 4);
+        if (p >= 0 && slot_row) g = per_slot ? per_slot[slot_row[p]] : 0.0f;
+        else if (p >= 0) memcpy(&g, send + (size_t)p * rb + 4 * H, 4);
         d_w[t * k + j] = g;
       }
   }
@@ -392,10 +448,11 @@ __global__ void ep_unpack_rows(const unsigned char *__restrict__ recv, size_t rb
 // combine_bwd d_topk_weights: one thread per route, sum_h d_out[t, h] * y[h] in f32, h order.
 __global__ void ep_dot_routes(const unsigned char *__restrict__ send, size_t rb, int y_bf16, const void *__restrict__ d_out,
                               int d_bf16, int64_t routes, int k, int64_t H, const int64_t *__restrict__ route_pos,
-                              float *__restrict__ d_w) {
+                              float *__restrict__ d_w, const int64_t *__restrict__ slot_row) {
   for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x) {
     int64_t p = route_pos[q], t = q / k;
     float acc = 0.0f;
+    if (p >= 0 && slot_row) p = slot_row[p];  // direct: the destination row itself
     if (p >= 0) {
       const unsigned char *y = send + (size_t)p * rb;
       for (int64_t h = 0; h < H; h++)
@@ -484,7 +541,9 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   if (!L) return tw_error(TW_ERR_MEMORY, "ep_layer_create: out of host memory");
   L->nchunks_max = nch;
   // i64 arrays first (8-byte aligned), then i32
-  size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R;
+  int64_t S1 = n == 1 ? ((ep_impl *)ep->impl)->S : 0;  // the direct path's slot maps
+  size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R +
+               2 * (size_t)S1;
   size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + 1;
   tw_status s = tw_alloc(ep->ctx, n64 * 8 + n32 * 4, &L->base);
   if (s != TW_OK) {
@@ -500,6 +559,10 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   L->sendbase = p; p += E;
   L->route_pos = p; p += routes;
   L->recv_src = p; p += R;
+  if (S1) {
+    L->slot_route = p; p += S1;
+    L->slot_row = p; p += S1;
+  }
   int32_t *q = (int32_t *)p;
   L->chunk_counts = q; q += nch * E;
   L->chunk_base = q; q += nch * E;
@@ -588,6 +651,18 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   if (nch) {
     ep_route_pos<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, nle, im->S, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
+  }
+  if (L->slot_route) {  // one rank: destination rows straight from the tokens
+    if (R) {
+      ep_dispatch_direct<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
+          (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
+          (const float *)topk_weights->data, k, R, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
+          sb ? (unsigned char *)recv_scales->data : NULL, sb, (float *)recv_weights->data);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: direct launch");
+    }
+    return TW_OK;
+  }
+  if (nch) {
     ep_pack_dispatch<<<grid_for(ctx, routes, 8), 256, 0, stream>>>(
         (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
         (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->send, im->rb);
@@ -621,18 +696,38 @@ static tw_status rows_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *row
 
 static unsigned sum_threads(int64_t H) { return H >= 256 ? 256u : (unsigned)((H + 31) / 32 * 32); }
 
-static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
-                                const tw_tensor *topk_weights, tw_tensor *out) {
-  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
+// The rows a combine-like sum reads: the staging (after the way back) or, on one rank, the
+// destination rows themselves through slot_row.
+struct row_src {
+  const unsigned char *base;
+  size_t rb;
+  const int64_t *slot_row;
+};
+static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const tw_tensor *per_slot,
+                              row_src *src) {
   const tw_ep *ep = layer->ep;
   ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  if (L->slot_row) {
+    *src = {(const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, ep->cfg.hidden), L->slot_row};
+    return TW_OK;
+  }
+  *src = {im->send, im->rb, NULL};
+  return rows_back(ctx, layer, rows, per_slot);
+}
+
+static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
+                                const tw_tensor *topk_weights, tw_tensor *out) {
+  row_src src;
+  TW_TRY(rows_for_sum(ctx, layer, expert_out, NULL, &src));
+  const tw_ep *ep = layer->ep;
   layer_impl *L = (layer_impl *)layer->impl;
   int64_t T = layer->tokens, H = ep->cfg.hidden;
   if (T == 0 || H == 0) return TW_OK;
   ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H), 0, gpu_of(ctx)->stream>>>(
-      im->send, im->rb, expert_out->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos,
+      src.base, src.rb, expert_out->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos,
       tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data, 1, out->data,
-      out->dtype == TW_BF16, NULL);
+      out->dtype == TW_BF16, NULL, src.slot_row, NULL);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: launch");
   return TW_OK;
 }
@@ -640,15 +735,17 @@ static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor
 static tw_status gpu_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,
                                      const tw_tensor *d_recv_weights, tw_tensor *d_tokens,
                                      tw_tensor *d_topk_weights) {
-  TW_TRY(rows_back(ctx, layer, d_recv, d_recv_weights));
+  row_src src;
+  TW_TRY(rows_for_sum(ctx, layer, d_recv, d_recv_weights, &src));
   const tw_ep *ep = layer->ep;
-  ep_impl *im = (ep_impl *)ep->impl;
   layer_impl *L = (layer_impl *)layer->impl;
   int64_t T = layer->tokens, H = ep->cfg.hidden;
   if (T == 0) return TW_OK;
+  const float *per_slot = d_recv_weights && !tw_tensor_is_none(d_recv_weights) ? (const float *)d_recv_weights->data : NULL;
   ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, gpu_of(ctx)->stream>>>(
-      im->send, im->rb, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
-      d_tokens->dtype == TW_BF16, tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data);
+      src.base, src.rb, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
+      d_tokens->dtype == TW_BF16, tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data,
+      src.slot_row, per_slot);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_bwd: launch");
   return TW_OK;
 }
@@ -664,6 +761,21 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   int k = ep->cfg.topk;
   int bf16 = d_out->dtype == TW_BF16;
   const float *w = tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data;
+  if (L->slot_row) {  // one rank: the destination rows straight from d_out, the dots from expert_out
+    if (R) {
+      ep_dout_direct<<<grid_for(ctx, R, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
+          d_out->data, bf16, w, k, H, R, *L, (unsigned char *)d_expert_out->data,
+          tw_dtype_storage_bytes(d_expert_out->dtype, H));
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: direct launch");
+    }
+    if (tw_tensor_is_none(d_topk_weights) || !(T * k)) return TW_OK;
+    ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(
+        (const unsigned char *)expert_out->data, tw_dtype_storage_bytes(expert_out->dtype, H),
+        expert_out->dtype == TW_BF16, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data,
+        L->slot_row);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
+    return TW_OK;
+  }
   if (T * k) {
     ep_pack_dout<<<grid_for(ctx, T * k, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
         d_out->data, bf16, w, T * k, k, H, L->route_pos, im->send, im->rb);
@@ -681,7 +793,7 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   if (T * k) {
     ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(im->send, im->rb, expert_out->dtype == TW_BF16,
                                                                   d_out->data, bf16, T * k, k, H, L->route_pos,
-                                                                  (float *)d_topk_weights->data);
+                                                                  (float *)d_topk_weights->data, NULL);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
   }
   return TW_OK;

@@ -33,6 +33,23 @@ __device__ double act_grad(int act, double g) {
   return 1.0;
 }
 
+// act_value and act_grad with their exp / tanh taken once (the same expressions as the two
+// functions above, so the same bits; the backward needs both).
+__device__ void act_both(int act, double g, double *value, double *grad) {
+  if (act == TW_MOE_SWIGLU) {
+    double e = exp(-g), s = 1.0 / (1.0 + e);
+    *value = g / (1.0 + e);
+    *grad = s * (1.0 + g * (1.0 - s));
+  } else if (act == TW_MOE_GEGLU) {
+    double th = tanh(GELU_C * (g + 0.044715 * g * g * g));
+    *value = 0.5 * g * (1.0 + th);
+    *grad = 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * GELU_C * (1.0 + 3 * 0.044715 * g * g);
+  } else {
+    *value = g;
+    *grad = 1.0;
+  }
+}
+
 __device__ void store(void *p, int bf16, int64_t i, double v) {
   float f = (float)v;
   if (bf16) ((uint16_t *)p)[i] = tw_f32_to_bf16_d(f);
@@ -112,8 +129,9 @@ __global__ void act_bwd_kernel(int act, const float *h, const float *d_a, const 
     double scale = w ? (double)w[r] : 1.0;
     for (int64_t f = lane; f < F; f += 32) {
       double g = h[r * 2 * F + f], up = h[r * 2 * F + F + f], du = (double)d_a[r * F + f] * scale;
-      double av = act_value(act, g);
-      store(d_h, bf16, r * 2 * F + f, du * act_grad(act, g) * up);
+      double av, ag;
+      act_both(act, g, &av, &ag);
+      store(d_h, bf16, r * 2 * F + f, du * ag * up);
       store(d_h, bf16, r * 2 * F + F + f, du * av);
     }
     if (d_w && lane == 0) {
