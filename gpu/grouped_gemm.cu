@@ -28,15 +28,20 @@
 
 #include "gpu/gemm_common.cuh"
 
-typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3, VER_WGMMA = 4 } gg_version;
+typedef enum {
+  VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3, VER_WGMMA = 4, VER_WGMMA_FP8 = 5
+} gg_version;
 
 static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE,
-                                       GG_KERNEL_WGMMA};
-#define GG_NVERSIONS 5
+                                       GG_KERNEL_WGMMA, GG_KERNEL_WGMMA_FP8};
+#define GG_NVERSIONS 6
 
 // gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
 // it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
 #define GG_WGMMA_AUTO 1
+// gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128, promoted every 128 along K: the accumulation
+// model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it takes.
+#define GG_WGMMA_FP8_AUTO 1
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -238,6 +243,9 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   if (v == VER_LT_LOOP) return fwd_loop(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate);
   const char *why;
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA;
+  if (GG_WGMMA_FP8_AUTO && !forced(ctx) && gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA_FP8;
+  if (v == VER_WGMMA_FP8 && !gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
   int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = group_sizes->shape[0];
   if (v == VER_WGMMA && !gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why))  // before any work is enqueued
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
@@ -245,6 +253,8 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   memset(&p, 0, sizeof p);
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   if (v == VER_WGMMA) return gg_wgmma_forward(ctx, lhs, rhs, rhs_op, p.offsets, G, out, accumulate, op);
+  if (v == VER_WGMMA_FP8)
+    return gg_wgmma_fp8_forward(ctx, lhs, rhs, rhs_op, p.offsets, p.tiles, G, out, accumulate, op);
   p.kind = GG_FWD_RAGGED;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;
@@ -277,6 +287,9 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   if (v == VER_WGMMA)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_mma_wide)", op,
                     GG_KERNEL_WGMMA);
+  if (v == VER_WGMMA_FP8)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_mma_wide)", op,
+                    GG_KERNEL_WGMMA_FP8);
   int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
                                           : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);
