@@ -17,7 +17,12 @@
 //     produces (thread 0 issues the TMA loads; warps 1-3, in turn, stage the k-block's 128 row
 //     scales and 128 column scales into shared memory for the block modes), warpgroups 1 and 2 consume,
 //     each owning 64 rows x 128 columns: 64 partial + 64 total f32 registers per thread.
-//     setmaxnreg 40 / 232. N = 128 because the promotion needs two accumulator sets.
+//     No setmaxnreg: ptxas allocates one register count for the whole kernel (168 under
+//     __launch_bounds__(384, 1)) and does not keep the producer's code inside a lowered
+//     budget; with `setmaxnreg.dec 40` the TMA thread's tensor-map pointer lived in a register
+//     above 40 in some instantiations and the scale TMA hit an illegal instruction (run f3).
+//     168 for everyone fits (384 x 168 <= 64K). N = 128 because the promotion needs two
+//     accumulator sets (64 + 64 registers).
 //   - 5-stage ring of 32 KiB (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle) plus
 //     1 KiB of scales per stage; "full" mbarrier (TMA bytes + the scale warp's 32 arrivals in block
 //     modes), "empty" mbarrier (one arrival per consumer warp).
@@ -200,7 +205,6 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   const int ktiles = (int)((p.K + GGF_BK - 1) / GGF_BK);
 
   if (wg == 0) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (tid == 0) {
       // ---- producer: TMA loads ---------------------------------------------------------
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
@@ -272,7 +276,6 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     }
   } else {
     // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     float d[64], tot[64];
     int s = 0;
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (BL) {
           const float *f = scales + s * GGF_SCALE_FLOATS;
           // the scales are read from the stage before it is released (64 + 64 + 34 live
-          // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
+          // registers of the 168 ptxas allocates per thread)
           const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
