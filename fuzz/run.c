@@ -777,7 +777,7 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
   const tw_scaling qm = c->sa.mode;
-  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_b == TW_OP_T &&
+  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_b == TW_OP_T && K % 16 == 0 &&
                        (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_TENSOR_DELAYED || qm == TW_SCALE_BLOCK_1x128 ||
                         qm == TW_SCALE_BLOCK_128x128);
   int64_t o = 0;

@@ -8,6 +8,11 @@
 //               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Forward
 //               only; what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
+//   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128 or 128x128
+//               scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8 wgmma
+//               promoted into f32 every 128 along K (tw_gemm.h's "gg_wgmma_fp8" model, not exact
+//               f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
+//               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with

@@ -17,13 +17,8 @@
 //     produces (thread 0 issues the TMA loads; warps 1-3, in turn, stage the k-block's 128 row
 //     scales and 128 column scales into shared memory for the block modes), warpgroups 1 and 2 consume,
 //     each owning 64 rows x 128 columns: 64 partial + 64 total f32 registers per thread.
-//     No setmaxnreg: ptxas allocates one register count for the whole kernel (168 under
-//     __launch_bounds__(384, 1)) and does not keep the producer's code inside a lowered
-//     budget; with `setmaxnreg.dec 40` the TMA thread's tensor-map pointer lived in a register
-//     above 40 in some instantiations and the scale TMA hit an illegal instruction (run f3).
-//     168 for everyone fits (384 x 168 <= 64K). N = 128 because the promotion needs two
-//     accumulator sets (64 + 64 registers).
-//   - 5-stage ring of 32 KiB (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle) plus
+//     setmaxnreg 40 / 232. N = 128 because the promotion needs two accumulator sets.
+//   - 6-stage ring of 32 KiB (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle) plus
 //     1 KiB of scales per stage; "full" mbarrier (TMA bytes + the scale warp's 32 arrivals in block
 //     modes), "empty" mbarrier (one arrival per consumer warp).
 //   - wgmma m64n128k32 (e4m3/e5m2 x e4m3/e5m2 -> f32), 4 per k-block; fp8 wgmma takes both
@@ -31,10 +26,6 @@
 //   - Persistent CTAs over 128-row x 128-column tiles: tile t is row tile t / tilesQ of the
 //     global 128-row tile space (gpu_group_prefix's T(g)), column tile t % tilesQ; the group
 //     by binary search over T(g). No extra prefix kernel, nothing read back: capturable.
-//   - Epilogue (bf16/f16 out, no accumulate, N % 8 == 0): a warpgroup whose 64 rows all lie in
-//     the group writes them to shared memory (two 64 x 64 boxes, 128-byte swizzle) and one
-//     thread stores them by TMA, which drains while the next tile runs; other tiles (group
-//     edges), f32 out and accumulate store straight from registers with bounds masks.
 //   - Ragged edges as gg_wgmma: rows past the group are computed from the next group's rows
 //     (or TMA zero fill past M) and never stored; the K tail and N tail come back as zeros.
 // Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
@@ -54,22 +45,17 @@
 #define GGF_BM 128
 #define GGF_BN 128
 #define GGF_BK 128
-#define GGF_STAGES 5
+#define GGF_STAGES 6
 #define GGF_THREADS 384
 #define GGF_A_BYTES (GGF_BM * GGF_BK)
 #define GGF_B_BYTES (GGF_BN * GGF_BK)
 #define GGF_STAGE_BYTES (GGF_A_BYTES + GGF_B_BYTES)
 #define GGF_SCALE_FLOATS (GGF_BM + GGF_BN)
-// bf16/f16 epilogue staging: per consumer warpgroup two 64 x 64 boxes (128-byte swizzle)
-#define GGF_EPI_BYTES (2 * 2 * 64 * 64 * 2)
-// ring + 1 KiB to align the base to the 1024-byte swizzle atom + epilogue + scales + barriers
-#define GGF_SMEM \
-  (GGF_STAGES * GGF_STAGE_BYTES + 1024 + GGF_EPI_BYTES + GGF_STAGES * GGF_SCALE_FLOATS * 4 + 2 * GGF_STAGES * 8)
+// ring + 1 KiB to align the base to the 1024-byte swizzle atom + scales + barriers
+#define GGF_SMEM (GGF_STAGES * GGF_STAGE_BYTES + 1024 + GGF_STAGES * GGF_SCALE_FLOATS * 4 + 2 * GGF_STAGES * 8)
 
 // Scale modes of the kernel: per-tensor, 1x128 rows x 1x128 columns, 128x128 tiles.
 enum { GGF_TENSOR = 0, GGF_B1x128 = 1, GGF_B128 = 2 };
-// How the scales reach the consumers (kernel template SC, see ggf_kernel).
-enum { GGF_SC_TENSOR = 0, GGF_SC_TMA = 1, GGF_SC_WARPS = 2 };
 
 struct ggf_params {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
@@ -81,7 +67,6 @@ struct ggf_params {
   const float *sa, *sb;    // scale_inv of lhs and rhs (tw_quantize.h layouts)
   int64_t lda_s, ldb_s;    // their last dimension
   int b_transposed;        // rhs is the per-group transposed (colwise) copy of a [G*K, N] source
-  int tma_out;             // bf16/f16 out, no accumulate, N % 8 == 0: interior tiles leave by TMA store
 };
 
 #ifdef WGC_DEVICE
@@ -174,28 +159,22 @@ __device__ __forceinline__ ggf_sptr ggf_scale_ptrs(const ggf_params &p, int64_t 
 }
 #endif  // WGC_DEVICE
 
-// SC: scale path. GGF_SC_TENSOR per-tensor; block scales (promotion with sa * sb) either
-// GGF_SC_TMA (1x128: the k-block's 128 row scales and 128 column scales are contiguous in
-// global memory, so the TMA thread loads them with the data, onto the same full barrier) or
-// GGF_SC_WARPS (128x128, or 1x128 scales TMA cannot address: producer warps 1-3 stage them).
-// AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype.
-template <int SC, int AT, int BT, int OUT>
+// BL: block scales (promotion with sa * sb), else per-tensor. AT, BT: fp8 types (0 e4m3,
+// 1 e5m2). OUT: output tw_dtype.
+template <bool BL, int AT, int BT, int OUT>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
-               const __grid_constant__ CUtensorMap map_out, const ggf_params p) {
-  constexpr bool BL = SC != GGF_SC_TENSOR;
+               const ggf_params p) {
 #ifdef WGC_DEVICE
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
-  unsigned char *epi = base + GGF_STAGES * GGF_STAGE_BYTES;  // [warpgroup][2 boxes of 64 x 64]
-  float *scales = (float *)(epi + GGF_EPI_BYTES);             // [stage][128 rows, 128 columns]
+  float *scales = (float *)(base + GGF_STAGES * GGF_STAGE_BYTES);  // [stage][128 rows, 128 columns]
   uint64_t *full = (uint64_t *)(scales + GGF_STAGES * GGF_SCALE_FLOATS);
   uint64_t *empty = full + GGF_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGF_STAGES; ++s) {
-      wgc_bar_init(&full[s], SC == GGF_SC_WARPS ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
+      wgc_bar_init(&full[s], BL ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
       wgc_bar_init(&empty[s], 8);               // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -205,14 +184,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   const int ktiles = (int)((p.K + GGF_BK - 1) / GGF_BK);
 
   if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (tid == 0) {
       // ---- producer: TMA loads ---------------------------------------------------------
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
-      if (SC == GGF_SC_TMA) {
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_sa) : "memory");
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_sb) : "memory");
-      }
       int s = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
@@ -222,22 +198,16 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         for (int kt = 0; kt < ktiles; ++kt) {
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
-          wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (SC == GGF_SC_TMA ? GGF_SCALE_FLOATS * 4 : 0));
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
           wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
           wgc_tma_3d(sb, &map_b, &full[s], kt * GGF_BK, (int)q0, (int)g);
-          if (SC == GGF_SC_TMA) {  // [kb][row] and [kb][g*N + n] or [g*ceil(K/128) + kb][n]
-            float *f = scales + s * GGF_SCALE_FLOATS;
-            wgc_tma_2d(f, &map_sa, &full[s], row0, kt);
-            if (!p.b_transposed) wgc_tma_2d(f + GGF_BM, &map_sb, &full[s], (int)(g * p.N + q0), kt);
-            else wgc_tma_2d(f + GGF_BM, &map_sb, &full[s], (int)q0, (int)(g * ((p.K + 127) / 128)) + kt);
-          }
           if (++s == GGF_STAGES) {
             s = 0;
             phase ^= 1;
           }
         }
       }
-    } else if (SC == GGF_SC_WARPS && tid >= 32) {
+    } else if (BL && tid >= 32) {
       // ---- producer: the k-block's scales into the stage (block modes) -----------------
       // Warps 1-3 take every third k-block (in the order all warps walk), so three scale loads are in
       // flight at once. One warp alone spent a
@@ -276,6 +246,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     }
   } else {
     // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     float d[64], tot[64];
     int s = 0;
@@ -300,7 +271,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (BL) {
           const float *f = scales + s * GGF_SCALE_FLOATS;
           // the scales are read from the stage before it is released (64 + 64 + 34 live
-          // registers of the 168 ptxas allocates per thread)
+          // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
           const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
@@ -328,41 +299,6 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
       // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
       const float tf = BL ? 1.f : p.sa[g] * p.sb[g];
-      if (OUT != TW_F32 && p.tma_out && p0 + 64 * c + 64 <= mg) {
-        // interior rows (all 64 of this warpgroup's rows in the group): through shared memory and
-        // a TMA store, which drains while the next tile's k-blocks run. Two 64 x 64 boxes with
-        // the 128-byte swizzle (16-byte chunk q of row r at chunk q ^ (r % 8)): conflict-free.
-        unsigned char *ep = epi + c * (GGF_EPI_BYTES / 2);
-        if (tid == 0) wgc_bulk_wait_read0();  // the previous tile's store has read the staging
-        wgc_named_sync(1 + c, 128);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
-            const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
-            uint32_t two;
-            if (OUT == TW_BF16) {
-              __nv_bfloat162 b2 = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-              two = *(uint32_t *)&b2;
-            } else {
-              __half2 h2 = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-              two = *(uint32_t *)&h2;
-            }
-            *(uint32_t *)(ep + (j / 8) * 8192 + r * 128 + (((j % 8) ^ (r & 7)) << 4) + 4 * (lane % 4)) = two;
-          }
-        }
-        wgc_fence_proxy_async();
-        wgc_named_sync(1 + c, 128);
-        if (tid == 0) {
-          const int row = (int)(og + p0 + 64 * c);
-          wgc_tma_store_2d(&map_out, ep, (int)q0, row);
-          if (q0 + 64 < p.N) wgc_tma_store_2d(&map_out, ep + 8192, (int)q0 + 64, row);
-          wgc_bulk_commit();
-        }
-        continue;
-      }
       const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = q0 + 2 * (lane % 4);
       const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
@@ -385,7 +321,6 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
-    if (OUT != TW_F32 && p.tma_out && tid == 0) wgc_bulk_wait0();  // staging stays valid until read
   }
 #endif
 }
@@ -426,11 +361,11 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
   return *why == NULL;
 }
 
-template <int SC, int AT, int BT, int OUT>
-static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_params *p, const char *op) {
+template <bool BL, int AT, int BT, int OUT>
+static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
+                              const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-             const ggf_params) = ggf_kernel<SC, AT, BT, OUT>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_params) = ggf_kernel<BL, AT, BT, OUT>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!set_for[dev]) {
@@ -438,40 +373,19 @@ static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_param
                  "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
     set_for[dev] = 1;
   }
-  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_SMEM, st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
+  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_SMEM, st->stream>>>(*ma, *mb, *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
 
-template <int SC, int AT, int BT>
-static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *m, const ggf_params *p, const char *op) {
+template <bool BL, int AT, int BT>
+static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
+                         const char *op) {
   switch (od) {
-    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32>(ctx, m, p, op);
-    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16>(ctx, m, p, op);
-    default: return ggf_launch_t<SC, AT, BT, TW_F16>(ctx, m, p, op);
+    case TW_F32: return ggf_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
+    case TW_BF16: return ggf_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
+    default: return ggf_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
   }
-}
-template <int SC>
-static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, const CUtensorMap *m, const ggf_params *p,
-                           const char *op) {
-  // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
-  if (at) return ggf_out<SC, 1, 0>(ctx, od, m, p, op);
-  if (bt) return ggf_out<SC, 0, 1>(ctx, od, m, p, op);
-  return ggf_out<SC, 0, 0>(ctx, od, m, p, op);
-}
-
-// A 2-D f32 tensor map over a scale_inv array [rows, ld] with a box of 128 x 1 (one k-block's
-// 128 consecutive scales), or 0 if TMA cannot address it (base not 16-byte aligned, ld not a
-// multiple of 4).
-static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const tw_tensor *t) {
-  if (t->ndim != 2 || ((uintptr_t)t->data & 15) || (t->shape[1] & 3) || t->shape[0] <= 0 || t->shape[1] <= 0 ||
-      t->shape[0] >= ((int64_t)1 << 31) || t->shape[1] >= ((int64_t)1 << 31))
-    return 0;
-  cuuint64_t dims[2] = {(cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]}, strides[1] = {(cuuint64_t)t->shape[1] * 4};
-  cuuint32_t box[2] = {128, 1}, es[2] = {1, 1};
-  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, t->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
-         CUDA_SUCCESS;
 }
 
 tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
@@ -486,9 +400,9 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
-  CUtensorMap maps[5];  // lhs, rhs, (1x128 through TMA) their scales, (bf16/f16) out
-  memset(maps, 0, sizeof maps);
-  CUtensorMap &ma = maps[0], &mb = maps[1];
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
   {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
     cuuint32_t box[2] = {GGF_BK, GGF_BM}, es[2] = {1, 1};
@@ -526,17 +440,15 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
-  if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 && ((uintptr_t)out->data & 15) == 0) {
-    cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
-    cuuint32_t box[2] = {64, 64}, es[2] = {1, 1};
-    p.tma_out = enc(&maps[4], out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                    2, out->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                    CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-  }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
-  if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, maps, &p, op);
-  if (p.mode == GGF_B1x128 && ggf_scale_map(enc, &maps[2], &lhs->scale_inv) &&
-      ggf_scale_map(enc, &maps[3], &rhs->scale_inv))
-    return ggf_types<GGF_SC_TMA>(ctx, at, bt, od, maps, &p, op);
-  return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, maps, &p, op);
+  const bool bl = p.mode != GGF_TENSOR;
+  // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
+  if (bl) {
+    if (at) return ggf_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op);
+    if (bt) return ggf_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op);
+    return ggf_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  }
+  if (at) return ggf_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op);
+  if (bt) return ggf_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op);
+  return ggf_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
 }

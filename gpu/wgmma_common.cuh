@@ -52,21 +52,6 @@ __device__ __forceinline__ void wgc_tma_3d(void *dst, const CUtensorMap *map, ui
       "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
-// TMA store of a box from shared memory (bulk group), its commit and waits; the fence that
-// orders this thread's generic shared-memory writes before the async proxy reads them; a named
-// barrier over `threads` threads.
-__device__ __forceinline__ void wgc_tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
-               "r"(wgc_smem(src)), "r"(c0), "r"(c1)
-               : "memory");
-}
-__device__ __forceinline__ void wgc_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void wgc_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgc_bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void wgc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgc_named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), addresses in 16 B units.
 __device__ __forceinline__ uint64_t wgc_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
