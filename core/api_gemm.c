@@ -146,8 +146,12 @@ static tw_status check_pair(const char *op, const tw_operand *a, const tw_operan
                       tw_dtype_name(a->data.dtype), tw_dtype_name(b->data.dtype));
     return TW_OK;
   }
-  int ta = a->mode == TW_SCALE_TENSOR_DELAYED ? TW_SCALE_TENSOR_CURRENT : a->mode;
-  int tb = b->mode == TW_SCALE_TENSOR_DELAYED ? TW_SCALE_TENSOR_CURRENT : b->mode;
+  /* delayed and current are both tensor scales; 1x128 rows with 128x128 tiles is DeepSeek's
+   * pairing (activations x weights): both are f32 scales on 128-deep K blocks */
+  int ta = a->mode == TW_SCALE_TENSOR_DELAYED ? TW_SCALE_TENSOR_CURRENT
+           : a->mode == TW_SCALE_BLOCK_128x128 ? TW_SCALE_BLOCK_1x128 : a->mode;
+  int tb = b->mode == TW_SCALE_TENSOR_DELAYED ? TW_SCALE_TENSOR_CURRENT
+           : b->mode == TW_SCALE_BLOCK_128x128 ? TW_SCALE_BLOCK_1x128 : b->mode;
   if (ta != tb)
     return tw_error(TW_ERR_INVALID_ARG, "%s: operands use different scaling modes (%s, %s)", op,
                     tw_scaling_name(a->mode), tw_scaling_name(b->mode));

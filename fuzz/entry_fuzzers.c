@@ -131,7 +131,7 @@ int tw_fuzz_run_moe(const tw_op_fuzz_opts *o, FILE *out) {
   }
   char a[512], b[512];
   if (!rep.failures) {
-    fprintf(out, "moe: %d cases (%d valid: dp x ep thread ranks vs one rank; %d invalid named by their rule) clean\n",
+    fprintf(out, "moe: %d cases (%d valid: dp x fsdp x ep thread ranks vs one rank; %d invalid named by their rule) clean\n",
             rep.cases, rep.valid, rep.invalid);
     return 0;
   }

@@ -577,6 +577,17 @@ def quantized_cases(root, rng):
                 "block128x128", "e4m3", "e4m3", False, True)
 
 
+def tma_wgrad_cases(root):
+    """bf16/f16 wgrad with K and N multiples of 8 (what the gpu's TMA version gg_wgmma takes):
+    groups ending inside a 64-row block (1, 63, 65, 129), empty groups, K past a 128 tile, N past
+    a 256 tile, NaN rows past the sum. Own seed, so the cases above keep their bytes."""
+    rng = np.random.default_rng(20261124)
+    wgrad_case(root, rng, "wgrad_NN_bf16_G5_tma_tails", [1, 63, 0, 65, 129], 300, 136, 24, "N", "N", "bf16")
+    wgrad_case(root, rng, "wgrad_NN_f16_G4_tma_out_f16_acc", [64, 0, 7, 100], 180, 16, 264, "N", "N", "f16",
+               "f16", 1)
+    wgrad_case(root, rng, "wgrad_NN_bf16_G3_tma_out_bf16", [200, 1, 50], 260, 72, 8, "N", "N", "bf16", "bf16")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -589,6 +600,7 @@ def main():
     plain_cases(args.out, rng)
     quantized_cases(args.out, rng)
     special_cases(args.out, rng)
+    tma_wgrad_cases(args.out)
     n = len([d for d in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, d))])
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
     print("gen_gemm: %d cases, %.2f MB in %s" % (n, size / 1e6, args.out))

@@ -26,7 +26,8 @@ equals this f64 one.
 Each case directory holds moe.txt (key = value) and
     x.npy f32 [T, H], gate.npy f32 [H, E], wi.npy f32 [E, H, 2F], wo.npy f32 [E, F, H],
     bi.npy f32 [E, 2F], bo.npy f32 [E, H] (bias = 1 only), expert_bias.npy f32 [E] (when
-    set), d_out.npy f32 [T, H]  (bf16 cases: every input is a bf16 value, stored as f32)
+    set), d_out.npy f32 [T, H]  (bf16 and fp8_* cases: every input is a bf16 value, stored as f32;
+    the golden is the exact block: the fp8 recipes' quantization is what twin's budget covers)
     idx.npy i32 [T, k]  the chosen experts, by descending score, ties by ascending id
     out.npy f64 [T, H], aux.npy f64 [], dx.npy, dgate.npy, dwi.npy, dwo.npy, dbi.npy, dbo.npy f64
 f64 results are rounded to 40 significant bits (stable across JAX builds).
@@ -61,6 +62,13 @@ CASES = [
     ("awkward_sizes", 17, 13, 7, 5, 2, "softmax", 0, 0, 0, 1.0, "geglu", "late", 0.05, 1, 0, 4, "f32"),
     ("bf16_late", 16, 16, 8, 4, 2, "softmax", 0, 0, 0, 1.0, "swiglu", "late", 0.01, 1, 0, 1, "bf16"),
     ("bf16_early", 16, 16, 8, 8, 2, "sigmoid", 0, 0, 0, 1.0, "swiglu", "early", 0.01, 0, 0, 4, "bf16"),
+    # fp8 recipes: bf16 values in, every expert GEMM on e4m3 operands; H and F past one
+    # 128-block (partial blocks at the ends) so the block scales of 1x128/128x128/MXFP8 vary.
+    ("fp8_current_late", 24, 136, 72, 2, 1, "softmax", 0, 0, 0, 1.0, "swiglu", "late", 0.01, 1, 0, 1, "fp8_current"),
+    ("fp8_block_late", 24, 136, 72, 2, 2, "softmax", 0, 0, 0, 1.0, "swiglu", "late", 0.01, 1, 0, 1, "fp8_block"),
+    ("fp8_block_early", 32, 136, 40, 4, 3, "sigmoid", 0, 0, 0, 1.0, "geglu", "early", 0.01, 0, 1, 4, "fp8_block"),
+    ("fp8_mxfp8_late", 24, 136, 72, 2, 1, "softmax", 1, 0, 0, 1.0, "swiglu", "late", 0.01, 1, 0, 1, "fp8_mxfp8"),
+    ("fp8_mxfp8_early", 16, 96, 40, 4, 1, "softmax", 0, 0, 0, 1.0, "bilinear", "early", 0.02, 1, 0, 2, "fp8_mxfp8"),
 ]
 
 GELU_C = np.sqrt(2.0 / np.pi)
@@ -152,7 +160,7 @@ def to_bf16_values(a):
 def draw(c, seed):
     (_, T, H, F, E, k, score, pre, groups, gtopk, _, _, _, _, bias, ebias, _, recipe) = c
     rng = np.random.default_rng(seed)
-    f = to_bf16_values if recipe == "bf16" else (lambda a: a)
+    f = to_bf16_values if recipe != "f32" else (lambda a: a)
     arr = {
         "x": f(rng.uniform(-1, 1, (T, H)).astype(np.float32)),
         "gate": f((rng.uniform(-1, 1, (H, E)) * 2.0 / np.sqrt(H)).astype(np.float32)),

@@ -5,8 +5,11 @@
 //   gg_wgmma    (auto on sm_90 for the plain bf16/f16 forward it takes: K, and N for rhs op N,
 //               multiples of 8, 16-byte aligned bases): gpu/grouped_gemm_wgmma.cu, Hopper wgmma
 //               fed by TMA, 128x256x64 tiles, warp-specialized, persistent, pairs of CTAs
-//               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Forward
-//               only; what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED naming it).
+//               sharing the rhs tile by TMA multicast when groups average >= 256 rows. Also the
+//               wgrad with lhs [M, K], rhs [M, N] (ops N; K, N multiples of 8), auto likewise
+//               (H200: 0.91-1.44x its forward's rate, 1.12-1.41x torch's wgrad, 2.6-8.7x
+//               gg_mma_wide); what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED
+//               naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
 //   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128 or 128x128
 //               scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8 wgmma
@@ -40,6 +43,15 @@ typedef enum {
 static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE,
                                        GG_KERNEL_WGMMA, GG_KERNEL_WGMMA_FP8};
 #define GG_NVERSIONS 6
+
+// gg_wgmma's wgrad (gpu/grouped_gemm_wgmma.cu; declared here, not in gemm_common.cuh, so that
+// no other kernel file depends on it): lhs [M, K] and rhs [M, N] (ops N), out [G, K, N].
+// _takes: 1 if it takes the problem, else 0 and *why; the other returns TW_ERR_UNSUPPORTED
+// naming it when it declines. offsets: device [G+1] from gpu_group_prefix.
+int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                         const tw_tensor *out, const char **why);
+tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                         const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
 
 // gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
 // it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
@@ -289,18 +301,21 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
-  if (v == VER_WGMMA)
-    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_mma_wide)", op,
-                    GG_KERNEL_WGMMA);
   if (v == VER_WGMMA_FP8)
-    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_mma_wide)", op,
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_wgmma / gg_mma_wide)", op,
                     GG_KERNEL_WGMMA_FP8);
+  const char *why;
+  if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why)) v = VER_WGMMA;
+  if (v == VER_WGMMA && !gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
   int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
                                           : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);
   gg_problem p;
   memset(&p, 0, sizeof p);
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  if (v == VER_WGMMA)
+    return gg_wgmma_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, p.offsets, G, out, accumulate, op);
   p.kind = GG_WGRAD;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;

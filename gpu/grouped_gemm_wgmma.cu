@@ -1,5 +1,6 @@
 // gpu/grouped_gemm_wgmma.cu — kernel version 4 of the grouped GEMM (gg_wgmma): Hopper (sm_90a)
-// bf16/f16 forward with ragged M from device group sizes.
+// bf16/f16 forward with ragged M from device group sizes, and the wgrad (ragged K; its own
+// kernel at the end of this file, ggw_wgrad_kernel).
 //
 //   C[o_g + i, :] = lhs[o_g + i, :] @ op(rhs[g])   for i < m_g   (f32 accumulation)
 //
@@ -36,7 +37,8 @@
 //   - Epilogue straight from the accumulators (pairs of columns per store when aligned).
 // Operands it declines (TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide):
 // anything but plain bf16 x bf16 / f16 x f16, K or (op N) N not a multiple of 8, K = 0,
-// pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates.
+// pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates;
+// wgrad: the same, and lhs / rhs as per-group transposed copies (op T).
 // Other architectures compile the kernel as an empty stub that is never launched.
 #include <cub/block/block_scan.cuh>
 #include <cuda.h>
@@ -152,14 +154,15 @@ __device__ __forceinline__ void ggw_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// d (+)= A(64x16, desc da) * B(16x256, desc db); scale_d = 0 overwrites d. The 128 f32
+// d (+)= A(64x16, desc da) * B(16x256, desc db); scale_d = 0 overwrites d. TB / TA: B / A
+// stored MN-major (wgmma's transpose bits; TA only in the wgrad kernel). The 128 f32
 // accumulators of one thread, in wgmma's fragment order (see ggw_epilogue).
-template <bool F16, int TB>
+template <bool F16, int TB, int TA = 0>
 __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, int scale_d) {
   if (F16)
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %132, %131;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -176,11 +179,11 @@ __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, 
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
   else
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, %131;\n}\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, %132, %131;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -197,7 +200,7 @@ __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, 
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
 }
 // Keeps the compiler from moving uses of the accumulators across wgmma.wait_group.
 __device__ __forceinline__ void ggw_touch(float *d) {
@@ -596,4 +599,412 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   GGW_OUT(false, 0)
 #undef GGW_OUT
 #undef GGW_CL
+}
+
+// ---- wgrad (ragged contracting dim) -----------------------------------------------------------
+//   out[g] [P, N] = lhs_g^T @ rhs_g,  lhs_g = rows [o_g, o_g + m_g) of lhs [M, P] (op N),
+//                                      rhs_g = the same rows of rhs [M, N] (op N)
+// Same CTA tile, ring, warp roles and wgmma as the forward; what differs:
+//   - A = lhs_g^T is MN-major (P contiguous): two 64 x 64 TMA boxes per stage (P columns
+//     p0..p0+63 and p0+64..p0+127 of rows o_g + 64 kt ..), one per consumer warpgroup, read
+//     with wgmma's transpose bit for A; B = rhs_g is N-major exactly like the forward's rhs op N.
+//   - The tile list is fixed on the host: G x tilesP x tilesQ (group-major, then P, then N
+//     tiles); each tile contracts over ceil(m_g / 64) k-tiles, m_g read from the device offsets.
+//   - The group's K extent: the last k-tile's box also covers rows of group g+1 (or rows past
+//     the sizes' sum, which may hold NaN: tw_gemm.h). TMA zero-fills only at the tensor edge,
+//     so the consumers zero those rows in shared memory before the wgmma reads the stage
+//     (rows are whole 128-byte lines under the 128-byte swizzle, so no swizzle arithmetic):
+//     warpgroup c clears its A box and B boxes 2c, 2c+1, then fence.proxy.async (generic
+//     writes -> the async proxy wgmma reads through) and a named barrier of the 256 consumer
+//     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this (gpu/NOTES-gemm.md,
+//     "gg_wgmma wgrad", says why this and not per-group tensor maps patched on the device).
+//   - Empty groups: out[g] = +0 written by the consumers (accumulate: untouched); no loads.
+//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block goes through two 8 KiB
+//     staging buffers (64 rows x 128 bytes, 128-byte swizzle) and TMA stores into out seen as
+//     [G, K, N] (clipped per group); accumulating: stores from registers (f32 read-modify-write,
+//     one rounding). Run w2: 2.7x on the write-bound G128 shape.
+//   - Knobs (measurement): TWIN_GG_WGMMA_WGRAD_ZERO=producer has producer warps 1-3 zero the
+//     tail rows between a land and the full barrier (correct, not faster: run w3);
+//     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (wrong results, timing only);
+//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue.
+struct ggw_wparams {
+  const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
+  void *out;               // [G, P, N]
+  int64_t P, N, G, tilesP, tilesQ;
+  int accumulate;
+  int mask;     // 1 (always, but for the timing knob TWIN_GG_WGMMA_WGRAD_NOMASK): zero the tail rows
+  int tma_out;  // 1: the epilogue goes through shared memory and TMA stores (not accumulating,
+                // out 16-byte aligned); else stores from registers as the forward's
+  int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
+                  // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
+};
+// Epilogue staging for TMA stores: per consumer warpgroup two 8 KiB buffers (64 rows x 128
+// bytes: 64 bf16/f16 or 32 f32 columns, 128-byte swizzle), after the ring.
+#define GGW_EPI_BYTES (2 * 2 * 8192)
+#define GGW_ZERO_PROD_DEFAULT 0
+#define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
+
+#ifdef GGW_DEVICE
+__device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
+  const int64_t per = p.tilesP * p.tilesQ;
+  g = t / per;
+  const int64_t local = t - g * per;
+  p0 = (local / p.tilesQ) * GGW_BM;
+  q0 = (local % p.tilesQ) * GGW_BN;
+}
+#endif
+
+#ifdef GGW_DEVICE
+// TMA store of one 3-D box from shared memory (bulk-group completion), and its waits.
+__device__ __forceinline__ void ggw_tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
+      "r"(ggw_smem(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void ggw_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ggw_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+#endif
+
+template <bool F16, int OUT>
+__global__ void __launch_bounds__(GGW_THREADS, 1)
+    ggw_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
+#ifdef GGW_DEVICE
+  extern __shared__ __align__(1024) unsigned char ggw_raw[];
+  unsigned char *base = ggw_raw + ((1024 - (ggw_smem(ggw_raw) & 1023)) & 1023);
+  unsigned char *epi = base + GGW_STAGES * GGW_STAGE_BYTES;
+  uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
+  uint64_t *empty = full + GGW_STAGES;
+  uint64_t *land = empty + GGW_STAGES;  // zero_prod: the TMA bytes landed (before the tail zeroing)
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int zp = p.zero_prod;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < GGW_STAGES; ++s) {
+      ggw_bar_init(&full[s], zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
+      ggw_bar_init(&empty[s], 8);          // one arrival per consumer warp
+      ggw_bar_init(&land[s], 1);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t total = p.G * p.tilesP * p.tilesQ;
+  constexpr int BOX = 64 * GGW_BK * 2;  // one 64 x 64 box, 8 KiB
+
+  if (wg == 0) {
+    // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggw_wlocate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          ggw_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
+          const int row = (int)(og + (int64_t)kt * GGW_BK);
+          uint64_t *tb = zp ? &land[s] : &full[s];
+          ggw_bar_expect(tb, GGW_STAGE_BYTES);
+          ggw_tma_2d(sa, &map_a, tb, (int)p0, row);
+          ggw_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
+#pragma unroll
+          for (int j = 0; j < GGW_BN / 64; ++j) ggw_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (zp && tid >= 32) {
+      // ---- zero_prod: warps 1-3 pass every stage on from land[s] to full[s]; on a group's
+      // last k-tile they first zero rows valid..63 of its six 64 x 64 boxes (A: 2, B: 4,
+      // contiguous), each warp a third, then fence.proxy.async (generic writes -> wgmma)
+      const int zt = tid - 32, lane = tid % 32;
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggw_wlocate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          ggw_bar_wait(&land[s], phase);
+          const int valid = (int)(mg - (int64_t)kt * GGW_BK);
+          if (valid < GGW_BK && p.mask) {
+            unsigned char *st = base + s * GGW_STAGE_BYTES;
+            const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
+            for (int i = zt; i < 6 * per_box; i += 96) {
+              const int b = i / per_box, r = i - b * per_box;
+              *(uint4 *)(st + b * BOX + (valid + r / 8) * 128 + (r % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          }
+          __syncwarp();
+          if (lane == 0) ggw_bar_arrive(&full[s]);
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+  } else {
+    // ---- consumers: warpgroup c owns rows p0 + 64c .. + 63 of out[g] ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    float d[128];
+    int s = 0;
+    uint32_t phase = 0;
+    const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    unsigned char *ebuf = epi + c * 16384;  // this warpgroup's two staging buffers
+    int eb = 0;                             // next staging buffer
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      int64_t g, p0, q0;
+      ggw_wlocate(p, t, g, p0, q0);
+      const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+      const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+      const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
+      const int64_t cbase = q0 + 2 * (lane % 4);
+      if (ktiles == 0) {  // empty group: out[g] = +0 (accumulate: untouched); d is not used here
+        if (p.accumulate) continue;
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = r0 + 8 * h;
+          if (r >= p.P) continue;
+          const int64_t rowbase = (g * p.P + r) * p.N;
+          for (int j = 0; j < 32; ++j) {
+            const int64_t col = cbase + 8 * j;
+            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, 0.f, 0);
+            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
+          }
+        }
+        continue;
+      }
+      int prev = -1;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        ggw_bar_wait(&full[s], phase);
+        unsigned char *st = base + s * GGW_STAGE_BYTES;
+        const int valid = (int)(mg - (int64_t)kt * GGW_BK);
+        if (valid < GGW_BK && p.mask && !zp) {
+          // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 belong to another
+          // group (or past the sum): zero them, then make the writes visible to wgmma
+          const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
+          for (int i = tid; i < 3 * per_box; i += 128) {
+            const int b = i / per_box, r = i - b * per_box;
+            unsigned char *box = b == 0 ? st + c * BOX : st + GGW_A_BYTES + (2 * c + b - 1) * BOX;
+            *(uint4 *)(box + (valid + r / 8) * 128 + (r % 8) * 16) = make_uint4(0, 0, 0, 0);
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          asm volatile("bar.sync 1, 256;\n" ::: "memory");
+        }
+        const uint32_t a0 = ggw_smem(st) + c * BOX;
+        const uint32_t b0 = ggw_smem(st + GGW_A_BYTES);
+        ggw_fence();
+#pragma unroll
+        for (int k = 0; k < GGW_BK / 16; ++k) {
+          // both MN-major: a k16 step is 16 rows of 128 bytes; LBO = next 64-wide box
+          const uint64_t da = ggw_desc(a0 + k * (16 * 128), BOX, 1024);
+          const uint64_t db = ggw_desc(b0 + k * (16 * 128), BOX, 1024);
+          ggw_mma_256<F16, 1, 1>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
+        }
+        ggw_commit();
+        ggw_wait<1>();
+        ggw_touch(d);
+        if (prev >= 0) {
+          __syncwarp();
+          if (lane == 0) ggw_bar_arrive(&empty[prev]);
+        }
+        prev = s;
+        if (++s == GGW_STAGES) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      ggw_wait<0>();
+      ggw_touch(d);
+      __syncwarp();
+      if (lane == 0) ggw_bar_arrive(&empty[prev]);
+      if (p.tma_out) {
+        // ---- epilogue through shared memory: chunks of 64 rows x 128 bytes (CW columns), each
+        // converted into a staging buffer (128-byte swizzle: conflict-free), then one TMA store
+        // of the box into out viewed as [G, K, N] (rows past K and columns past N are clipped by
+        // the map, never into group g+1). Two buffers alternate; a buffer is refilled once the
+        // store issued from it two chunks ago has read it.
+        if (p0 + 64 * c >= p.P) continue;  // this warpgroup's rows are all past K (uniform)
+        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = GGW_BN / CW;
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          if (q0 + ch * CW >= p.N) break;  // uniform
+          unsigned char *buf = ebuf + eb * 8192;
+          if (tid == 0) ggw_store_wait_read<1>();
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int rl = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+            for (int jj = 0; jj < JPC; ++jj) {
+              const int j = ch * JPC + jj;
+              const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+              const int b = (8 * jj + 2 * (lane % 4)) * ES;
+              unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
+              if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
+              else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+              else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+            }
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+          if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)(p0 + 64 * c), (int)g);
+          eb ^= 1;
+        }
+        continue;
+      }
+      // ---- epilogue from registers (accumulate, or out not 16-byte aligned): rows
+      // p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 8 * h;
+        if (r >= p.P) continue;
+        const int64_t rowbase = (g * p.P + r) * p.N;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const int64_t col = cbase + 8 * j;
+          const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+          if (pairs) {
+            if (col < p.N) ggw_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+          } else {
+            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+          }
+        }
+      }
+    }
+    if (tid == 0) ggw_store_wait_all();  // the staging buffers stay alive until read
+  }
+#endif
+}
+
+int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                         const tw_tensor *out, const char **why) {
+  gpu_state *st = gpu_of(ctx);
+  const int dt = lhs->data.dtype;
+  *why = NULL;
+  if (st->sm != 90) *why = "needs an sm_90 device (wgmma, TMA)";
+  else if (lhs->mode != TW_SCALE_NONE || rhs->mode != TW_SCALE_NONE || (dt != TW_BF16 && dt != TW_F16) ||
+           rhs->data.dtype != dt)
+    *why = "takes plain bf16 x bf16 or f16 x f16 operands only";
+  else if (lhs_op != TW_OP_N || rhs_op != TW_OP_N || lhs->data.ndim != 2 || rhs->data.ndim != 2 || out->ndim != 3)
+    *why = "takes the wgrad with lhs [M, K] and rhs [M, N] (ops N) only, not per-group transposed copies";
+  else if (out->shape[1] % 8 || out->shape[2] % 8)
+    *why = "needs K and N multiples of 8 for the wgrad (TMA: 16-byte row strides)";
+  else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
+    *why = "needs 16-byte aligned lhs and rhs";
+  else if (lhs->data.shape[0] >= ((int64_t)1 << 31) - GGW_BK || out->shape[1] >= ((int64_t)1 << 31) ||
+           out->shape[2] >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31))
+    *why = "needs M, N, K and G below 2^31 (TMA coordinates)";
+  return *why == NULL;
+}
+
+template <bool F16, int OUT>
+static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
+                                    const ggw_wparams *p, const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) = ggw_wgrad_kernel<F16, OUT>;
+  static int ready[64];
+  const int dev = st->device < 64 ? st->device : 0;
+  if (!ready[dev]) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_WSMEM),
+                 "grouped_gemm_wgrad (gg_wgmma): cudaFuncSetAttribute");
+    ready[dev] = 1;
+  }
+  const int64_t total = p->G * p->tilesP * p->tilesQ;
+  const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
+  fn<<<grid, GGW_THREADS, GGW_WSMEM, st->stream>>>(*ma, *mb, *mo, *p);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
+  return TW_OK;
+}
+
+tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                         const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+  const char *why;
+  if (!gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
+  const int64_t M = lhs->data.shape[0], P = out->shape[1], N = out->shape[2];
+  if (G == 0 || P == 0 || N == 0) return TW_OK;
+  PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
+  if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
+  const int f16 = lhs->data.dtype == TW_F16;
+  const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  // M = 0: every group is empty, no load is ever issued; the maps only need valid dims
+  const cuuint64_t rows = (cuuint64_t)(M > 0 ? M : 1);
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
+  const void *ptrs[2] = {lhs->data.data, rhs->data.data};
+  const int64_t cols[2] = {P, N};
+  CUtensorMap *maps[2] = {&ma, &mb};
+  for (int i = 0; i < 2; ++i) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols[i], rows}, strides[1] = {(cuuint64_t)cols[i] * 2};
+    cuuint32_t box[2] = {64, GGW_BK}, es[2] = {1, 1};
+    CUresult r = enc(maps[i], dt, 2, (void *)ptrs[i], dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': %s tensor map refused (CUresult %d)", op, GG_KERNEL_WGMMA,
+                      i ? "rhs" : "lhs", (int)r);
+  }
+  ggw_wparams p;
+  memset(&p, 0, sizeof p);
+  p.offsets = offsets;
+  p.out = out->data;
+  p.P = P;
+  p.N = N;
+  p.G = G;
+  p.tilesP = (P + GGW_BM - 1) / GGW_BM;
+  p.tilesQ = (N + GGW_BN - 1) / GGW_BN;
+  p.accumulate = accumulate;
+  // Measurement knob, read on every call (the bench sets it for one row): 1 skips the tail
+  // zeroing to time its cost; results are then wrong wherever a group's size is not a
+  // multiple of 64.
+  const char *nm = getenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
+  p.mask = !(nm && *nm == '1');
+  // who zeroes a group's tail rows (gpu/NOTES-gemm.md, run w3): TWIN_GG_WGMMA_WGRAD_ZERO=
+  // producer | consumer overrides the default, read on every call (the bench times both)
+  const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
+  p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
+  // out [G, K, N] as a 3-D map (so a box never crosses into group g+1), boxes of 64 rows x 128
+  // bytes; TMA stores need a 16-byte aligned base (K, N multiples of 8 give 16-byte strides).
+  // Measurement knob TWIN_GG_WGMMA_WGRAD_REGSTORE=1: the register epilogue instead.
+  CUtensorMap mo;
+  memset(&mo, 0, sizeof mo);
+  const char *rs = getenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
+  p.tma_out = !accumulate && ((uintptr_t)out->data & 15) == 0 && !(rs && *rs == '1');
+  if (p.tma_out) {
+    const int es = out->dtype == TW_F32 ? 4 : 2;
+    const CUtensorMapDataType ot = out->dtype == TW_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)P, (cuuint64_t)G};
+    cuuint64_t strides[2] = {(cuuint64_t)N * es, (cuuint64_t)(P * N) * es};
+    cuuint32_t box[3] = {(cuuint32_t)(128 / es), 64, 1}, es3[3] = {1, 1, 1};
+    CUresult r = enc(&mo, ot, 3, out->data, dims, strides, box, es3, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
+  }
+#define GGW_WOUT(F)                                                                   \
+  switch (out->dtype) {                                                               \
+    case TW_F32: return ggw_wgrad_launch_t<F, TW_F32>(ctx, &ma, &mb, &mo, &p, op);    \
+    case TW_BF16: return ggw_wgrad_launch_t<F, TW_BF16>(ctx, &ma, &mb, &mo, &p, op);  \
+    default: return ggw_wgrad_launch_t<F, TW_F16>(ctx, &ma, &mb, &mo, &p, op);        \
+  }
+  if (f16) { GGW_WOUT(true) }
+  GGW_WOUT(false)
+#undef GGW_WOUT
 }

@@ -129,6 +129,11 @@ __global__ void bias_grad_kernel(const void *dy, int bf16, const int32_t *gs, in
   }
 }
 
+__global__ void scales_kernel(const float *amax, int64_t G, float fp8_max, float *scale) {
+  for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x)
+    scale[g] = tw_compute_scale(amax[g], fp8_max, 0);
+}
+
 __global__ void add_kernel(float *y, const float *x, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] += x[i];
@@ -191,5 +196,24 @@ extern "C" tw_status gpu_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int6
   if (n == 0) return TW_OK;
   add_kernel<<<blocks_for(ctx, n), 256, 0, gpu_of(ctx)->stream>>>(y, x, n);
   GPU_TRY_CUDA(cudaGetLastError(), "moe add: launch");
+  return TW_OK;
+}
+
+// fsdp layouts: P strided 2-D copies (cudaMemcpy2DAsync), each A rows of B elements.
+extern "C" tw_status gpu_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es,
+                                        void *dst) {
+  size_t row = (size_t)B * es;
+  if (!row || !A) return TW_OK;
+  for (int64_t p = 0; p < P; p++)
+    GPU_TRY_CUDA(cudaMemcpy2DAsync((char *)dst + (size_t)p * row, (size_t)P * row, (const char *)src + (size_t)p * A * row,
+                                   row, row, (size_t)A, cudaMemcpyDeviceToDevice, gpu_of(ctx)->stream),
+                 "moe swap_outer: cudaMemcpy2DAsync");
+  return TW_OK;
+}
+
+extern "C" tw_status gpu_moe_scales_from_amax(tw_ctx *ctx, const float *amax, int64_t G, float fp8_max, float *scale) {
+  if (G == 0) return TW_OK;
+  scales_kernel<<<blocks_for(ctx, G), 256, 0, gpu_of(ctx)->stream>>>(amax, G, fp8_max, scale);
+  GPU_TRY_CUDA(cudaGetLastError(), "moe scales_from_amax: launch");
   return TW_OK;
 }

@@ -12,6 +12,7 @@
 #include "twin/tw_ep.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_moe.h"
+#include "twin/tw_quantize.h"
 #include "twin/tw_router.h"
 
 int tw_moe_plant_skip_dp_reduce = 0;
@@ -21,7 +22,9 @@ struct tw_moe {
   tw_moe_config cfg;
   tw_mesh mesh;
   tw_mesh_comms *mc;
-  tw_comm *ep_comm, *dp_comm, *tok_comm; /* dp/tok: NULL when one rank */
+  tw_comm *ep_comm, *dp_comm, *fsdp_comm, *tok_comm; /* dp/fsdp/tok: NULL when one rank */
+  int fs;          /* fsdp size: wi, wo and their gradients are sharded on H into fs parts */
+  int64_t Hs;      /* H / fs */
   int own_ep_comm;
   tw_ep *ep;
   tw_ep_layer *layer;
@@ -40,6 +43,22 @@ struct tw_moe {
   /* scratch */
   float *y32, *d_a, *d_logits, *d_logits_aux, *d_topk_w, *d_recv_w;
   void *a, *d_h, *d_eo, *d_recv;
+  /* FP8_* recipes: the fp8 copies of the GEMM operands (moe/block.c "fp8 operands") */
+  int fp8;
+  tw_scaling act_mode, w_mode;
+  int32_t *gs_h, *gs_f; /* uniform group sizes of the weight sources: NLE x H, NLE x F */
+  tw_qtensor q_recv, q_wi, q_wo, q_a, q_deo, q_dh;
+  void *qbuf[6][5]; /* the q_* buffers, to free */
+  /* fsdp > 1: the gathered weights (kept for the backward), full-size f32 gradients before
+   * the reduce-scatter, and one staging buffer for the layout swaps */
+  void *wi_full, *wo_full, *stage;
+  float *dwi_full, *dwo_full;
+  /* fp8_gather: the shards' fp8 copies, their uniform group sizes (Hs) and the scales */
+  int qgather;
+  int32_t *gs_hs;
+  tw_qtensor qs_wi, qs_wo;
+  void *qsbuf[2][5];
+  float *scale_wi, *scale_wo;
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -50,9 +69,17 @@ const char *tw_moe_weighting_name(tw_moe_weighting w) {
   static const char *n[] = {"late", "early"};
   return (int)w >= 0 && w < TW_MOE_WEIGHTING_COUNT ? n[w] : NULL;
 }
+static const char *recipe_names[] = {"f32", "bf16", "fp8_current", "fp8_block", "fp8_mxfp8"};
 const char *tw_moe_recipe_name(tw_moe_recipe r) {
-  static const char *n[] = {"f32", "bf16"};
-  return (int)r >= 0 && r < TW_MOE_RECIPE_COUNT ? n[r] : NULL;
+  return (int)r >= 0 && r < TW_MOE_RECIPE_COUNT ? recipe_names[r] : NULL;
+}
+int tw_moe_recipe_from_name(const char *name, tw_moe_recipe *out) {
+  for (int r = 0; name && r < TW_MOE_RECIPE_COUNT; r++)
+    if (!strcmp(name, recipe_names[r])) {
+      if (out) *out = (tw_moe_recipe)r;
+      return 1;
+    }
+  return 0;
 }
 
 static tw_status check_config(const tw_moe_config *c) {
@@ -73,6 +100,12 @@ static tw_status check_config(const tw_moe_config *c) {
     return tw_error(TW_ERR_INVALID_ARG, "%s: aux_coeff = %g must be finite and >= 0", op, (double)c->aux_coeff);
   if (c->max_tokens < 0)
     return tw_error(TW_ERR_INVALID_ARG, "%s: max_tokens = %lld < 0", op, (long long)c->max_tokens);
+  if (c->fp8_gather != 0 && c->fp8_gather != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: fp8_gather = %d must be 0 or 1", op, c->fp8_gather);
+  if (c->fp8_gather && c->recipe != TW_MOE_FP8_CURRENT)
+    return tw_error(TW_ERR_INVALID_ARG,
+                    "%s: fp8_gather = 1 needs recipe fp8_current (got %s: block and MXFP8 scales of a shard are not laid out as the gathered tensor's)",
+                    op, tw_moe_recipe_name(c->recipe) ? tw_moe_recipe_name(c->recipe) : "?");
   if (c->global_tokens < 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: global_tokens = %lld must be >= 1 (the aux loss divides by it)", op,
                     (long long)c->global_tokens);
@@ -83,11 +116,10 @@ static tw_status check_mesh(const tw_mesh *m, int nranks) {
   char mb[96];
   for (int i = 0; i < m->naxes; i++) {
     tw_axis a = m->axis[i];
-    if (a == TW_AXIS_DP || a == TW_AXIS_EP) continue;
+    if (a == TW_AXIS_DP || a == TW_AXIS_FSDP || a == TW_AXIS_EP) continue;
     return tw_error(TW_ERR_UNSUPPORTED,
-                    "moe_create: mesh %s has axis %s; the MoE block shards over dp and ep only (moe.axes%s)",
-                    tw_mesh_str(m, mb, sizeof mb), tw_axis_name(a),
-                    a == TW_AXIS_FSDP ? "; fsdp sharding of the expert weights is not built yet" : "");
+                    "moe_create: mesh %s has axis %s; the MoE block shards over dp, fsdp and ep only (moe.axes)",
+                    tw_mesh_str(m, mb, sizeof mb), tw_axis_name(a));
   }
   if (tw_mesh_ranks(m) != nranks)
     return tw_error(TW_ERR_INVALID_ARG, "moe_create: mesh %s has %d ranks but the communicator has %d",
@@ -109,6 +141,17 @@ tw_status tw_moe_destroy(tw_moe *m) {
                   m->d_h, m->d_eo, m->d_recv};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     if (bufs[i]) tw_free(m->ctx, bufs[i]);
+  for (int i = 0; i < 6; i++)
+    for (int j = 0; j < 5; j++)
+      if (m->qbuf[i][j]) tw_free(m->ctx, m->qbuf[i][j]);
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 5; j++)
+      if (m->qsbuf[i][j]) tw_free(m->ctx, m->qsbuf[i][j]);
+  void *fs_bufs[] = {m->wi_full, m->wo_full, m->stage, m->dwi_full, m->dwo_full, m->gs_hs, m->scale_wi, m->scale_wo};
+  for (size_t i = 0; i < sizeof fs_bufs / sizeof *fs_bufs; i++)
+    if (fs_bufs[i]) tw_free(m->ctx, fs_bufs[i]);
+  if (m->gs_h) tw_free(m->ctx, m->gs_h);
+  if (m->gs_f) tw_free(m->ctx, m->gs_f);
   tw_status s = tw_ep_layer_destroy(m->layer);
   tw_status t = tw_ep_destroy(m->ep);
   if (s == TW_OK) s = t;
@@ -120,6 +163,81 @@ tw_status tw_moe_destroy(tw_moe *m) {
   if (s == TW_OK) s = t;
   free(m);
   return s;
+}
+
+/* ---- fp8 operands (FP8_* recipes) ----------------------------------------------------- */
+/* q's buffers for an [M, K] source in G groups, both orientations (e4m3). Slot i of qbuf;
+ * the colwise half counts as saved when save_col, the rowwise half when save_row. */
+static tw_status alloc_q(tw_moe *m, void **bufs, tw_scaling mode, int64_t M, int64_t K, int64_t G, int save_row,
+                         int save_col, tw_qtensor *q) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  TW_TRY(tw_quantize_output_shapes(&o, M, K, G, q));
+  tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
+  int saved[5] = {save_row, save_row, save_col, save_col, save_row || save_col};
+  int j = 0;
+  for (int i = 0; i < 5; i++) {
+    if (tw_tensor_is_none(parts[i])) continue;
+    parts[i]->mem = tw_ctx_mem(m->ctx);
+    TW_TRY(alloc(m, tw_tensor_bytes(parts[i]), &parts[i]->data, saved[i]));
+    bufs[j++] = parts[i]->data;
+  }
+  return TW_OK;
+}
+
+/* NLE copies of v as i32 in the context's memory (the uniform group sizes of a weight). */
+static tw_status uniform_sizes(tw_moe *m, int64_t v, int32_t **out) {
+  TW_TRY(alloc(m, 4 * (size_t)m->nle, out, 0));
+  int32_t *h = (int32_t *)malloc(4 * (size_t)m->nle);
+  if (!h) return tw_error(TW_ERR_MEMORY, "moe_create: out of host memory");
+  for (int i = 0; i < m->nle; i++) h[i] = (int32_t)v;
+  tw_tensor src = tw_tensor_1d(h, TW_I32, m->nle, TW_MEM_HOST), dst = tw_tensor_1d(*out, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_status s = tw_tensor_copy(m->ctx, &dst, &src);
+  if (s == TW_OK) s = tw_ctx_sync(m->ctx);
+  free(h);
+  return s;
+}
+
+static tw_status alloc_fp8(tw_moe *m) {
+  int64_t R = m->R, H = m->H, F = m->F, G = m->nle;
+  TW_TRY(uniform_sizes(m, H, &m->gs_h));
+  TW_TRY(uniform_sizes(m, F, &m->gs_f));
+  TW_TRY(alloc_q(m, m->qbuf[0], m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
+  TW_TRY(alloc_q(m, m->qbuf[1], m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
+  TW_TRY(alloc_q(m, m->qbuf[2], m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
+  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 0, &m->q_a));
+  TW_TRY(alloc_q(m, m->qbuf[4], m->act_mode, R, H, G, 0, 0, &m->q_deo));
+  TW_TRY(alloc_q(m, m->qbuf[5], m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
+  return TW_OK;
+}
+
+/* fp8_gather: the shards' fp8 copies ([NLE*Hs, 2F] in groups of Hs rows, [NLE*F, Hs] in
+ * groups of F rows) and their per-expert scales. */
+static tw_status alloc_qgather(tw_moe *m) {
+  int64_t G = m->nle;
+  TW_TRY(uniform_sizes(m, m->Hs, &m->gs_hs));
+  TW_TRY(alloc_q(m, m->qsbuf[0], TW_SCALE_TENSOR_CURRENT, G * m->Hs, 2 * m->F, G, 0, 0, &m->qs_wi));
+  TW_TRY(alloc_q(m, m->qsbuf[1], TW_SCALE_TENSOR_CURRENT, G * m->F, m->Hs, G, 0, 0, &m->qs_wo));
+  TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wi, 0));
+  return alloc(m, 4 * (size_t)G, &m->scale_wo, 0);
+}
+
+static tw_status quantize(tw_moe *m, const tw_tensor *x, const int32_t *gs, tw_qtensor *q) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = q->mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  return tw_grouped_quantize(m->ctx, x, &g, &o, q);
+}
+
+/* The orientation whose blocks run along the source's rows (the dim a GEMM contracts when
+ * it reads this operand as [K, N] or, in wgrad, over tokens) and the op that reads it:
+ * transposed colwise copies (tensor, 1x128, 128x128) are read with op T, MXFP8's colwise
+ * data keeps x's layout (op N). */
+static tw_operand rows_operand(const tw_qtensor *q, tw_op *op) {
+  *op = q->mode == TW_SCALE_MXFP8_1D ? TW_OP_N : TW_OP_T;
+  return tw_operand_colwise(q);
 }
 
 static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
@@ -137,6 +255,12 @@ static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
   }
   TW_TRY(tw_mesh_comms_create(m->ctx, &m->mesh, &m->mc));
   m->dp_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_DP);
+  m->fsdp_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_FSDP);
+  m->fs = tw_mesh_axis_size(&m->mesh, TW_AXIS_FSDP);
+  if (m->H % m->fs != 0)
+    return tw_error(TW_ERR_INVALID_ARG, "moe_create: H = %lld does not split over fsdp = %d (moe.fsdp: the expert weights are sharded on H)",
+                    (long long)m->H, m->fs);
+  m->Hs = m->H / m->fs;
   m->tok_comm = n > 1 ? world : NULL;
   m->ep_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_EP);
   if (!m->ep_comm) { /* ep = 1: each rank its own EP group */
@@ -158,7 +282,11 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   m->ctx = ctx;
   m->cfg = *cfg;
   m->E = cfg->num_experts; m->H = cfg->hidden; m->F = cfg->ffn; m->k = cfg->router.topk;
-  m->dt = cfg->recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
+  m->dt = cfg->recipe == TW_MOE_F32 ? TW_F32 : TW_BF16;
+  m->fp8 = cfg->recipe >= TW_MOE_FP8_CURRENT;
+  m->act_mode = cfg->recipe == TW_MOE_FP8_CURRENT ? TW_SCALE_TENSOR_CURRENT
+                : cfg->recipe == TW_MOE_FP8_BLOCK ? TW_SCALE_BLOCK_1x128 : TW_SCALE_MXFP8_1D;
+  m->w_mode = cfg->recipe == TW_MOE_FP8_BLOCK ? TW_SCALE_BLOCK_128x128 : m->act_mode;
   tw_status s = create_comms(m, mesh);
   tw_ep_config ec = TW_EP_CONFIG_INIT;
   if (s == TW_OK) {
@@ -184,7 +312,7 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->idx, 1);
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->topk_w, 1);
   if (s == TW_OK) s = alloc(m, 4 * E, &m->counts, 1);
-  if (s == TW_OK) s = alloc(m, es * R * H, &m->recv, 1);
+  if (s == TW_OK) s = alloc(m, es * R * H, &m->recv, !m->fp8);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->recv_w, 1);
   if (s == TW_OK) s = alloc(m, 4 * (size_t)m->nle, &m->gs, 1);
   if (s == TW_OK) s = alloc(m, 4 * R * 2 * F, &m->h, 1);
@@ -199,6 +327,17 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
   if (s == TW_OK) s = alloc(m, 4 * T * E, &m->d_logits_aux, 0);
   if (s == TW_OK) s = alloc(m, 4 * T * k, &m->d_topk_w, 0);
   if (s == TW_OK) s = alloc(m, 4 * R, &m->d_recv_w, 0);
+  if (s == TW_OK && m->fp8) s = alloc_fp8(m);
+  m->qgather = m->fs > 1 && cfg->fp8_gather;
+  if (s == TW_OK && m->fs > 1) { /* gathered weights kept for the backward; the rest scratch */
+    size_t wi_n = (size_t)m->nle * H * 2 * F, wo_n = (size_t)m->nle * F * H, big = wi_n > wo_n ? wi_n : wo_n;
+    if (!m->qgather) s = alloc(m, es * wi_n, &m->wi_full, 1);
+    if (s == TW_OK && !m->qgather) s = alloc(m, es * wo_n, &m->wo_full, 1);
+    if (s == TW_OK) s = alloc(m, 4 * big, &m->stage, 0);
+    if (s == TW_OK && m->qgather) s = alloc_qgather(m);
+    if (s == TW_OK) s = alloc(m, 4 * wi_n, &m->dwi_full, 0);
+    if (s == TW_OK) s = alloc(m, 4 * wo_n, &m->dwo_full, 0);
+  }
   if (s != TW_OK) {
     tw_moe_destroy(m);
     return s;
@@ -208,6 +347,15 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
 }
 
 int tw_moe_local_experts(const tw_moe *m) { return m ? m->nle : 0; }
+
+double tw_moe_error_budget(const tw_moe_config *c, int64_t T, int gradient) {
+  if (c->recipe == TW_MOE_F32) {
+    double k = (double)(c->hidden + 2 * c->ffn + c->router.topk + 16);
+    return ldexp(gradient ? k + (double)(c->num_experts + T) : k, -24);
+  }
+  double b = ldexp(gradient ? 16 : 8, -8); /* BF16: about eight bf16 roundings, twice for gradients */
+  return c->recipe == TW_MOE_BF16 ? b : b + ldexp(gradient ? 16 : 8, -4); /* FP8_*: e4m3 quantizations */
+}
 size_t tw_moe_saved_bytes(const tw_moe *m) { return m ? m->saved : 0; }
 
 /* ---- argument checks ----------------------------------------------------------------- */
@@ -240,8 +388,8 @@ static tw_status check_weights(const char *op, const tw_moe *m, const tw_moe_wei
   if (!w) return tw_error(TW_ERR_NULL, "%s: weights is NULL", op);
   tw_mem mem = tw_ctx_mem(m->ctx);
   TW_TRY(check_tensor(op, "gate", &w->gate, mem, m->dt, 2, m->H, m->E, 0));
-  TW_TRY(check_tensor(op, "wi", &w->wi, mem, m->dt, 3, m->nle, m->H, 2 * m->F));
-  TW_TRY(check_tensor(op, "wo", &w->wo, mem, m->dt, 3, m->nle, m->F, m->H));
+  TW_TRY(check_tensor(op, "wi", &w->wi, mem, m->dt, 3, m->nle, m->Hs, 2 * m->F));
+  TW_TRY(check_tensor(op, "wo", &w->wo, mem, m->dt, 3, m->nle, m->F, m->Hs));
   int hi = !tw_tensor_is_none(&w->bi), ho = !tw_tensor_is_none(&w->bo);
   if (hi != ho)
     return tw_error(TW_ERR_INVALID_ARG, "%s: biases are all-or-nothing: %s is given but %s is missing", op,
@@ -304,6 +452,97 @@ static tw_status wgrad(tw_moe *m, tw_tensor lhs, tw_tensor rhs, const tw_tensor 
   return tw_grouped_gemm_wgrad(m->ctx, &pl, TW_OP_N, &pr, TW_OP_N, &gs, &o, 0);
 }
 
+/* fp8 grouped forward: out = rowwise(lhs) @ op(rhs) with rhs's orientation as given. */
+static tw_status gg_q(tw_moe *m, const tw_qtensor *lhs, tw_operand rhs, tw_op op, tw_tensor out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
+  tw_operand pl = tw_operand_rowwise(lhs);
+  return tw_grouped_gemm(m->ctx, &pl, &rhs, op, &gs, &out, 0);
+}
+
+/* fp8 wgrad: out[g] = lhs_g^T rhs_g from the colwise copies (blocks along tokens). */
+static tw_status wgrad_q(tw_moe *m, const tw_qtensor *lhs, const tw_qtensor *rhs, const tw_tensor *out) {
+  tw_tensor gs = tw_tensor_1d(m->gs, TW_I32, m->nle, tw_ctx_mem(m->ctx)), o = *out;
+  tw_op ol, orr;
+  tw_operand pl = rows_operand(lhs, &ol), pr = rows_operand(rhs, &orr);
+  return tw_grouped_gemm_wgrad(m->ctx, &pl, ol, &pr, orr, &gs, &o, 0);
+}
+
+/* The weights as 2-D sources: wi [NLE*H, 2F], wo [NLE*F, H]. */
+static tw_tensor flat(const tw_moe *m, const tw_tensor *w) {
+  return t2(m, w->data, w->dtype, w->shape[0] * w->shape[1], w->shape[2]);
+}
+
+/* fsdp: the full weights from the shards. all_gather gives [fs][NLE][Hs*2F] for wi (wants
+ * [NLE][fs][Hs*2F]) and [fs][NLE*F][Hs] for wo (wants [NLE*F][fs][Hs]). */
+static tw_status gather_weights(tw_moe *m, const tw_moe_weights *w) {
+  size_t es = m->dt == TW_BF16 ? 2 : 4;
+  int64_t wi_n = m->nle * m->Hs * 2 * m->F, wo_n = m->nle * m->F * m->Hs;
+  TW_TRY(tw_all_gather(m->ctx, m->fsdp_comm, w->wi.data, m->stage, wi_n, m->dt));
+  TW_TRY(tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle, m->Hs * 2 * m->F, es, m->wi_full));
+  TW_TRY(tw_all_gather(m->ctx, m->fsdp_comm, w->wo.data, m->stage, wo_n, m->dt));
+  return tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle * m->F, m->Hs, es, m->wo_full);
+}
+
+/* fp8_gather: one weight shard quantized with the scales of the whole weight (amax max-reduced
+ * over fsdp, then the delayed form with those scales), its codes gathered into q in both
+ * orientations. rows/col_P, col_A, col_B: the swap that turns the gathered [fs, ...] layout
+ * into q's, for the rowwise (row_A, row_B) and the per-group transposed colwise copy. */
+static tw_status gather_q(tw_moe *m, const tw_tensor *shard, const int32_t *gs, tw_qtensor *qs, float *scale,
+                          int64_t row_A, int64_t row_B, int64_t col_A, int64_t col_B, tw_qtensor *q) {
+  tw_ctx *ctx = m->ctx;
+  int64_t G = m->nle, n = tw_tensor_numel(shard);
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = TW_SCALE_TENSOR_CURRENT;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, G, tw_ctx_mem(ctx));
+  qs->mode = TW_SCALE_TENSOR_CURRENT;
+  TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs)); /* for the shard's amax */
+  TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
+  TW_TRY(tw_moe_scales_from_amax(ctx, (const float *)qs->amax.data, G, 448.0f, scale));
+  o.mode = qs->mode = TW_SCALE_TENSOR_DELAYED;
+  o.scale = tw_tensor_1d(scale, TW_F32, G, tw_ctx_mem(ctx));
+  TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs));
+  TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
+  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->row_data.data, m->stage, n, TW_E4M3));
+  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, row_A, row_B, 1, q->row_data.data));
+  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->col_data.data, m->stage, n, TW_E4M3));
+  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, col_A, col_B, 1, q->col_data.data));
+  TW_TRY(tw_tensor_copy(ctx, &q->row_scale_inv, &qs->row_scale_inv));
+  if (!tw_tensor_is_none(&q->col_scale_inv)) {
+    const tw_tensor *src = tw_tensor_is_none(&qs->col_scale_inv) ? &qs->row_scale_inv : &qs->col_scale_inv;
+    TW_TRY(tw_tensor_copy(ctx, &q->col_scale_inv, src));
+  }
+  return tw_tensor_copy(ctx, &q->amax, &qs->amax);
+}
+
+/* fp8_gather: q_wi and q_wo from the shards. wi's shard [NLE*Hs, 2F] gathers as [fs][NLE][Hs*2F]
+ * (rowwise) and [fs][NLE*2F][Hs] (colwise: [2F, Hs] per expert); wo's [NLE*F, Hs] as
+ * [fs][NLE*F][Hs] and [fs][NLE][Hs*F] ([Hs, F] per expert). */
+static tw_status gather_weights_fp8(tw_moe *m, const tw_moe_weights *w) {
+  int64_t G = m->nle, Hs = m->Hs, F = m->F;
+  tw_tensor wi = t2(m, w->wi.data, m->dt, G * Hs, 2 * F), wo = t2(m, w->wo.data, m->dt, G * F, Hs);
+  TW_TRY(gather_q(m, &wi, m->gs_hs, &m->qs_wi, m->scale_wi, G, Hs * 2 * F, G * 2 * F, Hs, &m->q_wi));
+  return gather_q(m, &wo, m->gs_f, &m->qs_wo, m->scale_wo, G * F, Hs, G, Hs * F, &m->q_wo);
+}
+
+/* The weights the GEMMs read: the caller's (fsdp = 1) or the gathered ones. */
+static tw_moe_weights full_weights(const tw_moe *m, const tw_moe_weights *w) {
+  tw_moe_weights f = *w;
+  if (m->fs > 1 && !m->qgather) { /* fp8_gather: the GEMMs read q_wi, q_wo only */
+    tw_mem mem = tw_ctx_mem(m->ctx);
+    f.wi = tw_tensor_3d(m->wi_full, m->dt, m->nle, m->H, 2 * m->F, mem);
+    f.wo = tw_tensor_3d(m->wo_full, m->dt, m->nle, m->F, m->H, mem);
+  }
+  return f;
+}
+
+/* fsdp: the full f32 gradient back to this rank's shard, summed over fsdp (the inverse
+ * layout swap, then reduce_scatter). */
+static tw_status scatter_grad(tw_moe *m, const float *full, int64_t A, int64_t B, tw_tensor *shard) {
+  TW_TRY(tw_moe_swap_outer(m->ctx, full, A, m->fs, B, 4, m->stage));
+  return tw_reduce_scatter(m->ctx, m->fsdp_comm, m->stage, shard->data, A * B, TW_F32, TW_REDUCE_SUM);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out, tw_tensor *aux) {
   const char *op = "moe_forward";
@@ -324,6 +563,10 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   int64_t E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
   int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE, bias = has_bias(w);
   m->T = T;
+  if (m->qgather) TW_TRY(step((mark(m, "fsdp all-gather (fp8)"), gather_weights_fp8(m, w)), op, "fsdp all-gather (fp8)"));
+  else if (m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
+  tw_moe_weights wf = full_weights(m, w);
+  w = &wf;
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
   tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), counts = tw_tensor_1d(m->counts, TW_I32, E, mem);
   tw_tensor recv = t2(m, m->recv, m->dt, R, H), recv_w = tw_tensor_1d(m->recv_w, TW_F32, R, mem);
@@ -334,11 +577,31 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   if (m->tok_comm) TW_TRY(step((mark(m, "counts"), tw_all_reduce(ctx, m->tok_comm, m->counts, m->counts, E, TW_I32, TW_REDUCE_SUM)), op, "counts"));
   TW_TRY(step((mark(m, "dispatch"), tw_ep_dispatch(ctx, m->layer, x, &none, &idx, &tw, &recv, &none, &recv_w, &gs, &none)), op, "dispatch"));
   /* h = recv @ wi[g] + bi[g] */
-  TW_TRY(step((mark(m, "GEMM wi"), gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  if (m->fp8) {
+    tw_tensor wi2 = flat(m, &w->wi), wo2 = flat(m, &w->wo);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &recv, m->gs, &m->q_recv)), op, "quantize recv"));
+    if (!m->qgather) { /* fp8_gather made them from the shards */
+      TW_TRY(step(quantize(m, &wi2, m->gs_h, &m->q_wi), op, "quantize wi"));
+      TW_TRY(step(quantize(m, &wo2, m->gs_f, &m->q_wo), op, "quantize wo"));
+    }
+    tw_op o;
+    tw_operand r = rows_operand(&m->q_wi, &o);
+    TW_TRY(step((mark(m, "GEMM wi"), gg_q(m, &m->q_recv, r, o, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  } else {
+    TW_TRY(step((mark(m, "GEMM wi"), gg(m, recv, &w->wi, TW_OP_N, t2(m, m->h, TW_F32, R, 2 * F))), op, "GEMM wi"));
+  }
   if (bias) TW_TRY(step((mark(m, "bias bi"), tw_moe_bias_out(ctx, m->h, &gs, (const float *)w->bi.data, 2 * F, m->h, TW_F32)), op, "bias bi"));
   TW_TRY(step((mark(m, "activation"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation"));
   /* eo = a @ wo[g] + bo[g] (f32, then the recipe's dtype) */
-  TW_TRY(step((mark(m, "GEMM wo"), gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  if (m->fp8) {
+    tw_tensor a = t2(m, m->a, m->dt, R, F);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &a, m->gs, &m->q_a)), op, "quantize a"));
+    tw_op o;
+    tw_operand r = rows_operand(&m->q_wo, &o);
+    TW_TRY(step((mark(m, "GEMM wo"), gg_q(m, &m->q_a, r, o, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  } else {
+    TW_TRY(step((mark(m, "GEMM wo"), gg(m, t2(m, m->a, m->dt, R, F), &w->wo, TW_OP_N, t2(m, m->y32, TW_F32, R, H))), op, "GEMM wo"));
+  }
   TW_TRY(step((mark(m, "bias bo"), tw_moe_bias_out(ctx, m->y32, &gs, bias ? (const float *)w->bo.data : NULL, H, m->eo, m->dt)), op, "bias bo"));
   tw_tensor eo = t2(m, m->eo, m->dt, R, H);
   TW_TRY(step((mark(m, "combine"), tw_ep_combine(ctx, m->layer, &eo, late ? &tw : &none, out)), op, "combine"));
@@ -363,8 +626,8 @@ static tw_status check_grads(const char *op, const tw_moe *m, const tw_moe_grads
   if (!g) return tw_error(TW_ERR_NULL, "%s: grads is NULL", op);
   tw_mem mem = tw_ctx_mem(m->ctx);
   TW_TRY(check_tensor(op, "grads.gate", &g->gate, mem, TW_F32, 2, m->H, m->E, 0));
-  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->H, 2 * m->F));
-  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->H));
+  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->Hs, 2 * m->F));
+  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->Hs));
   if (bias) {
     TW_TRY(check_tensor(op, "grads.bi", &g->bi, mem, TW_F32, 2, m->nle, 2 * m->F, 0));
     TW_TRY(check_tensor(op, "grads.bo", &g->bo, mem, TW_F32, 2, m->nle, m->H, 0));
@@ -389,6 +652,8 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   int bias = has_bias(w);
   TW_TRY(check_grads(op, m, grads, bias));
   if (!isfinite(d_aux)) return tw_error(TW_ERR_INVALID_ARG, "%s: d_aux = %g is not finite", op, (double)d_aux);
+  tw_moe_weights wf = full_weights(m, w); /* fsdp: gathered by the forward */
+  w = &wf;
   tw_ctx *ctx = m->ctx;
   tw_mem mem = tw_ctx_mem(ctx);
   int64_t T = m->T, E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
@@ -397,20 +662,37 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), dtw = t2(m, m->d_topk_w, TW_F32, T, k);
   tw_tensor eo = t2(m, m->eo, m->dt, R, H), d_eo = t2(m, m->d_eo, m->dt, R, H);
   tw_tensor d_recv_w = tw_tensor_1d(m->d_recv_w, TW_F32, R, mem);
+  /* the expert weight gradients at full size (fsdp: scattered to the shards at the end) */
+  tw_tensor gwi = m->fs > 1 ? tw_tensor_3d(m->dwi_full, TW_F32, m->nle, H, 2 * F, mem) : grads->wi;
+  tw_tensor gwo = m->fs > 1 ? tw_tensor_3d(m->dwo_full, TW_F32, m->nle, F, H, mem) : grads->wo;
 
   TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
   /* a again from h (not saved), as the forward made it */
   TW_TRY(step((mark(m, "activation (recompute)"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation (recompute)"));
-  TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
-  TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &grads->wo)), op, "wgrad wo"));
+  if (m->fp8) {
+    tw_tensor a = t2(m, m->a, m->dt, R, F);
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &d_eo, m->gs, &m->q_deo)), op, "quantize d_eo"));
+    TW_TRY(step(quantize(m, &a, m->gs, &m->q_a), op, "quantize a"));
+    TW_TRY(step((mark(m, "dgrad wo"), gg_q(m, &m->q_deo, tw_operand_rowwise(&m->q_wo), TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad_q(m, &m->q_a, &m->q_deo, &gwo)), op, "wgrad wo"));
+  } else {
+    TW_TRY(step((mark(m, "dgrad wo"), gg(m, d_eo, &w->wo, TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
+    TW_TRY(step((mark(m, "wgrad wo"), wgrad(m, t2(m, m->a, m->dt, R, F), d_eo, &gwo)), op, "wgrad wo"));
+  }
   if (bias) TW_TRY(step((mark(m, "bias grad bo"), tw_moe_bias_grad(ctx, m->d_eo, m->dt, &gs, H, (float *)grads->bo.data)), op, "bias grad bo"));
   TW_TRY(step((mark(m, "activation bwd"), tw_moe_act_bwd(ctx, m->cfg.act, m->h, m->d_a, &gs, late ? NULL : m->recv_w, F, m->d_h, m->dt,
                              late ? NULL : m->d_recv_w)), op, "activation bwd"));
   tw_tensor d_h = t2(m, m->d_h, m->dt, R, 2 * F);
   if (bias) TW_TRY(step((mark(m, "bias grad bi"), tw_moe_bias_grad(ctx, m->d_h, m->dt, &gs, 2 * F, (float *)grads->bi.data)), op, "bias grad bi"));
-  TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &grads->wi)), op, "wgrad wi"));
   tw_tensor d_recv = t2(m, m->d_recv, m->dt, R, H);
-  TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
+  if (m->fp8) {
+    TW_TRY(step((mark(m, "quantize"), quantize(m, &d_h, m->gs, &m->q_dh)), op, "quantize d_h"));
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad_q(m, &m->q_recv, &m->q_dh, &gwi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "dgrad wi"), gg_q(m, &m->q_dh, tw_operand_rowwise(&m->q_wi), TW_OP_T, d_recv)), op, "dgrad wi"));
+  } else {
+    TW_TRY(step((mark(m, "wgrad wi"), wgrad(m, t2(m, m->recv, m->dt, R, H), d_h, &gwi)), op, "wgrad wi"));
+    TW_TRY(step((mark(m, "dgrad wi"), gg(m, d_h, &w->wi, TW_OP_T, d_recv)), op, "dgrad wi"));
+  }
   TW_TRY(step((mark(m, "dispatch_bwd"), tw_ep_dispatch_bwd(ctx, m->layer, &d_recv, late ? &none : &d_recv_w, d_x, late ? &none : &dtw)), op, "dispatch_bwd"));
   /* the router: d_w -> d_logits, plus the aux loss's */
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
@@ -429,6 +711,14 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   TW_TRY(step((mark(m, "dgrad gate"), mm(m, d_logits, TW_OP_N, w->gate, TW_OP_T, *d_x, 1)), op, "dgrad gate"));
   TW_TRY(step((mark(m, "wgrad gate"), mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0)), op, "wgrad gate"));
   TW_TRY(step((mark(m, "d_gate sum"), reduce(m, m->tok_comm, &grads->gate)), op, "d_gate sum"));
+  if (m->fs > 1) {
+    TW_TRY(step((mark(m, "d_wi reduce-scatter over fsdp"), scatter_grad(m, m->dwi_full, m->nle, H / m->fs * 2 * F, &grads->wi)), op, "d_wi reduce-scatter over fsdp"));
+    TW_TRY(step((mark(m, "d_wo reduce-scatter over fsdp"), scatter_grad(m, m->dwo_full, m->nle * F, H / m->fs, &grads->wo)), op, "d_wo reduce-scatter over fsdp"));
+    if (bias) {
+      TW_TRY(step((mark(m, "d_bi sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bi)), op, "d_bi sum over fsdp"));
+      TW_TRY(step((mark(m, "d_bo sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bo)), op, "d_bo sum over fsdp"));
+    }
+  }
   if (tw_moe_plant_skip_dp_reduce) return TW_OK;
   TW_TRY(step((mark(m, "d_wi sum over dp"), reduce(m, m->dp_comm, &grads->wi)), op, "d_wi sum over dp"));
   TW_TRY(step((mark(m, "d_wo sum over dp"), reduce(m, m->dp_comm, &grads->wo)), op, "d_wo sum over dp"));

@@ -4,8 +4,10 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "twin/tw_numerics.h"
+#include "twin/tw_quantize.h"
 
 /* gpu/moe_elementwise.cu (same arguments, device pointers) */
 extern tw_status gpu_moe_bias_out(tw_ctx *ctx, const float *y, const tw_tensor *gs, const float *bias, int64_t C,
@@ -18,6 +20,10 @@ extern tw_status gpu_moe_act_bwd(tw_ctx *ctx, tw_moe_act act, const float *h, co
 extern tw_status gpu_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const tw_tensor *gs, int64_t C,
                                    float *db) __attribute__((weak));
 extern tw_status gpu_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n) __attribute__((weak));
+extern tw_status gpu_moe_scales_from_amax(tw_ctx *ctx, const float *amax, int64_t G, float fp8_max, float *scale)
+    __attribute__((weak));
+extern tw_status gpu_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es, void *dst)
+    __attribute__((weak));
 
 static tw_status no_gpu(const char *op) {
   return tw_error(TW_ERR_UNSUPPORTED, "moe %s: backend 'gpu' of this binary lacks gpu/moe_elementwise.cu", op);
@@ -131,5 +137,22 @@ tw_status tw_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const
 tw_status tw_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n) {
   if (tw_ctx_backend(ctx) == TW_BACKEND_GPU) return gpu_moe_add_f32 ? gpu_moe_add_f32(ctx, y, x, n) : no_gpu("add");
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
+  return TW_OK;
+}
+
+tw_status tw_moe_scales_from_amax(tw_ctx *ctx, const float *amax, int64_t G, float fp8_max, float *scale) {
+  if (tw_ctx_backend(ctx) == TW_BACKEND_GPU)
+    return gpu_moe_scales_from_amax ? gpu_moe_scales_from_amax(ctx, amax, G, fp8_max, scale) : no_gpu("scales_from_amax");
+  for (int64_t g = 0; g < G; g++) scale[g] = tw_scale_from_amax(amax[g], fp8_max, 0);
+  return TW_OK;
+}
+
+tw_status tw_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es, void *dst) {
+  if (tw_ctx_backend(ctx) == TW_BACKEND_GPU)
+    return gpu_moe_swap_outer ? gpu_moe_swap_outer(ctx, src, P, A, B, es, dst) : no_gpu("swap_outer");
+  size_t row = (size_t)B * es;
+  for (int64_t p = 0; p < P; p++)
+    for (int64_t a = 0; a < A; a++)
+      memcpy((char *)dst + ((size_t)a * (size_t)P + (size_t)p) * row, (const char *)src + ((size_t)p * (size_t)A + (size_t)a) * row, row);
   return TW_OK;
 }

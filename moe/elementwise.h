@@ -26,6 +26,12 @@ tw_status tw_moe_bias_grad(tw_ctx *ctx, const void *dy, tw_dtype dy_dtype, const
                            float *db);
 /* y[i] += x[i], f32. */
 tw_status tw_moe_add_f32(tw_ctx *ctx, float *y, const float *x, int64_t n);
+/* dst[a][p][b] = src[p][a][b] for p < P, a < A, b < B elements of es bytes (a byte copy):
+ * the fsdp layouts. An all-gather of P shards [A, B] gives [P, A, B]; the weight wants
+ * [A, P*B]. The inverse is the same call with P and A swapped. */
+tw_status tw_moe_swap_outer(tw_ctx *ctx, const void *src, int64_t P, int64_t A, int64_t B, size_t es, void *dst);
+/* scale[g] = tw_scale_from_amax(amax[g], fp8_max, 0) for g < G (f32, in ctx memory). */
+tw_status tw_moe_scales_from_amax(tw_ctx *ctx, const float *amax, int64_t G, float fp8_max, float *scale);
 
 /* Benches: fn(arg, name) is called before each step of the forward and backward (the names of
  * moe/block.c's error messages) and with "end" after the last one; NULL removes it. */

@@ -18,12 +18,17 @@ static uint64_t next_u64(uint64_t *s) { /* splitmix64 */
 static int pick(uint64_t *s, int lo, int hi) { return lo + (int)(next_u64(s) % (uint64_t)(hi - lo + 1)); }
 static float uni(uint64_t *s, float lo, float hi) { return lo + (hi - lo) * (float)((next_u64(s) >> 40) * 0x1.0p-24); }
 
+enum { FP8_MIN_HF = 4 };
+
 void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   memset(c, 0, sizeof *c);
-  static const int meshes[][2] = {{1, 1}, {1, 2}, {2, 1}, {1, 4}, {2, 2}, {4, 1}, {1, 8}, {2, 4}, {4, 2}};
-  int mi = pick(st, 0, 8);
+  static const int meshes[][3] = {{1, 1, 1}, {1, 1, 2}, {2, 1, 1}, {1, 1, 4}, {2, 1, 2}, {4, 1, 1}, {1, 1, 8},
+                                  {2, 1, 4}, {4, 1, 2}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}, {1, 4, 1}, {2, 2, 2},
+                                  {1, 2, 4}, {1, 4, 2}};
+  int mi = pick(st, 0, 15);
   c->dp = meshes[mi][0];
-  c->ep = meshes[mi][1];
+  c->fsdp = meshes[mi][1];
+  c->ep = meshes[mi][2];
   c->E = c->ep * pick(st, 1, 4);
   c->k = pick(st, 1, c->E < 4 ? c->E : 4);
   c->score = pick(st, 0, 2) == 0 ? TW_ROUTER_SIGMOID : TW_ROUTER_SOFTMAX;
@@ -37,15 +42,26 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
     if (c->k / c->group_topk < 1) c->k = c->group_topk;
     if (c->k / c->group_topk > per) c->k = per * c->group_topk;
   }
-  c->H = pick(st, 1, 12);
+  c->H = c->fsdp > 1 ? c->fsdp * pick(st, 1, 6) : pick(st, 1, 12);
   c->F = pick(st, 1, 8);
   c->tokens_per_rank = pick(st, 1, 6);
   c->alignment = 1 << pick(st, 0, 3);
   c->act = (tw_moe_act)pick(st, 0, 2);
   c->weighting = (tw_moe_weighting)pick(st, 0, 1);
-  c->recipe = pick(st, 0, 3) == 0 ? TW_MOE_BF16 : TW_MOE_F32;
+  int r = pick(st, 0, 5); /* f32 half the time, bf16 and the three fp8 recipes the rest */
+  c->recipe = r < 3 ? TW_MOE_F32 : r == 3 ? TW_MOE_BF16 : (tw_moe_recipe)pick(st, TW_MOE_FP8_CURRENT, TW_MOE_FP8_MXFP8);
   c->bias = pick(st, 0, 1);
   c->aux = pick(st, 0, 1);
+  c->fp8_gather = c->recipe == TW_MOE_FP8_CURRENT && pick(st, 0, 1);
+  /* fp8: the budget is relative to |x| + rms of the tensor, and a weight gradient of one
+   * element whose token sum cancels has an rms far below its terms, while sharding over
+   * tokens changes the quantization blocks (found by this fuzzer: dwo of H = F = 1 at dp = 4,
+   * -5e-6 vs 3e-3 from terms of ~5e-2). At least 4 x 4 per expert keeps rms meaningful. */
+  if (c->recipe >= TW_MOE_FP8_CURRENT) {
+    int q = c->fsdp > 1 ? c->fsdp : 1;
+    while (c->H < FP8_MIN_HF) c->H += q;
+    if (c->F < FP8_MIN_HF) c->F = FP8_MIN_HF;
+  }
   c->expect = NULL;
   if (pick(st, 0, 4) != 0) return;
   switch (pick(st, 0, 4)) {
@@ -54,18 +70,20 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
       /* fall through */
     case 1: c->k = c->E + 1; c->groups = 0; c->expect = "must be in [1, E ="; break;
     case 2: c->bias = 2; c->expect = "bi is given but bo is missing"; break;
-    case 3: c->alignment = 3; c->expect = "is not a power of two"; break;
+    case 3:
+      if (c->fsdp > 1) { c->H = c->fsdp + 1; c->expect = "does not split over fsdp"; break; }
+      c->alignment = 3; c->expect = "is not a power of two"; break;
     default: c->dp = -2; c->expect = "has axis tp"; break; /* dp < 0: a tp axis of that size instead of dp */
   }
 }
 
 const char *tw_moe_fuzz_case_str(const tw_moe_fuzz_case *c, char *buf, size_t n) {
-  snprintf(buf, n, "%s=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s bias=%d aux=%d%s%s",
-           c->dp < 0 ? "tp" : "dp", abs(c->dp), c->ep, c->E, c->k, c->groups, c->group_topk,
+  snprintf(buf, n, "%s=%d,fsdp=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s%s bias=%d aux=%d%s%s",
+           c->dp < 0 ? "tp" : "dp", abs(c->dp), c->fsdp, c->ep, c->E, c->k, c->groups, c->group_topk,
            c->score == TW_ROUTER_SIGMOID ? "sigmoid" : "softmax", c->pre_softmax ? "-pre" : "",
            c->expert_bias ? "+bias" : "", (long long)c->H, (long long)c->F, (long long)c->tokens_per_rank,
            (long long)c->alignment, tw_moe_act_name(c->act), tw_moe_weighting_name(c->weighting),
-           tw_moe_recipe_name(c->recipe), c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
+           tw_moe_recipe_name(c->recipe), c->fp8_gather ? "+gather" : "", c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
   return buf;
 }
 
@@ -165,7 +183,8 @@ static void draw_data(const tw_moe_fuzz_case *c, uint64_t seed, int64_t T, bufs 
   for (int64_t i = 0; i < E; i++) b->ebias[i] = uni(&s, -0.1f, 0.1f);
 }
 
-static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int64_t T, int dp, int ep, int tp) {
+static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int64_t T, int dp, int ep, int tp,
+                        int fsdp) {
   int64_t H = c->H, F = c->F, E = c->E;
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
@@ -173,16 +192,17 @@ static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int6
   cfg.num_experts = c->E; cfg.hidden = H; cfg.ffn = F;
   cfg.router.topk = c->k; cfg.router.score = c->score; cfg.router.pre_softmax = c->pre_softmax;
   cfg.router.num_groups = c->groups; cfg.router.group_topk = c->group_topk;
-  cfg.act = c->act; cfg.weighting = c->weighting; cfg.recipe = c->recipe;
+  cfg.act = c->act; cfg.weighting = c->weighting; cfg.recipe = c->recipe; cfg.fp8_gather = c->fp8_gather;
   cfg.aux_coeff = c->aux ? 0.05f : 0.0f;
   cfg.alignment = c->alignment;
   r.cfg = cfg;
   r.T = T;
-  if (dp * ep * tp > 1) {
-    tw_axis ax[3];
-    int sz[3], n = 0;
+  if (dp * ep * tp * fsdp > 1) {
+    tw_axis ax[4];
+    int sz[4], n = 0;
     if (tp > 1) { ax[n] = TW_AXIS_TP; sz[n++] = tp; }
     if (dp > 1) { ax[n] = TW_AXIS_DP; sz[n++] = dp; }
+    if (fsdp > 1) { ax[n] = TW_AXIS_FSDP; sz[n++] = fsdp; }
     if (ep > 1) { ax[n] = TW_AXIS_EP; sz[n++] = ep; }
     TW_TRY(tw_mesh_init(&r.mesh, n, ax, sz));
   }
@@ -215,7 +235,7 @@ static tw_status compare(const char *what, const float *a, const float *b, int64
 }
 
 tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int plant) {
-  int dp = abs(c->dp), tp = c->dp < 0 ? abs(c->dp) : 1, ranks = dp * c->ep;
+  int dp = abs(c->dp), tp = c->dp < 0 ? abs(c->dp) : 1, fs = c->fsdp > 1 ? c->fsdp : 1, ranks = dp * fs * c->ep;
   if (c->dp < 0) dp = 1;
   int64_t T = c->tokens_per_rank * ranks;
   bufs in;
@@ -233,7 +253,7 @@ tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int pla
   memset(&one, 0, sizeof one);
   memset(&sh, 0, sizeof sh);
   tw_moe_plant_skip_dp_reduce = plant == TW_MOE_FUZZ_PLANT_SKIP_DP_REDUCE;
-  tw_status s = run_on(c, &in, &sh, T, dp, c->ep, tp);
+  tw_status s = run_on(c, &in, &sh, T, dp, c->ep, tp, fs);
   tw_moe_plant_skip_dp_reduce = 0;
   if (c->expect) {
     char msg[TW_ERROR_MAX];
@@ -244,16 +264,16 @@ tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int pla
       return tw_error(TW_ERR_INVALID_ARG, "refused with '%s', expected a message with '%s'", msg, c->expect);
     return TW_OK;
   }
-  if (s == TW_OK) s = run_on(c, &in, &one, T, 1, 1, 1);
+  if (s == TW_OK) s = run_on(c, &in, &one, T, 1, 1, 1, 1);
   if (s != TW_OK) {
     char msg[TW_ERROR_MAX];
     snprintf(msg, sizeof msg, "%s", tw_last_error());
     free_bufs(&in); free_bufs(&sh); free_bufs(&one);
     return tw_error(s, "a valid case failed: %s", msg);
   }
-  int bf16 = c->recipe == TW_MOE_BF16;
-  double kf = bf16 ? 8 : (double)(c->H + 2 * c->F + c->k + 16), kb = bf16 ? 16 : kf + (double)(c->E + T);
-  double unit = bf16 ? ldexp(1, -8) : ldexp(1, -24);
+  tw_moe_config bc = TW_MOE_CONFIG_INIT;
+  bc.num_experts = c->E; bc.hidden = c->H; bc.ffn = c->F; bc.router.topk = c->k; bc.recipe = c->recipe;
+  double kf = tw_moe_error_budget(&bc, T, 0), kb = tw_moe_error_budget(&bc, T, 1), unit = 1;
   int64_t H = c->H, F = c->F, E = c->E;
   if (s == TW_OK) s = compare("out", one.out, sh.out, T * H, kf, unit);
   if (s == TW_OK && c->aux) s = compare("aux", one.aux, sh.aux, 1, kf, unit);
@@ -275,8 +295,10 @@ int tw_moe_fuzz_shrink(tw_moe_fuzz_case *c, uint64_t seed, int plant) {
       tw_moe_fuzz_case t = *c;
       switch (f) {
         case 0: if (t.tokens_per_rank > 1) t.tokens_per_rank--; break;
-        case 1: if (t.H > 1) t.H--; break;
-        case 2: if (t.F > 1) t.F--; break;
+        case 1: /* stays a multiple of fsdp, and fp8 keeps FP8_MIN_HF (see the draw) */
+          if (t.H - (t.fsdp > 1 ? t.fsdp : 1) >= (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.H -= t.fsdp > 1 ? t.fsdp : 1;
+          break;
+        case 2: if (t.F > (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.F--; break;
         case 3: if (t.k > 1 && !t.groups) t.k--; break;
         case 4: if (t.E > t.ep && !t.groups && t.E - t.ep >= t.k) t.E -= t.ep; break;
         case 5: if (t.bias) t.bias = 0; break;

@@ -16,7 +16,7 @@
 #include "twin/tw_moe.h"
 
 typedef struct {
-  int dp, ep, E, k, groups, group_topk, bias, expert_bias, aux;
+  int dp, fsdp, ep, E, k, groups, group_topk, bias, expert_bias, aux, fp8_gather;
   int64_t H, F, tokens_per_rank, alignment;
   tw_router_score score;
   int pre_softmax;

@@ -54,26 +54,40 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   const tw_mesh *mesh = &r->mesh;
   tw_dimspec tok = {0, {TW_AXIS_DP}};
   if (tw_mesh_axis_size(mesh, TW_AXIS_DP) > 1) tok.axis[tok.n++] = TW_AXIS_DP;
+  if (tw_mesh_axis_size(mesh, TW_AXIS_FSDP) > 1) tok.axis[tok.n++] = TW_AXIS_FSDP;
   if (tw_mesh_axis_size(mesh, TW_AXIS_EP) > 1) tok.axis[tok.n++] = TW_AXIS_EP;
   int shard = tok.n ? tw_dimspec_index(mesh, &tok, rank) : 0;
   int ep = tw_mesh_axis_size(mesh, TW_AXIS_EP), epc = tw_mesh_coord(mesh, rank, TW_AXIS_EP);
   int dpc = tw_mesh_coord(mesh, rank, TW_AXIS_DP);
+  int fs = tw_mesh_axis_size(mesh, TW_AXIS_FSDP), fsc = tw_mesh_coord(mesh, rank, TW_AXIS_FSDP);
   tw_moe_config cfg = r->cfg;
   int64_t Tl = r->T / nranks, H = cfg.hidden, F = cfg.ffn, E = cfg.num_experts, nle = E / ep;
+  if (H % fs != 0)
+    return tw_error(TW_ERR_INVALID_ARG, "moe_run_rank: H = %lld does not split over fsdp = %d", (long long)H, fs);
+  int64_t Hs = H / fs; /* fsdp: wi [nle, Hs, 2F] rows fsc*Hs.., wo [nle, F, Hs] columns fsc*Hs.. */
   cfg.max_tokens = Tl;
   cfg.global_tokens = r->T;
-  tw_dtype dt = cfg.recipe == TW_MOE_BF16 ? TW_BF16 : TW_F32;
+  tw_dtype dt = cfg.recipe == TW_MOE_F32 ? TW_F32 : TW_BF16;
   int layers = r->layers == 2 ? 2 : 1, bias = r->bi != NULL || r->bo != NULL;
   /* host copies in the recipe's dtype, then their ctx-memory twins */
-  int64_t n[NBUF] = {Tl * H, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,
-                     Tl * H, 1, 1, H * E, nle * H * 2 * F, nle * F * H, nle * 2 * F, nle * H};
+  int64_t n[NBUF] = {Tl * H, H * E, nle * Hs * 2 * F, nle * F * Hs, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,
+                     Tl * H, 1, 1, H * E, nle * Hs * 2 * F, nle * F * Hs, nle * 2 * F, nle * H};
   tw_dtype t[NBUF] = {dt, dt, dt, dt, TW_F32, TW_F32, dt, TW_F32, dt, dt, dt, TW_F32, TW_F32,
                       TW_F32, TW_F32, TW_F32, TW_F32, TW_F32};
   void *host[NBUF] = {0}, *dev[NBUF] = {0};
   host[IN_X] = as_dtype(r->x + Tl * H * shard, Tl * H, dt);
   host[IN_GATE] = as_dtype(r->gate, H * E, dt);
-  host[IN_WI] = as_dtype(r->wi + nle * H * 2 * F * epc, nle * H * 2 * F, dt);
-  host[IN_WO] = as_dtype(r->wo + nle * F * H * epc, nle * F * H, dt);
+  float *wi_s = (float *)malloc(sizeof(float) * (size_t)(n[IN_WI] ? n[IN_WI] : 1));
+  float *wo_s = (float *)malloc(sizeof(float) * (size_t)(n[IN_WO] ? n[IN_WO] : 1));
+  for (int64_t e = 0; wi_s && wo_s && e < nle; e++) {
+    const float *gi = r->wi + (epc * nle + e) * H * 2 * F, *go = r->wo + (epc * nle + e) * F * H;
+    memcpy(wi_s + e * Hs * 2 * F, gi + fsc * Hs * 2 * F, sizeof(float) * (size_t)(Hs * 2 * F));
+    for (int64_t f = 0; f < F; f++) memcpy(wo_s + (e * F + f) * Hs, go + f * H + fsc * Hs, sizeof(float) * (size_t)Hs);
+  }
+  host[IN_WI] = wi_s ? as_dtype(wi_s, n[IN_WI], dt) : NULL;
+  host[IN_WO] = wo_s ? as_dtype(wo_s, n[IN_WO], dt) : NULL;
+  free(wi_s);
+  free(wo_s);
   host[IN_BI] = r->bi ? as_dtype(r->bi + nle * 2 * F * epc, nle * 2 * F, TW_F32) : NULL;
   host[IN_BO] = r->bo ? as_dtype(r->bo + nle * H * epc, nle * H, TW_F32) : NULL;
   host[IN_DOUT] = as_dtype(r->d_out + Tl * H * shard, Tl * H, dt);
@@ -92,14 +106,14 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     tw_mem mem = tw_ctx_mem(ctx);
     tw_moe_weights w;
     w.gate = tw_tensor_2d(dev[IN_GATE], dt, H, E, mem);
-    w.wi = tw_tensor_3d(dev[IN_WI], dt, nle, H, 2 * F, mem);
-    w.wo = tw_tensor_3d(dev[IN_WO], dt, nle, F, H, mem);
+    w.wi = tw_tensor_3d(dev[IN_WI], dt, nle, Hs, 2 * F, mem);
+    w.wo = tw_tensor_3d(dev[IN_WO], dt, nle, F, Hs, mem);
     w.bi = r->bi ? tw_tensor_2d(dev[IN_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
     w.bo = r->bo ? tw_tensor_2d(dev[IN_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_moe_grads g;
     g.gate = tw_tensor_2d(dev[G_GATE], TW_F32, H, E, mem);
-    g.wi = tw_tensor_3d(dev[G_WI], TW_F32, nle, H, 2 * F, mem);
-    g.wo = tw_tensor_3d(dev[G_WO], TW_F32, nle, F, H, mem);
+    g.wi = tw_tensor_3d(dev[G_WI], TW_F32, nle, Hs, 2 * F, mem);
+    g.wo = tw_tensor_3d(dev[G_WO], TW_F32, nle, F, Hs, mem);
     g.bi = bias ? tw_tensor_2d(dev[G_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
     g.bo = bias ? tw_tensor_2d(dev[G_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_tensor tx = tw_tensor_2d(dev[IN_X], dt, Tl, H, mem), tout = tw_tensor_2d(dev[OUT_Y], dt, Tl, H, mem);
@@ -122,11 +136,16 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     if (r->dx) to_f32(r->dx + Tl * H * shard, host[OUT_DX], Tl * H, dt);
     if (rank == 0 && r->aux) r->aux[0] = *(float *)host[OUT_AUX];
     if (rank == 0 && r->dgate) memcpy(r->dgate, host[G_GATE], sizeof(float) * (size_t)(H * E));
-    if (dpc == 0) {
-      if (r->dwi) memcpy(r->dwi + nle * H * 2 * F * epc, host[G_WI], sizeof(float) * (size_t)n[G_WI]);
-      if (r->dwo) memcpy(r->dwo + nle * F * H * epc, host[G_WO], sizeof(float) * (size_t)n[G_WO]);
-      if (r->bi && r->bo && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, host[G_BI], sizeof(float) * (size_t)n[G_BI]);
-      if (r->bi && r->bo && r->dbo) memcpy(r->dbo + nle * H * epc, host[G_BO], sizeof(float) * (size_t)n[G_BO]);
+    if (dpc == 0) { /* each fsdp coordinate writes its shard of the expert weights' gradients */
+      const float *gwi = (const float *)host[G_WI], *gwo = (const float *)host[G_WO];
+      for (int64_t e = 0; e < nle; e++) {
+        if (r->dwi)
+          memcpy(r->dwi + (epc * nle + e) * H * 2 * F + fsc * Hs * 2 * F, gwi + e * Hs * 2 * F, sizeof(float) * (size_t)(Hs * 2 * F));
+        for (int64_t f = 0; r->dwo && f < F; f++)
+          memcpy(r->dwo + (epc * nle + e) * F * H + f * H + fsc * Hs, gwo + (e * F + f) * Hs, sizeof(float) * (size_t)Hs);
+      }
+      if (fsc == 0 && r->bi && r->bo && r->dbi) memcpy(r->dbi + nle * 2 * F * epc, host[G_BI], sizeof(float) * (size_t)n[G_BI]);
+      if (fsc == 0 && r->bi && r->bo && r->dbo) memcpy(r->dbo + nle * H * epc, host[G_BO], sizeof(float) * (size_t)n[G_BO]);
     }
   }
   for (int l = 0; l < 2; l++) tw_moe_destroy(m[l]);

@@ -1,6 +1,7 @@
 /* The MoE block on ref thread ranks (or one rank on any context) from global f32 tensors (tests, `twin` tools): each rank
- * takes its token shard (dim 0 split over (dp, ep), ep minor) and the experts of its ep
- * coordinate, runs forward then backward, and the global outputs are put back together. */
+ * takes its token shard (dim 0 split over (dp, fsdp, ep), ep minor), the experts of its ep
+ * coordinate and, with fsdp, its shard of their H dim (wi rows, wo columns), runs forward
+ * then backward, and the global outputs are put back together. */
 #ifndef TWIN_MOE_THREADS_H
 #define TWIN_MOE_THREADS_H
 

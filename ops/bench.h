@@ -29,12 +29,22 @@ typedef struct {
   double bytes;          /* bytes an ideal kernel moves in one call (0: not stated) */
 } tw_bench_row;
 
+/* `twin bench --op pipeline`'s configuration (tools/cmd_bench.c parses and checks it; the gpu
+ * bench, tools/bench_gpu_pipeline.c, runs it). */
+typedef enum { TW_BENCH_PP_AUTO = 0, TW_BENCH_PP_NCCL = 1, TW_BENCH_PP_LOOPBACK = 2 } tw_bench_pp_mode;
+typedef struct tw_bench_pipeline {
+  int stages, microbatches, repeats, delay, bsw;
+  long long hidden, ffn, mb_rows; /* E, H of the dense body; rows of one microbatch */
+  tw_bench_pp_mode mode;          /* auto: NCCL with one stage per GPU on >= 2 GPUs, else loopback */
+} tw_bench_pipeline;
+
 typedef struct {
   int warmup;            /* iterations before timing */
   int iters;             /* timed iterations (median reported) */
   const char *op;        /* filter: NULL or "all" = every op */
   const char *peers_json;/* file with peer timings measured in the same run (gpu), or NULL */
   FILE *csv;             /* optional machine-readable copy of the rows */
+  const tw_bench_pipeline *pipeline; /* --op pipeline's configuration, else NULL */
 } tw_bench_cfg;
 
 void tw_bench_print_header(void);
@@ -51,6 +61,7 @@ double tw_bench_now_ms(void);             /* monotonic wall clock */
 int tw_bench_gpu_quantize(const tw_bench_cfg *cfg);
 int tw_bench_gpu_gemm(const tw_bench_cfg *cfg);
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg); /* only with --op moe */
+int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg); /* only with --op pipeline (cfg->pipeline set) */
 
 #ifdef __cplusplus
 }

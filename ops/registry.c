@@ -13,6 +13,7 @@
 #pragma weak tw_bench_gpu_quantize
 #pragma weak tw_bench_gpu_gemm
 #pragma weak tw_bench_gpu_moe
+#pragma weak tw_bench_gpu_pipeline
 /* The routing and pipeline fuzzers (fuzz/entry_fuzzers.c) are linked into //tools:twin. */
 #pragma weak tw_fuzz_run_router
 #pragma weak tw_fuzz_run_ep
@@ -100,7 +101,9 @@ static const tw_op_entry table[] = {
      .shard_rule = "grouped_gemm",
      .min_ranks = 1,
      .versions = {GG_VERSIONS},
-     .auto_rule = "gg_mma_wide where it fits, else gg_mma; gg_fma when an operand is f32"},
+     .auto_rule = "gg_wgmma on sm_90 for plain bf16/f16 lhs [M, K], rhs [M, N] (K, N multiples of 8), else "
+                  "gg_mma_wide where it fits, else gg_mma; gg_fma when an operand is f32",
+     .bench_gpu = tw_bench_gpu_gemm},
     {.name = "router",
      .backend_slot = TW_BACKEND_SLOT(router),
      .area = "routing",
@@ -134,6 +137,7 @@ static const tw_op_entry table[] = {
      .min_ranks = 2,
      .above_interface = 1,
      .auto_rule = "one schedule (pipeline/scan.c) on any backend's communicator",
+     .bench_gpu = tw_bench_gpu_pipeline,
      .fuzz_run = tw_fuzz_run_pipeline,
      .planted = "pipeline_stale_window"},
     {.name = "moe",

@@ -179,13 +179,15 @@ static tw_status lb_reduce_scatter(tw_comm *c, tw_ctx *ctx, const void *send, vo
   return collective(c, ctx, "reduce_scatter", send, recv, rs_body, &a);
 }
 
-/* all_reduce (f32 or i32 sum): each rank reads every peer's send to the host and adds them
- * in rank order 0, 1, ... (like the thread communicator, so results match it bit for bit),
- * into a host sum that is written to recv after the closing barrier (recv may be send). */
+/* all_reduce (f32 or i32 sum, f32 max): each rank reads every peer's send to the host and
+ * combines them in rank order 0, 1, ... (like the thread communicator, so sums match it bit
+ * for bit), into a host result written to recv after the closing barrier (recv may be send).
+ * max keeps a NaN. */
 typedef struct {
   int64_t count;
   tw_dtype dt;
   void *sum, *tmp; /* host */
+  tw_reduce_op op;
 } ar_args;
 
 static tw_status ar_body(tw_comm *c, tw_ctx *ctx, void *p) {
@@ -197,7 +199,10 @@ static tw_status ar_body(tw_comm *c, tw_ctx *ctx, void *p) {
     tw_tensor d = tw_tensor_1d((void *)g->send[j], a->dt, a->count, m);
     TW_TRY(tw_tensor_copy(ctx, &h, &d));
     for (int64_t i = 0; j && i < a->count; i++) {
-      if (a->dt == TW_F32) ((float *)a->sum)[i] += ((const float *)a->tmp)[i];
+      if (a->op == TW_REDUCE_MAX) {
+        float t = ((const float *)a->tmp)[i], *s = (float *)a->sum + i;
+        if (t > *s || t != t) *s = t;
+      } else if (a->dt == TW_F32) ((float *)a->sum)[i] += ((const float *)a->tmp)[i];
       else ((int32_t *)a->sum)[i] += ((const int32_t *)a->tmp)[i];
     }
   }
@@ -206,10 +211,11 @@ static tw_status ar_body(tw_comm *c, tw_ctx *ctx, void *p) {
 
 static tw_status lb_all_reduce(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
                                tw_reduce_op op) {
-  if ((dt != TW_F32 && dt != TW_I32) || op != TW_REDUCE_SUM)
-    return tw_error(TW_ERR_UNSUPPORTED, "all_reduce: the loopback communicator sums f32 and i32 only (got %s %s)",
+  if (!((dt == TW_F32 || dt == TW_I32) && op == TW_REDUCE_SUM) && !(dt == TW_F32 && op == TW_REDUCE_MAX))
+    return tw_error(TW_ERR_UNSUPPORTED,
+                    "all_reduce: the loopback communicator sums f32 and i32 and takes the max of f32 only (got %s %s)",
                     tw_dtype_name(dt), tw_reduce_op_name(op));
-  ar_args a = {count, dt, malloc(4 * (size_t)(count > 0 ? count : 1)), malloc(4 * (size_t)(count > 0 ? count : 1))};
+  ar_args a = {count, dt, malloc(4 * (size_t)(count > 0 ? count : 1)), malloc(4 * (size_t)(count > 0 ? count : 1)), op};
   tw_status s = a.sum && a.tmp ? collective(c, ctx, "all_reduce", send, recv, ar_body, &a)
                                : tw_error(TW_ERR_MEMORY, "all_reduce: out of host memory");
   if (s == TW_OK && count > 0) {

@@ -125,6 +125,22 @@ size_t tw_pipeline_window_bytes(const tw_pipeline_config *c, const tw_pipeline_b
   return 2 * (size_t)c->layers_per_stage * P * sizeof(float);
 }
 
+size_t tw_pipeline_peak_bytes(const tw_pipeline_config *c, const tw_pipeline_body *b, int fsdp, int stage) {
+  const int F = fsdp > 0 ? fsdp : 1, S = c->stages, M = c->microbatches, R = c->repeats, d = c->delay;
+  const int Lps = c->layers_per_stage, use_circ = R > 1 && M > d * S;
+  const size_t a = (size_t)(c->mb_rows / F) * (size_t)b->width * sizeof(float);
+  size_t max_shard = 1;
+  for (int i = 0; i < b->nparams; i++) {
+    size_t n = (size_t)(b->param_rows[i] * b->param_cols[i]) / (size_t)F;
+    if (n > max_shard) max_shard = n;
+  }
+  size_t state = (size_t)(M / S) * a + 4 * a + (use_circ ? a : 0) + (use_circ && stage == 0 ? (size_t)M * a : 0) +
+                 (d == 2 ? a : 0);
+  size_t call = (size_t)(Lps > 1 ? Lps - 1 : 1) * a + 3 * a + max_shard * sizeof(float) +
+                (b->scratch_bytes ? b->scratch_bytes(b, c->mb_rows / F) : 0);
+  return tw_pipeline_saved_bytes(c, b, F) + tw_pipeline_window_bytes(c, b) + state + call;
+}
+
 /* ---- the printer ----------------------------------------------------------------------- */
 typedef struct {
   char *buf;

@@ -108,6 +108,9 @@ Test(gemm_gpu, goldens_gg_fma, .timeout = 600) { run_goldens("gg_fma"); }
 /* grouped and wgrad cases on the 128x256x64 version; dense cases there run as auto (gpu/gemm.cu
  * does not take the name yet) */
 Test(gemm_gpu, goldens_gg_mma_wide, .timeout = 600) { run_goldens("gg_mma_wide"); }
+/* grouped forward and wgrad cases on the Hopper version (sm_90; the cases it declines, e.g. op T
+ * wgrad operands, fp8, K % 8 != 0, are logged and skipped); dense cases run as auto */
+Test(gemm_gpu, goldens_gg_wgmma, .timeout = 600) { run_goldens("gg_wgmma"); }
 
 /* ---- random dense cases ----------------------------------------------------------------- */
 /* Failures are counted (the first 8 shown), so one run shows every failing case. */

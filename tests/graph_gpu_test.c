@@ -187,6 +187,7 @@ Test(graph_gpu, grouped_gemm_wgrad_replays_with_new_sizes, .timeout = 300) { gra
 Test(graph_gpu, gg_mma_wide_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_mma_wide"); }
 Test(graph_gpu, gg_mma_wide_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_mma_wide"); }
 Test(graph_gpu, gg_wgmma_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_wgmma"); }
+Test(graph_gpu, gg_wgmma_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_wgmma"); }
 
 /* ---- fp8 (gg_wgmma_fp8 and auto): per-tensor and 1x128 scales -------------------------- */
 #include "twin/tw_quantize.h"

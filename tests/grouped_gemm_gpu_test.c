@@ -465,6 +465,15 @@ static tw_tensor store_grouped(const tw_tensor *x, tw_op op, const int64_t *off,
   return y;
 }
 
+/* gg_wgmma wgrad: rows past the sizes' sum set to NaN in both operands (they must never be
+ * read: a group's last k-tile must not take them into the contraction). */
+static int nan_rest;
+/* Fixed wgrad problems (the tails test): sizes, shape, output dtype and accumulate given. */
+static const int32_t *fixed_gs;
+static int64_t fixed_G, fixed_M, fixed_N, fixed_K;
+static tw_dtype fixed_od;
+static int fixed_acc;
+
 static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   rng_s = seed * 104729 + 3;
   int64_t G = unif() < 0.3 ? irange(1, 4) : logdim(256);
@@ -480,11 +489,21 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     if (G > 16) G = irange(1, 16);
     M = irange(0, 4 * budget / (N * K));
   }
+  if (tma_dims) {
+    K = (K + 7) / 8 * 8;
+    N = (N + 7) / 8 * 8;
+  }
   tw_dtype od = pick_out(kind == 1 ? TW_F16 : TW_BF16);
   int accumulate = unif() < 0.25;
+  if (fixed_gs) {
+    G = fixed_G; M = fixed_M; N = fixed_N; K = fixed_K;
+    od = fixed_od;
+    accumulate = fixed_acc;
+  }
   int64_t gsh[1] = {G};
   tw_tensor gs = host_new(TW_I32, 1, gsh);
-  random_groups(G, M, (int32_t *)gs.data);
+  if (fixed_gs) memcpy(gs.data, fixed_gs, (size_t)G * 4);
+  else random_groups(G, M, (int32_t *)gs.data);
   int64_t *off = (int64_t *)malloc((size_t)(G + 1) * sizeof(int64_t));
   off[0] = 0;
   for (int64_t g = 0; g < G; ++g) off[g + 1] = off[g] + ((int32_t *)gs.data)[g];
@@ -503,9 +522,15 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     if (kind == 2 && unif() < 0.5) dr = (rnd() & 1) ? TW_BF16 : TW_F16;
     lop = (tw_op)(rnd() & 1);
     rop = (tw_op)(rnd() & 1);
+    if (tma_dims) lop = rop = TW_OP_N; /* gg_wgmma takes lhs [M, K] and rhs [M, N] */
     tw_tensor x = host_new(dl, 2, lsh), y = host_new(dr, 2, rsh);
     fill_random(&x, M, K);
     fill_random(&y, M, N);
+    if (nan_rest && off[G] < M) { /* all-ones bits: NaN in bf16, f16 and f32 */
+      int es = tw_dtype_bits(dl) / 8, er = tw_dtype_bits(dr) / 8;
+      memset((char *)x.data + off[G] * K * es, 0xFF, (size_t)((M - off[G]) * K * es));
+      memset((char *)y.data + off[G] * N * er, 0xFF, (size_t)((M - off[G]) * N * er));
+    }
     av = values_of(&x);
     bv = values_of(&y);
     ls_h = store_grouped(&x, lop, off, G);
@@ -754,6 +779,42 @@ Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
 
 RANDOM_TESTS(grouped_gemm_wgrad_gpu, wgrad_case)
 
+/* gg_wgmma wgrad (lhs [M, K] and rhs [M, N], ops N; K and N rounded up to multiples of 8):
+ * 400 random + 100 aligned bf16/f16 cases and a few large ones (many k-tiles per tile, several
+ * 128 x 256 tiles per group), rows past the sizes' sum NaN; then fixed tail patterns. */
+Test(grouped_gemm_wgrad_gpu, random_gg_wgmma_version, .timeout = 900) {
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1;
+  for (int s = 0; s < 400; ++s) wgrad_case(11000 + s, (int)(s % 2), BUDGET);
+  tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma");
+}
+Test(grouped_gemm_wgrad_gpu, aligned_gg_wgmma_version, .timeout = 600) {
+  ctx_for("gg_wgmma"); aligned_dims = 1; tma_dims = 1; nan_rest = 1;
+  for (int s = 0; s < 100; ++s) wgrad_case(12000 + s, (int)(s % 2), BUDGET);
+  aligned_dims = 0; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_aligned");
+}
+Test(grouped_gemm_wgrad_gpu, large_gg_wgmma_version, .timeout = 900) {
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1;
+  for (int s = 0; s < 8; ++s) wgrad_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
+  tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_large");
+}
+/* Group edges inside a 64-row k-tile: m_g = 1, 63, 64, 65, 0, 129, 2 (and a group of 1 last)
+ * next to each other, K = 136 (a 128-row tile and an 8-row one), N = 264 (a 256 tile and an
+ * 8-wide one), rows past the sum NaN; every output dtype, with and without accumulate, bf16
+ * and f16. */
+Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
+  static const int32_t sizes[2][8] = {{1, 63, 64, 65, 0, 129, 2, 1}, {0, 0, 200, 0, 7, 0, 0, 1}};
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1;
+  for (int v = 0; v < 2; ++v)
+    for (int o = 0; o < 3; ++o)
+      for (int acc = 0; acc < 2; ++acc)
+        for (int kind = 0; kind < 2; ++kind) {
+          fixed_gs = sizes[v]; fixed_G = 8; fixed_M = 400; fixed_N = 264; fixed_K = 136;
+          fixed_od = out_types[o]; fixed_acc = acc;
+          wgrad_case(14000 + v, kind, BUDGET);
+        }
+  fixed_gs = NULL; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_tails");
+}
+
 /* ---- device error word ------------------------------------------------------------------ */
 /* Bad sizes in device memory: TW_ERR_DEVICE at the next check, and nothing written outside
  * out (a guard band after it stays poisoned). */
@@ -839,6 +900,14 @@ Test(grouped_gemm_wgrad_gpu, sum_past_rows_sets_device_error) {
   int32_t s[2] = {60, 2147483000};
   bad_sizes(s, 2, 1);
 }
+Test(grouped_gemm_wgrad_gpu, gg_wgmma_negative_size_sets_device_error) {
+  int32_t s[2] = {-1, 8};
+  bad_sizes_with(s, 2, 1, "gg_wgmma");
+}
+Test(grouped_gemm_wgrad_gpu, gg_wgmma_sum_past_rows_sets_device_error) {
+  int32_t s[2] = {60, 2147483000};
+  bad_sizes_with(s, 2, 1, "gg_wgmma");
+}
 
 /* The host-sizes loop reports bad sizes as a plain error (it reads them on the host). */
 Test(grouped_gemm_gpu, lt_loop_rejects_bad_sizes_on_host) {
@@ -882,7 +951,8 @@ Test(grouped_gemm_gpu, mma_version_rejects_f32) { rejects_f32("gg_mma"); }
 Test(grouped_gemm_gpu, mma_wide_version_rejects_f32) { rejects_f32("gg_mma_wide"); }
 Test(grouped_gemm_gpu, wgmma_version_rejects_f32) { rejects_f32("gg_wgmma"); }
 
-/* gg_wgmma declines what TMA cannot address (K not a multiple of 8) and the wgrad, by name. */
+/* gg_wgmma declines what TMA cannot address (K not a multiple of 8), forward and wgrad, by
+ * name; and the wgrad with a per-group transposed lhs (op T). */
 Test(grouped_gemm_gpu, wgmma_version_declines_by_name) {
   ctx_for("gg_wgmma");
   int64_t M = 8, K = 12, N = 16, G = 1;
@@ -906,6 +976,17 @@ Test(grouped_gemm_gpu, wgmma_version_declines_by_name) {
   s = tw_grouped_gemm_wgrad(gpu_ctx, &a, TW_OP_N, &bb, TW_OP_N, &gd, &wd, 0);
   cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
   cr_assert(strstr(tw_last_error(), "gg_wgmma") != NULL, "message: %s", tw_last_error());
+  /* lhs op T: one [K, M] tensor of per-group [K, m_g] blocks; K = N = 16 here */
+  int64_t t2[2] = {16, M}, w16[3] = {G, 16, N};
+  tw_tensor lt = host_new(TW_BF16, 2, t2), w2 = host_new(TW_BF16, 3, w16);
+  fill_random(&lt, 16, M);
+  tw_tensor ltd = dev_copy(&lt), w2d = dev_copy(&w2);
+  tw_operand at = tw_operand_plain(&ltd);
+  s = tw_grouped_gemm_wgrad(gpu_ctx, &at, TW_OP_T, &bb, TW_OP_N, &gd, &w2d, 0);
+  cr_assert_eq(s, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "gg_wgmma") != NULL && strstr(tw_last_error(), "transposed") != NULL,
+            "message: %s", tw_last_error());
+  dev_free(&ltd); dev_free(&w2d); host_free(&lt); host_free(&w2);
   dev_free(&ld); dev_free(&rd); dev_free(&gd); dev_free(&od); dev_free(&yd); dev_free(&wd);
   host_free(&lhs); host_free(&rhs); host_free(&gs); host_free(&out); host_free(&y); host_free(&w);
   ctx_done();

@@ -32,6 +32,7 @@ static void *load(const char *dir, const char *name, tw_dtype want, int64_t n) {
 }
 
 int moe_g_fail = 1; /* 0: report the worst ratio without failing (the non-vacuity test) */
+int moe_g_budget_recipe = -1;
 
 /* worst |got - exact| / (k * unit * (|exact| + rms)); fails past 1 */
 static double compare(const char *cname, const char *what, const float *got, const double *exact, int64_t n, double k,
@@ -71,7 +72,9 @@ void moe_load_case(const char *dir, gcase *c) {
   cfg.weighting = skey(txt, "weighting", "early") ? TW_MOE_WEIGHT_EARLY : TW_MOE_WEIGHT_LATE;
   cfg.aux_coeff = (float)atof(keyval(txt, "aux_coeff"));
   cfg.alignment = ikey(txt, "alignment");
-  cfg.recipe = skey(txt, "recipe", "bf16") ? TW_MOE_BF16 : TW_MOE_F32;
+  char rname[32] = "";
+  sscanf(keyval(txt, "recipe"), "%31s", rname);
+  cr_assert(tw_moe_recipe_from_name(rname, &cfg.recipe), "moe.txt: unknown recipe '%s'", rname);
   int64_t T = c->T, H = c->H, F = c->F, E = c->E;
   c->in[0] = load(dir, "x", TW_F32, T * H);
   c->in[1] = load(dir, "gate", TW_F32, H * E);
@@ -114,9 +117,9 @@ double moe_check_case(gcase *c, const char *cname, const tw_mesh *mesh, moe_runn
   r.out = o[0]; r.aux = o[1]; r.dx = o[2]; r.dgate = o[3]; r.dwi = o[4]; r.dwo = o[5]; r.dbi = o[6]; r.dbo = o[7];
   tw_status s = run_fn ? run_fn(&r) : tw_moe_run_threads(&r);
   cr_assert_eq(s, TW_OK, "%s: %s", cname, tw_last_error());
-  int bf16 = r.cfg.recipe == TW_MOE_BF16;
-  double kf = bf16 ? 8 : (double)(H + 2 * F + c->k + 16), kb = bf16 ? 16 : kf + (double)(E + T);
-  double unit = bf16 ? ldexp(1, -8) : ldexp(1, -24), worst = 0;
+  tw_moe_config bc = r.cfg;
+  if (moe_g_budget_recipe >= 0) bc.recipe = (tw_moe_recipe)moe_g_budget_recipe;
+  double kf = tw_moe_error_budget(&bc, T, 0), kb = tw_moe_error_budget(&bc, T, 1), unit = 1, worst = 0;
   const char *names[8] = {"out", "aux", "dx", "dgate", "dwi", "dwo", "dbi", "dbo"};
   for (int i = 0; i < 8; i++)
     if (c->g[i]) worst = fmax(worst, compare(cname, names[i], o[i], c->g[i], sizes[i], i < 2 ? kf : kb, unit));

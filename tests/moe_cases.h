@@ -18,6 +18,7 @@ typedef struct {
 typedef tw_status (*moe_runner)(tw_moe_threads_run *run);
 
 extern int moe_g_fail; /* 0: moe_check_case reports the worst ratio without failing */
+extern int moe_g_budget_recipe; /* >= 0: judge by this recipe's budget instead of the case's */
 void moe_load_case(const char *dir, gcase *c);
 void moe_free_case(gcase *c);
 /* Runs c on mesh (NULL: one rank) and compares with the golden; returns the worst ratio. */

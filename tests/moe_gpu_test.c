@@ -43,7 +43,7 @@ static tw_status gpu_rank(int rank, tw_comm *comm, void *arg) {
 
 /* Every rank of run->mesh as a thread: on its own GPU over NCCL (one GPU: a one-rank NCCL
  * communicator), or with one_gpu all on GPU 0 over the loopback communicator (device memory,
- * copies and host barriers: a correctness vehicle for dp x ep on one GPU). */
+ * copies and host barriers: a correctness vehicle for dp x fsdp x ep on one GPU). */
 static tw_status run_ranks_on(tw_moe_threads_run *run, int one_gpu) {
   if (run->mesh.naxes == 0) {
     tw_axis ax = TW_AXIS_EP;
@@ -70,16 +70,16 @@ static tw_status run_loopback(tw_moe_threads_run *run) { return run_ranks_on(run
 static void loopback_meshes(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);
-  static const int meshes[][2] = {{1, 2}, {2, 2}, {1, 4}};
-  for (int i = 0; i < 3; i++) {
-    int dp = meshes[i][0], ep = meshes[i][1];
-    if (c.T % (dp * ep) || c.E % ep) continue;
+  static const int meshes[][3] = {{1, 1, 2}, {2, 1, 2}, {1, 1, 4}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}};
+  for (int i = 0; i < 6; i++) {
+    int dp = meshes[i][0], fs = meshes[i][1], ep = meshes[i][2];
+    if (c.T % (dp * fs * ep) || c.E % ep || c.H % fs) continue;
     tw_mesh m;
-    tw_axis ax[2] = {TW_AXIS_DP, TW_AXIS_EP};
-    int sz[2] = {dp, ep};
-    cr_assert_eq(tw_mesh_init(&m, 2, ax, sz), TW_OK);
+    tw_axis ax[3] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP};
+    int sz[3] = {dp, fs, ep};
+    cr_assert_eq(tw_mesh_init(&m, 3, ax, sz), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s dp=%d,ep=%d (one GPU, loopback)", name, dp, ep);
+    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d (one GPU, loopback)", name, dp, fs, ep);
     double w = moe_check_case(&c, cname, &m, run_loopback);
     cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
   }
@@ -88,7 +88,41 @@ static void loopback_meshes(const char *dir, const char *name) {
 
 Test(moe_gpu, every_stored_case_sharded_on_one_gpu_over_loopback) {
   NEED_GPUS(1);
-  cr_assert_geq(moe_each_case(loopback_meshes), 13);
+  cr_assert_geq(moe_each_case(loopback_meshes), 18);
+}
+
+/* fp8_gather on one GPU over loopback (fsdp = 2): e4m3 codes gathered instead of bf16, the
+ * same bits as quantizing the gathered weights, and within the golden's budget. */
+Test(moe_gpu, fp8_gather_on_one_gpu_equals_quantizing_the_gathered_weights) {
+  NEED_GPUS(1);
+  char dir[1200];
+  snprintf(dir, sizeof dir, "%s/moe/fp8_current_late", tt_golden_root());
+  gcase c;
+  moe_load_case(dir, &c);
+  tw_mesh m;
+  tw_axis ax = TW_AXIS_FSDP;
+  int two = 2;
+  cr_assert_eq(tw_mesh_init(&m, 1, &ax, &two), TW_OK);
+  int64_t n = c.T * c.H, nwi = c.E * c.H * 2 * c.F, nwo = c.E * c.F * c.H;
+  float *o[2], *dx[2], *dwi[2], *dwo[2];
+  for (int q = 0; q < 2; q++) {
+    o[q] = (float *)calloc((size_t)n, 4); dx[q] = (float *)calloc((size_t)n, 4);
+    dwi[q] = (float *)calloc((size_t)nwi, 4); dwo[q] = (float *)calloc((size_t)nwo, 4);
+    tw_moe_threads_run r = c.run;
+    r.mesh = m;
+    r.cfg.fp8_gather = q;
+    r.out = o[q]; r.dx = dx[q]; r.dwi = dwi[q]; r.dwo = dwo[q];
+    cr_assert_eq(run_loopback(&r), TW_OK, "fp8_gather = %d: %s", q, tw_last_error());
+  }
+  cr_assert(memcmp(o[0], o[1], 4 * (size_t)n) == 0, "out differs with fp8_gather");
+  cr_assert(memcmp(dx[0], dx[1], 4 * (size_t)n) == 0, "dx differs with fp8_gather");
+  cr_assert(memcmp(dwi[0], dwi[1], 4 * (size_t)nwi) == 0, "dwi differs with fp8_gather");
+  cr_assert(memcmp(dwo[0], dwo[1], 4 * (size_t)nwo) == 0, "dwo differs with fp8_gather");
+  c.run.cfg.fp8_gather = 1;
+  double w = moe_check_case(&c, "fp8_current_late fsdp=2 fp8_gather (one GPU, loopback)", &m, run_loopback);
+  cr_log_info("moe gpu fp8_gather fsdp=2: bit-identical to gathering bf16; worst |diff|/bound %.3g", w);
+  for (int q = 0; q < 2; q++) { free(o[q]); free(dx[q]); free(dwi[q]); free(dwo[q]); }
+  moe_free_case(&c);
 }
 
 static void on_one_gpu(const char *dir, const char *name) {
@@ -101,33 +135,36 @@ static void on_one_gpu(const char *dir, const char *name) {
 
 Test(moe_gpu, every_stored_case_on_one_gpu) {
   NEED_GPUS(1);
-  cr_assert_geq(moe_each_case(on_one_gpu), 13);
+  cr_assert_geq(moe_each_case(on_one_gpu), 18);
 }
 
 static void on_two_gpus(const char *dir, const char *name) {
   gcase c;
   moe_load_case(dir, &c);
-  if (c.T % 2 == 0 && c.E % 2 == 0) {
+  tw_axis axes[2] = {TW_AXIS_EP, TW_AXIS_FSDP};
+  for (int a = 0; a < 2; a++) { /* ep = 2, then fsdp = 2 (weights gathered / reduce-scattered over NCCL) */
+    if (c.T % 2 || (a == 0 && c.E % 2) || (a == 1 && c.H % 2)) continue;
     tw_mesh m;
-    tw_axis ax = TW_AXIS_EP;
     int two = 2;
-    cr_assert_eq(tw_mesh_init(&m, 1, &ax, &two), TW_OK);
+    cr_assert_eq(tw_mesh_init(&m, 1, &axes[a], &two), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s ep=2 (2 GPUs)", name);
+    snprintf(cname, sizeof cname, "%s %s=2 (2 GPUs)", name, a == 0 ? "ep" : "fsdp");
     double w = moe_check_case(&c, cname, &m, run_on_gpus);
     cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
   }
   moe_free_case(&c);
 }
 
-Test(moe_gpu, every_stored_case_on_two_gpus_ep2) {
+Test(moe_gpu, every_stored_case_on_two_gpus_ep2_and_fsdp2) {
   NEED_GPUS(2);
-  cr_assert_geq(moe_each_case(on_two_gpus), 13);
+  cr_assert_geq(moe_each_case(on_two_gpus), 18);
 }
 
-/* A larger bf16 block (grouped GEMMs of hundreds of rows, 16 experts, k = 4): gpu vs ref. */
-Test(moe_gpu, larger_bf16_block_matches_ref) {
-  NEED_GPUS(1);
+/* A larger block (grouped GEMMs of hundreds of rows, 16 experts, k = 4): gpu vs ref, within
+ * the recipe's budget c (tw_moe_error_budget) for bf16; for fp8 within 2c: each backend is
+ * within c of the exact block, and values that differ by a GEMM rounding may quantize to
+ * neighbouring e4m3 codes, so the two are not closer than that in general. */
+static void larger_block_matches_ref(tw_moe_recipe recipe) {
   enum { T = 512, H = 256, F = 128, E = 16, K = 4 };
   float *in[7];
   int64_t n[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
@@ -141,7 +178,7 @@ Test(moe_gpu, larger_bf16_block_matches_ref) {
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
   tw_moe_config cfg = TW_MOE_CONFIG_INIT;
-  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = TW_MOE_BF16;
+  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = recipe;
   cfg.aux_coeff = 0.01f; cfg.alignment = 8;
   r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
   r.x = in[0]; r.gate = in[1]; r.wi = in[2]; r.wo = in[3]; r.bi = in[4]; r.bo = in[5]; r.d_out = in[6];
@@ -161,20 +198,34 @@ Test(moe_gpu, larger_bf16_block_matches_ref) {
   for (int q = 0; q < nout; q++) {
     double ss = 0, worst = 0;
     for (int64_t i = 0; i < on[q]; i++) ss += (double)ref[q][i] * ref[q][i];
-    double rms = sqrt(ss / (double)on[q]), k = (q == 0 || q == 5) ? 8 : 16;
+    double rms = sqrt(ss / (double)on[q]), k = tw_moe_error_budget(&cfg, T, !(q == 0 || q == 5));
+    if (recipe != TW_MOE_BF16) k *= 2;
     for (int64_t i = 0; i < on[q]; i++) {
-      double bound = k * ldexp(1, -8) * (fabs(ref[q][i]) + rms), err = fabs((double)gpu[q][i] - ref[q][i]);
+      double bound = k * (fabs(ref[q][i]) + rms), err = fabs((double)gpu[q][i] - ref[q][i]);
       cr_assert(err <= bound, "%s[%lld]: gpu %.9g, ref %.9g, |diff| %.3g > %.3g", names[q], (long long)i,
                 (double)gpu[q][i], (double)ref[q][i], err, bound);
       worst = fmax(worst, err / bound);
     }
-    cr_log_info("moe gpu vs ref, bf16 T=%d H=%d F=%d E=%d k=%d: %s worst |diff|/bound %.3g", T, H, F, E, K, names[q], worst);
+    cr_log_info("moe gpu vs ref, %s T=%d H=%d F=%d E=%d k=%d: %s worst |diff|/bound %.3g", tw_moe_recipe_name(recipe), T,
+                H, F, E, K, names[q], worst);
   }
   for (int i = 0; i < 7; i++) free(in[i]);
   for (int i = 0; i < nout; i++) {
     free(ref[i]);
     free(gpu[i]);
   }
+}
+
+Test(moe_gpu, larger_bf16_block_matches_ref) {
+  NEED_GPUS(1);
+  larger_block_matches_ref(TW_MOE_BF16);
+}
+
+Test(moe_gpu, larger_fp8_blocks_match_ref) {
+  NEED_GPUS(1);
+  larger_block_matches_ref(TW_MOE_FP8_CURRENT);
+  larger_block_matches_ref(TW_MOE_FP8_BLOCK);
+  larger_block_matches_ref(TW_MOE_FP8_MXFP8);
 }
 
 /* ---- the block's forward + backward in one CUDA graph -------------------------------------- */

@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_ep.h"
+#include "twin/tw_quantize.h"
 
 enum { T = 8, H = 6, F = 4, E = 4, K = 2 };
 
@@ -78,18 +79,22 @@ Test(moe_errors, config_values_are_named) {
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "aux_coeff = -1");
   c = base_cfg(); c.global_tokens = 0;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "global_tokens = 0");
+  c = base_cfg(); c.recipe = TW_MOE_BF16; c.fp8_gather = 1;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs recipe fp8_current (got bf16");
+  c = base_cfg(); c.fp8_gather = 2;
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 2 must be 0 or 1");
   c = base_cfg(); c.size = 8;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "TW_MOE_CONFIG_INIT");
 }
 
-Test(moe_errors, meshes_outside_dp_and_ep_are_refused) {
+Test(moe_errors, meshes_outside_dp_fsdp_and_ep_are_refused) {
   tw_mesh m;
-  tw_axis tp = TW_AXIS_TP, fsdp = TW_AXIS_FSDP, ep = TW_AXIS_EP;
+  tw_axis tp = TW_AXIS_TP, pp = TW_AXIS_PP, ep = TW_AXIS_EP;
   int one = 1, two = 2;
   cr_assert_eq(tw_mesh_init(&m, 1, &tp, &one), TW_OK);
   expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "has axis tp");
-  cr_assert_eq(tw_mesh_init(&m, 1, &fsdp, &one), TW_OK);
-  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "fsdp sharding of the expert weights is not built yet");
+  cr_assert_eq(tw_mesh_init(&m, 1, &pp, &one), TW_OK);
+  expect_create(base_cfg(), &m, TW_ERR_UNSUPPORTED, "has axis pp");
   cr_assert_eq(tw_mesh_init(&m, 1, &ep, &two), TW_OK);
   expect_create(base_cfg(), &m, TW_ERR_INVALID_ARG, "has 2 ranks but the communicator has 1");
   /* no communicator at all */
@@ -117,6 +122,32 @@ Test(moe_errors, experts_must_divide_over_ep) {
   cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
   tt_expect_status(tw_run_ranks(2, comms, experts_not_divisible, NULL), TW_ERR_INVALID_ARG, "3");
   for (int i = 0; i < 2; i++) tw_comm_destroy(comms[i]);
+}
+
+static tw_status hidden_not_divisible(int rank, tw_comm *comm, void *arg) {
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_moe_config c = base_cfg();
+  c.global_tokens = 4 * T;
+  tw_mesh m;
+  tw_axis fsdp = TW_AXIS_FSDP;
+  int four = 4;
+  tw_status s = tw_mesh_init(&m, 1, &fsdp, &four);
+  tw_moe *mo = NULL;
+  if (s == TW_OK) s = tw_moe_create(ctx, &m, &c, &mo);
+  tw_moe_destroy(mo);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(moe_errors, hidden_must_divide_over_fsdp) {
+  tw_comm *comms[4];
+  cr_assert_eq(tw_comm_init_threads(4, comms), TW_OK);
+  tt_expect_status(tw_run_ranks(4, comms, hidden_not_divisible, NULL), TW_ERR_INVALID_ARG,
+                   "H = 6 does not split over fsdp = 4");
+  for (int i = 0; i < 4; i++) tw_comm_destroy(comms[i]);
 }
 
 Test(moe_errors, tensors_biases_and_order_are_checked) {
@@ -239,6 +270,97 @@ Test(moe_layers, saved_bytes_are_the_headers_sum) {
     tw_moe_destroy(m);
   }
   close_rank(r);
+}
+
+/* FP8_*: recv is kept as its colwise fp8 copy (data + scales) instead of bf16, and the fp8
+ * copies of wi and wo (both orientations) join the saved state. */
+static size_t q_bytes(tw_scaling mode, int64_t M, int64_t K, int64_t G, int row, int col) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_ROWWISE_COLWISE;
+  tw_qtensor q;
+  cr_assert_eq(tw_quantize_output_shapes(&o, M, K, G, &q), TW_OK, "%s", tw_last_error());
+  size_t b = 0;
+  if (row) b += tw_tensor_bytes(&q.row_data) + (tw_tensor_is_none(&q.row_scale_inv) ? 0 : tw_tensor_bytes(&q.row_scale_inv));
+  if (col) b += tw_tensor_bytes(&q.col_data) + (tw_tensor_is_none(&q.col_scale_inv) ? 0 : tw_tensor_bytes(&q.col_scale_inv));
+  if (!tw_tensor_is_none(&q.amax)) b += tw_tensor_bytes(&q.amax);
+  return b;
+}
+
+Test(moe_layers, fp8_saved_bytes_are_the_headers_sum) {
+  one_rank r = open_rank();
+  const tw_moe_recipe recipes[3] = {TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
+  const tw_scaling act[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_MXFP8_1D};
+  const tw_scaling wts[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
+  for (int i = 0; i < 3; i++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = recipes[i];
+    tw_moe *m;
+    cr_assert_eq(tw_moe_create(r.ctx, NULL, &c, &m), TW_OK, "%s", tw_last_error());
+    tw_ep_config ec = TW_EP_CONFIG_INIT;
+    ec.num_experts = E; ec.topk = K; ec.max_tokens = T; ec.hidden = H; ec.token_dtype = TW_BF16;
+    int64_t R = tw_ep_capacity_no_drop(&ec, 1);
+    ec.recv_capacity = R;
+    size_t ws, layer;
+    cr_assert_eq(tw_ep_workspace_bytes(&ec, 1, &ws, &layer), TW_OK);
+    size_t want = 4 * T * E + 8 * T * K + 4 * E + layer + 4 * (size_t)R + 4 * E + 4 * (size_t)R * 2 * F +
+                  2 * (size_t)R * H /* eo, late */ + q_bytes(act[i], R, H, E, 0, 1) +
+                  q_bytes(wts[i], E * H, 2 * F, E, 1, 1) + q_bytes(wts[i], E * F, H, E, 1, 1);
+    cr_expect_eq(tw_moe_saved_bytes(m), want, "%s: saved %zu bytes, header says %zu", tw_moe_recipe_name(c.recipe),
+                 tw_moe_saved_bytes(m), want);
+    tw_moe_destroy(m);
+  }
+  close_rank(r);
+}
+
+Test(moe_layers, two_interleaved_fp8_layers_equal_each_alone) {
+  static problem p;
+  fill(&p, 5);
+  for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = (tw_moe_recipe)rc;
+    float a[3][T * H], b[3][T * H], wa[E * H * 2 * F], wb[E * H * 2 * F];
+    run(&p, c, 1, 1, a[0], a[1], wa);
+    run(&p, c, 2, 1, b[0], b[1], wb);
+    cr_assert(memcmp(a[0], b[0], sizeof a[0]) == 0, "%s: out differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+    cr_assert(memcmp(a[1], b[1], sizeof a[1]) == 0, "%s: dx differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+    cr_assert(memcmp(wa, wb, sizeof wa) == 0, "%s: dwi differs when another layer runs in between", tw_moe_recipe_name(c.recipe));
+  }
+}
+
+/* fp8_gather (quantize before the fsdp all-gather) gives the very bits of quantizing the
+ * gathered weights, on fsdp = 2 and on fsdp = 2 x ep = 2. */
+static void run_mesh(problem *p, tw_moe_config c, int fsdp, int ep, float *out, float *dx, float *dwi, float *dwo) {
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  r.cfg = c;
+  r.cfg.global_tokens = T;
+  r.T = T;
+  tw_axis ax[2] = {TW_AXIS_FSDP, TW_AXIS_EP};
+  int sz[2] = {fsdp, ep};
+  cr_assert_eq(tw_mesh_init(&r.mesh, ep > 1 ? 2 : 1, ax, sz), TW_OK);
+  r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.d_out = p->d_out; r.bi = p->bi; r.bo = p->bo;
+  r.d_aux = 1; r.layers = 1;
+  r.out = out; r.dx = dx; r.dwi = dwi; r.dwo = dwo;
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s", tw_last_error());
+}
+
+Test(moe_layers, fp8_gather_equals_quantizing_the_gathered_weights) {
+  static problem p;
+  fill(&p, 6);
+  for (int ep = 1; ep <= 2; ep++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = TW_MOE_FP8_CURRENT;
+    static float o[2][T * H], dx[2][T * H], dwi[2][E * H * 2 * F], dwo[2][E * F * H];
+    for (int q = 0; q < 2; q++) {
+      c.fp8_gather = q;
+      run_mesh(&p, c, 2, ep, o[q], dx[q], dwi[q], dwo[q]);
+    }
+    cr_assert(memcmp(o[0], o[1], sizeof o[0]) == 0, "ep=%d: out differs with fp8_gather", ep);
+    cr_assert(memcmp(dx[0], dx[1], sizeof dx[0]) == 0, "ep=%d: dx differs with fp8_gather", ep);
+    cr_assert(memcmp(dwi[0], dwi[1], sizeof dwi[0]) == 0, "ep=%d: dwi differs with fp8_gather", ep);
+    cr_assert(memcmp(dwo[0], dwo[1], sizeof dwo[0]) == 0, "ep=%d: dwo differs with fp8_gather", ep);
+  }
 }
 
 /* ---- finite differences ------------------------------------------------------------------- */

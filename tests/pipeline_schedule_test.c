@@ -139,6 +139,29 @@ Test(pipeline_schedule, memory_formulas) {
   cr_assert_eq(tw_pipeline_window_bytes(&c, &b), (size_t)4 * (2 * 8 * 12) * 4); /* not R */
 }
 
+/* The scan's peak allocation (tw_pipeline_peak_bytes), term by term: S=2 M=4 R=2 Lps=2 F=2,
+ * E=8 H=12, mb=6 (3 rows a rank): a = 3*8*4 bytes; circ is used (M > dS). */
+Test(pipeline_schedule, peak_bytes_formula) {
+  tw_pipeline_body b;
+  cr_assert_eq(tw_pipeline_dense_body(8, 12, &b), TW_OK);
+  tw_pipeline_config c = cfg(2, 4, 2, 1, 2);
+  c.mb_rows = 6;
+  const size_t a = 3 * 8 * 4, saved = 4 * 2 * a, window = 2 * 2 * (2 * 8 * 12) * 4;
+  const size_t call = 1 * a + 3 * a + (8 * 12 / 2) * 4 + 2 * 3 * 12 * 4; /* layer_in, g0 g1 tmp, shard, scratch */
+  cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 2, 0), saved + window + (2 + 4 + 1 + 4) * a + call);
+  cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 2, 1), saved + window + (2 + 4 + 1) * a + call);
+  c = cfg(2, 2, 2, 1, 1); /* M == dS: rotate, no circ; BSW window */
+  c.mb_rows = 6;
+  c.fsdp = TW_PIPELINE_FSDP_BSW;
+  const size_t a1 = 6 * 8 * 4;
+  cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 1, 0),
+               2 * 2 * a1 + 4 * (2 * 8 * 12) * 4 + (1 + 4) * a1 + (1 + 3) * a1 + 8 * 12 * 4 + 2 * 6 * 12 * 4);
+  c = cfg(2, 4, 1, 2, 1); /* d = 2: prev */
+  c.mb_rows = 6;
+  cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 1, 1),
+               4 * a1 + 2 * (2 * 8 * 12) * 4 + (2 + 4 + 1) * a1 + (1 + 3) * a1 + 8 * 12 * 4 + 2 * 6 * 12 * 4);
+}
+
 /* ---- configuration rules ------------------------------------------------------------ */
 static void expect_rule(tw_pipeline_config c, const char *mesh, const char *rule, const char *detail) {
   tw_pipeline_body b;

@@ -13,6 +13,14 @@
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
  *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets).
+ *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
+ *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
+ *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
+ *     torch._grouped_mm in its ragged-K form (offs along the contracting dim), the ratio to
+ *     gg_wgmma's forward rate on the same shape (target >= 0.9), and on G32 / G128 ragged sizes
+ *     timed with and without the tail-row zeroing.
+ * `--op grouped_gemm_wgrad` (alias wgrad) runs only the dense bf16 floor, the bf16 gg_wgmma
+ * forward rows and the wgrad rows.
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -87,11 +95,12 @@ typedef struct {
   tw_operand a, b;
   tw_op op_b;
   tw_tensor gs, out;
-  int grouped;
+  int grouped;  /* 2: wgrad (ops N) */
 } call;
 
 static int run_call(void *p) {
   call *c = (call *)p;
+  if (c->grouped == 2) return tw_grouped_gemm_wgrad(c->ctx, &c->a, TW_OP_N, &c->b, TW_OP_N, &c->gs, &c->out, 0);
   if (c->grouped) return tw_grouped_gemm(c->ctx, &c->a, &c->b, c->op_b, &c->gs, &c->out, 0);
   return tw_gemm(c->ctx, &c->a, TW_OP_N, &c->b, c->op_b, &c->out, 0);
 }
@@ -191,7 +200,10 @@ static void row_out(const char *shape, const char *ver, double ms, double flop, 
 
 int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
   int iters = cfg->iters > 10 ? cfg->iters : 10, warmup = cfg->warmup > 2 ? cfg->warmup : 2;
-  if (cfg->op && strcmp(cfg->op, "all") && strcmp(cfg->op, "grouped_gemm") && strcmp(cfg->op, "gemm")) return 0;
+  if (cfg->op && strcmp(cfg->op, "all") && strcmp(cfg->op, "grouped_gemm") && strcmp(cfg->op, "gemm") &&
+      strcmp(cfg->op, "grouped_gemm_wgrad"))
+    return 0;
+  const int wgrad_only = cfg->op && !strcmp(cfg->op, "grouped_gemm_wgrad");
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     fprintf(stderr, "bench gpu gemm: no CUDA stream (no GPU?)\n");
     return 1;
@@ -219,7 +231,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       return 1;
     }
     double flop = 2.0 * D * D * D;
-    for (int fp8 = 0; fp8 < 2; ++fp8) {
+    for (int fp8 = 0; fp8 < (wgrad_only ? 1 : 2); ++fp8) {
       call c;
       memset(&c, 0, sizeof c);
       tw_tensor A = tw_tensor_2d(fp8 ? a8 : a, fp8 ? TW_E4M3 : TW_BF16, D, D, TW_MEM_DEVICE);
@@ -249,7 +261,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       const char *tp = fp8 ? "torch._scaled_mm" : "torch.matmul";
       tw_ctx *own[2] = {c_mma, c_wide};
       const char *own_names[2] = {"gg_mma", "gg_mma_wide"};
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < (wgrad_only ? 0 : 2); ++v) {
         c.ctx = own[v];
         ms = time_it(run_call, &c, warmup, iters, own[v]);
         if (ms < 0) { fprintf(stderr, "%s: %s\n", own_names[v], tw_last_error()); rc = 1; }
@@ -281,7 +293,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     char key[96];
     snprintf(key, sizeof key, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
              (long long)sh.K);
-    for (int kind = 0; kind < 3; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
+    double fwd_wgmma_tflops = -1;
+    for (int kind = 0; kind < (wgrad_only ? 1 : 3); ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
       int fp8 = kind > 0;
       if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
       call c;
@@ -323,14 +336,88 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       const char *names[3][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
                                  {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma_fp8"},
                                  {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
-      for (int v = 0; v < (kind == 2 ? 2 : 4); ++v) {
+      for (int v = wgrad_only ? 3 : 0; v < (kind == 2 ? 2 : 4); ++v) {
         c.ctx = ctxs[kind][v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[kind][v], tw_last_error()); rc = 1; }
         row_out(shape, names[kind][v], ms, flop, floor, peer, pms, cfg->csv);
+        if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
       }
     }
-    tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, gs); tw_free(c_auto, sa);
+    tw_free(c_auto, o);
+    o = NULL;
+    /* ---- wgrad, same FLOPs: out [G, K, N] = per group lhs_g^T [K, m] @ rhs_g [m, N] ---- */
+    {
+      void *r2 = NULL, *o2 = NULL;
+      if (tw_alloc(c_auto, (size_t)(M * sh.N * 2), &r2) || tw_alloc(c_auto, (size_t)(sh.G * sh.K * sh.N * 2), &o2) ||
+          fill(a, M * sh.K, 2) || fill(r2, M * sh.N, 2)) {
+        fprintf(stderr, "bench gpu gemm: allocation failed (wgrad)\n");
+        return 1;
+      }
+      call c;
+      memset(&c, 0, sizeof c);
+      c.grouped = 2;
+      c.gs = tw_tensor_1d(gs, TW_I32, sh.G, TW_MEM_DEVICE);
+      c.out = tw_tensor_3d(o2, TW_BF16, sh.G, sh.K, sh.N, TW_MEM_DEVICE);
+      tw_tensor A = tw_tensor_2d(a, TW_BF16, M, sh.K, TW_MEM_DEVICE);
+      tw_tensor B = tw_tensor_2d(r2, TW_BF16, M, sh.N, TW_MEM_DEVICE);
+      c.a = tw_operand_plain(&A);
+      c.b = tw_operand_plain(&B);
+      char shape[96], wkey[104];
+      snprintf(shape, sizeof shape, "wgrad G=%lld m=%lld N=%lld K=%lld bf16", (long long)sh.G, (long long)sh.m,
+               (long long)sh.N, (long long)sh.K);
+      snprintf(wkey, sizeof wkey, "wgrad_%s", key + strlen("grouped_"));
+      cur_bytes = (double)(M * sh.K + M * sh.N) * 2 + (double)sh.G * sh.K * sh.N * 2;
+      const double pms = peer_ms(wkey, "torch._grouped_mm");
+      /* v = 2: gg_wgmma with the register epilogue (TWIN_GG_WGMMA_WGRAD_REGSTORE=1), the
+       * accumulate path's stores, to show what the TMA-store epilogue buys */
+      /* v = 3: the tail zeroing done by producer warps (TWIN_GG_WGMMA_WGRAD_ZERO=producer) */
+      tw_ctx *ctxs[4] = {c_wide, c_wg, c_wg, c_wg};
+      const char *names[4] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue", "gg_wgmma, producer zeroing"};
+      for (int v = 0; v < 4; ++v) {
+        c.ctx = ctxs[v];
+        if (v == 2) setenv("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1", 1);
+        if (v == 3) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
+        double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
+        if (v == 2) unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
+        if (v == 3) unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
+        if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
+        row_out(shape, names[v], ms, flop, peak_bf16, "torch._grouped_mm", pms, cfg->csv);
+        if (v == 1 && ms > 0 && fwd_wgmma_tflops > 0)
+          printf("# %s: gg_wgmma wgrad / gg_wgmma forward rate = %.3f (target >= 0.9)\n", shape,
+                 flop / (ms * 1e-3) / 1e12 / fwd_wgmma_tflops);
+      }
+      /* the cost of the tail-row zeroing: the G32 and G128 shapes with sizes m -+ d alternating
+       * (same sum; every group then ends inside a 64-row k-tile), timed with the zeroing and
+       * without it (TWIN_GG_WGMMA_WGRAD_NOMASK=1: wrong results, timing only) */
+      if (sh.m <= 512) {
+        const int32_t d = sh.m == 512 ? 12 : 28;
+        int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
+        for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
+        cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
+        free(hs);
+        snprintf(shape, sizeof shape, "wgrad G=%lld m=%lld-+%d N=%lld K=%lld bf16", (long long)sh.G, (long long)sh.m,
+                 (int)d, (long long)sh.N, (long long)sh.K);
+        c.ctx = c_wg;
+        const char *modes[3] = {"gg_wgmma", "gg_wgmma, no tail zeroing (timing only)", "gg_wgmma, producer zeroing"};
+        for (int mode = 0; mode < 3; ++mode) {
+          if (mode == 1) setenv("TWIN_GG_WGMMA_WGRAD_NOMASK", "1", 1);
+          if (mode == 2) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
+          double ms = time_it(run_call, &c, warmup, iters, c_wg);
+          unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
+          unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
+          if (ms < 0) { fprintf(stderr, "%s gg_wgmma: %s\n", shape, tw_last_error()); rc = 1; }
+          row_out(shape, modes[mode], ms, flop, peak_bf16, "", -1, cfg->csv);
+        }
+        int32_t *hu = (int32_t *)malloc((size_t)sh.G * 4);
+        for (int64_t g = 0; g < sh.G; ++g) hu[g] = (int32_t)sh.m;
+        cudaMemcpy(gs, hu, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
+        free(hu);
+      }
+      tw_free(c_auto, r2);
+      tw_free(c_auto, o2);
+    }
+    tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, gs); tw_free(c_auto, sa);
     tw_free(c_auto, sb);
   }
   tw_ctx_destroy(c_auto); tw_ctx_destroy(c_mma); tw_ctx_destroy(c_loop); tw_ctx_destroy(c_lt);

@@ -4,7 +4,9 @@
  * weight gradients). Rate: the six expert GEMMs' FLOPs (18 T k H F) over the fwd + bwd time.
  * Peer: the same block in PyTorch (tools/peers/torch_moe.py: torch.topk router, experts by
  * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
- * each row, the breakdown by step (CUDA events between the block's steps, one extra run). */
+ * each row, the breakdown by step (CUDA events between the block's steps, one extra run).
+ * The fp8 recipes (fp8_current, fp8_block: bf16 tensors, e4m3 expert GEMMs) run the same
+ * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +66,7 @@ static void on_step(void *arg, const char *name) {
 static const char *category(const char *s) {
   if (strstr(s, "GEMM") || strstr(s, "grad gate") || strstr(s, "grad w")) return "GEMMs";
   if (strstr(s, "aux")) return "aux loss";
+  if (strstr(s, "quantize")) return "quantize";
   if (strstr(s, "router")) return "router";
   if (strstr(s, "dispatch")) return "dispatch";
   if (strstr(s, "combine")) return "combine";
@@ -77,14 +80,15 @@ static void *dalloc(tw_ctx *ctx, size_t bytes, int *ok) {
   return p;
 }
 
-static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const tw_bench_cfg *cfg) {
+static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, const char *peers, const tw_bench_cfg *cfg) {
   const int64_t H = 7168, F = 2048;
   const int K = 8;
   tw_moe_config c = TW_MOE_CONFIG_INIT;
-  c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K; c.recipe = TW_MOE_BF16;
+  c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K; c.recipe = recipe;
   c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T;
   char shape[96], key[64];
-  snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d bf16", E, (long long)T, (long long)H, (long long)F, K);
+  snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d %s", E, (long long)T, (long long)H, (long long)F, K,
+           tw_moe_recipe_name(recipe));
   snprintf(key, sizeof key, "moe_E%d_T%lld", E, (long long)T);
   job j;
   memset(&j, 0, sizeof j);
@@ -122,7 +126,7 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const 
   r.pct_of_floor = -1;
   r.flops = 18.0 * (double)T * K * (double)H * (double)F;
   double pms = tw_bench_peer_ms(peers, key, "torch_block");
-  snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd)" : "");
+  snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd, bf16)" : "");
   r.peer_ms = pms;
   if (!ok) {
     fprintf(stderr, "bench moe %s: does not fit or failed to set up: %s\n", shape, tw_last_error());
@@ -147,17 +151,18 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const 
     fwd_bwd(&j);
     tw_moe_set_step_hook(j.m, NULL, NULL);
     cudaStreamSynchronize(stream);
-    const char *cats[] = {"GEMMs", "router", "dispatch", "activation", "combine", "aux loss", "other"};
-    double sum[7] = {0};
+    const char *cats[] = {"GEMMs", "quantize", "router", "dispatch", "activation", "combine", "aux loss", "other"};
+    enum { NC = 8 };
+    double sum[NC] = {0};
     for (int i = 0; i + 1 < mk.n; i++) {
       if (!strcmp(mk.name[i], "end")) continue;
       float ms = 0;
       cudaEventElapsedTime(&ms, mk.ev[i], mk.ev[i + 1]);
-      for (int q = 0; q < 7; q++)
+      for (int q = 0; q < NC; q++)
         if (!strcmp(category(mk.name[i]), cats[q])) sum[q] += ms;
     }
     printf("  breakdown %s:", shape);
-    for (int q = 0; q < 7; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < 6 ? "," : "\n");
+    for (int q = 0; q < NC; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < NC - 1 ? "," : "\n");
   }
   tw_moe_destroy(j.m);
   for (int i = 0; i < nb; i++)
@@ -165,7 +170,7 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, const char *peers, const 
 }
 
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
-  if (cfg->op && strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
+  if (!cfg->op || strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     fprintf(stderr, "bench gpu moe: no CUDA stream (no GPU?)\n");
     return 1;
@@ -185,9 +190,12 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   }
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
-  bench_shape(ctx, 32, 4096, peers, cfg);
-  bench_shape(ctx, 32, 16384, peers, cfg);
-  bench_shape(ctx, 256, 4096, peers, cfg);
+  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK};
+  for (int i = 0; i < 3; i++) {
+    bench_shape(ctx, 32, 4096, recipes[i], peers, cfg);
+    bench_shape(ctx, 32, 16384, recipes[i], peers, cfg);
+    bench_shape(ctx, 256, 4096, recipes[i], peers, cfg);
+  }
   free(peers);
   tw_ctx_destroy(ctx);
   tw_comm_destroy(comm);

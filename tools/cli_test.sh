@@ -112,6 +112,30 @@ expect bench_bad_iters 2 "--iters wants an integer" -- bench --iters lots
 expect bench_bad_op 2 "unknown --op 'conv'" -- bench --op conv
 expect bench_gpu_unavailable 2 "gpu backend is not available" -- bench --backend gpu
 expect bench_registry_name 2 "gemm has no ref bench" -- bench --op gemm
+# bench --op pipeline: its options parse and the configuration is checked with the pipeline's
+# own rules (the rule's name on stderr, exit 2) before the backend is even looked at
+PB="bench --backend gpu --op pipeline"
+expect bench_pipeline_rule_divisible 2 "pipeline.microbatches_divisible" -- $PB --stages 3 --microbatches 4
+expect bench_pipeline_rule_delay 2 "pipeline.delay" -- $PB --stages 2 --microbatches 4 --delay 3
+expect bench_pipeline_rule_delay_microbatches 2 "pipeline.delay_microbatches" -- $PB --stages 4 --microbatches 4 --delay 2
+expect bench_pipeline_rule_bsw_repeats 2 "pipeline.bsw_repeats" -- $PB --stages 2 --microbatches 4 --repeats 1 --bsw
+expect bench_pipeline_rule_bsw_delay 2 "pipeline.bsw_delay" -- $PB --stages 2 --microbatches 4 --delay 2 --bsw
+expect bench_pipeline_default_stages_rule 2 "M = 6 microbatches must be a multiple of S = 4" -- $PB --microbatches 6
+expect bench_pipeline_bad_value 2 "--stages wants an integer 1..4096, got 'two'" -- $PB --stages two
+expect bench_pipeline_bad_dim 2 "--hidden wants an integer 1..1048576, got '0'" -- $PB --hidden 0
+expect bench_pipeline_bad_mode 2 "--mode wants auto, nccl or loopback, got 'ring'" -- $PB --mode ring
+expect bench_pipeline_flag_needs_op 2 "--stages applies to --op pipeline only" -- bench --backend gpu --op gemm --stages 2
+expect bench_pipeline_bsw_needs_op 2 "--bsw applies to --op pipeline only" -- bench --bsw
+expect bench_pipeline_nccl_needs_gpus 2 "--mode nccl needs >= 2 GPUs (one stage per GPU), sees 0" -- $PB --stages 2 --mode nccl
+expect bench_pipeline_valid_reaches_backend 2 "gpu backend is not available" -- $PB --stages 2 --microbatches 4 --bsw --mode loopback
+expect bench_pipeline_no_ref_bench 2 "pipeline has no ref bench" -- bench --op pipeline --stages 2 --microbatches 4
+if "$TWIN" bench --help >"$T/help" 2>&1; then
+  missing=""
+  for f in --stages --microbatches --repeats --delay --bsw --hidden --ffn --mb-rows --mode; do
+    grep -q -- "$f" "$T/help" || missing="$missing $f"
+  done
+  if [ -z "$missing" ]; then pass help_bench_pipeline; else fail help_bench_pipeline "undocumented:$missing"; fi
+else fail help_bench_pipeline "exit $?"; fi
 expect fuzz_registry_name_runs 0 "wgrad" -- fuzz --op grouped_gemm_wgrad --cases 2 --out "$T-fuzz"
 expect fuzz_op_without_generator 2 "grouped_dequantize has no fuzz generator" -- fuzz --op grouped_dequantize --cases 1
 expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'" -- check --sharding --filter conv

@@ -7,11 +7,19 @@
 
 #include "ops/registry.h"
 #include "tools/cli.h"
+#include "twin/tw_pipeline.h"
+#include "twin/tw_shard.h"
+
+#pragma weak tw_gpu_device_count
+int tw_gpu_device_count(void); /* gpu/probe.cu; absent from twin_cpu */
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: twin bench [--backend ref|gpu] [--op all|OP] [--iters N]\n"
           "                  [--warmup N] [--peers FILE] [--csv FILE]\n"
+          "       twin bench --backend gpu --op pipeline [--stages S] [--microbatches M] [--repeats R]\n"
+          "                  [--delay 1|2] [--bsw] [--hidden E] [--ffn H] [--mb-rows N]\n"
+          "                  [--mode auto|nccl|loopback] [--iters N] [--warmup N] [--csv FILE]\n"
           "\n"
           "One row per kernel and shape: median time, rate, the floor it is measured against,\n"
           "and a peer timed in the same run with ratio = peer_ms / ms (> 1: twin is faster).\n"
@@ -19,11 +27,103 @@ static void usage(FILE *f) {
           "                  quantize vs memcpy of the same bytes; gpu: the GPU kernels' benches\n"
           "  --op NAME       all (default) or one registry entry (name or alias: grouped_gemm,\n"
           "                  quantize, gemm, ...); an entry without a bench on that backend\n"
-          "                  says so on stderr\n"
+          "                  says so on stderr; moe and pipeline (gpu) run only when named\n"
           "  --iters N       timed iterations, median reported (default 5)\n"
           "  --warmup N      untimed iterations first (default 1)\n"
           "  --peers FILE    gpu: peer timings measured on the same machine in the same run\n"
-          "  --csv FILE      also write the rows as CSV\n");
+          "  --csv FILE      also write the rows as CSV\n"
+          "\n"
+          "--backend gpu --op pipeline: the circular pipeline scan (dense body y = x + gelu(x W1) W2,\n"
+          "f32) forward + backward against the ideal from one layer's fwd+bwd timed alone, and the\n"
+          "scan's peak device memory against tw_pipeline_peak_bytes. Configuration (checked first;\n"
+          "a broken rule is named, exit 2):\n"
+          "  --stages S          pipeline stages (default: the GPU count when >= 2, else 4)\n"
+          "  --microbatches M    (default 8)     --repeats R (default 2)    --delay 1|2 (default 1)\n"
+          "  --bsw               BSW window (default: plain FSDP, one gather per iteration)\n"
+          "  --hidden E          row width (default 4096)   --ffn H  hidden width of the body (8192)\n"
+          "  --mb-rows N         rows of one microbatch (default 2048)\n"
+          "  --mode auto|nccl|loopback  nccl: one stage per GPU over NCCL (needs >= 2 GPUs);\n"
+          "                      loopback: S stages as threads on GPU 0 (pipeline/loopback_comm.h);\n"
+          "                      auto (default): nccl on >= 2 GPUs, else loopback\n");
+}
+
+static const char *const pp_flags[] = {"--stages", "--microbatches", "--repeats", "--delay", "--hidden",
+                                       "--ffn", "--mb-rows", "--mode", NULL};
+
+static int pp_int(const char *flag, const char *v, long long lo, long long hi, long long *out) {
+  char *end;
+  long long x = strtoll(v, &end, 10);
+  if (*end || end == v || x < lo || x > hi) {
+    fprintf(stderr, "twin bench: %s wants an integer %lld..%lld, got '%s'\n", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+/* One --op pipeline option (a in pp_flags, value v) into pp; -1 after one stderr line. */
+static int pp_option(tw_bench_pipeline *pp, const char *a, const char *v) {
+  long long x = 0;
+  if (!strcmp(a, "--mode")) {
+    if (!strcmp(v, "auto")) pp->mode = TW_BENCH_PP_AUTO;
+    else if (!strcmp(v, "nccl")) pp->mode = TW_BENCH_PP_NCCL;
+    else if (!strcmp(v, "loopback")) pp->mode = TW_BENCH_PP_LOOPBACK;
+    else {
+      fprintf(stderr, "twin bench: --mode wants auto, nccl or loopback, got '%s'\n", v);
+      return -1;
+    }
+    return 0;
+  }
+  int dims = !strcmp(a, "--hidden") || !strcmp(a, "--ffn") || !strcmp(a, "--mb-rows");
+  if (pp_int(a, v, 1, dims ? 1LL << 20 : 4096, &x)) return -1;
+  if (!strcmp(a, "--stages")) pp->stages = (int)x;
+  else if (!strcmp(a, "--microbatches")) pp->microbatches = (int)x;
+  else if (!strcmp(a, "--repeats")) pp->repeats = (int)x;
+  else if (!strcmp(a, "--delay")) pp->delay = (int)x;
+  else if (!strcmp(a, "--hidden")) pp->hidden = x;
+  else if (!strcmp(a, "--ffn")) pp->ffn = x;
+  else pp->mb_rows = x;
+  return 0;
+}
+
+/* Fills the defaults (S from the GPUs this binary sees) and checks the configuration with the
+ * pipeline's own rules on a pp=S mesh; 0, or -1 after one stderr line naming the rule. */
+static int pp_resolve(tw_bench_pipeline *pp) {
+  int gpus = tw_gpu_device_count ? tw_gpu_device_count() : 0;
+  if (!pp->stages) pp->stages = gpus >= 2 && pp->mode != TW_BENCH_PP_LOOPBACK ? gpus : 4;
+  if (!pp->microbatches) pp->microbatches = 8;
+  if (!pp->repeats) pp->repeats = 2;
+  if (!pp->delay) pp->delay = 1;
+  if (!pp->hidden) pp->hidden = 4096;
+  if (!pp->ffn) pp->ffn = 8192;
+  if (!pp->mb_rows) pp->mb_rows = 2048;
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = pp->stages; c.microbatches = pp->microbatches; c.repeats = pp->repeats; c.delay = pp->delay;
+  c.layers_per_stage = 1; c.layers = pp->stages * pp->repeats; c.mb_rows = pp->mb_rows;
+  c.fsdp = pp->bsw ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
+  tw_pipeline_body body;
+  tw_mesh mesh;
+  tw_axis ax = TW_AXIS_PP;
+  tw_status st = tw_pipeline_dense_body(pp->hidden, pp->ffn, &body);
+  if (st == TW_OK) st = tw_mesh_init(&mesh, 1, &ax, &pp->stages);
+  if (st == TW_OK) st = tw_pipeline_check(&c, &mesh, &body);
+  if (st != TW_OK) {
+    fprintf(stderr, "twin bench --op pipeline: %s\n", tw_last_error());
+    return -1;
+  }
+  if (pp->mode == TW_BENCH_PP_NCCL && gpus < 2) {
+    fprintf(stderr, "twin bench --op pipeline: --mode nccl needs >= 2 GPUs (one stage per GPU), sees %d; "
+                    "--mode loopback plays the S stages on one GPU\n", gpus);
+    return -1;
+  }
+  if (pp->mode == TW_BENCH_PP_NCCL && pp->stages > gpus) {
+    fprintf(stderr, "twin bench --op pipeline: --mode nccl runs one stage per GPU: S = %d needs %d GPUs, sees %d\n",
+            pp->stages, pp->stages, gpus);
+    return -1;
+  }
+  if (pp->mode == TW_BENCH_PP_AUTO) /* one stage per GPU where there are enough */
+    pp->mode = gpus >= 2 && pp->stages >= 2 && pp->stages <= gpus ? TW_BENCH_PP_NCCL : TW_BENCH_PP_LOOPBACK;
+  return 0;
 }
 
 static int positive_int(const char *flag, const char *v, int *out) {
@@ -65,14 +165,24 @@ int twin_cmd_bench(int argc, char **argv) {
   cfg.warmup = 1;
   cfg.iters = 5;
   FILE *csv = NULL;
-  const char *backend = "ref", *csv_path = NULL;
+  const char *backend = "ref", *csv_path = NULL, *pp_flag = NULL;
+  tw_bench_pipeline pp;
+  memset(&pp, 0, sizeof pp);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (twin_is_help(a)) { usage(stdout); return TW_EXIT_OK; }
-    static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup", NULL};
+    if (!strcmp(a, "--bsw")) { pp.bsw = 1; pp_flag = a; continue; }
+    static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup",
+                                          "--stages", "--microbatches", "--repeats", "--delay", "--hidden",
+                                          "--ffn", "--mb-rows", "--mode", NULL};
     const char *v = twin_option_value("bench", argc, argv, &i, options);
     if (!v) return TW_EXIT_USAGE;
-    if (!strcmp(a, "--backend")) backend = v;
+    int is_pp = 0;
+    for (int k = 0; pp_flags[k]; k++) is_pp |= !strcmp(a, pp_flags[k]);
+    if (is_pp) {
+      if (pp_option(&pp, a, v)) return TW_EXIT_USAGE;
+      pp_flag = a;
+    } else if (!strcmp(a, "--backend")) backend = v;
     else if (!strcmp(a, "--op")) cfg.op = v;
     else if (!strcmp(a, "--peers")) cfg.peers_json = v;
     else if (!strcmp(a, "--csv")) csv_path = v;
@@ -83,6 +193,15 @@ int twin_cmd_bench(int argc, char **argv) {
   if (op && !tw_op_find(op)) {
     fprintf(stderr, "twin bench: unknown --op '%s' (all, %s)\n", op, tw_op_names());
     return TW_EXIT_USAGE;
+  }
+  const int is_pipeline = op && tw_op_find(op) == tw_op_find("pipeline");
+  if (pp_flag && !is_pipeline) {
+    fprintf(stderr, "twin bench: %s applies to --op pipeline only\n", pp_flag);
+    return TW_EXIT_USAGE;
+  }
+  if (is_pipeline) {
+    if (pp_resolve(&pp)) return TW_EXIT_USAGE;
+    cfg.pipeline = &pp;
   }
   tw_backend be;
   if (twin_parse_backend("bench", backend, 0, &be, NULL) != 0) return TW_EXIT_USAGE;

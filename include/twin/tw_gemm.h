@@ -42,7 +42,8 @@
  *   as they are). Rows S..M-1 are never read.
  *
  * Quantized operands: both operands quantized with the same mode, or neither (delayed and
- *   current count as the same: both are per-tensor scales). fp8 pairs: (e4m3, e4m3),
+ *   current count as the same: both are per-tensor scales; so do BLOCK_1x128 and
+ *   BLOCK_128x128, DeepSeek-V3's pairing of 1x128 activations with 128x128 weights). fp8 pairs: (e4m3, e4m3),
  *   (e4m3, e5m2), (e5m2, e4m3); e5m2 x e5m2 is TW_ERR_DTYPE (as in TE).
  *   Block scaling (MXFP8, BLOCK_1x128) must run along the contracting dimension: for each
  *   operand, the orientation (rowwise/colwise) must put its blocks on K, else
@@ -70,7 +71,9 @@
  *   gg_mma, gg_mma_wide, gg_wgmma: exact products (bf16/f16 x bf16/f16 and fp8 decoded to
  *     bf16/f16 fit f32) summed in the tensor core's f32 accumulator, whose rounding is not
  *     specified as RNE: u_acc = 2^-23 (one f32 ulp per add). gg_wgmma (Hopper wgmma, bf16/f16
- *     only) keeps this model: its K-chunks of 16 are added into the f32 accumulator as mma.sync's.
+ *     only, forward and wgrad) keeps this model: its K-chunks of 16 are added into the f32
+ *     accumulator as mma.sync's; in the wgrad, rows past a group's end are zeroed in shared
+ *     memory before the wgmma reads them, so they add exact zeros (never NaN from other rows).
  *   gg_fma: exact f32 FMA, RNE (meets the same bound).
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
  *     per-tensor, 1x128 and 128x128 scales, rhs [G, N, K]): promoted every 128 along K. The

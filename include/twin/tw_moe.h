@@ -32,8 +32,9 @@
  *   d_recv = d_h @ wi[g]^T;  d_x_disp, d_w(early) = dispatch_bwd(d_recv, d_recv_w)
  *   d_logits = router_bwd(d_w) + d_aux * aux_loss_bwd
  *   d_x = d_x_disp + d_logits @ gate^T (one rounding to x's dtype);  d_gate = x^T d_logits
- *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp (the ranks with
- *   the same experts and other tokens). Weight gradients are f32, overwritten.
+ *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp and fsdp (the
+ *   ranks with the same experts and other tokens; fsdp: see Sharding). Weight gradients are
+ *   f32, overwritten, in the weights' (sharded) shapes.
  * Elementwise math (act, its backward, bias, weighting) is done in double and rounded once to
  * f32 (then to bf16 where the recipe keeps bf16), like pipeline/dense.c.
  *
@@ -42,31 +43,68 @@
  *   BF16  x, out, d_out, d_x, gate, wi, wo bf16; recv and d_recv bf16 (dispatched as bf16);
  *         a and d_h rounded to bf16 before their GEMMs, eo rounded to bf16 before combine;
  *         logits, h, d_a and every weight gradient f32.
+ *   FP8_CURRENT, FP8_BLOCK, FP8_MXFP8  the BF16 recipe, with each of the six expert GEMMs
+ *         (forward h and eo, dgrad d_a and d_recv, wgrad d_wo and d_wi) on e4m3 operands made
+ *         by tw_grouped_quantize (tw_quantize.h): the activations recv, a, d_eo, d_h by the
+ *         expert group sizes, the weights wi, wo as [NLE*H, 2F] and [NLE*F, H] sources in
+ *         uniform groups of H and F rows (one scale set per expert). Scaling:
+ *           FP8_CURRENT  per-group current scaling (tensor scales per expert);
+ *           FP8_BLOCK    activations 1x128 blocks, weights 128x128 tiles (DeepSeek-V3);
+ *           FP8_MXFP8    MXFP8 blocks of 32 (E8M0 scales) for every operand.
+ *         Each GEMM reads the orientation that puts the blocks on its contracting dim:
+ *           h  = rowwise(recv) @ wi        colwise(wi), [2F, H] per expert (rhs op T; MXFP8: op N)
+ *           eo = rowwise(a) @ wo           colwise(wo)
+ *           d_a    = rowwise(d_eo) @ rowwise(wo)^T      d_recv = rowwise(d_h) @ rowwise(wi)^T
+ *           d_wo_g = colwise(a)^T colwise(d_eo)         d_wi_g = colwise(recv)^T colwise(d_h)
+ *         The gate GEMMs, the router and every elementwise step stay as in BF16. Extra state:
+ *         the fp8 copies of wi and wo (both orientations) made by the forward are kept for the
+ *         backward, and recv is kept as its colwise fp8 copy instead of bf16.
  *   Error budget against an exact (f64) model, asserted by tests/moe_golden_test.c: F32 within
  *   c * (H + 2F + k + 16) * 2^-24 * (|exact| + rms) per element, where the GEMM sums of
  *   lengths H, F and 2F dominate (c = 1 forward, c = 1 + T/min(T, H) for weight gradients
  *   whose sums run over tokens); BF16 within 8 * 2^-8 * (|exact| + rms) forward and
  *   16 * 2^-8 * (|exact| + rms) for gradients: about eight bf16 roundings on any path
  *   (recv, a, eo, out; d_out, d_eo, d_h, d_recv, d_x) and their growth through one GEMM.
+ *   FP8_*: the BF16 budget plus q * 2^-4 * (|exact| + rms), 2^-4 the unit roundoff of e4m3
+ *   (3 mantissa bits; every scale keeps the block's values in e4m3's normal range but for
+ *   values below 2^-6 of the block's amax) and q the fp8 quantizations on the longest path
+ *   times 2 for their growth through a GEMM: q = 8 forward (recv, wi, a, wo), 16 for
+ *   gradients (those four plus d_eo, d_h and the other orientation of the weights).
  *
  * Saved between forward and backward (per rank, worst case; x is not saved: the backward
  * takes it again), with T = max_tokens, s = 2 (BF16) or 4 (F32) bytes:
  *   logits 4*T*E, idx + w 8*T*k, counts 4*E, the EP layer state (tw_ep_workspace_bytes),
  *   recv s*R*H, recv_w 4*R, group sizes 4*NLE, h 4*R*2F, eo s*R*H (LATE weighting only).
+ *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, plus the fp8 copies of wi
+ *   and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
+ *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
+ *   same sizes and one f32 staging buffer of the larger).
  *   tw_moe_saved_bytes() returns the sum. Scratch for one call (not kept): 4*R*H (f32 GEMM
  *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
  *
- * Sharding (tw_moe_create's mesh): axes dp and ep only (tp, fsdp, pp, cp: TW_ERR_UNSUPPORTED
- * naming the axis; fsdp sharding of the expert weights is not built yet). Every rank holds
- * its own token shard (x's dim 0 split over (dp, ep), ep innermost), the local experts of its
- * ep coordinate, and the gate. The EP group is the ep axis (a one-rank group for ep = 1).
+ * Sharding (tw_moe_create's mesh): axes dp, fsdp and ep (tp, pp, cp: TW_ERR_UNSUPPORTED
+ * naming the axis). Every rank holds its own token shard (x's dim 0 split over (dp, fsdp, ep),
+ * ep innermost), the local experts of its ep coordinate, and the gate. The EP group is the ep
+ * axis (a one-rank group for ep = 1). fsdp (size f, H % f == 0 or TW_ERR_INVALID_ARG) shards
+ * the expert weights on H: a rank holds wi [NLE, H/f, 2F] (rows c*H/f.. of each expert, c its
+ * fsdp coordinate) and wo [NLE, F, H/f] (columns c*H/f..); bi, bo and the gate are whole. The
+ * forward all-gathers wi and wo over fsdp (in the weights' dtype; the fp8 recipes quantize
+ * the gathered weights) and keeps them for the backward, which reduce-scatters d_wi and d_wo
+ * over fsdp back to the shards (then sums them over dp) and all-reduces d_bi and d_bo over
+ * fsdp and dp.
+ *   fp8_gather = 1 (FP8_CURRENT only, else TW_ERR_INVALID_ARG; ignored when fsdp = 1):
+ *   quantize before the all-gather, so e4m3 codes travel instead of bf16 (half the bytes).
+ *   Each rank takes its shard's per-expert amax, the amax is max-reduced over fsdp, the
+ *   scales come from it (tw_scale_from_amax), and the shard is quantized with them (the
+ *   delayed form): the gathered codes and scales are exactly those of quantizing the gathered
+ *   weights, so results are bit-identical to fp8_gather = 0. Both orientations travel.
  *
  * Layers: each tw_moe is one layer with its own EP state and residuals, so layers interleave
  * freely (fwd L1, fwd L2, bwd L2, bwd L1 equals each alone, bit for bit).
  *
  * Errors (each names the values): E, H, F, k, max_tokens, global_tokens, recipe, act,
  * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
- * context without a communicator, E % ep; weights or tokens of the wrong shape or dtype; one
+ * context without a communicator, E % ep, H % fsdp, fp8_gather with another recipe; weights or tokens of the wrong shape or dtype; one
  * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
  * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
  */
@@ -83,11 +121,19 @@ extern "C" {
 
 typedef enum { TW_MOE_SWIGLU = 0, TW_MOE_GEGLU = 1, TW_MOE_BILINEAR = 2, TW_MOE_ACT_COUNT } tw_moe_act;
 typedef enum { TW_MOE_WEIGHT_LATE = 0, TW_MOE_WEIGHT_EARLY = 1, TW_MOE_WEIGHTING_COUNT } tw_moe_weighting;
-typedef enum { TW_MOE_F32 = 0, TW_MOE_BF16 = 1, TW_MOE_RECIPE_COUNT } tw_moe_recipe;
+typedef enum {
+  TW_MOE_F32 = 0,
+  TW_MOE_BF16 = 1,
+  TW_MOE_FP8_CURRENT = 2,
+  TW_MOE_FP8_BLOCK = 3,
+  TW_MOE_FP8_MXFP8 = 4,
+  TW_MOE_RECIPE_COUNT
+} tw_moe_recipe;
 
 const char *tw_moe_act_name(tw_moe_act a);             /* "swiglu", "geglu", "bilinear" */
 const char *tw_moe_weighting_name(tw_moe_weighting w); /* "late", "early" */
-const char *tw_moe_recipe_name(tw_moe_recipe r);       /* "f32", "bf16" */
+const char *tw_moe_recipe_name(tw_moe_recipe r); /* "f32", "bf16", "fp8_current", "fp8_block", "fp8_mxfp8" */
+int tw_moe_recipe_from_name(const char *name, tw_moe_recipe *out); /* 1 if known */
 
 typedef struct {
   size_t size;               /* sizeof(tw_moe_config) */
@@ -103,10 +149,11 @@ typedef struct {
   int64_t global_tokens;     /* T: the sum of T_r over the token ranks (the aux loss's T) */
   int64_t alignment;         /* EP slab alignment (tw_ep_config.alignment) */
   int64_t recv_capacity;     /* 0: the no-drop capacity */
+  int fp8_gather;            /* FP8_CURRENT with fsdp > 1: quantize before the fsdp all-gather */
 } tw_moe_config;
 
 #define TW_MOE_CONFIG_INIT \
-  {sizeof(tw_moe_config), 0, 0, 0, TW_ROUTER_OPTS_INIT, TW_MOE_SWIGLU, TW_MOE_WEIGHT_LATE, TW_MOE_F32, 0.0f, 0, 0, 1, 0}
+  {sizeof(tw_moe_config), 0, 0, 0, TW_ROUTER_OPTS_INIT, TW_MOE_SWIGLU, TW_MOE_WEIGHT_LATE, TW_MOE_F32, 0.0f, 0, 0, 1, 0, 0}
 
 typedef struct {
   tw_tensor gate, wi, wo; /* recipe dtype */
@@ -118,6 +165,11 @@ typedef struct {
 } tw_moe_grads;
 
 typedef struct tw_moe tw_moe;
+
+/* The error budget above as one coefficient c: each output (gradient = 0) or gradient
+ * (gradient = 1) element is within c * (|exact| + rms(exact)) of the exact block, T the
+ * global token count. Uses recipe, hidden, ffn, topk and num_experts of cfg. */
+double tw_moe_error_budget(const tw_moe_config *cfg, int64_t T, int gradient);
 
 /* Collective over ctx's communicator (a one-rank communicator for a single rank). mesh: NULL
  * = every rank on ep. */

@@ -166,6 +166,17 @@ size_t tw_pipeline_saved_bytes(const tw_pipeline_config *cfg, const tw_pipeline_
 /* Bytes of the gathered-weight window a rank holds during a step, gradients included:
  * plain 2 * Lps*P*4, BSW 4 * P*4 (P = sum_i rows_i*cols_i). */
 size_t tw_pipeline_window_bytes(const tw_pipeline_config *cfg, const tw_pipeline_body *body);
+/* Bytes of ctx memory the forward + backward of stage `stage` allocates at its peak (the
+ * backward, which runs while `saved` is held), the caller's inputs (weight and gradient
+ * shards, x, y, dy, dx) not counted; a = (mb/F)*E*4, one microbatch block:
+ *   saved (tw_pipeline_saved_bytes) + window (tw_pipeline_window_bytes)
+ *   + the loop state's cotangents: state_io (M/S) a, shift, out, in, source: 4 a;
+ *     circ M a on stage 0 and mover a when circ is used (R > 1, M > dS); prev a when d = 2
+ *   + per call: layer inputs max(Lps-1, 1) a, two cotangents and one landing buffer 3 a,
+ *     a reduce-scatter landing buffer of the largest parameter shard, the body's scratch.
+ * The forward holds less (half the window; at most the same state); `twin bench --op
+ * pipeline` measures it against cudaMemGetInfo. */
+size_t tw_pipeline_peak_bytes(const tw_pipeline_config *cfg, const tw_pipeline_body *body, int fsdp, int stage);
 
 /* ---- running it --------------------------------------------------------------------- */
 /* A rank's shards. Parameter i of this rank's stage: f32 [R, Lps, rows_i/F, cols_i]

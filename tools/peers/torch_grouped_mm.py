@@ -4,8 +4,12 @@
 # with triton.testing.do_bench (median, ms). Prints one JSON object on stdout (progress on
 # stderr):  {"device": ..., "torch": ..., "rows": {"<key>": {"<peer>": ms, ...}, ...}}
 # Keys: "grouped_G4_m8192_N4096_K7168" (peers torch._grouped_mm, torch._scaled_grouped_mm),
-# "dense_8192" (peers torch.matmul, torch._scaled_mm). Run on the GPU machine:
-#   python3 tools/peers/torch_grouped_mm.py > peers.json
+# "dense_8192" (peers torch.matmul, torch._scaled_mm), "wgrad_G4_m8192_N4096_K7168" (peer
+# torch._grouped_mm in its ragged-K form: out [G, K, N] = torch._grouped_mm(x.t(), dy, offs)
+# with x [G*m, K], dy [G*m, N], offs along the contracting dim; "wgrad_layout" says which
+# operand layout torch took). Run on the GPU machine:
+#   python3 tools/peers/torch_grouped_mm.py [--wgrad-only] > peers.json
+# --wgrad-only: the bf16 forward and wgrad rows only (no fp8, no dense).
 import json, sys
 import torch
 from triton.testing import do_bench
@@ -15,6 +19,7 @@ out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "row
 def log(*a): print(*a, file=sys.stderr, flush=True)
 def bench(f): return do_bench(f, warmup=50, rep=300, return_mode="median")
 
+wgrad_only = "--wgrad-only" in sys.argv[1:]
 shapes = [(4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168), (32, 512, 2048, 7168),
           (128, 128, 2048, 4096)]
 for (G, m, N, K) in shapes:
@@ -30,6 +35,7 @@ for (G, m, N, K) in shapes:
     except Exception as e:
         log("grouped_mm", repr(e)[:160])
     try:
+        if wgrad_only: raise RuntimeError("skipped (--wgrad-only)")
         a8 = a.to(torch.float8_e4m3fn); b8 = b.to(torch.float8_e4m3fn)
         sa = torch.ones(M, device=dev, dtype=torch.float32); sb = torch.ones(G, N, device=dev, dtype=torch.float32)
         f8 = lambda: torch._scaled_grouped_mm(a8, b8.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16)
@@ -42,7 +48,30 @@ for (G, m, N, K) in shapes:
     log(key, row)
     del a, b
     torch.cuda.empty_cache()
+    # wgrad, same FLOPs: out [G, K, N] from x [M, K] and dy [M, N], ragged along M
+    wrow = {}
+    x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device=dev, dtype=torch.bfloat16)
+    for layout, xa in (("x.t() (column-major view)", lambda: x.t()), ("x.t().contiguous()", lambda: x.t().contiguous())):
+        try:
+            xt = xa()
+            fw = lambda: torch._grouped_mm(xt, dy, offs=offs)
+            o = fw(); torch.cuda.synchronize()
+            assert tuple(o.shape) == (G, K, N), tuple(o.shape)
+            wrow["torch._grouped_mm"] = bench(fw)
+            wrow["wgrad_layout"] = layout
+            break
+        except Exception as e:
+            log("wgrad grouped_mm", layout, repr(e)[:200])
+    wkey = f"wgrad_G{G}_m{m}_N{N}_K{K}"
+    out["rows"][wkey] = wrow
+    log(wkey, wrow)
+    del x, dy
+    torch.cuda.empty_cache()
 
+if wgrad_only:
+    print(json.dumps(out))
+    sys.exit(0)
 a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
 b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
 row = {"torch.matmul": bench(lambda: a @ b)}

@@ -1,0 +1,443 @@
+/* `twin bench --backend gpu --op pipeline`: the circular pipeline scan (tw_pipeline.h) with the
+ * dense body y = x + gelu(x W1) W2 (f32, pipeline/dense.c, gpu/pipeline_body.cu), forward +
+ * backward (the custom VJP), against the ideal built from one layer measured in the same call.
+ *
+ *   layer   one layer's forward + VJP alone on GPU 0 (CUDA events, median): t_layer. The VJP
+ *           recomputes x W1 and gelu, so one layer-step is 7 GEMMs of 2 mb E H FLOPs.
+ *   nccl    (>= 2 GPUs) one stage per GPU, one thread per GPU over NCCL. A stage executes
+ *           M R Lps layer-steps; the schedule takes T = MR + d(S-1) iterations, so
+ *           theory = M R Lps t_layer / (1 - bubble), bubble = d(S-1)/(MR + d(S-1)) (spec §2.2).
+ *           measured / theory is the schedule's overhead (target <= 1.05).
+ *   loopback (1 GPU) the S stages are threads with their own contexts and streams on GPU 0
+ *           over pipeline/loopback_comm.h: they share one device, so the ideal is the sum of
+ *           all stages' work, S M R Lps t_layer (no bubble: an idle stage leaves the GPU to the
+ *           others); measured / ideal is the overhead of the schedule, the loopback's copies
+ *           and host barriers, and the per-iteration gathers (plain) or window loads (BSW).
+ *   step    wall time of forward + backward (saved state freed, context synchronized) on the
+ *           slowest rank, after a barrier, inputs already in device memory; median of --iters.
+ *   memory  one more step with a body that calls cudaMemGetInfo before every layer call: the
+ *           device's peak use beyond what was in use before the step (inputs, contexts) against
+ *           tw_pipeline_peak_bytes (summed over the ranks that share the device); the window
+ *           the scan allocated (tw_pipeline_peak_window_bytes) against tw_pipeline_window_bytes,
+ *           the saved state (tw_pipeline_saved_size) against tw_pipeline_saved_bytes. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ops/bench.h"
+#include "ops/data.h"
+#include "pipeline/loopback_comm.h"
+#include "tools/bench_gpu.h"
+#include "twin/tw_comm.h"
+#include "twin/tw_pipeline.h"
+#include "twin/tw_shard.h"
+
+int tw_gpu_device_count(void); /* gpu/probe.cu */
+
+enum { MAX_RANKS = 16, MAX_ITERS = 64 };
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* n floats uniform in [-a, a) into device memory through a host chunk (repeated: timing only). */
+static int fill_f32(float *d, int64_t n, float a, uint64_t seed) {
+  enum { CH = 1 << 22 };
+  static float host[CH];
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&mu);
+  uint64_t rs = seed;
+  for (int64_t i = 0; i < CH; i++) host[i] = (float)((2 * tw_splitmix_unit(&rs) - 1) * a);
+  int rc = 0;
+  for (int64_t off = 0; off < n && !rc; off += CH) {
+    int64_t k = n - off < CH ? n - off : CH;
+    rc = cudaMemcpy(d + off, host, (size_t)k * 4, cudaMemcpyHostToDevice) != cudaSuccess;
+  }
+  pthread_mutex_unlock(&mu);
+  return rc;
+}
+
+static float *dalloc(tw_ctx *ctx, int64_t n, int *ok) {
+  void *p = NULL;
+  if (*ok && tw_alloc(ctx, (size_t)(n > 0 ? n : 1) * 4, &p) != TW_OK) *ok = 0;
+  return (float *)p;
+}
+
+/* ---- one layer alone ------------------------------------------------------------------- */
+typedef struct {
+  const tw_pipeline_body *b;
+  tw_ctx *ctx;
+  tw_pipeline_params w, dw;
+  float *x, *y, *dy, *dx;
+  void *scratch;
+  int64_t rows;
+  int part; /* 0: fwd + vjp, 1: fwd, 2: vjp */
+} layer_job;
+
+static int layer_step(void *arg) {
+  layer_job *j = (layer_job *)arg;
+  if (j->part != 2 && j->b->forward(j->b, j->ctx, &j->w, j->x, j->y, j->rows, j->scratch) != TW_OK) return 1;
+  if (j->part != 1 && j->b->vjp(j->b, j->ctx, &j->w, j->x, j->dy, j->dx, &j->dw, j->rows, j->scratch) != TW_OK)
+    return 1;
+  return 0;
+}
+
+/* Median ms of one layer's fwd + vjp (and of each alone) on GPU 0; < 0 on failure. */
+static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int iters, double *fwd_ms, double *vjp_ms) {
+  cudaStream_t stream;
+  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    fprintf(stderr, "bench gpu pipeline: no CUDA stream on GPU 0\n");
+    return -1;
+  }
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU; cc.stream = stream;
+  if (tw_ctx_create(&ctx, &cc) != TW_OK) {
+    fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
+    cudaStreamDestroy(stream);
+    return -1;
+  }
+  const int64_t E = b->width, H = b->param_cols[0];
+  layer_job j;
+  memset(&j, 0, sizeof j);
+  int ok = 1;
+  j.b = b; j.ctx = ctx; j.rows = rows;
+  j.w.p[0] = dalloc(ctx, E * H, &ok); j.w.p[1] = dalloc(ctx, H * E, &ok);
+  j.dw.p[0] = dalloc(ctx, E * H, &ok); j.dw.p[1] = dalloc(ctx, H * E, &ok);
+  j.x = dalloc(ctx, rows * E, &ok); j.y = dalloc(ctx, rows * E, &ok);
+  j.dy = dalloc(ctx, rows * E, &ok); j.dx = dalloc(ctx, rows * E, &ok);
+  size_t sb = b->scratch_bytes(b, rows);
+  if (ok && tw_alloc(ctx, sb, &j.scratch) != TW_OK) ok = 0;
+  if (ok)
+    ok = !fill_f32(j.w.p[0], E * H, (float)(1 / sqrt((double)E)), 11) &&
+         !fill_f32(j.w.p[1], H * E, (float)(1 / sqrt((double)H)), 12) && !fill_f32(j.x, rows * E, 1, 13) &&
+         !fill_f32(j.dy, rows * E, 1, 14) && cudaMemset(j.dw.p[0], 0, (size_t)(E * H) * 4) == cudaSuccess &&
+         cudaMemset(j.dw.p[1], 0, (size_t)(H * E) * 4) == cudaSuccess;
+  double ms = -1;
+  if (!ok) {
+    fprintf(stderr, "bench gpu pipeline: one layer does not fit or failed to set up: %s\n", tw_last_error());
+  } else {
+    j.part = 0;
+    ms = tw_bench_gpu_time(stream, warm, iters, layer_step, &j);
+    j.part = 1;
+    *fwd_ms = tw_bench_gpu_time(stream, 1, iters, layer_step, &j);
+    j.part = 2;
+    *vjp_ms = tw_bench_gpu_time(stream, 1, iters, layer_step, &j);
+    if (tw_ctx_check(ctx) != TW_OK) {
+      fprintf(stderr, "bench gpu pipeline: one layer: %s\n", tw_last_error());
+      ms = -1;
+    }
+  }
+  float *bufs[] = {j.w.p[0], j.w.p[1], j.dw.p[0], j.dw.p[1], j.x, j.y, j.dy, j.dx};
+  for (int i = 0; i < 8; i++)
+    if (bufs[i]) tw_free(ctx, bufs[i]);
+  if (j.scratch) tw_free(ctx, j.scratch);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
+  return ms;
+}
+
+/* ---- the pipeline on S ranks ------------------------------------------------------------- */
+typedef struct {
+  tw_pipeline_config c;
+  tw_pipeline_body dense, probe;
+  tw_mesh mesh;
+  int loopback, warm, iters;
+  double step_s[MAX_ITERS + 8][MAX_RANKS];
+  size_t saved_size[MAX_RANKS], window_size[MAX_RANKS];
+  size_t base_free[MAX_RANKS], min_free[MAX_RANKS]; /* per device */
+  pthread_mutex_t mu;
+} pjob;
+
+static void probe_now(pjob *j) {
+  int dev = 0;
+  size_t fr = 0, tot = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= MAX_RANKS) return;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return;
+  pthread_mutex_lock(&j->mu);
+  if (fr < j->min_free[dev]) j->min_free[dev] = fr;
+  pthread_mutex_unlock(&j->mu);
+}
+static tw_status probe_forward(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                               float *y, int64_t rows, void *scratch) {
+  pjob *j = (pjob *)b->user;
+  probe_now(j);
+  return j->dense.forward(b, ctx, w, x, y, rows, scratch);
+}
+static tw_status probe_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                           const float *dy, float *dx, tw_pipeline_params *dw, int64_t rows, void *scratch) {
+  pjob *j = (pjob *)b->user;
+  probe_now(j);
+  return j->dense.vjp(b, ctx, w, x, dy, dx, dw, rows, scratch);
+}
+
+/* Every rank here, its stream drained (NCCL's barrier is an all-reduce on the stream). */
+static tw_status barrier(tw_ctx *ctx, tw_comm *comm) {
+  if (comm) TW_TRY(tw_comm_barrier(ctx, comm));
+  return tw_ctx_sync(ctx);
+}
+
+static tw_status prank(int rank, tw_comm *comm, void *arg) {
+  pjob *j = (pjob *)arg;
+  const tw_pipeline_config *c = &j->c;
+  const int dev = j->loopback ? 0 : rank, S = c->stages, mps = c->microbatches / S, RL = c->repeats * c->layers_per_stage;
+  const int64_t E = j->dense.width, act = c->mb_rows * E;
+  if (cudaSetDevice(dev) != cudaSuccess) return tw_error(TW_ERR_DEVICE, "pipeline bench: cudaSetDevice(%d)", dev);
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU; cc.device = dev; cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_mesh_comms *mc = NULL;
+  tw_status st = tw_mesh_comms_create(ctx, &j->mesh, &mc);
+  tw_pipeline_weights w;
+  memset(&w, 0, sizeof w);
+  int ok = st == TW_OK;
+  for (int i = 0; i < j->dense.nparams; i++) {
+    int64_t n = (int64_t)RL * j->dense.param_rows[i] * j->dense.param_cols[i];
+    float *wi = dalloc(ctx, n, &ok), *dwi = dalloc(ctx, n, &ok);
+    w.w[i] = wi; w.dw[i] = dwi;
+    if (ok) ok = !fill_f32(wi, n, (float)(1 / sqrt((double)j->dense.param_rows[i])), 100 + (uint64_t)rank * 8 + (uint64_t)i) &&
+                 cudaMemset(dwi, 0, (size_t)n * 4) == cudaSuccess;
+  }
+  float *x = dalloc(ctx, mps * act, &ok), *y = dalloc(ctx, mps * act, &ok);
+  float *dy = dalloc(ctx, mps * act, &ok), *dx = dalloc(ctx, mps * act, &ok);
+  if (ok) ok = !fill_f32(x, mps * act, 1, 200 + (uint64_t)rank) && !fill_f32(dy, mps * act, 1, 300 + (uint64_t)rank);
+  if (st == TW_OK && !ok) st = tw_error(TW_ERR_MEMORY, "pipeline bench: rank %d: the inputs do not fit or failed to load: %s",
+                                        rank, tw_last_error());
+  if (st == TW_OK) st = tw_ctx_sync(ctx);
+  const int total = j->warm + j->iters + 1; /* the last one measures memory */
+  for (int it = 0; it < total && st == TW_OK; it++) {
+    const int mem = it == total - 1;
+    st = barrier(ctx, comm);
+    if (st == TW_OK && mem) { /* what is in use before the step, then nobody allocates until all have read it */
+      size_t fr = 0, tot = 0;
+      cudaMemGetInfo(&fr, &tot);
+      pthread_mutex_lock(&j->mu);
+      if (!j->base_free[dev] || fr > j->base_free[dev]) j->base_free[dev] = fr;
+      j->min_free[dev] = j->base_free[dev];
+      pthread_mutex_unlock(&j->mu);
+      st = barrier(ctx, comm);
+    }
+    if (st != TW_OK) break;
+    const tw_pipeline_body *b = mem ? &j->probe : &j->dense;
+    tw_pipeline_saved *sv = NULL;
+    double t0 = now_s();
+    st = tw_pipeline_forward(ctx, mc, c, b, &w, x, y, &sv);
+    if (st == TW_OK) st = tw_pipeline_backward(ctx, mc, c, b, &w, sv, dy, dx);
+    if (st == TW_OK && mem) {
+      j->saved_size[rank] = tw_pipeline_saved_size(sv);
+      j->window_size[rank] = tw_pipeline_peak_window_bytes(sv);
+    }
+    tw_status fs = tw_pipeline_saved_free(ctx, sv);
+    if (st == TW_OK) st = fs;
+    if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
+    if (st == TW_OK) st = tw_ctx_sync(ctx);
+    j->step_s[it][rank] = now_s() - t0;
+  }
+  if (st == TW_OK) st = tw_ctx_check(ctx);
+  for (int i = 0; i < j->dense.nparams; i++) {
+    if (w.w[i]) tw_free(ctx, (void *)w.w[i]);
+    if (w.dw[i]) tw_free(ctx, w.dw[i]);
+  }
+  float *bufs[] = {x, y, dy, dx};
+  for (int i = 0; i < 4; i++)
+    if (bufs[i]) tw_free(ctx, bufs[i]);
+  tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(ctx);
+  return st;
+}
+
+static const double MiB = 1048576.0;
+
+int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
+  const tw_bench_pipeline *pp = cfg->pipeline;
+  if (!pp || !cfg->op || strcmp(cfg->op, "pipeline")) return 0; /* heavy: only when asked by name */
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  const int gpus = tw_gpu_device_count(), S = pp->stages, loopback = pp->mode == TW_BENCH_PP_LOOPBACK;
+  if (gpus < 1) {
+    fprintf(stderr, "bench gpu pipeline: no GPU visible\n");
+    return 1;
+  }
+  if (!loopback && gpus < S) { /* cmd_bench.c resolved the mode; guard anyway */
+    fprintf(stderr, "bench gpu pipeline: NCCL mode needs >= %d GPUs (one stage per GPU), sees %d\n", S, gpus);
+    return 1;
+  }
+  if (S > MAX_RANKS) {
+    fprintf(stderr, "bench gpu pipeline: S = %d stages exceed the %d ranks this bench runs\n", S, MAX_RANKS);
+    return 1;
+  }
+  pjob *j = (pjob *)calloc(1, sizeof *j);
+  if (!j) return 1;
+  pthread_mutex_init(&j->mu, NULL);
+  j->loopback = loopback;
+  j->warm = cfg->warmup > 7 ? 7 : cfg->warmup;
+  j->iters = cfg->iters < 1 ? 1 : cfg->iters > MAX_ITERS ? MAX_ITERS : cfg->iters;
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = S; c.microbatches = pp->microbatches; c.repeats = pp->repeats; c.delay = pp->delay;
+  c.layers_per_stage = 1; c.layers = S * pp->repeats; c.mb_rows = pp->mb_rows;
+  c.fsdp = pp->bsw ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
+  j->c = c;
+  int rc = 1;
+  if (tw_pipeline_dense_body(pp->hidden, pp->ffn, &j->dense) != TW_OK) {
+    fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
+    goto out;
+  }
+  j->probe = j->dense;
+  j->probe.forward = probe_forward;
+  j->probe.vjp = probe_vjp;
+  j->probe.user = j;
+  tw_axis ax = TW_AXIS_PP;
+  if (tw_mesh_init(&j->mesh, 1, &ax, &c.stages) != TW_OK) {
+    fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
+    goto out;
+  }
+  struct cudaDeviceProp prop;
+  char gpu_name[256] = "?";
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) snprintf(gpu_name, sizeof gpu_name, "%s", prop.name);
+  char when[32];
+  time_t tnow = time(NULL);
+  strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime(&tnow));
+  const int64_t E = pp->hidden, H = pp->ffn, mb = pp->mb_rows;
+  const int M = c.microbatches, R = c.repeats, d = c.delay, Lps = c.layers_per_stage, T = tw_pipeline_iterations(&c);
+  const double bubble = tw_pipeline_bubble_fraction(&c), layer_flops = 7.0 * 2.0 * (double)mb * (double)E * (double)H;
+  char cfgs[64];
+  snprintf(cfgs, sizeof cfgs, "S=%d M=%d R=%d d=%d %s", S, M, R, d, pp->bsw ? "bsw" : "plain");
+  printf("# pipeline bench, %s, %d x %s visible\n", when, gpus, gpu_name);
+  if (loopback)
+    printf("# mode: LOOPBACK, one GPU: the %d stages are threads with their own contexts and streams on GPU 0 over "
+           "pipeline/loopback_comm.c (%s)\n",
+           S, gpus >= 2 ? "asked for with --mode loopback" : "NCCL mode needs >= 2 GPUs, this machine has 1");
+  else
+    printf("# mode: NCCL, one stage per GPU on GPUs 0..%d, one thread per GPU\n", S - 1);
+  printf("# config: %s Lps=1 F=1, dense body E=%lld H=%lld f32, mb=%lld rows; T = MR + d(S-1) = %d iterations, "
+         "bubble d(S-1)/(MR+d(S-1)) = %d/%d = %.4f\n",
+         cfgs, (long long)E, (long long)H, (long long)mb, T, d * (S - 1), T, bubble);
+
+  /* one layer alone */
+  double fwd_ms = -1, vjp_ms = -1;
+  const double layer_ms = time_layer(&j->dense, mb, cfg->warmup > 2 ? cfg->warmup : 2, j->iters > 5 ? j->iters : 5,
+                                     &fwd_ms, &vjp_ms);
+  tw_bench_row r;
+  memset(&r, 0, sizeof r);
+  r.op = "pipeline";
+  snprintf(r.shape, sizeof r.shape, "one layer E=%lld H=%lld mb=%lld f32", (long long)E, (long long)H, (long long)mb);
+  r.backend = "gpu";
+  snprintf(r.version, sizeof r.version, "fwd+vjp");
+  r.unit = "TFLOP/s";
+  r.pct_of_floor = -1;
+  r.peer_ms = r.ratio = -1;
+  r.flops = layer_flops;
+  r.ms = layer_ms;
+  r.rate = layer_ms > 0 ? layer_flops / (layer_ms * 1e9) : -1;
+  tw_bench_emit(&r, cfg->csv);
+  if (layer_ms <= 0) goto out;
+
+  /* the pipeline */
+  tw_comm *comms[MAX_RANKS] = {0};
+  int devs[MAX_RANKS];
+  for (int i = 0; i < S; i++) devs[i] = i;
+  tw_status st = TW_OK;
+  if (S == 1) {
+    st = prank(0, NULL, j);
+  } else {
+    st = loopback ? tw_comm_init_loopback(S, TW_MEM_DEVICE, comms) : tw_comm_init_nccl_local(S, devs, comms);
+    if (st == TW_OK) {
+      for (int i = 0; i < S; i++) tw_comm_set_timeout(comms[i], 300);
+      st = tw_run_ranks(S, comms, prank, j);
+      char msg[1024];
+      snprintf(msg, sizeof msg, "%s", tw_last_error());
+      for (int i = 0; i < S; i++) tw_comm_destroy(comms[i]);
+      if (st != TW_OK) tw_error(st, "%s", msg);
+    }
+  }
+  if (st != TW_OK) {
+    fprintf(stderr, "bench gpu pipeline %s: %s\n", cfgs, tw_last_error());
+    goto out;
+  }
+  double steps[MAX_ITERS];
+  for (int it = 0; it < j->iters; it++) {
+    steps[it] = 0;
+    for (int k = 0; k < S; k++) steps[it] = fmax(steps[it], j->step_s[j->warm + it][k]);
+  }
+  const double step_ms = 1e3 * tw_bench_median(steps, j->iters);
+  const double steps_per_stage = (double)M * R * Lps;
+  double ideal_ms, theory_ms;
+  if (loopback) {
+    ideal_ms = theory_ms = S * steps_per_stage * layer_ms;
+  } else {
+    ideal_ms = steps_per_stage * layer_ms;
+    theory_ms = ideal_ms / (1.0 - bubble);
+  }
+  memset(&r, 0, sizeof r);
+  r.op = "pipeline";
+  snprintf(r.shape, sizeof r.shape, "S=%d M=%d R=%d d=%d %s %s", S, M, R, d, pp->bsw ? "bsw" : "plain",
+           loopback ? "loopback 1 GPU" : "nccl");
+  r.backend = "gpu";
+  snprintf(r.version, sizeof r.version, "step");
+  r.unit = "TFLOP/s";
+  r.pct_of_floor = -1;
+  r.flops = S * steps_per_stage * layer_flops;
+  r.ms = step_ms;
+  r.rate = r.flops / (step_ms * 1e9);
+  snprintf(r.peer, sizeof r.peer, "%s", loopback ? "ideal (sum)" : "theory");
+  r.peer_ms = theory_ms;
+  r.ratio = theory_ms / step_ms;
+  tw_bench_emit(&r, cfg->csv);
+  printf("  layer alone (CUDA events, median): fwd %.3f ms + vjp %.3f ms (recomputes x W1, gelu) = %.3f ms together, "
+         "%.1f TFLOP/s (7 GEMMs of 2 mb E H)\n",
+         fwd_ms, vjp_ms, layer_ms, layer_flops / (layer_ms * 1e9));
+  printf("  step: forward + backward, wall, slowest rank, median of %d (after %d warm-up): %.2f ms\n", j->iters, j->warm,
+         step_ms);
+  if (loopback) {
+    printf("  ideal on one GPU: all S stages' work, S*M*R*Lps = %d*%d*%d*%d = %.0f layer-steps x %.3f ms = %.2f ms "
+           "(the bubble does not apply: an idle stage leaves the GPU to the others)\n",
+           S, M, R, Lps, S * steps_per_stage, layer_ms, ideal_ms);
+    printf("  measured / ideal = %.3f (the schedule, the loopback's copies and host barriers, %s)\n", step_ms / ideal_ms,
+           pp->bsw ? "one window load per repeat" : "one weight gather (a copy at F = 1) per valid iteration");
+  } else {
+    printf("  ideal: M*R*Lps = %.0f layer-steps per stage x %.3f ms = %.2f ms; with the bubble %.4f: "
+           "%.2f / (1 - %.4f) = %.2f ms\n",
+           steps_per_stage, layer_ms, ideal_ms, bubble, ideal_ms, bubble, theory_ms);
+    printf("  measured / theory = %.3f (target <= 1.05: %s)\n", step_ms / theory_ms,
+           step_ms / theory_ms <= 1.05 ? "met" : "NOT met");
+  }
+  /* memory */
+  int worst_ok = 1;
+  const int ndev = loopback ? 1 : S;
+  for (int dv = 0; dv < ndev; dv++) {
+    size_t pred = 0;
+    for (int s = 0; s < S; s++)
+      if (loopback || s == dv) pred += tw_pipeline_peak_bytes(&c, &j->dense, 1, s);
+    double meas = (double)j->base_free[dv] - (double)j->min_free[dv], ratio = meas / (double)pred;
+    int ok = fabs(ratio - 1.0) <= 0.10;
+    worst_ok &= ok;
+    printf("  memory GPU %d (%s): peak beyond the inputs %.1f MiB measured (cudaMemGetInfo before each layer call), "
+           "%.1f MiB predicted (tw_pipeline_peak_bytes%s): ratio %.3f, %s\n",
+           dv, loopback ? "all ranks" : "one rank", meas / MiB, pred / MiB, loopback ? ", summed over the S ranks" : "",
+           ratio, ok ? "within 10%" : "NOT within 10%");
+  }
+  for (int s = 0; s < S; s++) {
+    if (s > 1 && s < S - 1) continue; /* stage 0, 1 and the last say it all (circ lives on stage 0) */
+    size_t saved = tw_pipeline_saved_bytes(&c, &j->dense, 1), win = tw_pipeline_window_bytes(&c, &j->dense);
+    size_t peak = tw_pipeline_peak_bytes(&c, &j->dense, 1, s);
+    printf("  rank %d: predicted peak %.1f MiB = saved %.1f (scan's own: %.1f) + window %.1f (%s; scan allocated %.1f) + "
+           "loop state and per-call buffers %.1f MiB\n",
+           s, peak / MiB, saved / MiB, j->saved_size[s] / MiB, win / MiB,
+           pp->bsw ? "BSW: 2 gathered layers + 2 gradients" : "plain: 1 gathered layer + 1 gradient", j->window_size[s] / MiB,
+           (peak - saved - win) / MiB);
+    worst_ok &= j->saved_size[s] == saved && j->window_size[s] == win;
+  }
+  rc = worst_ok ? 0 : 1;
+  if (!worst_ok) printf("  memory: a measurement is off its formula (above)\n");
+out:
+  pthread_mutex_destroy(&j->mu);
+  free(j);
+  return rc;
+}
