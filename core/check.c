@@ -252,10 +252,32 @@ static double out_subnormal_half_ulp(tw_dtype t) {
   }
 }
 
+static double gamma_n(int64_t n, double u) {
+  double nu = (double)(n > 0 ? n : 0) * u;
+  return nu < 1 ? nu / (1 - nu) : INFINITY;
+}
+
+static void bound_with_gamma(const double *abs_prod, const double *ref, int64_t count, double gamma,
+                             tw_dtype out_dtype, double *bound);
+
 void tw_gemm_error_bound(const double *abs_prod, const double *ref, int64_t count, int64_t K,
                          double u_acc, tw_dtype out_dtype, double *bound) {
-  double ku = (double)(K > 0 ? K : 0) * u_acc;
-  double gamma = ku < 1 ? ku / (1 - ku) : INFINITY;
+  bound_with_gamma(abs_prod, ref, count, gamma_n(K, u_acc), out_dtype, bound);
+}
+
+void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int64_t count, int64_t K,
+                                  int64_t chunk, double u_chunk, double u_acc, int64_t extra,
+                                  tw_dtype out_dtype, double *bound) {
+  int64_t k = K > 0 ? K : 0, c = chunk > 0 ? chunk : 1;
+  int64_t n_in = k < c ? k : c;
+  n_in += (n_in + 31) / 32; /* each 32-deep instruction also folds the running partial */
+  double g_in = gamma_n(n_in, u_chunk);
+  double g_out = gamma_n((k + c - 1) / c + extra, u_acc);
+  bound_with_gamma(abs_prod, ref, count, g_in + g_out * (1 + g_in), out_dtype, bound);
+}
+
+static void bound_with_gamma(const double *abs_prod, const double *ref, int64_t count, double gamma,
+                             tw_dtype out_dtype, double *bound) {
   double u_out = out_unit_roundoff(out_dtype);
   double tiny = fmax((double)FLT_MIN, out_subnormal_half_ulp(out_dtype));
   for (int64_t i = 0; i < count; i++) {

@@ -595,8 +595,11 @@ static tw_status expect_alloc(arena *A, const fz_case *c, int ndim, const int64_
 }
 
 /* Fills expected/bound for out elements [i0, i0+cnt) given ref and abs_prod there. */
+/* promoted: the subject may run gg_wgmma_fp8 (tw_gemm.h: a grouped fp8 forward with per-tensor or
+ * 1x128 / 128x128 scales and rhs_op T on a gpu backend), whose model is promoted every 128 along
+ * K with a 14-bit inner accumulator. */
 static void expect_fill(const fz_case *c, gemm_expect *ge, int64_t i0, int64_t cnt, double *ref,
-                        double *absp, const double *flush, int64_t K) {
+                        double *absp, const double *flush, int64_t K, int promoted) {
   double *e = ge->expected.data, *b = ge->bound.data;
   for (int64_t i = 0; i < cnt; i++) {
     double init = tw_load_as_f64(ge->init.data, c->out_dtype, i0 + i);
@@ -606,7 +609,8 @@ static void expect_fill(const fz_case *c, gemm_expect *ge, int64_t i0, int64_t c
   /* A scaled operand's product picks up two more f32 roundings, wherever the scales are
    * applied (ref: dequantized values; gpu: scales on partial sums). */
   int64_t extra = (c->accumulate ? 1 : 0) + (c->sa.mode != TW_SCALE_NONE ? 2 : 0);
-  tw_gemm_error_bound(absp, ref, cnt, K + extra, 0x1p-24, c->out_dtype, b + i0);
+  if (promoted) tw_gemm_error_bound_promoted(absp, ref, cnt, K, 128, 0x1p-13, 0x1p-24, 2, c->out_dtype, b + i0);
+  else tw_gemm_error_bound(absp, ref, cnt, K + extra, 0x1p-24, c->out_dtype, b + i0);
   for (int64_t i = 0; i < cnt; i++)
     if (b[i0 + i] >= 0) b[i0 + i] += flush[i];
   /* NaN/inf results (NaN or inf inputs) must be met by the same special value */
@@ -743,7 +747,7 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
       absp[m * N + n] = s_abs;
       flush[m * N + n] = s_fl;
     }
-  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K);
+  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, 0);
   gemm_compare(subject, oracle, A, res, call_gemm, "gemm", c, &ha, &hb, &ge, NULL);
 }
 
@@ -772,6 +776,10 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
+  const tw_scaling qm = c->sa.mode;
+  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_b == TW_OP_T && K % 16 == 0 &&
+                       (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_TENSOR_DELAYED || qm == TW_SCALE_BLOCK_1x128 ||
+                        qm == TW_SCALE_BLOCK_128x128);
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];
@@ -790,7 +798,7 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
         absp[(m - o) * N + n] = acc_abs;
         flush[(m - o) * N + n] = acc_fl;
       }
-    expect_fill(c, &ge, o * N, mg * N, ref, absp, flush, K);
+    expect_fill(c, &ge, o * N, mg * N, ref, absp, flush, K, promoted);
     o += mg;
   }
   expect_untouched(c, &ge, o * N, (M - o) * N);
@@ -881,7 +889,7 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
           flush[k * N + n] += flushable(av, bv, c);
         }
       }
-    expect_fill(c, &ge, g * K * N, K * N, ref, absp, flush, mg);
+    expect_fill(c, &ge, g * K * N, K * N, ref, absp, flush, mg, 0);
     o += mg;
   }
   tw_tensor got;

@@ -71,6 +71,14 @@ int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw
 tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
                            const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
 
+// Kernel version 5 (gg_wgmma_fp8, gpu/grouped_gemm_wgmma_fp8.cu): Hopper fp8 forward, ragged M,
+// block scales promoted every 128 along K. tiles: device [G+1] 128-row tile offsets T(g).
+int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                       const tw_tensor *out, const char **why);
+tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                               const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
+                               int accumulate, const char *op);
+
 // Fills a gg_operand from a tw_operand (data pointer, dtype, scales); the caller sets the
 // addressing (kmajor, ragged, row_elems, group_stride, ld, src_group_rows).
 void gg_operand_from(gg_operand *o, const tw_operand *t);
@@ -97,6 +105,7 @@ tw_status gemm_lt(tw_ctx *ctx, const gemm_lt_args *x, const char *op);
 #define GG_KERNEL_FMA "gg_fma"
 #define GG_KERNEL_LT_LOOP "gg_lt_loop"
 #define GG_KERNEL_WGMMA "gg_wgmma"
+#define GG_KERNEL_WGMMA_FP8 "gg_wgmma_fp8"
 #define GEMM_KERNEL_LT "gemm_lt"
 
 #endif

@@ -11,6 +11,11 @@
 //               gg_mma_wide); what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED
 //               naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
+//   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128 or 128x128
+//               scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8 wgmma
+//               promoted into f32 every 128 along K (tw_gemm.h's "gg_wgmma_fp8" model, not exact
+//               f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
+//               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
@@ -31,11 +36,13 @@
 
 #include "gpu/gemm_common.cuh"
 
-typedef enum { VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3, VER_WGMMA = 4 } gg_version;
+typedef enum {
+  VER_MMA = 0, VER_FMA = 1, VER_LT_LOOP = 2, VER_MMA_WIDE = 3, VER_WGMMA = 4, VER_WGMMA_FP8 = 5
+} gg_version;
 
 static const char *const gg_names[] = {GG_KERNEL_MMA, GG_KERNEL_FMA, GG_KERNEL_LT_LOOP, GG_KERNEL_MMA_WIDE,
-                                       GG_KERNEL_WGMMA};
-#define GG_NVERSIONS 5
+                                       GG_KERNEL_WGMMA, GG_KERNEL_WGMMA_FP8};
+#define GG_NVERSIONS 6
 
 // gg_wgmma's wgrad (gpu/grouped_gemm_wgmma.cu; declared here, not in gemm_common.cuh, so that
 // no other kernel file depends on it): lhs [M, K] and rhs [M, N] (ops N), out [G, K, N].
@@ -49,6 +56,9 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 // gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
 // it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
 #define GG_WGMMA_AUTO 1
+// gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128, promoted every 128 along K: the accumulation
+// model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it takes.
+#define GG_WGMMA_FP8_AUTO 1
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -250,6 +260,9 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   if (v == VER_LT_LOOP) return fwd_loop(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate);
   const char *why;
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA;
+  if (GG_WGMMA_FP8_AUTO && !forced(ctx) && gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA_FP8;
+  if (v == VER_WGMMA_FP8 && !gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
   int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1], G = group_sizes->shape[0];
   if (v == VER_WGMMA && !gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why))  // before any work is enqueued
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
@@ -257,6 +270,8 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   memset(&p, 0, sizeof p);
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   if (v == VER_WGMMA) return gg_wgmma_forward(ctx, lhs, rhs, rhs_op, p.offsets, G, out, accumulate, op);
+  if (v == VER_WGMMA_FP8)
+    return gg_wgmma_fp8_forward(ctx, lhs, rhs, rhs_op, p.offsets, p.tiles, G, out, accumulate, op);
   p.kind = GG_FWD_RAGGED;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;
@@ -286,6 +301,9 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
+  if (v == VER_WGMMA_FP8)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_wgmma / gg_mma_wide)", op,
+                    GG_KERNEL_WGMMA_FP8);
   const char *why;
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why)) v = VER_WGMMA;
   if (v == VER_WGMMA && !gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work

@@ -253,6 +253,20 @@ Test(check, gemm_error_bound_formula) {
   cr_assert_eq(b[0], ldexp(1.0, -24) * 3 + FLT_MIN);
 }
 
+/* The promoted model (gg_wgmma_fp8): K = 1000 in chunks of 128: n_in = 128 + 4 adds at 2^-13,
+ * 8 chunk sums + 2 at 2^-24; K = 40 < chunk: n_in = 40 + 2. */
+Test(check, gemm_error_bound_promoted_formula) {
+  double absp[2] = {10.0, -1.0}, ref[2] = {3.0, 0.0}, b[2];
+  double ui = ldexp(1.0, -13), u = ldexp(1.0, -24);
+  tw_gemm_error_bound_promoted(absp, ref, 2, 1000, 128, ui, u, 2, TW_F32, b);
+  double gi = 132 * ui / (1 - 132 * ui), go = 10 * u / (1 - 10 * u), g = gi + go * (1 + gi);
+  cr_assert_float_eq(b[0], g * 10 + u * (3 + g * 10) + FLT_MIN, 1e-18);
+  cr_assert_eq(b[1], -1.0);
+  tw_gemm_error_bound_promoted(absp, ref, 1, 40, 128, ui, u, 2, TW_F32, b);
+  gi = 42 * ui / (1 - 42 * ui), go = 3 * u / (1 - 3 * u), g = gi + go * (1 + gi);
+  cr_assert_float_eq(b[0], g * 10 + u * (3 + g * 10) + FLT_MIN, 1e-18);
+}
+
 /* The bound is not vacuous: an f32 dot product accumulated in order stays inside it, and an
  * off-by-one in the index (a typical kernel bug) does not. */
 Test(check, gemm_error_bound_holds_for_f32_dot_and_catches_a_bug) {

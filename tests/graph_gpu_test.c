@@ -188,3 +188,167 @@ Test(graph_gpu, gg_mma_wide_grouped_gemm_replays, .timeout = 300) { graph_replay
 Test(graph_gpu, gg_mma_wide_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_mma_wide"); }
 Test(graph_gpu, gg_wgmma_grouped_gemm_replays, .timeout = 300) { graph_replay(0, "gg_wgmma"); }
 Test(graph_gpu, gg_wgmma_grouped_gemm_wgrad_replays, .timeout = 300) { graph_replay(1, "gg_wgmma"); }
+
+/* ---- fp8 (gg_wgmma_fp8 and auto): per-tensor and 1x128 scales -------------------------- */
+#include "twin/tw_quantize.h"
+
+/* Host qtensor (rowwise) of x [R, C] by gs, buffers malloc'ed once by the caller's shapes. */
+static void q_alloc(tw_qtensor *q, tw_scaling mode, int64_t R, int64_t C, int64_t G) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_ROWWISE;
+  cr_assert_eq(tw_quantize_output_shapes(&o, R, C, G, q), TW_OK, "%s", tw_last_error());
+  tw_tensor *parts[3] = {&q->row_data, &q->row_scale_inv, &q->amax};
+  for (int i = 0; i < 3; ++i)
+    if (!tw_tensor_is_none(parts[i])) *parts[i] = host_new(parts[i]->dtype, parts[i]->ndim, parts[i]->shape);
+}
+static void q_run(tw_ctx *ref, tw_qtensor *q, const tw_tensor *x, const tw_tensor *gs) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = q->mode;
+  o.layout = TW_ROWWISE;
+  cr_assert_eq(tw_grouped_quantize(ref, x, gs, &o, q), TW_OK, "%s", tw_last_error());
+}
+static double *q_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs) {
+  int64_t sh[2] = {q->rows, q->cols};
+  tw_tensor d = host_new(TW_F32, 2, sh);
+  memset(d.data, 0, tw_tensor_bytes(&d));
+  cr_assert_eq(tw_grouped_dequantize(ref, q, gs, 0, &d), TW_OK, "%s", tw_last_error());
+  double *v = (double *)malloc((size_t)(q->rows * q->cols) * sizeof(double));
+  for (int64_t i = 0; i < q->rows * q->cols; ++i) v[i] = ((float *)d.data)[i];
+  free(d.data);
+  return v;
+}
+static tw_tensor dev_of(tw_ctx *gpu, const tw_tensor *h) {
+  tw_tensor d = *h;
+  if (tw_tensor_is_none(h)) return d;
+  d.mem = TW_MEM_DEVICE;
+  cr_assert_eq(tw_alloc(gpu, tw_tensor_bytes(h), &d.data), TW_OK);
+  return d;
+}
+
+static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
+  cudaStream_t stream;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  tw_ctx *ref, *gpu;
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ref, &c), TW_OK, "%s", tw_last_error());
+  c.backend = TW_BACKEND_GPU;
+  c.stream = stream;
+  c.kernel = kernel;
+  cr_assert_eq(tw_ctx_create(&gpu, &c), TW_OK, "%s", tw_last_error());
+  /* K = 208: two k-blocks, the second 80 deep; N = 264: two full 128 column tiles, one ragged */
+  const int64_t G = 8, M = 1000, K = 208, N = 264;
+  int64_t xs[2] = {M, K}, ws[2] = {G * N, K}, gsh[1] = {G}, os[2] = {M, N};
+  tw_tensor x = host_new(TW_F32, 2, xs), w = host_new(TW_F32, 2, ws), gs = host_new(TW_I32, 1, gsh);
+  for (int64_t i = 0; i < M * K; ++i) ((float *)x.data)[i] = (float)((2 * unif() - 1) * ldexp(1.0, (int)(i / K % 7) - 3));
+  for (int64_t i = 0; i < G * N * K; ++i) ((float *)w.data)[i] = (float)(2 * unif() - 1);
+  int32_t un[8];
+  for (int g = 0; g < 8; ++g) un[g] = (int32_t)N;
+  tw_tensor ugs = tw_tensor_1d(un, TW_I32, G, TW_MEM_HOST);
+  tw_qtensor lq, rq;
+  q_alloc(&lq, mode, M, K, G);
+  q_alloc(&rq, mode, G * N, K, G);
+  q_run(ref, &rq, &w, &ugs);
+  double *bv = q_values(ref, &rq, &ugs);
+  tw_qtensor dlq = lq, drq = rq;
+  dlq.row_data = dev_of(gpu, &lq.row_data);
+  dlq.row_scale_inv = dev_of(gpu, &lq.row_scale_inv);
+  dlq.amax = tw_tensor_none();
+  drq.row_data = dev_of(gpu, &rq.row_data);
+  drq.row_scale_inv = dev_of(gpu, &rq.row_scale_inv);
+  drq.amax = tw_tensor_none();
+  cr_assert_eq(tw_tensor_copy(gpu, &drq.row_data, &rq.row_data), TW_OK);
+  cr_assert_eq(tw_tensor_copy(gpu, &drq.row_scale_inv, &rq.row_scale_inv), TW_OK);
+  tw_tensor dg = dev_of(gpu, &gs);
+  tw_tensor out_r = host_new(TW_F32, 2, os), out_g = host_new(TW_F32, 2, os);
+  tw_tensor dout = dev_of(gpu, &out_g);
+  tw_operand a = tw_operand_rowwise(&dlq), b = tw_operand_rowwise(&drq);
+  tw_operand ha = tw_operand_rowwise(&lq), hb = tw_operand_rowwise(&rq);
+
+  /* sizes -> lhs quantized by them (per-tensor scales depend on the groups) -> device */
+#define LOAD_SIZES(sz)                                                                   \
+  do {                                                                                   \
+    memcpy(gs.data, (sz), (size_t)G * 4);                                                \
+    q_run(ref, &lq, &x, &gs);                                                            \
+    cr_assert_eq(tw_tensor_copy(gpu, &dg, &gs), TW_OK);                                  \
+    cr_assert_eq(tw_tensor_copy(gpu, &dlq.row_data, &lq.row_data), TW_OK);               \
+    cr_assert_eq(tw_tensor_copy(gpu, &dlq.row_scale_inv, &lq.row_scale_inv), TW_OK);     \
+  } while (0)
+  const int32_t first[8] = {125, 125, 125, 125, 125, 125, 125, 125};
+  LOAD_SIZES(first);
+  cr_assert_eq(tw_grouped_gemm(gpu, &a, &b, TW_OP_T, &dg, &dout, 0), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tw_status s = tw_grouped_gemm(gpu, &a, &b, TW_OP_T, &dg, &dout, 0);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s, TW_OK, "captured call: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "capture failed (a host sync inside the call?): %s", cudaGetErrorString(ce));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  const int32_t replays[4][8] = {
+      {125, 125, 125, 125, 125, 125, 125, 125},
+      {0, 0, 700, 0, 3, 0, 1, 0},
+      {1, 2, 3, 4, 5, 6, 7, 8},
+      {0, 0, 0, 0, 0, 0, 0, 1000},
+  };
+  for (int rep = 0; rep < 4; ++rep) {
+    LOAD_SIZES(replays[rep]);
+    CU(cudaStreamSynchronize(stream));
+    CU(cudaMemsetAsync(dout.data, TW_POISON_BYTE, tw_tensor_bytes(&out_g), stream));
+    CU(cudaGraphLaunch(exec, stream));
+    CU(cudaStreamSynchronize(stream));
+    cr_assert_eq(tw_ctx_check(gpu), TW_OK, "replay %d: %s", rep, tw_last_error());
+    cr_assert_eq(tw_tensor_copy(gpu, &out_g, &dout), TW_OK);
+    memset(out_r.data, TW_POISON_BYTE, tw_tensor_bytes(&out_r));
+    cr_assert_eq(tw_grouped_gemm(ref, &ha, &hb, TW_OP_T, &gs, &out_r, 0), TW_OK, "ref: %s", tw_last_error());
+    double *av = q_values(ref, &lq, &gs);
+    int64_t n = M * N;
+    double *ex = (double *)calloc((size_t)n, 8), *ab = (double *)calloc((size_t)n, 8);
+    double *bd = (double *)malloc((size_t)n * 8), *b2 = (double *)malloc((size_t)n * 8);
+    int64_t o = 0;
+    for (int64_t i = 0; i < n; ++i) ab[i] = -1; /* rows past the groups: untouched */
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t i = o; i < o + replays[rep][g]; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double sx = 0, sa = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            double p = av[i * K + k] * bv[(g * N + j) * K + k];
+            sx += p;
+            sa += fabs(p);
+          }
+          ex[i * N + j] = sx;
+          ab[i * N + j] = sa;
+        }
+      o += replays[rep][g];
+    }
+    /* gpu: gg_wgmma_fp8's promoted model (auto on sm_90 runs it; elsewhere the exact model is
+     * tighter than this one), ref: f32 (K + 4, 2^-24) */
+    tw_gemm_error_bound_promoted(ab, ex, n, K, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32, bd);
+    tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), TW_F32, b2);
+    for (int64_t i = 0; i < n; ++i) bd[i] = ab[i] < 0 ? -1 : bd[i] + b2[i];
+    tw_tensor bt = tw_tensor_1d(bd, TW_F64, n, TW_MEM_HOST);
+    tw_tensor g1 = tw_tensor_1d(out_g.data, TW_F32, n, TW_MEM_HOST), e1 = tw_tensor_1d(out_r.data, TW_F32, n, TW_MEM_HOST);
+    tw_check_report r;
+    cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &r), TW_OK, "%s", tw_last_error());
+    char buf[512];
+    cr_assert(r.passed, "fp8 %s replay %d (%s): %s", tw_scaling_name(mode), rep, kernel ? kernel : "auto",
+              tw_check_format(&r, buf, sizeof buf));
+    free(av); free(ex); free(ab); free(bd); free(b2);
+  }
+#undef LOAD_SIZES
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  tw_free(gpu, dlq.row_data.data); tw_free(gpu, dlq.row_scale_inv.data); tw_free(gpu, drq.row_data.data);
+  tw_free(gpu, drq.row_scale_inv.data); tw_free(gpu, dg.data); tw_free(gpu, dout.data);
+  free(lq.row_data.data); free(lq.row_scale_inv.data); if (!tw_tensor_is_none(&lq.amax)) free(lq.amax.data);
+  free(rq.row_data.data); free(rq.row_scale_inv.data); if (!tw_tensor_is_none(&rq.amax)) free(rq.amax.data);
+  free(bv); free(x.data); free(w.data); free(gs.data); free(out_r.data); free(out_g.data);
+  tw_ctx_destroy(gpu);
+  tw_ctx_destroy(ref);
+  cudaStreamDestroy(stream);
+}
+
+Test(graph_gpu, gg_wgmma_fp8_tensor_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_TENSOR_CURRENT, "gg_wgmma_fp8"); }
+Test(graph_gpu, gg_wgmma_fp8_1x128_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_BLOCK_1x128, "gg_wgmma_fp8"); }
+Test(graph_gpu, fp8_auto_1x128_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_BLOCK_1x128, NULL); }

@@ -10,10 +10,16 @@
  *        f32 ulp per addition instead of half; the gg_fma version is RNE and meets it too.
  *   K + 4: the fp8 scales add up to four f32 roundings per product (the dequantized operands
  *        on ref, sa*sb and the promotion FMA on gpu), each at most u relative to |a||b|.
+ * fp8 forward on gg_wgmma_fp8 (forced, or auto on an sm_90 device, where auto picks it for the
+ *   fp8 cases it takes): the gpu side's bound is its accumulation model instead (tw_gemm.h:
+ *   128-deep blocks summed with 2^-13 per add, promoted in f32),
+ *   tw_gemm_error_bound_promoted(.., K + 4, 128, 2^-13, 2^-24, 2, ..); the ref side as above.
+ *   gg_wgmma_fp8_bound_catches_planted_scales shows that bound is not vacuous.
  * Elements an operation must not write (rows past the groups) have bound -1: bit-equal.
  * Empty wgrad groups have bound -1 too: out[g] must be exactly 0 (or untouched). */
 #include <cblas.h>
 #include <criterion/criterion.h>
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,7 +64,20 @@ static void host_free(tw_tensor *x) {
 }
 
 static tw_ctx *ref_ctx, *gpu_ctx;
+/* fp8 forward cases get gg_wgmma_fp8's bound (its accumulation model) when it may run them */
+static int fp8_fast_bound;
+static int device_is_sm90(void) {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major == 9 && minor == 0;
+}
 static void ctx_for(const char *kernel) {
+  fp8_fast_bound = kernel ? strcmp(kernel, "gg_wgmma_fp8") == 0 : device_is_sm90();
   tw_ctx_config c = TW_CTX_CONFIG_INIT;
   cr_assert_eq(tw_ctx_create(&ref_ctx, &c), TW_OK, "ref ctx: %s", tw_last_error());
   c.backend = TW_BACKEND_GPU;
@@ -222,13 +241,19 @@ static void check_case(const char *what, const tw_tensor *got, const tw_tensor *
   note_case(what, rep.passed ? NULL : tw_check_format(&rep, buf, sizeof buf));
 }
 
-/* bound = gpu bound + ref bound for a block of `count` elements with contraction Kc. */
-static void add_bounds(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, double *bound) {
+/* bound = gpu bound + ref bound for a block of `count` elements with contraction Kc; fast: the
+ * gpu side is gg_wgmma_fp8's promoted model (tw_gemm.h). */
+static void add_bounds_m(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, int fast,
+                         double *bound) {
   double *b2 = (double *)malloc((size_t)(count + 1) * sizeof(double));
-  tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -23), od, bound);
+  if (fast) tw_gemm_error_bound_promoted(absp, exact, count, Kc, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bound);
+  else tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -23), od, bound);
   tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -24), od, b2);
   for (int64_t i = 0; i < count; ++i) bound[i] += b2[i];
   free(b2);
+}
+static void add_bounds(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, double *bound) {
+  add_bounds_m(absp, exact, count, Kc, od, 0, bound);
 }
 
 /* f64 product C[m, n] (+)= A[m, k] B[k, n] given strides; abs too. */
@@ -262,6 +287,8 @@ static int aligned_dims;
 static int lt_loop_outs;
 /* gg_wgmma (TMA): K and N rounded up to multiples of 8 (16-byte rows); it declines others. */
 static int tma_dims;
+/* gg_wgmma_fp8: K rounded up to a multiple of 16 (16-byte fp8 rows), rhs stored [G, N, K] (op T) */
+static int fp8_wgmma_dims;
 static tw_dtype pick_out(tw_dtype in) {
   if (lt_loop_outs) return (rnd() & 1) ? TW_F32 : in;
   return out_types[rnd() % 3];
@@ -289,6 +316,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     K = (K + 7) / 8 * 8;
     N = (N + 7) / 8 * 8;
   }
+  if (fp8_wgmma_dims) K = (K + 15) / 16 * 16;
   tw_op rhs_op = (tw_op)(rnd() & 1);
   tw_dtype od = pick_out(kind == 1 ? TW_F16 : TW_BF16);
   int accumulate = unif() < 0.25;
@@ -344,6 +372,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     int kn = (int)(rnd() & 1), col;
     if (mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_MXFP8_1D) col = kn;
     else col = (int)(rnd() & 1);
+    if (fp8_wgmma_dims && mode != TW_SCALE_MXFP8_1D) col = kn; /* storage [N, K] per group: op T */
     int64_t rsrc[2] = {G * (kn ? K : N), kn ? N : K};
     tw_tensor w = host_new(TW_F32, 2, rsrc);
     fill_random(&w, rsrc[0], rsrc[1]);
@@ -401,7 +430,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
         ab[i] = fabs(init[i]);
       }
     dref(m, N, K, av + o * K, K, 1, bv + g * b_gs, b_sk, b_sn, ex + o * N, ab + o * N, N);
-    add_bounds(ab + o * N, ex + o * N, m * N, K, od, bound + o * N);
+    add_bounds_m(ab + o * N, ex + o * N, m * N, K, od, quant && fp8_fast_bound, bound + o * N);
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
@@ -625,6 +654,129 @@ Test(grouped_gemm_gpu, large_gg_wgmma_version, .timeout = 900) {
   for (int s = 0; s < 8; ++s) fwd_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
   tma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_large");
 }
+/* gg_wgmma_fp8 (Hopper fp8 wgmma, forward): per-tensor (current, delayed), 1x128 and 128x128
+ * scales (fp8_mode_count = 4), e4m3/e5m2 pairs, K a multiple of 16 (K % 128 != 0 most of the
+ * time), rhs [G, N, K]; random (G 1..256, zero and skewed groups, tail rows), aligned, large. */
+Test(grouped_gemm_gpu, random_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  for (int s = 0; s < 300; ++s) fwd_case(14000 + s, 3, BUDGET);
+  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8");
+}
+Test(grouped_gemm_gpu, aligned_gg_wgmma_fp8_version, .timeout = 600) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4; aligned_dims = 1;
+  for (int s = 0; s < 100; ++s) fwd_case(15000 + s, 3, BUDGET);
+  aligned_dims = 0; fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_aligned");
+}
+Test(grouped_gemm_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  for (int s = 0; s < 8; ++s) fwd_case(16000 + s, 3, (int64_t)1 << 30);
+  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_large");
+}
+/* auto on fp8 operands gg_wgmma_fp8 takes (on sm_90 it runs them; elsewhere gg_mma_wide/gg_mma) */
+Test(grouped_gemm_gpu, random_fp8_auto_wgmma_shapes, .timeout = 900) {
+  ctx_for(NULL); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  for (int s = 0; s < 150; ++s) fwd_case(17000 + s, 3, BUDGET);
+  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.fp8_auto_wgmma_shapes");
+}
+
+/* The promoted bound is not vacuous: positive data (sum |a||b| = |exact|, the bound is ~1.6% of
+ * the value), one group, K = 1008 (8 k-blocks, the last one 112 deep). The true scales pass;
+ * per-tensor: lhs scale_inv of the group times (1 + 2^-4) must fail; 1x128: one k-block's lhs
+ * scale of every row times 2 (that block's share ~ 1/8 of the value) must fail. */
+static double planted_case(tw_scaling mode, int plant, int *passed) {
+  ctx_for("gg_wgmma_fp8");
+  rng_s = 424242;
+  const int64_t G = 1, M = 200, N = 136, K = 1008;
+  int64_t gsh[1] = {G}, ls[2] = {M, K}, ws[2] = {G * N, K}, os[2] = {M, N};
+  tw_tensor gs = host_new(TW_I32, 1, gsh);
+  ((int32_t *)gs.data)[0] = (int32_t)M;
+  tw_tensor x = host_new(TW_F32, 2, ls), w = host_new(TW_F32, 2, ws);
+  for (int64_t i = 0; i < M * K; ++i) ((float *)x.data)[i] = (float)(0.25 + unif());
+  for (int64_t i = 0; i < G * N * K; ++i) ((float *)w.data)[i] = (float)(0.25 + unif());
+  qop ql, qr;
+  qop_make(&ql, mode, TW_E4M3, &x, &gs, 0);
+  int32_t ng = (int32_t)N;
+  tw_tensor ugs = tw_tensor_1d(&ng, TW_I32, 1, TW_MEM_HOST);
+  qop_make(&qr, mode, TW_E4M3, &w, &ugs, 0);
+  if (plant) { /* the device copy of lhs's scales only: ref keeps the true ones */
+    tw_tensor hs = host_new(TW_F32, ql.hq.row_scale_inv.ndim, ql.hq.row_scale_inv.shape);
+    memcpy(hs.data, ql.hq.row_scale_inv.data, tw_tensor_bytes(&hs));
+    float *f = (float *)hs.data;
+    if (mode == TW_SCALE_BLOCK_1x128) {
+      int64_t ld = hs.shape[1];
+      for (int64_t r = 0; r < M; ++r) f[3 * ld + r] *= 2.f; /* k-block 3 of every row */
+    } else {
+      f[0] *= 1.0625f;
+    }
+    cr_assert_eq(tw_tensor_copy(gpu_ctx, &ql.dq.row_scale_inv, &hs), TW_OK, "%s", tw_last_error());
+    host_free(&hs);
+  }
+  tw_tensor out_r = host_new(TW_F32, 2, os), out_g = host_new(TW_F32, 2, os);
+  tw_tensor out_d = dev_copy(&out_g), gs_d = dev_copy(&gs);
+  cr_assert_eq(tw_grouped_gemm(ref_ctx, &ql.h, &qr.h, TW_OP_T, &gs, &out_r, 0), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &out_d, 0), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s", tw_last_error());
+  to_host(&out_g, &out_d);
+  double *ex = (double *)calloc((size_t)(M * N), sizeof(double)), *ab = (double *)calloc((size_t)(M * N), sizeof(double));
+  double *bound = (double *)malloc((size_t)(M * N) * sizeof(double));
+  dref(M, N, K, ql.vals, K, 1, qr.vals, 1, K, ex, ab, N);
+  add_bounds_m(ab, ex, M * N, K, TW_F32, 1, bound);
+  tw_tensor bt = tw_tensor_1d(bound, TW_F64, M * N, TW_MEM_HOST);
+  tw_tensor g1 = tw_tensor_1d(out_g.data, TW_F32, M * N, TW_MEM_HOST), e1 = tw_tensor_1d(out_r.data, TW_F32, M * N, TW_MEM_HOST);
+  tw_check_report rep;
+  cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &rep), TW_OK, "%s", tw_last_error());
+  char buf[512];
+  cr_log_info("planted %s %s: %s", tw_scaling_name(mode), plant ? "wrong scale" : "true scales",
+              tw_check_format(&rep, buf, sizeof buf));
+  *passed = rep.passed;
+  double ratio = rep.worst_ratio;
+  free(ex); free(ab); free(bound);
+  dev_free(&out_d); dev_free(&gs_d);
+  host_free(&out_r); host_free(&out_g); host_free(&gs); host_free(&x); host_free(&w);
+  qop_free(&ql); qop_free(&qr);
+  ctx_done();
+  return ratio;
+}
+Test(grouped_gemm_gpu, gg_wgmma_fp8_bound_catches_planted_scales) {
+  const tw_scaling modes[2] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128};
+  for (int i = 0; i < 2; ++i) {
+    int ok = 0;
+    double r = planted_case(modes[i], 0, &ok);
+    cr_assert(ok, "%s: true scales out of the model's bound (worst ratio %g)", tw_scaling_name(modes[i]), r);
+    r = planted_case(modes[i], 1, &ok);
+    cr_assert(!ok, "%s: a planted wrong scale passed the model's bound (worst ratio %g)", tw_scaling_name(modes[i]), r);
+  }
+}
+
+/* gg_wgmma_fp8 declines by name: rhs [G, K, N] (op N), and K not a multiple of 16. */
+Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
+  ctx_for("gg_wgmma_fp8");
+  const int64_t G = 1, M = 16;
+  for (int c = 0; c < 2; ++c) {
+    const int64_t K = c == 0 ? 64 : 24, N = 32;
+    int64_t gsh[1] = {G}, ls[2] = {M, K}, ws[2] = {c == 0 ? G * K : G * N, c == 0 ? N : K}, os[2] = {M, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh);
+    ((int32_t *)gs.data)[0] = (int32_t)M;
+    tw_tensor x = host_new(TW_F32, 2, ls), w = host_new(TW_F32, 2, ws);
+    fill_random(&x, M, K);
+    fill_random(&w, ws[0], ws[1]);
+    int32_t ng = (int32_t)(c == 0 ? K : N);
+    tw_tensor ugs = tw_tensor_1d(&ng, TW_I32, 1, TW_MEM_HOST);
+    qop ql, qr;
+    qop_make(&ql, TW_SCALE_TENSOR_CURRENT, TW_E4M3, &x, &gs, 0);
+    qop_make(&qr, TW_SCALE_TENSOR_CURRENT, TW_E4M3, &w, &ugs, 0);
+    tw_tensor out = host_new(TW_BF16, 2, os);
+    tw_tensor od = dev_copy(&out), gd = dev_copy(&gs);
+    tw_status st = tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, c == 0 ? TW_OP_N : TW_OP_T, &gd, &od, 0);
+    cr_assert_eq(st, TW_ERR_UNSUPPORTED, "case %d: %s", c, tw_last_error());
+    cr_assert(strstr(tw_last_error(), "gg_wgmma_fp8") != NULL, "message: %s", tw_last_error());
+    dev_free(&od); dev_free(&gd);
+    host_free(&out); host_free(&gs); host_free(&x); host_free(&w);
+    qop_free(&ql); qop_free(&qr);
+  }
+  ctx_done();
+}
+
 RANDOM_TESTS(grouped_gemm_wgrad_gpu, wgrad_case)
 
 /* gg_wgmma wgrad (lhs [M, K] and rhs [M, N], ops N; K and N rounded up to multiples of 8):

@@ -8,9 +8,11 @@
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
  *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
  *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
- *     (Hopper wgmma + TMA, bf16 rows) and
+ *     (Hopper wgmma + TMA, bf16 rows), gg_wgmma_fp8 (Hopper fp8 wgmma, per-tensor and 1x128 rows;
+ *     the fp8 auto choice on sm_90) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
- *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm).
+ *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
+ *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets).
  *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
  *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
  *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
@@ -211,8 +213,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     return 1;
   }
   tw_ctx *c_auto = make_ctx(NULL), *c_mma = make_ctx("gg_mma"), *c_loop = make_ctx("gg_lt_loop"),
-         *c_lt = make_ctx("gemm_lt"), *c_wide = make_ctx("gg_mma_wide"), *c_wg = make_ctx("gg_wgmma");
-  if (!c_auto || !c_mma || !c_loop || !c_lt || !c_wide || !c_wg) return 1;
+         *c_lt = make_ctx("gemm_lt"), *c_wide = make_ctx("gg_mma_wide"), *c_wg = make_ctx("gg_wgmma"), *c_wf8 = make_ctx("gg_wgmma_fp8");
+  if (!c_auto || !c_mma || !c_loop || !c_lt || !c_wide || !c_wg || !c_wf8) return 1;
   int rc = 0;
   /* cmd_bench printed the header */
 
@@ -326,16 +328,19 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
                (long long)sh.N, (long long)sh.K, kind == 0 ? "bf16" : kind == 1 ? "e4m3" : "e4m3 1x128");
       const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
       cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
-      double pms = kind == 2 ? -1 : peer_ms(key, peer);
+      double pms = peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
-      tw_ctx *ctxs[4] = {c_mma, c_loop, c_wide, c_wg};
-      const char *names[4] = {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"};
-      /* gg_wgmma (Hopper, bf16/f16 only): bf16 rows */
-      for (int v = wgrad_only ? 3 : 0; v < (kind == 2 ? 1 : kind == 1 ? 3 : 4); ++v) {
-        c.ctx = ctxs[v];
-        double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
-        if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
-        row_out(shape, names[v], ms, flop, floor, kind == 2 ? "" : peer, pms, cfg->csv);
+      /* bf16: gg_mma, gg_lt_loop, gg_mma_wide, gg_wgmma; per-tensor fp8: gg_mma, gg_lt_loop,
+       * gg_mma_wide, gg_wgmma_fp8; 1x128: gg_mma, gg_wgmma_fp8 */
+      tw_ctx *ctxs[3][4] = {{c_mma, c_loop, c_wide, c_wg}, {c_mma, c_loop, c_wide, c_wf8}, {c_mma, c_wf8, NULL, NULL}};
+      const char *names[3][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
+                                 {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma_fp8"},
+                                 {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
+      for (int v = wgrad_only ? 3 : 0; v < (kind == 2 ? 2 : 4); ++v) {
+        c.ctx = ctxs[kind][v];
+        double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
+        if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[kind][v], tw_last_error()); rc = 1; }
+        row_out(shape, names[kind][v], ms, flop, floor, peer, pms, cfg->csv);
         if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
       }
     }
@@ -416,7 +421,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     tw_free(c_auto, sb);
   }
   tw_ctx_destroy(c_auto); tw_ctx_destroy(c_mma); tw_ctx_destroy(c_loop); tw_ctx_destroy(c_lt);
-  tw_ctx_destroy(c_wide); tw_ctx_destroy(c_wg);
+  tw_ctx_destroy(c_wide); tw_ctx_destroy(c_wg); tw_ctx_destroy(c_wf8);
   free(peers);
   peers = NULL;
   cudaStreamDestroy(stream);

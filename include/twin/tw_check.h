@@ -56,6 +56,18 @@ tw_status tw_check_bound(const tw_tensor *got, const tw_tensor *expected,
 void tw_gemm_error_bound(const double *abs_prod, const double *ref, int64_t count, int64_t K,
                          double u_acc, tw_dtype out_dtype, double *bound);
 
+/* The same for an accumulation promoted every `chunk` along K (tw_gemm.h, gg_wgmma_fp8): inside
+ * a chunk the products are summed with unit u_chunk per add (n_in = min(K, chunk) products, plus
+ * one add of the running partial per 32-deep instruction: n_in + ceil(n_in/32) adds); the
+ * ceil(K/chunk) chunk sums are then combined in f32 with unit u_acc, plus `extra` further
+ * f32 roundings (scale products, the final scale multiply, the accumulate add):
+ *   g_in  = gamma(n_in + ceil(n_in/32), u_chunk),  g_out = gamma(ceil(K/chunk) + extra, u_acc)
+ *   e_acc = (g_in + g_out * (1 + g_in)) * sum_k |a_ik||b_kj|
+ * and bound[i] as in tw_gemm_error_bound with that e_acc. */
+void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int64_t count, int64_t K,
+                                  int64_t chunk, double u_chunk, double u_acc, int64_t extra,
+                                  tw_dtype out_dtype, double *bound);
+
 /* One line: "PASS 4096 elems, worst 1.2e-06 <= 3.1e-05 (ratio 0.04) at [3, 17]" or
  * "FAIL 12/4096 out of bound, 2 NaN, 0 inf, 5 unwritten; worst got=.. exp=.. at [..]". */
 const char *tw_check_format(const tw_check_report *r, char *buf, size_t n);

@@ -75,8 +75,24 @@
  *     accumulator as mma.sync's; in the wgrad, rows past a group's end are zeroed in shared
  *     memory before the wgmma reads them, so they add exact zeros (never NaN from other rows).
  *   gg_fma: exact f32 FMA, RNE (meets the same bound).
+ *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
+ *     per-tensor, 1x128 and 128x128 scales, rhs [G, N, K]): promoted every 128 along K. The
+ *     tensor core sums the exact fp8 x fp8 products of one 128-deep k-block (the last one may
+ *     be shorter) into a fresh accumulator that keeps about 14 significant bits (DeepSeek-V3
+ *     report; measured ~2^-13 relative on cuBLASLt, gpu/NOTES-gemm.md): u_in = 2^-13 per add,
+ *     min(K,128) products plus one fold of the running partial per 32-deep instruction. Each
+ *     block partial is then promoted into an f32 register total, RNE, u = 2^-24:
+ *     block scales total = fmaf(partial, sa*sb, total); per-tensor total += partial, then
+ *     out = total * (sa[g]*sb[g]) (the same formula as gg_mma's epilogue). With
+ *     nb = ceil(K/128) and 2 further f32 roundings (the scale product or final multiply, the
+ *     accumulate add): e_acc = (g_in + g_out (1 + g_in)) sum|a||b|, g_in =
+ *     gamma(n + ceil(n/32), 2^-13) with n = min(K, 128), g_out = gamma(nb + 2, 2^-24)
+ *     (tw_gemm_error_bound_promoted(.., K, 128, 0x1p-13, 0x1p-24, 2, ..) in tw_check.h).
+ *     At K >= 128 that is about 1.6% of sum|a||b|, independent of K. Forcing gg_mma_wide or
+ *     gg_mma gives the exact-f32 model above for the same operands.
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
- *     ~2^-13 relative): not the f32 model, so auto never picks it for fp8.
+ *     ~2^-13 relative) with no documented promotion interval: no model, so auto never picks it
+ *     for fp8.
  *
  * Alignment: the ref backend accepts any shape and any element-aligned pointer. A backend
  * that needs more (gpu: fp8 cuBLASLt paths want 16-byte leading dimensions) states it in

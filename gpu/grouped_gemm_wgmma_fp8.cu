@@ -1,0 +1,454 @@
+// gpu/grouped_gemm_wgmma_fp8.cu — kernel version 5 of the grouped GEMM (gg_wgmma_fp8): Hopper
+// (sm_90a) fp8 forward, ragged M from device group sizes, on fp8 wgmma (SASS QGMMA).
+//
+//   C[o_g + i, :] = sum over k-blocks b of 128:  P_b[i, :] * f_b      (i < m_g)
+//   P_b = lhs[o_g + i, 128b..128b+127] @ rhs[g]^T over that block, in the tensor core
+//
+// Accumulation model (tw_gemm.h, "gg_wgmma_fp8"): the tensor core sums the (exact) fp8 x fp8
+// products of one 128-deep k-block into a fresh accumulator (Hopper's fp8 wgmma keeps about 14
+// significant bits there); the block's partial is then promoted into an f32 total in
+// registers, every 128 along K, for every scaling mode:
+//   BLOCK_1x128 / BLOCK_128x128:  total = fmaf(partial, sa * sb, total)  (gg_mma's promotion,
+//                                 the scales of that k-block for the row and the column)
+//   TENSOR_*:                     total = total + partial; out = total * (sa[g] * sb[g])
+//                                 (the per-tensor epilogue of gg_mma / gg_mma_wide)
+// Design (written for twin, after gg_wgmma; no library code):
+//   - CTA tile 128 x 128 x 128 (k-block = one scaling block), 384 threads: warpgroup 0
+//     produces (thread 0 issues the TMA loads; warps 1-3, in turn, stage the k-block's 128 row
+//     scales and 128 column scales into shared memory for the block modes), warpgroups 1 and 2 consume,
+//     each owning 64 rows x 128 columns: 64 partial + 64 total f32 registers per thread.
+//     setmaxnreg 40 / 232. N = 128 because the promotion needs two accumulator sets.
+//   - 6-stage ring of 32 KiB (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle) plus
+//     1 KiB of scales per stage; "full" mbarrier (TMA bytes + the scale warp's 32 arrivals in block
+//     modes), "empty" mbarrier (one arrival per consumer warp).
+//   - wgmma m64n128k32 (e4m3/e5m2 x e4m3/e5m2 -> f32), 4 per k-block; fp8 wgmma takes both
+//     operands K-major from shared memory only, so rhs must be [G, N, K] (rhs_op T).
+//   - Persistent CTAs over 128-row x 128-column tiles: tile t is row tile t / tilesQ of the
+//     global 128-row tile space (gpu_group_prefix's T(g)), column tile t % tilesQ; the group
+//     by binary search over T(g). No extra prefix kernel, nothing read back: capturable.
+//   - Ragged edges as gg_wgmma: rows past the group are computed from the next group's rows
+//     (or TMA zero fill past M) and never stored; the K tail and N tail come back as zeros.
+// Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
+// plain or MXFP8 operands, rhs_op N, K not a multiple of 16 (TMA row strides), K = 0,
+// unaligned bases, a device other than sm_90, sizes past int32 TMA coordinates, wgrad.
+#include <cuda.h>
+#include <cuda_fp8.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gemm_common.cuh"
+#include "gpu/wgmma_common.cuh"
+
+#define GGF_BM 128
+#define GGF_BN 128
+#define GGF_BK 128
+#define GGF_STAGES 6
+#define GGF_THREADS 384
+#define GGF_A_BYTES (GGF_BM * GGF_BK)
+#define GGF_B_BYTES (GGF_BN * GGF_BK)
+#define GGF_STAGE_BYTES (GGF_A_BYTES + GGF_B_BYTES)
+#define GGF_SCALE_FLOATS (GGF_BM + GGF_BN)
+// ring + 1 KiB to align the base to the 1024-byte swizzle atom + scales + barriers
+#define GGF_SMEM (GGF_STAGES * GGF_STAGE_BYTES + 1024 + GGF_STAGES * GGF_SCALE_FLOATS * 4 + 2 * GGF_STAGES * 8)
+
+// Scale modes of the kernel: per-tensor, 1x128 rows x 1x128 columns, 128x128 tiles.
+enum { GGF_TENSOR = 0, GGF_B1x128 = 1, GGF_B128 = 2 };
+
+struct ggf_params {
+  const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
+  const int64_t *tiles;    // device [G+1] 128-row tile offsets T(g) (gpu_group_prefix)
+  void *out;
+  int64_t N, K, G, tilesQ;
+  int accumulate;
+  int mode;                // GGF_*
+  const float *sa, *sb;    // scale_inv of lhs and rhs (tw_quantize.h layouts)
+  int64_t lda_s, ldb_s;    // their last dimension
+  int b_transposed;        // rhs is the per-group transposed (colwise) copy of a [G*K, N] source
+};
+
+#ifdef WGC_DEVICE
+#define GGF_D64(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// d (+)= A(64x32 fp8, desc da) * B(32x128 fp8, desc db)^T, both K-major; scale_d = 0
+// overwrites d. AT, BT: 0 e4m3, 1 e5m2. The 64 f32 accumulators of one thread: d[4j + 2h + e]
+// is row 16*warp + lane/4 + 8h, column 8j + 2*(lane%4) + e of the warpgroup's 64 x 128 block.
+template <int AT, int BT>
+__device__ __forceinline__ void ggf_mma(float *d, uint64_t da, uint64_t db, int scale_d) {
+  if (AT == 0 && BT == 0)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 0 && BT == 1)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 1 && BT == 0)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 1 && BT == 1)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// Tile id -> group g, row start p0 (within the group), column start q0. 32-bit division (the
+// host declines problems with 2^31 tiles or more): a 64-bit one is a call whose saved registers
+// spilled the accumulators.
+__device__ __forceinline__ void ggf_locate(const ggf_params &p, int t, int64_t &g, int64_t &p0, int64_t &q0) {
+  const int tq = (int)p.tilesQ, tp = t / tq;
+  int64_t lo = 0, hi = p.G - 1;
+  while (lo < hi) {  // last g with T(g) <= tp: the non-empty group holding row tile tp
+    int64_t mid = (lo + hi + 1) >> 1;
+    if (p.tiles[mid] <= tp) lo = mid;
+    else hi = mid - 1;
+  }
+  g = lo;
+  p0 = (int64_t)(tp - (int)p.tiles[g]) * GGF_BM;
+  q0 = (int64_t)(t - tp * tq) * GGF_BN;
+}
+
+// Where the scales of one tile start (k-block 0, this lane's first row / column) and how they
+// advance: per k-block (k) and per 32 rows / columns (r; 0 for 128x128 tiles, whose 128 rows or
+// columns share one scale because tiles start on 128-row bounds of the group). The
+// tw_quantize.h layouts, as gg_scale_at (grouped_gemm_kernel.cu) reads them:
+//   lhs (rowwise [M, K] source, group rows from o_g, tiles from T(g)):
+//     1x128 [kb][o_g + row];  128x128 [T(g) + row/128][kb]
+//   rhs rowwise of the [G*N, K] source (uniform groups: source row g*N + n, T = g*ceil(N/128)):
+//     1x128 [kb][g*N + n];  128x128 [g*ceil(N/128) + n/128][kb]
+//   rhs colwise copy of the [G*K, N] source (source row g*K + k, T = g*ceil(K/128)):
+//     1x128 [g*ceil(K/128) + kb][n];  128x128 [n/128][g*ceil(K/128) + kb]
+struct ggf_sptr {
+  const float *a, *b;
+  int64_t ak, bk;
+  int ar, br;
+};
+__device__ __forceinline__ ggf_sptr ggf_scale_ptrs(const ggf_params &p, int64_t g, int64_t og, int64_t tg, int64_t p0,
+                                                   int64_t q0, int lane) {
+  ggf_sptr r;
+  const int64_t ktn = (p.K + 127) / 128, ntn = (p.N + 127) / 128;
+  if (p.mode == GGF_B1x128) {
+    r.a = p.sa + og + p0 + lane, r.ak = p.lda_s, r.ar = 32;
+    if (!p.b_transposed) r.b = p.sb + g * p.N + q0 + lane, r.bk = p.ldb_s, r.br = 32;
+    else r.b = p.sb + g * ktn * p.ldb_s + q0 + lane, r.bk = p.ldb_s, r.br = 32;
+  } else {
+    r.a = p.sa + (tg + p0 / 128) * p.lda_s, r.ak = 1, r.ar = 0;
+    if (!p.b_transposed) r.b = p.sb + (g * ntn + q0 / 128) * p.ldb_s, r.bk = 1, r.br = 0;
+    else r.b = p.sb + (q0 / 128) * p.ldb_s + g * ktn, r.bk = 1, r.br = 0;
+  }
+  return r;
+}
+#endif  // WGC_DEVICE
+
+// BL: block scales (promotion with sa * sb), else per-tensor. AT, BT: fp8 types (0 e4m3,
+// 1 e5m2). OUT: output tw_dtype.
+template <bool BL, int AT, int BT, int OUT>
+__global__ void __launch_bounds__(GGF_THREADS, 1)
+    ggf_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+               const ggf_params p) {
+#ifdef WGC_DEVICE
+  extern __shared__ __align__(1024) unsigned char ggf_raw[];
+  unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
+  float *scales = (float *)(base + GGF_STAGES * GGF_STAGE_BYTES);  // [stage][128 rows, 128 columns]
+  uint64_t *full = (uint64_t *)(scales + GGF_STAGES * GGF_SCALE_FLOATS);
+  uint64_t *empty = full + GGF_STAGES;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < GGF_STAGES; ++s) {
+      wgc_bar_init(&full[s], BL ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
+      wgc_bar_init(&empty[s], 8);               // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int total = (int)(p.tiles[p.G] * p.tilesQ);
+  const int ktiles = (int)((p.K + GGF_BK - 1) / GGF_BK);
+
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (tid == 0) {
+      // ---- producer: TMA loads ---------------------------------------------------------
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggf_locate(p, t, g, p0, q0);
+        const int row0 = (int)(p.offsets[g] + p0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          wgc_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
+          wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
+          wgc_tma_3d(sb, &map_b, &full[s], kt * GGF_BK, (int)q0, (int)g);
+          if (++s == GGF_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (BL && tid >= 32) {
+      // ---- producer: the k-block's scales into the stage (block modes) -----------------
+      // Warps 1-3 take every third k-block (in the order all warps walk), so three scale loads are in
+      // flight at once. One warp alone spent a
+      // global-load latency per k-block in series: 0.46-0.64x the per-tensor rate (run f1).
+      const int w = tid / 32 - 1, lane = tid % 32;
+      int s = 0, turn = 0;  // stage and whose turn (0..2) of the global k-block count
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggf_locate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const ggf_sptr sp = ggf_scale_ptrs(p, g, og, p.tiles[g], p0, q0, lane);
+        const int rows = (int)(mg - p0 < GGF_BM ? mg - p0 : GGF_BM) - lane;   // valid rows past lane
+        const int cols = (int)(p.N - q0 < GGF_BN ? p.N - q0 : GGF_BN) - lane;  // valid columns past lane
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const bool mine = turn == w;
+          const int st = s;
+          const uint32_t ph = phase;
+          if (++turn == 3) turn = 0;
+          if (++s == GGF_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+          if (!mine) continue;
+          const float *a = sp.a + kt * sp.ak, *b = sp.b + kt * sp.bk;
+          wgc_bar_wait(&empty[st], ph ^ 1);
+          float *f = scales + st * GGF_SCALE_FLOATS + lane;
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            f[32 * r] = 32 * r < rows ? a[r * sp.ar] : 0.f;
+            f[GGF_BM + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
+          }
+          wgc_bar_arrive(&full[st]);
+        }
+      }
+    }
+  } else {
+    // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    float d[64], tot[64];
+    int s = 0;
+    uint32_t phase = 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+      int64_t g, p0, q0;
+      ggf_locate(p, t, g, p0, q0);
+      const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) tot[i] = 0.f;
+      for (int kt = 0; kt < ktiles; ++kt) {
+        wgc_bar_wait(&full[s], phase);
+        const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
+        const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        wgc_fence();
+#pragma unroll
+        for (int k = 0; k < GGF_BK / 32; ++k)
+          ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+        wgc_commit();
+        wgc_wait<0>();
+        wgc_touch<64>(d);
+        if (BL) {
+          const float *f = scales + s * GGF_SCALE_FLOATS;
+          // the scales are read from the stage before it is released (64 + 64 + 34 live
+          // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
+          const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            float2 fb;  // volatile: one pair at a time (hoisting all 16 spilled registers)
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                         : "=f"(fb.x), "=f"(fb.y)
+                         : "r"(wgc_smem(f + GGF_BM + 8 * j + 2 * (lane % 4))));
+            tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fb.x, tot[4 * j + 0]);
+            tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fb.y, tot[4 * j + 1]);
+            tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fb.x, tot[4 * j + 2]);
+            tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fb.y, tot[4 * j + 3]);
+          }
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+        } else {
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) tot[i] += d[i];
+        }
+        if (++s == GGF_STAGES) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      const float tf = BL ? 1.f : p.sa[g] * p.sb[g];
+      const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
+      const int64_t cbase = q0 + 2 * (lane % 4);
+      const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 8 * h;
+        if (r >= mg) continue;
+        const int64_t rowbase = (og + r) * p.N;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int64_t col = cbase + 8 * j;
+          const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
+          const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
+          if (pairs) {
+            if (col < p.N) wgc_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+          } else {
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+static int ggf_mode_of(int m) {
+  switch (m) {
+    case TW_SCALE_TENSOR_CURRENT:
+    case TW_SCALE_TENSOR_DELAYED: return GGF_TENSOR;
+    case TW_SCALE_BLOCK_1x128: return GGF_B1x128;
+    case TW_SCALE_BLOCK_128x128: return GGF_B128;
+    default: return -1;
+  }
+}
+static int ggf_fp8(int dt) { return dt == TW_E4M3 || dt == TW_E5M2; }
+
+int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                       const tw_tensor *out, const char **why) {
+  gpu_state *st = gpu_of(ctx);
+  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  *why = NULL;
+  if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma, TMA)";
+  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ggf_mode_of(lhs->mode) < 0 ||
+           ggf_mode_of(rhs->mode) != ggf_mode_of(lhs->mode))
+    *why = "takes fp8 operands with per-tensor, 1x128 or 128x128 scales only";
+  else if (rhs_op != TW_OP_T)
+    *why = "needs rhs as [G, N, K] (rhs_op T): fp8 wgmma reads both operands K-major";
+  else if (lhs->colwise || lhs->data.ndim != 2)
+    *why = "needs the rowwise lhs [M, K]";
+  else if (K == 0 || K % 16)
+    *why = "needs K a non-zero multiple of 16 (TMA: 16-byte row strides)";
+  else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
+    *why = "needs 16-byte aligned lhs and rhs";
+  else if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31) || N >= ((int64_t)1 << 31))
+    *why = "needs M, N and K below 2^31 (TMA coordinates)";
+  else if (M * ((N + GGF_BN - 1) / GGF_BN) >= ((int64_t)1 << 31))  // row tiles <= M
+    *why = "needs fewer than 2^31 128x128 output tiles (32-bit tile ids)";
+  return *why == NULL;
+}
+
+template <bool BL, int AT, int BT, int OUT>
+static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
+                              const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_params) = ggf_kernel<BL, AT, BT, OUT>;
+  static int set_for[64];
+  const int dev = st->device < 64 ? st->device : 0;
+  if (!set_for[dev]) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_SMEM),
+                 "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
+    set_for[dev] = 1;
+  }
+  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_SMEM, st->stream>>>(*ma, *mb, *p);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
+  return TW_OK;
+}
+
+template <bool BL, int AT, int BT>
+static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
+                         const char *op) {
+  switch (od) {
+    case TW_F32: return ggf_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
+    case TW_BF16: return ggf_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
+    default: return ggf_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
+  }
+}
+
+tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                               const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
+                               int accumulate, const char *op) {
+  const char *why;
+  if (!gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
+  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  if (M == 0 || N == 0 || G == 0) return TW_OK;
+  PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
+  if (!enc)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
+                    GG_KERNEL_WGMMA_FP8);
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
+  {
+    cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
+    cuuint32_t box[2] = {GGF_BK, GGF_BM}, es[2] = {1, 1};
+    CUresult r = enc(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, lhs->data.data, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': lhs tensor map refused (CUresult %d)", op,
+                      GG_KERNEL_WGMMA_FP8, (int)r);
+  }
+  {
+    cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)G};
+    cuuint64_t strides[2] = {(cuuint64_t)K, (cuuint64_t)(K * N)};
+    cuuint32_t box[3] = {GGF_BK, GGF_BN, 1}, es[3] = {1, 1, 1};
+    CUresult r = enc(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, rhs->data.data, dims, strides, box, es,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': rhs tensor map refused (CUresult %d)", op,
+                      GG_KERNEL_WGMMA_FP8, (int)r);
+  }
+  ggf_params p;
+  memset(&p, 0, sizeof p);
+  p.offsets = offsets;
+  p.tiles = tiles;
+  p.out = out->data;
+  p.N = N;
+  p.K = K;
+  p.G = G;
+  p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
+  p.accumulate = accumulate;
+  p.mode = ggf_mode_of(lhs->mode);
+  p.sa = (const float *)lhs->scale_inv.data;
+  p.sb = (const float *)rhs->scale_inv.data;
+  p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
+  p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
+  p.b_transposed = rhs->colwise;
+  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
+  const bool bl = p.mode != GGF_TENSOR;
+  // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
+  if (bl) {
+    if (at) return ggf_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op);
+    if (bt) return ggf_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op);
+    return ggf_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  }
+  if (at) return ggf_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op);
+  if (bt) return ggf_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op);
+  return ggf_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
+}
