@@ -63,7 +63,8 @@ struct ggf_params {
   void *out;
   int64_t N, K, G, tilesQ;
   int accumulate;
-  int mode;                // GGF_*
+  int mode;                // GGF_* of lhs (both GGF_TENSOR, or both block modes)
+  int mode_b;              // GGF_* of rhs: 1x128 lhs with 128x128 rhs is DeepSeek-V3's pairing
   const float *sa, *sb;    // scale_inv of lhs and rhs (tw_quantize.h layouts)
   int64_t lda_s, ldb_s;    // their last dimension
   int b_transposed;        // rhs is the per-group transposed (colwise) copy of a [G*K, N] source
@@ -146,12 +147,12 @@ __device__ __forceinline__ ggf_sptr ggf_scale_ptrs(const ggf_params &p, int64_t 
                                                    int64_t q0, int lane) {
   ggf_sptr r;
   const int64_t ktn = (p.K + 127) / 128, ntn = (p.N + 127) / 128;
-  if (p.mode == GGF_B1x128) {
-    r.a = p.sa + og + p0 + lane, r.ak = p.lda_s, r.ar = 32;
+  if (p.mode == GGF_B1x128) r.a = p.sa + og + p0 + lane, r.ak = p.lda_s, r.ar = 32;
+  else r.a = p.sa + (tg + p0 / 128) * p.lda_s, r.ak = 1, r.ar = 0;
+  if (p.mode_b == GGF_B1x128) {
     if (!p.b_transposed) r.b = p.sb + g * p.N + q0 + lane, r.bk = p.ldb_s, r.br = 32;
     else r.b = p.sb + g * ktn * p.ldb_s + q0 + lane, r.bk = p.ldb_s, r.br = 32;
   } else {
-    r.a = p.sa + (tg + p0 / 128) * p.lda_s, r.ak = 1, r.ar = 0;
     if (!p.b_transposed) r.b = p.sb + (g * ntn + q0 / 128) * p.ldb_s, r.bk = 1, r.br = 0;
     else r.b = p.sb + (q0 / 128) * p.ldb_s + g * ktn, r.bk = 1, r.br = 0;
   }
@@ -344,7 +345,7 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
   *why = NULL;
   if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma, TMA)";
   else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ggf_mode_of(lhs->mode) < 0 ||
-           ggf_mode_of(rhs->mode) != ggf_mode_of(lhs->mode))
+           ggf_mode_of(rhs->mode) < 0 || (ggf_mode_of(lhs->mode) == GGF_TENSOR) != (ggf_mode_of(rhs->mode) == GGF_TENSOR))
     *why = "takes fp8 operands with per-tensor, 1x128 or 128x128 scales only";
   else if (rhs_op != TW_OP_T)
     *why = "needs rhs as [G, N, K] (rhs_op T): fp8 wgmma reads both operands K-major";
@@ -435,6 +436,7 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
   p.accumulate = accumulate;
   p.mode = ggf_mode_of(lhs->mode);
+  p.mode_b = ggf_mode_of(rhs->mode);
   p.sa = (const float *)lhs->scale_inv.data;
   p.sb = (const float *)rhs->scale_inv.data;
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;

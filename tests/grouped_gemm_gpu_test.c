@@ -361,6 +361,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
              (long long)M, (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
   } else {
     mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
+    /* 1x128 activations with 128x128 weights half the time (DeepSeek-V3's pairing) */
+    tw_scaling mode_r = mode == TW_SCALE_BLOCK_1x128 && (rnd() & 1) ? TW_SCALE_BLOCK_128x128 : mode;
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
     int64_t ls[2] = {M, K};
@@ -370,21 +372,21 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     host_free(&x);
     /* rhs source: [G*K, N] (kn) or [G*N, K]; orientation so that blocks lie on K */
     int kn = (int)(rnd() & 1), col;
-    if (mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_MXFP8_1D) col = kn;
+    if (mode_r == TW_SCALE_BLOCK_1x128 || mode_r == TW_SCALE_MXFP8_1D) col = kn;
     else col = (int)(rnd() & 1);
-    if (fp8_wgmma_dims && mode != TW_SCALE_MXFP8_1D) col = kn; /* storage [N, K] per group: op T */
+    if (fp8_wgmma_dims && mode_r != TW_SCALE_MXFP8_1D) col = kn; /* storage [N, K] per group: op T */
     int64_t rsrc[2] = {G * (kn ? K : N), kn ? N : K};
     tw_tensor w = host_new(TW_F32, 2, rsrc);
     fill_random(&w, rsrc[0], rsrc[1]);
     int64_t ush[1] = {G};
     tw_tensor ugs = host_new(TW_I32, 1, ush);
     for (int64_t g = 0; g < G; ++g) ((int32_t *)ugs.data)[g] = (int32_t)(kn ? K : N);
-    qop_make(&qr, mode, qr_t, &w, &ugs, col);
+    qop_make(&qr, mode_r, qr_t, &w, &ugs, col);
     host_free(&w);
     host_free(&ugs);
     /* stored per group: kn rowwise [K,N] (N); kn colwise: transposed [N,K] (T), MXFP8 [K,N] (N);
      * nk rowwise [N,K] (T); nk colwise transposed [K,N] (N) */
-    int transposed = col && mode != TW_SCALE_MXFP8_1D;
+    int transposed = col && mode_r != TW_SCALE_MXFP8_1D;
     rhs_op = (kn ^ transposed) ? TW_OP_N : TW_OP_T;
     lh = ql.h;
     ld = ql.d;
@@ -396,8 +398,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     b_sk = kn ? N : 1;
     b_sn = kn ? 1 : K;
     snprintf(what, sizeof what,
-             "fwd seed %llu: fp8 %s %s x %s (rhs %s %s) -> %s G=%lld M=%lld N=%lld K=%lld rhs_op %c acc %d",
-             (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(ql_t), tw_dtype_name(qr_t),
+             "fwd seed %llu: fp8 %s x %s %s x %s (rhs %s %s) -> %s G=%lld M=%lld N=%lld K=%lld rhs_op %c acc %d",
+             (unsigned long long)seed, tw_scaling_name(mode), tw_scaling_name(mode_r), tw_dtype_name(ql_t), tw_dtype_name(qr_t),
              kn ? "[G*K,N]" : "[G*N,K]", col ? "colwise" : "rowwise", tw_dtype_name(od), (long long)G, (long long)M,
              (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
   }
