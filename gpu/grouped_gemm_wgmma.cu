@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "gpu/gemm_common.cuh"
+#include "gpu/wgmma_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GGW_DEVICE 1
@@ -84,39 +85,7 @@ struct ggw_params {
 
 #ifdef GGW_DEVICE
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------
-__device__ __forceinline__ uint32_t ggw_smem(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void ggw_bar_init(uint64_t *b, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ggw_smem(b)), "r"(count));
-}
-__device__ __forceinline__ void ggw_bar_expect(uint64_t *b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ggw_smem(b)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void ggw_bar_arrive(uint64_t *b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ggw_smem(b)) : "memory");
-}
-__device__ __forceinline__ void ggw_bar_wait(uint64_t *b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(ggw_smem(b)),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void ggw_tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
-          ggw_smem(dst)),
-      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-__device__ __forceinline__ void ggw_tma_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
-                                           int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
-      "[%2];\n" ::"r"(ggw_smem(dst)),
-      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-}
+// mbarriers, TMA loads, descriptors, wgmma fence/commit/wait, epilogue stores: gpu/wgmma_common.cuh
 // Clusters (CL = 2): rank in the cluster, cluster-wide barrier, arrive on a peer's mbarrier,
 // TMA load multicast into the same shared-memory offset of every CTA in mask.
 __device__ __forceinline__ uint32_t ggw_cta_rank() {
@@ -130,7 +99,7 @@ __device__ __forceinline__ void ggw_cluster_sync() {
 __device__ __forceinline__ void ggw_bar_arrive_at(uint64_t *b, uint32_t cta) {
   asm volatile(
       "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(ggw_smem(b)),
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(wgc_smem(b)),
       "r"(cta)
       : "memory");
 }
@@ -138,22 +107,10 @@ __device__ __forceinline__ void ggw_tma_3d_mc(void *dst, const CUtensorMap *map,
                                               int c2, uint16_t mask) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4, %5}], [%2], %6;\n" ::"r"(ggw_smem(dst)),
-      "l"((uint64_t)map), "r"(ggw_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      "%4, %5}], [%2], %6;\n" ::"r"(wgc_smem(dst)),
+      "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
       : "memory");
 }
-// Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), addresses in 16 B units.
-__device__ __forceinline__ uint64_t ggw_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
-         ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
-}
-__device__ __forceinline__ void ggw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void ggw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void ggw_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
 // d (+)= A(64x16, desc da) * B(16x256, desc db); scale_d = 0 overwrites d. TB / TA: B / A
 // stored MN-major (wgmma's transpose bits; TA only in the wgrad kernel). The 128 f32
 // accumulators of one thread, in wgmma's fragment order (see ggw_epilogue).
@@ -202,54 +159,6 @@ __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, 
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
 }
-// Keeps the compiler from moving uses of the accumulators across wgmma.wait_group.
-__device__ __forceinline__ void ggw_touch(float *d) {
-#pragma unroll
-  for (int i = 0; i < 128; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-template <int OUT>
-__device__ __forceinline__ void ggw_put1(void *out, int64_t i, float v, int acc) {
-  if (OUT == TW_F32) {
-    float *p = (float *)out + i;
-    *p = acc ? *p + v : v;
-  } else if (OUT == TW_BF16) {
-    __nv_bfloat16 *p = (__nv_bfloat16 *)out + i;
-    *p = __float2bfloat16_rn(acc ? __bfloat162float(*p) + v : v);
-  } else {
-    __half *p = (__half *)out + i;
-    *p = __float2half_rn(acc ? __half2float(*p) + v : v);
-  }
-}
-template <int OUT>
-__device__ __forceinline__ void ggw_put2(void *out, int64_t i, float v0, float v1, int acc) {
-  if (OUT == TW_F32) {
-    float2 *p = (float2 *)((float *)out + i);
-    if (acc) {
-      float2 o = *p;
-      v0 = o.x + v0;
-      v1 = o.y + v1;
-    }
-    *p = make_float2(v0, v1);
-  } else if (OUT == TW_BF16) {
-    __nv_bfloat162 *p = (__nv_bfloat162 *)((__nv_bfloat16 *)out + i);
-    if (acc) {
-      __nv_bfloat162 o = *p;
-      v0 = __low2float(o) + v0;
-      v1 = __high2float(o) + v1;
-    }
-    *p = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-  } else {
-    __half2 *p = (__half2 *)((__half *)out + i);
-    if (acc) {
-      __half2 o = *p;
-      v0 = __low2float(o) + v0;
-      v1 = __high2float(o) + v1;
-    }
-    *p = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-  }
-}
-
 // Linear tile id -> group (last g with tile_start[g] <= t), row tile start p0, column start q0.
 // CL = 2: a tile id names 256 rows (both CTAs of the cluster), this CTA takes rows rank*128..
 template <int CL>
@@ -280,15 +189,15 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
 #ifdef GGW_DEVICE
   extern __shared__ __align__(1024) unsigned char ggw_raw[];
   // the swizzle pattern is a function of address bits 7-9: stages start on 1024-byte bounds
-  unsigned char *base = ggw_raw + ((1024 - (ggw_smem(ggw_raw) & 1023)) & 1023);
+  unsigned char *base = ggw_raw + ((1024 - (wgc_smem(ggw_raw) & 1023)) & 1023);
   uint64_t *full = (uint64_t *)(base + GGW_STAGES * GGW_STAGE_BYTES);
   uint64_t *empty = full + GGW_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const uint32_t rank = CL > 1 ? ggw_cta_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
-      ggw_bar_init(&full[s], 1);
-      ggw_bar_init(&empty[s], 8 * CL);  // one arrival per consumer warp of each CTA
+      wgc_bar_init(&full[s], 1);
+      wgc_bar_init(&empty[s], 8 * CL);  // one arrival per consumer warp of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -310,17 +219,17 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         ggw_locate<CL>(p, t, rank, g, p0, q0);
         const int row0 = (int)(p.offsets[g] + p0);
         for (int kt = 0; kt < ktiles; ++kt) {
-          ggw_bar_wait(&empty[s], phase ^ 1);
+          wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
-          ggw_bar_expect(&full[s], GGW_STAGE_BYTES);
-          ggw_tma_2d(sa, &map_a, &full[s], kt * GGW_BK, row0);
+          wgc_bar_expect(&full[s], GGW_STAGE_BYTES);
+          wgc_tma_2d(sa, &map_a, &full[s], kt * GGW_BK, row0);
           if (CL == 1) {
             if (TB == 0) {
-              ggw_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
+              wgc_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
             } else {
 #pragma unroll
               for (int j = 0; j < GGW_BN / 64; ++j)
-                ggw_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+                wgc_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
             }
           } else {  // this CTA's half of the rhs tile (columns rank*128..), to both CTAs
             const int h = (int)rank * (GGW_BN / CL);
@@ -353,24 +262,24 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
-        ggw_bar_wait(&full[s], phase);
-        const uint32_t a0 = ggw_smem(base + s * GGW_STAGE_BYTES) + c * (64 * GGW_BK * 2);
-        const uint32_t b0 = ggw_smem(base + s * GGW_STAGE_BYTES + GGW_A_BYTES);
-        ggw_fence();
+        wgc_bar_wait(&full[s], phase);
+        const uint32_t a0 = wgc_smem(base + s * GGW_STAGE_BYTES) + c * (64 * GGW_BK * 2);
+        const uint32_t b0 = wgc_smem(base + s * GGW_STAGE_BYTES + GGW_A_BYTES);
+        wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGW_BK / 16; ++k) {
-          const uint64_t da = ggw_desc(a0 + k * 32, 16, 1024);
-          const uint64_t db = TB == 0 ? ggw_desc(b0 + k * 32, 16, 1024)
-                                      : ggw_desc(b0 + k * (16 * 128), 64 * GGW_BK * 2, 1024);
+          const uint64_t da = wgc_desc(a0 + k * 32, 16, 1024);
+          const uint64_t db = TB == 0 ? wgc_desc(b0 + k * 32, 16, 1024)
+                                      : wgc_desc(b0 + k * (16 * 128), 64 * GGW_BK * 2, 1024);
           ggw_mma_256<F16, TB>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
         }
-        ggw_commit();
-        ggw_wait<1>();
-        ggw_touch(d);
+        wgc_commit();
+        wgc_wait<1>();
+        wgc_touch<128>(d);
         if (prev >= 0) {
           __syncwarp();
           if (lane == 0) {
-            if (CL == 1) ggw_bar_arrive(&empty[prev]);
+            if (CL == 1) wgc_bar_arrive(&empty[prev]);
             else
               for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
           }
@@ -381,12 +290,12 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           phase ^= 1;
         }
       }
-      ggw_wait<0>();
-      ggw_touch(d);
+      wgc_wait<0>();
+      wgc_touch<128>(d);
       if (prev >= 0) {
         __syncwarp();
         if (lane == 0) {
-          if (CL == 1) ggw_bar_arrive(&empty[prev]);
+          if (CL == 1) wgc_bar_arrive(&empty[prev]);
           else
             for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
         }
@@ -405,10 +314,10 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           const int64_t col = cbase + 8 * j;
           const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
           if (pairs) {
-            if (col < p.N) ggw_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+            if (col < p.N) wgc_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
           } else {
-            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
-            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
           }
         }
       }
@@ -446,19 +355,6 @@ __global__ void __launch_bounds__(GGW_PREFIX_THREADS)
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-static PFN_cuTensorMapEncodeTiled_v12000 ggw_encode_fn(void) {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-  if (!fn) {
-    void *f = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
-    else
-      cudaGetLastError();
-  }
-  return fn;
-}
 
 // Whether gg_wgmma takes this forward problem; if not, *why says what it declines.
 int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op, const tw_tensor *out,
@@ -536,7 +432,7 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
   const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
   if (M == 0 || N == 0 || G == 0) return TW_OK;
-  PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
+  PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
   static int forced_cl = -1;
@@ -659,7 +555,7 @@ __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int
 __device__ __forceinline__ void ggw_tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
-      "r"(ggw_smem(src)), "r"(c0), "r"(c1), "r"(c2)
+      "r"(wgc_smem(src)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -676,7 +572,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
                      const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
 #ifdef GGW_DEVICE
   extern __shared__ __align__(1024) unsigned char ggw_raw[];
-  unsigned char *base = ggw_raw + ((1024 - (ggw_smem(ggw_raw) & 1023)) & 1023);
+  unsigned char *base = ggw_raw + ((1024 - (wgc_smem(ggw_raw) & 1023)) & 1023);
   unsigned char *epi = base + GGW_STAGES * GGW_STAGE_BYTES;
   uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + GGW_STAGES;
@@ -685,9 +581,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   const int zp = p.zero_prod;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
-      ggw_bar_init(&full[s], zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
-      ggw_bar_init(&empty[s], 8);          // one arrival per consumer warp
-      ggw_bar_init(&land[s], 1);
+      wgc_bar_init(&full[s], zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
+      wgc_bar_init(&empty[s], 8);          // one arrival per consumer warp
+      wgc_bar_init(&land[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -709,15 +605,15 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
         for (int kt = 0; kt < ktiles; ++kt) {
-          ggw_bar_wait(&empty[s], phase ^ 1);
+          wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           const int row = (int)(og + (int64_t)kt * GGW_BK);
           uint64_t *tb = zp ? &land[s] : &full[s];
-          ggw_bar_expect(tb, GGW_STAGE_BYTES);
-          ggw_tma_2d(sa, &map_a, tb, (int)p0, row);
-          ggw_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
+          wgc_bar_expect(tb, GGW_STAGE_BYTES);
+          wgc_tma_2d(sa, &map_a, tb, (int)p0, row);
+          wgc_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
 #pragma unroll
-          for (int j = 0; j < GGW_BN / 64; ++j) ggw_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
+          for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -737,7 +633,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
         for (int kt = 0; kt < ktiles; ++kt) {
-          ggw_bar_wait(&land[s], phase);
+          wgc_bar_wait(&land[s], phase);
           const int valid = (int)(mg - (int64_t)kt * GGW_BK);
           if (valid < GGW_BK && p.mask) {
             unsigned char *st = base + s * GGW_STAGE_BYTES;
@@ -749,7 +645,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           }
           __syncwarp();
-          if (lane == 0) ggw_bar_arrive(&full[s]);
+          if (lane == 0) wgc_bar_arrive(&full[s]);
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -782,15 +678,15 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           const int64_t rowbase = (g * p.P + r) * p.N;
           for (int j = 0; j < 32; ++j) {
             const int64_t col = cbase + 8 * j;
-            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, 0.f, 0);
-            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, 0.f, 0);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
           }
         }
         continue;
       }
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
-        ggw_bar_wait(&full[s], phase);
+        wgc_bar_wait(&full[s], phase);
         unsigned char *st = base + s * GGW_STAGE_BYTES;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
         if (valid < GGW_BK && p.mask && !zp) {
@@ -805,22 +701,22 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           asm volatile("bar.sync 1, 256;\n" ::: "memory");
         }
-        const uint32_t a0 = ggw_smem(st) + c * BOX;
-        const uint32_t b0 = ggw_smem(st + GGW_A_BYTES);
-        ggw_fence();
+        const uint32_t a0 = wgc_smem(st) + c * BOX;
+        const uint32_t b0 = wgc_smem(st + GGW_A_BYTES);
+        wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGW_BK / 16; ++k) {
           // both MN-major: a k16 step is 16 rows of 128 bytes; LBO = next 64-wide box
-          const uint64_t da = ggw_desc(a0 + k * (16 * 128), BOX, 1024);
-          const uint64_t db = ggw_desc(b0 + k * (16 * 128), BOX, 1024);
+          const uint64_t da = wgc_desc(a0 + k * (16 * 128), BOX, 1024);
+          const uint64_t db = wgc_desc(b0 + k * (16 * 128), BOX, 1024);
           ggw_mma_256<F16, 1, 1>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
         }
-        ggw_commit();
-        ggw_wait<1>();
-        ggw_touch(d);
+        wgc_commit();
+        wgc_wait<1>();
+        wgc_touch<128>(d);
         if (prev >= 0) {
           __syncwarp();
-          if (lane == 0) ggw_bar_arrive(&empty[prev]);
+          if (lane == 0) wgc_bar_arrive(&empty[prev]);
         }
         prev = s;
         if (++s == GGW_STAGES) {
@@ -828,10 +724,10 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           phase ^= 1;
         }
       }
-      ggw_wait<0>();
-      ggw_touch(d);
+      wgc_wait<0>();
+      wgc_touch<128>(d);
       __syncwarp();
-      if (lane == 0) ggw_bar_arrive(&empty[prev]);
+      if (lane == 0) wgc_bar_arrive(&empty[prev]);
       if (p.tma_out) {
         // ---- epilogue through shared memory: chunks of 64 rows x 128 bytes (CW columns), each
         // converted into a staging buffer (128-byte swizzle: conflict-free), then one TMA store
@@ -879,10 +775,10 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           const int64_t col = cbase + 8 * j;
           const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
           if (pairs) {
-            if (col < p.N) ggw_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+            if (col < p.N) wgc_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
           } else {
-            if (col < p.N) ggw_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
-            if (col + 1 < p.N) ggw_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
           }
         }
       }
@@ -939,7 +835,7 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
   const int64_t M = lhs->data.shape[0], P = out->shape[1], N = out->shape[2];
   if (G == 0 || P == 0 || N == 0) return TW_OK;
-  PFN_cuTensorMapEncodeTiled_v12000 enc = ggw_encode_fn();
+  PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;

@@ -2,7 +2,7 @@
 // TMA tile loads, shared-memory matrix descriptors (128-byte swizzle), wgmma fence / commit /
 // wait, the tensor-map encoder from the driver, and the epilogue stores. Written for
 // gpu/grouped_gemm_wgmma_fp8.cu (gg_wgmma_fp8); the same idioms as gpu/grouped_gemm_wgmma.cu
-// (gg_wgmma), which can switch to this header when nobody else is editing it.
+// (gg_wgmma), which uses it too.
 // Everything is inline (or a template), so any number of .cu files may include it.
 #ifndef TWIN_GPU_WGMMA_COMMON_CUH
 #define TWIN_GPU_WGMMA_COMMON_CUH
