@@ -47,6 +47,7 @@
 namespace {
 
 #define EP_CHUNK 1024  // routes per counting chunk (32 steps of one warp)
+#define EP_SUM_MAXK 64  // top-k up to this: a token's rows and weights cached in shared memory
 
 struct ep_impl {
   unsigned char *send, *recv;  // [n * S * rb] each
@@ -396,15 +397,39 @@ __global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb,
                               int64_t H, const int64_t *__restrict__ route_pos, const float *__restrict__ w,
                               int weighted_form, void *__restrict__ out, int out_bf16, float *__restrict__ d_w,
                               const int64_t *__restrict__ slot_row, const float *__restrict__ per_slot) {
+  // the token's k row addresses and weights, looked up once per token (not per element: the
+  // route -> slot -> row chain was three dependent loads in front of every element's sum)
+  __shared__ const unsigned char *row_of[EP_SUM_MAXK];
+  __shared__ float w_of[EP_SUM_MAXK];
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const bool cached = k <= EP_SUM_MAXK;
+    if (cached) {
+      __syncthreads();  // the previous token's readers are done
+      for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        int64_t p = route_pos[t * k + j];
+        if (p >= 0 && slot_row) p = slot_row[p];
+        row_of[j] = p >= 0 ? send + (size_t)p * rb : NULL;
+        w_of[j] = w ? w[t * k + j] : 1.0f;
+      }
+      __syncthreads();
+    }
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
       float acc = 0.0f;
       for (int j = 0; j < k; j++) {
-        int64_t p = route_pos[t * k + j];
-        if (p < 0) continue;
-        if (slot_row) p = slot_row[p];
-        float y = load_f32(send + (size_t)p * rb, y_bf16, h);
-        if (weighted_form) acc = __fadd_rn(acc, __fmul_rn(w ? w[t * k + j] : 1.0f, y));
+        const unsigned char *row;
+        float wj;
+        if (cached) {
+          row = row_of[j];
+          wj = w_of[j];
+        } else {
+          int64_t p = route_pos[t * k + j];
+          if (p >= 0 && slot_row) p = slot_row[p];
+          row = p >= 0 ? send + (size_t)p * rb : NULL;
+          wj = w ? w[t * k + j] : 1.0f;
+        }
+        if (!row) continue;
+        float y = load_f32(row, y_bf16, h);
+        if (weighted_form) acc = __fadd_rn(acc, __fmul_rn(wj, y));
         else acc = __fadd_rn(acc, y);
       }
       store_f32(out, out_bf16, t * H + h, acc);
