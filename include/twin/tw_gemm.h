@@ -76,10 +76,11 @@
  *     memory before the wgmma reads them, so they add exact zeros (never NaN from other rows).
  *   gg_fma: exact f32 FMA, RNE (meets the same bound).
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
- *     per-tensor, 1x128 and 128x128 scales, rhs [G, N, K]): promoted every 128 along K. The
- *     tensor core sums the exact fp8 x fp8 products of one 128-deep k-block (the last one may
- *     be shorter) into a fresh accumulator that keeps about 14 significant bits (DeepSeek-V3
- *     report; measured ~2^-13 relative on cuBLASLt, gpu/NOTES-gemm.md): u_in = 2^-13 per add,
+ *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs; rhs [G, N, K]):
+ *     promoted every 128 along K. The tensor core sums the exact fp8 x fp8 products of one
+ *     128-deep k-block (the last one may be shorter) into a fresh accumulator that keeps
+ *     about 14 significant bits (DeepSeek-V3 report; measured ~2^-13 relative on cuBLASLt,
+ *     gpu/NOTES-gemm.md): u_in = 2^-13 per add,
  *     min(K,128) products plus one fold of the running partial per 32-deep instruction. Each
  *     block partial is then promoted into an f32 register total, RNE, u = 2^-24:
  *     block scales total = fmaf(partial, sa*sb, total); per-tensor total += partial, then
