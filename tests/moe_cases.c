@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "test_util.h"
-#include "twin/tw_npy.h"
 
 static const char *keyval(const char *txt, const char *k) {
   char pat[40];
@@ -20,16 +19,6 @@ static const char *keyval(const char *txt, const char *k) {
 }
 static int ikey(const char *txt, const char *k) { return atoi(keyval(txt, k)); }
 static int skey(const char *txt, const char *k, const char *v) { return strncmp(keyval(txt, k), v, strlen(v)) == 0; }
-
-static void *load(const char *dir, const char *name, tw_dtype want, int64_t n) {
-  char path[1200];
-  snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-  tw_tensor t;
-  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s: %s", path, tw_last_error());
-  cr_assert_eq(t.dtype, want, "%s: dtype", path);
-  cr_assert_eq(tw_tensor_numel(&t), n, "%s: %lld elements, want %lld", path, (long long)tw_tensor_numel(&t), (long long)n);
-  return t.data;
-}
 
 int moe_g_fail = 1; /* 0: report the worst ratio without failing (the non-vacuity test) */
 int moe_g_budget_recipe = -1;
@@ -76,20 +65,20 @@ void moe_load_case(const char *dir, gcase *c) {
   sscanf(keyval(txt, "recipe"), "%31s", rname);
   cr_assert(tw_moe_recipe_from_name(rname, &cfg.recipe), "moe.txt: unknown recipe '%s'", rname);
   int64_t T = c->T, H = c->H, F = c->F, E = c->E;
-  c->in[0] = load(dir, "x", TW_F32, T * H);
-  c->in[1] = load(dir, "gate", TW_F32, H * E);
-  c->in[2] = load(dir, "wi", TW_F32, E * H * 2 * F);
-  c->in[3] = load(dir, "wo", TW_F32, E * F * H);
+  c->in[0] = tt_load_npy(dir, "x", TW_F32, T * H);
+  c->in[1] = tt_load_npy(dir, "gate", TW_F32, H * E);
+  c->in[2] = tt_load_npy(dir, "wi", TW_F32, E * H * 2 * F);
+  c->in[3] = tt_load_npy(dir, "wo", TW_F32, E * F * H);
   if (c->bias) {
-    c->in[4] = load(dir, "bi", TW_F32, E * 2 * F);
-    c->in[5] = load(dir, "bo", TW_F32, E * H);
+    c->in[4] = tt_load_npy(dir, "bi", TW_F32, E * 2 * F);
+    c->in[5] = tt_load_npy(dir, "bo", TW_F32, E * H);
   }
-  c->in[6] = load(dir, "d_out", TW_F32, T * H);
-  if (ikey(txt, "expert_bias")) c->in[7] = load(dir, "expert_bias", TW_F32, E);
+  c->in[6] = tt_load_npy(dir, "d_out", TW_F32, T * H);
+  if (ikey(txt, "expert_bias")) c->in[7] = tt_load_npy(dir, "expert_bias", TW_F32, E);
   const char *names[8] = {"out", "aux", "dx", "dgate", "dwi", "dwo", "dbi", "dbo"};
   int64_t sizes[8] = {T * H, 1, T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H};
   for (int i = 0; i < 8; i++)
-    if (i < 6 || c->bias) c->g[i] = load(dir, names[i], TW_F64, sizes[i]);
+    if (i < 6 || c->bias) c->g[i] = tt_load_npy(dir, names[i], TW_F64, sizes[i]);
   tw_moe_threads_run *r = &c->run;
   r->cfg = cfg;
   r->T = T;

@@ -14,13 +14,7 @@
 #include "pipeline/loopback_comm.h"
 #include "twin/tw_comm.h"
 
-int tw_gpu_device_count(void); /* gpu/probe.cu */
-
-#define NEED_GPUS(n)                                                     \
-  do {                                                                   \
-    int have_ = tw_gpu_device_count();                                   \
-    if (have_ < (n)) cr_skip_test("needs %d GPUs, sees %d", (n), have_); \
-  } while (0)
+#define NEED_GPUS(n) TT_NEED_GPUS(n)
 
 typedef struct {
   tw_moe_threads_run *run;

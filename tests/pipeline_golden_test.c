@@ -21,7 +21,6 @@
 
 #include "pipeline/threads.h"
 #include "test_util.h"
-#include "twin/tw_npy.h"
 #include "twin/tw_pipeline.h"
 
 static int key(const char *txt, const char *k) {
@@ -30,16 +29,6 @@ static int key(const char *txt, const char *k) {
   const char *p = strstr(txt, pat);
   cr_assert(p, "pipeline.txt lacks %s", k);
   return atoi(p + strlen(pat));
-}
-
-static void *load(const char *dir, const char *name, tw_dtype want, int64_t n) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-  tw_tensor t;
-  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s: %s", path, tw_last_error());
-  cr_assert_eq(t.dtype, want, "%s: dtype", path);
-  cr_assert_eq(tw_tensor_numel(&t), n, "%s: %lld elements, want %lld", path, (long long)tw_tensor_numel(&t), (long long)n);
-  return t.data;
 }
 
 static double compare_or_ratio(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
@@ -88,11 +77,11 @@ static double run_case_opt(const char *dir, const char *cname, int stale, int fa
   cr_assert_eq(tw_pipeline_dense_body(E, H, &run.body), TW_OK);
   int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
   for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
-  float *x = (float *)load(dir, "x", TW_F32, na), *tgt = (float *)load(dir, "tgt", TW_F32, na);
-  float *w[2] = {(float *)load(dir, "w1", TW_F32, nw[0]), (float *)load(dir, "w2", TW_F32, nw[1])};
-  double *gy = (double *)load(dir, "y", TW_F64, na), *gdx = (double *)load(dir, "dx", TW_F64, na);
-  double *gloss = (double *)load(dir, "loss", TW_F64, 1);
-  double *gdw[2] = {(double *)load(dir, "dw1", TW_F64, nw[0]), (double *)load(dir, "dw2", TW_F64, nw[1])};
+  float *x = (float *)tt_load_npy(dir, "x", TW_F32, na), *tgt = (float *)tt_load_npy(dir, "tgt", TW_F32, na);
+  float *w[2] = {(float *)tt_load_npy(dir, "w1", TW_F32, nw[0]), (float *)tt_load_npy(dir, "w2", TW_F32, nw[1])};
+  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, na), *gdx = (double *)tt_load_npy(dir, "dx", TW_F64, na);
+  double *gloss = (double *)tt_load_npy(dir, "loss", TW_F64, 1);
+  double *gdw[2] = {(double *)tt_load_npy(dir, "dw1", TW_F64, nw[0]), (double *)tt_load_npy(dir, "dw2", TW_F64, nw[1])};
   float *y = (float *)calloc((size_t)na, 4), *dy = (float *)calloc((size_t)na, 4), *dx = (float *)calloc((size_t)na, 4);
   float *dw[2] = {(float *)calloc((size_t)nw[0], 4), (float *)calloc((size_t)nw[1], 4)};
   run.x = x; run.y = y;
@@ -140,9 +129,9 @@ Test(pipeline_golden, a_wrong_layer_order_is_caught) {
   cr_assert_eq(tw_pipeline_dense_body(4, 8, &run.body), TW_OK);
   int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
   for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
-  float *x = (float *)load(dir, "x", TW_F32, na);
-  float *w[2] = {(float *)load(dir, "w1", TW_F32, nw[0]), (float *)load(dir, "w2", TW_F32, nw[1])};
-  double *gy = (double *)load(dir, "y", TW_F64, na);
+  float *x = (float *)tt_load_npy(dir, "x", TW_F32, na);
+  float *w[2] = {(float *)tt_load_npy(dir, "w1", TW_F32, nw[0]), (float *)tt_load_npy(dir, "w2", TW_F32, nw[1])};
+  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, na);
   /* swap the [R, S] placement: [S, R] read as [R, S] */
   float *sw[2];
   for (int i = 0; i < 2; i++) {

@@ -28,14 +28,7 @@
 #include "twin/tw_comm.h"
 #include "twin/tw_pipeline.h"
 
-int tw_gpu_device_count(void); /* gpu/probe.cu */
-
-#define NEED_GPUS(n)                                                        \
-  do {                                                                      \
-    setenv("NCCL_NVLS_ENABLE", "0", 0);                                     \
-    int have_ = tw_gpu_device_count();                                      \
-    if (have_ < (n)) cr_skip_test("needs %d GPUs, sees %d", (n), have_);    \
-  } while (0)
+#define NEED_GPUS(n) TT_NEED_GPUS(n)
 
 typedef struct {
   tw_pipeline_threads_run run;

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "twin/tw_npy.h"
+
 tw_ctx *tt_ref_ctx(void) {
   tw_ctx *ctx = NULL;
   tw_ctx_config cfg = TW_CTX_CONFIG_INIT;
@@ -109,4 +111,14 @@ int tt_each_golden_case(const char *area, const char *gen, void (*fn)(const char
   }
   closedir(d);
   return n;
+}
+
+void *tt_load_npy(const char *dir, const char *name, tw_dtype want, int64_t n) {
+  char path[1200];
+  snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+  tw_tensor t;
+  cr_assert_eq(tw_npy_load(path, &t), TW_OK, "%s: %s", path, tw_last_error());
+  cr_assert_eq(t.dtype, want, "%s: dtype", path);
+  cr_assert_eq(tw_tensor_numel(&t), n, "%s: %lld elements, want %lld", path, (long long)tw_tensor_numel(&t), (long long)n);
+  return t.data;
 }

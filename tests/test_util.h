@@ -12,6 +12,19 @@
 extern "C" {
 #endif
 
+/* GPU tests: skip (saying why) when fewer than n GPUs are visible; NVLink multicast stays off
+ * in NCCL unless the environment already says otherwise. tw_gpu_device_count: gpu/probe.cu. */
+int tw_gpu_device_count(void);
+#define TT_NEED_GPUS(n)                                                  \
+  do {                                                                   \
+    setenv("NCCL_NVLS_ENABLE", "0", 0);                                  \
+    int have_ = tw_gpu_device_count();                                   \
+    if (have_ < (n)) cr_skip_test("needs %d GPUs, sees %d", (n), have_); \
+  } while (0)
+
+/* dir/name.npy as a new host buffer; the test fails unless it holds n elements of dtype want. */
+void *tt_load_npy(const char *dir, const char *name, tw_dtype want, int64_t n);
+
 /* A ref-backend context; the test fails if it cannot be made. */
 tw_ctx *tt_ref_ctx(void);
 
