@@ -1,4 +1,5 @@
 /* The per-rank context: picks the backend table, owns the backend's state. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,6 +87,7 @@ tw_status tw_ctx_destroy(tw_ctx *ctx) {
   if (!ctx) return TW_OK;
   tw_status s = TW_OK;
   if (ctx->ops->ctx_fini) s = ctx->ops->ctx_fini(ctx);
+  free(ctx->ledger);
   free(ctx);
   return s;
 }
@@ -106,17 +108,92 @@ tw_status tw_ctx_check(tw_ctx *ctx) {
   return ctx->ops->check ? ctx->ops->check(ctx) : TW_OK;
 }
 
+/* ---- the allocation ledger ------------------------------------------------------------ */
+struct tw_ledger_slot {
+  void *p; /* NULL: empty; TOMB: freed */
+  size_t bytes;
+};
+static char tomb_mark;
+#define TOMB ((void *)&tomb_mark)
+
+static size_t ledger_hash(const void *p, size_t cap) {
+  uint64_t h = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h >> 17) & (cap - 1);
+}
+
+/* Grows (or cleans out tombstones) so that one more insert keeps the table at most half full. */
+static int ledger_reserve(tw_ctx *ctx) {
+  if ((ctx->ledger_used + 1) * 2 <= ctx->ledger_cap) return 0;
+  size_t live = 0;
+  for (size_t i = 0; i < ctx->ledger_cap; i++)
+    if (ctx->ledger[i].p && ctx->ledger[i].p != TOMB) live++;
+  size_t cap = 64;
+  while ((live + 1) * 4 > cap) cap *= 2;
+  struct tw_ledger_slot *t = (struct tw_ledger_slot *)calloc(cap, sizeof *t);
+  if (!t) return -1;
+  for (size_t i = 0; i < ctx->ledger_cap; i++) {
+    struct tw_ledger_slot e = ctx->ledger[i];
+    if (!e.p || e.p == TOMB) continue;
+    size_t k = ledger_hash(e.p, cap);
+    while (t[k].p) k = (k + 1) & (cap - 1);
+    t[k] = e;
+  }
+  free(ctx->ledger);
+  ctx->ledger = t;
+  ctx->ledger_cap = cap;
+  ctx->ledger_used = live;
+  return 0;
+}
+
+static struct tw_ledger_slot *ledger_find(tw_ctx *ctx, const void *p) {
+  if (!ctx->ledger_cap) return NULL;
+  for (size_t k = ledger_hash(p, ctx->ledger_cap);; k = (k + 1) & (ctx->ledger_cap - 1)) {
+    if (!ctx->ledger[k].p) return NULL;
+    if (ctx->ledger[k].p == p) return &ctx->ledger[k];
+  }
+}
+
 tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out) {
   if (!ctx || !out) return tw_error(TW_ERR_NULL, "alloc: NULL argument");
   *out = NULL;
   if (bytes == 0) return TW_OK;
-  return ctx->ops->alloc(ctx, bytes, out);
+  if (ledger_reserve(ctx)) return tw_error(TW_ERR_MEMORY, "alloc: out of host memory for the allocation ledger");
+  TW_TRY(ctx->ops->alloc(ctx, bytes, out));
+  size_t k = ledger_hash(*out, ctx->ledger_cap);
+  while (ctx->ledger[k].p && ctx->ledger[k].p != TOMB) k = (k + 1) & (ctx->ledger_cap - 1);
+  if (!ctx->ledger[k].p) ctx->ledger_used++;
+  ctx->ledger[k].p = *out;
+  ctx->ledger[k].bytes = bytes;
+  ctx->live_bytes += bytes;
+  if (ctx->live_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->live_bytes;
+  return TW_OK;
 }
 
+/* A pointer this context did not hand out is still given to the backend (contexts on one
+ * device share it); the ledger only counts its own. */
 tw_status tw_free(tw_ctx *ctx, void *p) {
   if (!ctx) return tw_error(TW_ERR_NULL, "free: ctx is NULL");
   if (!p) return TW_OK;
+  struct tw_ledger_slot *e = ledger_find(ctx, p);
+  if (e) {
+    ctx->live_bytes -= e->bytes;
+    e->p = TOMB;
+    e->bytes = 0;
+  }
   return ctx->ops->free(ctx, p);
+}
+
+tw_status tw_ctx_memory(const tw_ctx *ctx, size_t *live, size_t *peak) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "ctx_memory: ctx is NULL");
+  if (live) *live = ctx->live_bytes;
+  if (peak) *peak = ctx->peak_bytes;
+  return TW_OK;
+}
+
+tw_status tw_ctx_reset_peak(tw_ctx *ctx) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "ctx_reset_peak: ctx is NULL");
+  ctx->peak_bytes = ctx->live_bytes;
+  return TW_OK;
 }
 
 tw_status tw_memset(tw_ctx *ctx, void *p, int byte, size_t bytes) {

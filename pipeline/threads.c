@@ -35,7 +35,7 @@ static tw_status to_host(tw_ctx *ctx, float *host, const float *dev, int64_t n) 
 }
 
 tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pipeline_threads_run *g,
-                               size_t *saved_bytes, size_t *window_bytes, double *step_s) {
+                               size_t *saved_bytes, size_t *window_bytes, double *step_s, size_t *peak_bytes) {
   const tw_pipeline_config *c = &g->cfg;
   const tw_pipeline_body *b = &g->body;
   const int s = tw_mesh_coord(mesh, rank, TW_AXIS_PP), f = tw_mesh_coord(mesh, rank, TW_AXIS_FSDP);
@@ -78,7 +78,10 @@ tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pi
   if (st == TW_OK && g->dy) st = tw_alloc(ctx, sizeof(float) * (size_t)(na > 0 ? na : 1), (void **)&dx);
   tw_pipeline_saved *sv = NULL;
   struct timespec t0, t1;
+  size_t inputs = 0, peak = 0;
   if (st == TW_OK) st = tw_ctx_sync(ctx);
+  if (st == TW_OK) st = tw_ctx_reset_peak(ctx);
+  if (st == TW_OK) st = tw_ctx_memory(ctx, &inputs, NULL);
   clock_gettime(CLOCK_MONOTONIC, &t0);
   if (st == TW_OK) st = tw_pipeline_forward(ctx, mc, c, b, &w, x, y, g->dy ? &sv : NULL);
   if (st == TW_OK && g->dy) st = tw_pipeline_backward(ctx, mc, c, b, &w, sv, dy, dx);
@@ -86,6 +89,8 @@ tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pi
   if (st == TW_OK) st = tw_ctx_sync(ctx);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   if (step_s) *step_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  if (st == TW_OK) st = tw_ctx_memory(ctx, NULL, &peak);
+  if (peak_bytes) *peak_bytes = peak - inputs;
   if (st == TW_OK && sv) {
     if (saved_bytes) *saved_bytes = tw_pipeline_saved_size(sv);
     if (window_bytes) *window_bytes = tw_pipeline_peak_window_bytes(sv);
@@ -131,7 +136,8 @@ static tw_status rank_main(int rank, tw_comm *comm, void *arg) {
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.comm = comm;
   TW_TRY(tw_ctx_create(&ctx, &cc));
-  tw_status st = tw_pipeline_run_rank(ctx, &j->mesh, rank, j->g, &j->saved[rank], &j->window[rank], NULL);
+  tw_status st = tw_pipeline_run_rank(ctx, &j->mesh, rank, j->g, &j->saved[rank], &j->window[rank], NULL,
+                                      j->g->rank_peak_bytes ? &j->g->rank_peak_bytes[rank] : NULL);
   tw_ctx_destroy(ctx);
   return st;
 }

@@ -23,6 +23,9 @@ typedef struct {
   float *dw[TW_PIPELINE_MAX_PARAMS];
   /* measured on the ranks: the largest saved state and window any rank held */
   size_t saved_bytes, window_bytes;
+  /* optional, S*F entries: what rank r's context ledger (tw_ctx_memory) held at its peak during
+   * forward + backward beyond the rank's inputs; tw_pipeline_peak_bytes predicts it */
+  size_t *rank_peak_bytes;
   double timeout_s;                          /* per collective; 0 = 30 s */
   int loopback;                              /* 1: the loopback communicator
                                                 (pipeline/loopback_comm.h) instead of the
@@ -39,9 +42,10 @@ tw_status tw_pipeline_run_threads(tw_pipeline_threads_run *run);
  * calls it together (tw_pipeline_run_threads does, on ref thread ranks; the gpu tests do, one
  * thread per GPU over NCCL). saved_bytes / window_bytes (may be NULL) get what it held;
  * step_s (may be NULL) the wall time of forward + backward on this rank, inputs already in
- * ctx memory and the context synchronized before and after. */
+ * ctx memory and the context synchronized before and after; peak_bytes (may be NULL) the most ctx's
+ * allocation ledger held during forward + backward beyond the inputs (tw_ctx_memory). */
 tw_status tw_pipeline_run_rank(tw_ctx *ctx, const tw_mesh *mesh, int rank, tw_pipeline_threads_run *run,
-                               size_t *saved_bytes, size_t *window_bytes, double *step_s);
+                               size_t *saved_bytes, size_t *window_bytes, double *step_s, size_t *peak_bytes);
 
 /* Element counts of the global tensors of a configuration. */
 int64_t tw_pipeline_act_elems(const tw_pipeline_config *cfg, const tw_pipeline_body *b);   /* M*mb*E */

@@ -91,3 +91,41 @@ Test(base, tensor_copy_checks_shapes) {
   cr_assert(strstr(tw_last_error(), "[3, 2] f32") != NULL);
   tw_ctx_destroy(ctx);
 }
+
+/* The allocation ledger counts exactly what tw_alloc handed out and tw_free took back, through
+ * the table's growth (more than its first 64 slots) and tombstone reuse. */
+Test(base, ctx_memory_ledger_counts_live_and_peak_bytes) {
+  tw_ctx *ctx = NULL;
+  cr_assert_eq(tw_ctx_create(&ctx, NULL), TW_OK);
+  size_t live = 1, peak = 1;
+  cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);
+  cr_assert(live == 0 && peak == 0);
+  enum { N = 300 };
+  void *p[N];
+  size_t want = 0;
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(tw_alloc(ctx, (size_t)(i + 1) * 8, &p[i]), TW_OK);
+    want += (size_t)(i + 1) * 8;
+  }
+  cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);
+  cr_assert(live == want && peak == want, "live %zu peak %zu want %zu", live, peak, want);
+  for (int i = 0; i < N; i += 2) {
+    cr_assert_eq(tw_free(ctx, p[i]), TW_OK);
+    want -= (size_t)(i + 1) * 8;
+  }
+  cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
+  cr_assert_eq(live, want);
+  cr_assert_eq(tw_ctx_reset_peak(ctx), TW_OK);
+  void *q = NULL;
+  cr_assert_eq(tw_alloc(ctx, 1000, &q), TW_OK);
+  cr_assert_eq(tw_free(ctx, q), TW_OK);
+  cr_assert_eq(tw_alloc(ctx, 0, &q), TW_OK); /* nothing handed out, nothing counted */
+  cr_assert_null(q);
+  cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);
+  cr_assert(live == want && peak == want + 1000, "live %zu peak %zu", live, peak);
+  for (int i = 1; i < N; i += 2) cr_assert_eq(tw_free(ctx, p[i]), TW_OK);
+  cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
+  cr_assert_eq(live, 0);
+  cr_assert_eq(tw_ctx_memory(NULL, &live, NULL), TW_ERR_NULL);
+  tw_ctx_destroy(ctx);
+}

@@ -98,6 +98,9 @@ static void check_against_unpipelined_on(pcase k, int64_t E, int64_t H, int64_t 
   problem p;
   problem_make(&p, k, E, H, mb, 1000 + (uint64_t)(k.S * 131 + k.M * 17 + k.R * 7 + k.d * 3 + k.Lps + k.F * 5 + k.bsw));
   p.run.loopback = loopback;
+  size_t peak[64] = {0};
+  cr_assert(k.S * k.F <= 64);
+  p.run.rank_peak_bytes = peak;
   tw_status s = tw_pipeline_run_threads(&p.run);
   cr_assert_eq(s, TW_OK, "%s: %s: %s", tag, tw_status_name(s), tw_last_error());
   run_sequential(&p);
@@ -110,6 +113,17 @@ static void check_against_unpipelined_on(pcase k, int64_t E, int64_t H, int64_t 
   /* the light state a rank keeps: M*R microbatch blocks, nothing else */
   cr_assert_eq(p.run.saved_bytes, tw_pipeline_saved_bytes(&p.run.cfg, &p.run.body, k.F), "%s", tag);
   cr_assert_eq(p.run.window_bytes, tw_pipeline_window_bytes(&p.run.cfg, &p.run.body), "%s", tag);
+  /* everything a rank allocates beyond its inputs, to the byte (its context's ledger) */
+  tw_mesh mesh;
+  tw_axis ax[2] = {TW_AXIS_PP, TW_AXIS_FSDP};
+  int sz[2] = {k.S, k.F};
+  cr_assert_eq(tw_mesh_init(&mesh, 2, ax, sz), TW_OK);
+  for (int r = 0; r < k.S * k.F; r++) {
+    int stage = tw_mesh_coord(&mesh, r, TW_AXIS_PP);
+    size_t want = tw_pipeline_peak_bytes(&p.run.cfg, &p.run.body, k.F, stage);
+    cr_assert_eq(peak[r], want, "%s: rank %d (stage %d) held %zu bytes at its peak beyond its inputs, "
+                 "tw_pipeline_peak_bytes says %zu", tag, r, stage, peak[r], want);
+  }
   problem_free(&p);
 }
 

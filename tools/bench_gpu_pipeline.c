@@ -147,11 +147,13 @@ static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int 
 /* ---- the pipeline on S ranks ------------------------------------------------------------- */
 typedef struct {
   tw_pipeline_config c;
-  tw_pipeline_body dense, probe;
+  tw_pipeline_body dense, probe, noop;
   tw_mesh mesh;
   int loopback, warm, iters;
   double step_s[MAX_ITERS + 8][MAX_RANKS];
-  size_t saved_size[MAX_RANKS], window_size[MAX_RANKS];
+  double sched_s[MAX_ITERS + 8][MAX_RANKS]; /* the same steps with the no-op body */
+  double move_ms[MAX_RANKS];                /* one ppermute of a microbatch block, median */
+  size_t saved_size[MAX_RANKS], window_size[MAX_RANKS], ledger_peak[MAX_RANKS];
   size_t base_free[MAX_RANKS], min_free[MAX_RANKS]; /* per device */
   pthread_mutex_t mu;
 } pjob;
@@ -178,6 +180,45 @@ static tw_status probe_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipe
   return j->dense.vjp(b, ctx, w, x, dy, dx, dw, rows, scratch);
 }
 
+/* A body that computes nothing: the step with it is the schedule alone (moves, copies, window
+ * gathers, the scan's allocations), which the layer's compute adds to unless they overlap. */
+static tw_status noop_forward(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                              float *y, int64_t rows, void *scratch) {
+  (void)b; (void)ctx; (void)w; (void)x; (void)y; (void)rows; (void)scratch;
+  return TW_OK;
+}
+static tw_status noop_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                          const float *dy, float *dx, tw_pipeline_params *dw, int64_t rows, void *scratch) {
+  (void)b; (void)ctx; (void)w; (void)x; (void)dy; (void)dx; (void)dw; (void)rows; (void)scratch;
+  return TW_OK;
+}
+
+/* Median ms of one ppermute of n floats around the pp ring (every rank sends and receives). */
+static double time_move(tw_ctx *ctx, cudaStream_t s, tw_comm *comm, int S, float *a, float *b, int64_t n, int iters) {
+  int perm[MAX_RANKS];
+  for (int i = 0; i < S; i++) perm[i] = (i + 1) % S;
+  double ms[MAX_ITERS + 8];
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  double med = -1;
+  int k = 0;
+  for (int it = 0; it < iters + 2; it++) {
+    if (tw_comm_barrier(ctx, comm) != TW_OK || tw_ctx_sync(ctx) != TW_OK) break;
+    cudaEventRecord(e0, s);
+    if (tw_ppermute(ctx, comm, a, b, n, TW_F32, perm) != TW_OK) break;
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (it >= 2) ms[k++] = t;
+  }
+  if (k == iters) med = tw_bench_median(ms, k);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return med;
+}
+
 /* Every rank here, its stream drained (NCCL's barrier is an all-reduce on the stream). */
 static tw_status barrier(tw_ctx *ctx, tw_comm *comm) {
   if (comm) TW_TRY(tw_comm_barrier(ctx, comm));
@@ -190,10 +231,17 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
   const int dev = j->loopback ? 0 : rank, S = c->stages, mps = c->microbatches / S, RL = c->repeats * c->layers_per_stage;
   const int64_t E = j->dense.width, act = c->mb_rows * E;
   if (cudaSetDevice(dev) != cudaSuccess) return tw_error(TW_ERR_DEVICE, "pipeline bench: cudaSetDevice(%d)", dev);
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return tw_error(TW_ERR_DEVICE, "pipeline bench: no CUDA stream on GPU %d", dev);
   tw_ctx *ctx = NULL;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.backend = TW_BACKEND_GPU; cc.device = dev; cc.comm = comm;
-  TW_TRY(tw_ctx_create(&ctx, &cc));
+  cc.backend = TW_BACKEND_GPU; cc.device = dev; cc.comm = comm; cc.stream = stream;
+  tw_status cs = tw_ctx_create(&ctx, &cc);
+  if (cs != TW_OK) {
+    cudaStreamDestroy(stream);
+    return cs;
+  }
   tw_mesh_comms *mc = NULL;
   tw_status st = tw_mesh_comms_create(ctx, &j->mesh, &mc);
   tw_pipeline_weights w;
@@ -212,9 +260,10 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
   if (st == TW_OK && !ok) st = tw_error(TW_ERR_MEMORY, "pipeline bench: rank %d: the inputs do not fit or failed to load: %s",
                                         rank, tw_last_error());
   if (st == TW_OK) st = tw_ctx_sync(ctx);
-  const int total = j->warm + j->iters + 1; /* the last one measures memory */
+  const int timed = j->warm + j->iters + 1; /* the last one measures memory */
+  const int total = timed + 1 + j->iters;    /* then the schedule alone (no-op body), one warm-up */
   for (int it = 0; it < total && st == TW_OK; it++) {
-    const int mem = it == total - 1;
+    const int mem = it == timed - 1, noop = it >= timed;
     st = barrier(ctx, comm);
     if (st == TW_OK && mem) { /* what is in use before the step, then nobody allocates until all have read it */
       size_t fr = 0, tot = 0;
@@ -226,12 +275,19 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
       st = barrier(ctx, comm);
     }
     if (st != TW_OK) break;
-    const tw_pipeline_body *b = mem ? &j->probe : &j->dense;
+    const tw_pipeline_body *b = noop ? &j->noop : mem ? &j->probe : &j->dense;
     tw_pipeline_saved *sv = NULL;
+    size_t inputs = 0, peak = 0;
+    if (mem) {
+      tw_ctx_reset_peak(ctx);
+      tw_ctx_memory(ctx, &inputs, NULL);
+    }
     double t0 = now_s();
     st = tw_pipeline_forward(ctx, mc, c, b, &w, x, y, &sv);
     if (st == TW_OK) st = tw_pipeline_backward(ctx, mc, c, b, &w, sv, dy, dx);
     if (st == TW_OK && mem) {
+      tw_ctx_memory(ctx, NULL, &peak);
+      j->ledger_peak[rank] = peak - inputs;
       j->saved_size[rank] = tw_pipeline_saved_size(sv);
       j->window_size[rank] = tw_pipeline_peak_window_bytes(sv);
     }
@@ -239,7 +295,12 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
     if (st == TW_OK) st = fs;
     if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
     if (st == TW_OK) st = tw_ctx_sync(ctx);
-    j->step_s[it][rank] = now_s() - t0;
+    if (noop) j->sched_s[it - timed][rank] = now_s() - t0;
+    else j->step_s[it][rank] = now_s() - t0;
+  }
+  if (st == TW_OK && comm) { /* one move of a microbatch block, as the scan makes 2-3 per iteration each way */
+    j->move_ms[rank] = time_move(ctx, stream, comm, S, x, y, act, j->iters);
+    if (j->move_ms[rank] < 0) st = tw_error(TW_ERR_NCCL, "pipeline bench: rank %d: timing one ppermute failed: %s", rank, tw_last_error());
   }
   if (st == TW_OK) st = tw_ctx_check(ctx);
   for (int i = 0; i < j->dense.nparams; i++) {
@@ -251,10 +312,13 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
     if (bufs[i]) tw_free(ctx, bufs[i]);
   tw_mesh_comms_destroy(mc);
   tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
   return st;
 }
 
 static const double MiB = 1048576.0;
+
+static int64_t act_bytes(const pjob *j) { return j->c.mb_rows * j->dense.width * (int64_t)sizeof(float); }
 
 int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   const tw_bench_pipeline *pp = cfg->pipeline;
@@ -293,6 +357,9 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   j->probe.forward = probe_forward;
   j->probe.vjp = probe_vjp;
   j->probe.user = j;
+  j->noop = j->dense;
+  j->noop.forward = noop_forward;
+  j->noop.vjp = noop_vjp;
   tw_axis ax = TW_AXIS_PP;
   if (tw_mesh_init(&j->mesh, 1, &ax, &c.stages) != TW_OK) {
     fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
@@ -361,12 +428,17 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
     fprintf(stderr, "bench gpu pipeline %s: %s\n", cfgs, tw_last_error());
     goto out;
   }
-  double steps[MAX_ITERS];
+  double steps[MAX_ITERS], sched[MAX_ITERS];
   for (int it = 0; it < j->iters; it++) {
-    steps[it] = 0;
-    for (int k = 0; k < S; k++) steps[it] = fmax(steps[it], j->step_s[j->warm + it][k]);
+    steps[it] = sched[it] = 0;
+    for (int k = 0; k < S; k++) {
+      steps[it] = fmax(steps[it], j->step_s[j->warm + it][k]);
+      sched[it] = fmax(sched[it], j->sched_s[1 + it][k]);
+    }
   }
-  const double step_ms = 1e3 * tw_bench_median(steps, j->iters);
+  const double step_ms = 1e3 * tw_bench_median(steps, j->iters), sched_ms = 1e3 * tw_bench_median(sched, j->iters);
+  double move_ms = 0;
+  for (int k = 0; k < S; k++) move_ms = fmax(move_ms, j->move_ms[k]);
   const double steps_per_stage = (double)M * R * Lps;
   double ideal_ms, theory_ms;
   if (loopback) {
@@ -407,7 +479,14 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
            steps_per_stage, layer_ms, ideal_ms, bubble, ideal_ms, bubble, theory_ms);
     printf("  measured / theory = %.3f (target <= 1.05: %s)\n", step_ms / theory_ms,
            step_ms / theory_ms <= 1.05 ? "met" : "NOT met");
+    const int moves = 2 * (2 + (R > 1 && M > d * S)) * T; /* forward and backward: shift, state_io (+ circ) */
+    printf("  where the rest goes: one ppermute of a microbatch block (%.1f MiB, every rank sends and receives) %.3f ms "
+           "(%.1f GB/s per direction), %d of them per step = %.2f ms\n",
+           (double)act_bytes(j) / MiB, move_ms, (double)act_bytes(j) / (move_ms * 1e6), moves, moves * move_ms);
   }
+  printf("  the schedule alone (a body that computes nothing: moves, copies, %s, the scan's allocations): %.2f ms "
+         "= %.3f of the %s\n",
+         pp->bsw ? "window loads" : "weight gathers", sched_ms, sched_ms / theory_ms, loopback ? "ideal" : "theory");
   /* memory */
   int worst_ok = 1;
   const int ndev = loopback ? 1 : S;
@@ -427,6 +506,10 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
     if (s > 1 && s < S - 1) continue; /* stage 0, 1 and the last say it all (circ lives on stage 0) */
     size_t saved = tw_pipeline_saved_bytes(&c, &j->dense, 1), win = tw_pipeline_window_bytes(&c, &j->dense);
     size_t peak = tw_pipeline_peak_bytes(&c, &j->dense, 1, s);
+    printf("  rank %d: allocated beyond its inputs at the peak (its context's ledger, tw_ctx_memory) %zu bytes, "
+           "predicted %zu: %s\n",
+           s, j->ledger_peak[s], peak, j->ledger_peak[s] == peak ? "equal" : "DIFFERENT");
+    worst_ok &= j->ledger_peak[s] == peak;
     printf("  rank %d: predicted peak %.1f MiB = saved %.1f (scan's own: %.1f) + window %.1f (%s; scan allocated %.1f) + "
            "loop state and per-call buffers %.1f MiB\n",
            s, peak / MiB, saved / MiB, j->saved_size[s] / MiB, win / MiB,

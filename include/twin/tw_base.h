@@ -178,6 +178,13 @@ tw_status tw_ctx_check(tw_ctx *ctx);
 /* Memory in the context's space (host for ref, device for gpu). */
 tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out);
 tw_status tw_free(tw_ctx *ctx, void *p);
+/* The context's ledger of tw_alloc / tw_free: the bytes it holds now (`live`) and the most it
+ * held at once since it was created or since tw_ctx_reset_peak (`peak`), exact to the byte and
+ * private to this context (no other process or context disturbs it, unlike cudaMemGetInfo).
+ * Memory a backend keeps for itself (gpu: workspace, scratch, cuBLASLt, NCCL) is not counted.
+ * Either pointer may be NULL. A context is driven by one thread at a time. */
+tw_status tw_ctx_memory(const tw_ctx *ctx, size_t *live, size_t *peak);
+tw_status tw_ctx_reset_peak(tw_ctx *ctx); /* peak = live */
 /* Copies between any two tensors of equal dtype and shape (host<->device as needed);
  * ordered on the context's stream; host destinations are complete on return. */
 tw_status tw_tensor_copy(tw_ctx *ctx, tw_tensor *dst, const tw_tensor *src);
