@@ -24,6 +24,7 @@ typedef struct {
   const tw_pipeline_weights *w;
   tw_comm *pp, *fs; /* NULL when the axis has size 1 */
   int S, s, F, M, R, d, Lps, mps, T, use_circ, rotate;
+  int in_place;                          /* plain with F = 1: layers read the shards, no gather */
   int64_t rows, E, act;                  /* act = rows*E floats: one microbatch block */
   int64_t shard_n[TW_PIPELINE_MAX_PARAMS], full_n[TW_PIPELINE_MAX_PARAMS], off[TW_PIPELINE_MAX_PARAMS], P;
   void *scratch;
@@ -106,11 +107,23 @@ static tw_pipeline_params layer_params(run *r, float *base, int l) {
   return p;
 }
 
-/* out = the stage's Lps layers applied to in, with weights wb ([Lps, P]). */
-static tw_status stage_forward(run *r, float *wb, const float *in, float *out) {
+/* Layer l's weights: from the window wb ([Lps, P]), or with wb NULL (in_place) from the shards
+ * of repeat rep themselves. */
+static tw_pipeline_params weight_params(run *r, float *wb, int rep, int l) {
+  if (wb) return layer_params(r, wb, l);
+  tw_pipeline_params p;
+  memset(&p, 0, sizeof p);
+  for (int i = 0; i < r->body->nparams; i++)
+    p.p[i] = (float *)r->w->w[i] + ((int64_t)rep * r->Lps + l) * r->shard_n[i];
+  return p;
+}
+
+/* out = the stage's Lps layers applied to in, with weights wb ([Lps, P]; NULL: repeat rep's
+ * shards in place). */
+static tw_status stage_forward(run *r, float *wb, int rep, const float *in, float *out) {
   const float *cur = in;
   for (int l = 0; l < r->Lps; l++) {
-    tw_pipeline_params p = layer_params(r, wb, l);
+    tw_pipeline_params p = weight_params(r, wb, rep, l);
     float *dst = l == r->Lps - 1 ? out : r->layer_in + (l % 2) * r->act;
     TW_TRY(r->body->forward(r->body, r->ctx, &p, cur, dst, r->rows, r->scratch));
     cur = dst;
@@ -119,16 +132,16 @@ static tw_status stage_forward(run *r, float *wb, const float *in, float *out) {
 }
 
 /* din and gb += grads of the stage from its saved input; recomputes the layer inputs. */
-static tw_status stage_vjp(run *r, float *wb, float *gb, const float *in, const float *dout, float *din) {
+static tw_status stage_vjp(run *r, float *wb, int rep, float *gb, const float *in, const float *dout, float *din) {
   /* layer inputs 1..Lps-1 (the heavy state of one iteration, dropped at its end) */
   for (int l = 0; l + 1 < r->Lps; l++) {
-    tw_pipeline_params p = layer_params(r, wb, l);
+    tw_pipeline_params p = weight_params(r, wb, rep, l);
     const float *src = l == 0 ? in : r->layer_in + (int64_t)(l - 1) * r->act;
     TW_TRY(r->body->forward(r->body, r->ctx, &p, src, r->layer_in + (int64_t)l * r->act, r->rows, r->scratch));
   }
   const float *g = dout;
   for (int l = r->Lps - 1; l >= 0; l--) {
-    tw_pipeline_params p = layer_params(r, wb, l), dp = layer_params(r, gb, l);
+    tw_pipeline_params p = weight_params(r, wb, rep, l), dp = layer_params(r, gb, l);
     const float *x = l == 0 ? in : r->layer_in + (int64_t)(l - 1) * r->act;
     float *dst = l == 0 ? din : (g == r->g0 ? r->g1 : r->g0);
     TW_TRY(r->body->vjp(r->body, r->ctx, &p, x, g, dst, &dp, r->rows, r->scratch));
@@ -164,6 +177,7 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
   r->T = tw_pipeline_iterations(cfg);
   r->use_circ = r->R > 1 && r->M > r->d * r->S;
   r->rotate = r->R > 1 && !r->use_circ;
+  r->in_place = cfg->fsdp == TW_PIPELINE_FSDP_PLAIN && !r->fs;
   r->rows = cfg->mb_rows / r->F;
   r->E = body->width;
   r->act = r->rows * r->E;
@@ -189,9 +203,14 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
   int nwin = cfg->fsdp == TW_PIPELINE_FSDP_BSW ? 2 : 1;
   int64_t wn = (int64_t)r->Lps * r->P;
   for (int i = 0; i < nwin && s == TW_OK; i++) {
-    s = alloc_f(r, &r->wbuf[i], wn);
-    if (s == TW_OK && backward) s = alloc_f(r, &r->gbuf[i], wn);
-    r->window_bytes += (size_t)wn * sizeof(float) * (backward ? 2 : 1);
+    if (!r->in_place) {
+      s = alloc_f(r, &r->wbuf[i], wn);
+      r->window_bytes += (size_t)wn * sizeof(float);
+    }
+    if (s == TW_OK && backward) {
+      s = alloc_f(r, &r->gbuf[i], wn);
+      r->window_bytes += (size_t)wn * sizeof(float);
+    }
   }
   if (s != TW_OK) run_free(r);
   return s;
@@ -263,10 +282,12 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
         int slot = rep == win.step ? win.next : win.curr;
         if (slot < 0) st = tw_error(TW_ERR_INTERNAL, "pipeline: no window slot for t=%d s=%d", t, s);
         else wb = r.wbuf[slot];
+      } else if (r.in_place) {
+        wb = NULL;
       } else if (st == TW_OK) {
         st = gather(&r, rep, wb);
       }
-      if (st == TW_OK) st = stage_forward(&r, wb, in, out);
+      if (st == TW_OK) st = stage_forward(&r, wb, rep, in, out);
     } else {
       st = zero(&r, out, act); /* a bubble computes nothing and sends zeros */
     }
@@ -384,10 +405,11 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
       if (slot < 0) { st = tw_error(TW_ERR_INTERNAL, "pipeline: no window slot for t=%d s=%d", t, s); break; }
       wb = r.wbuf[slot]; gb = r.gbuf[slot];
     } else {
-      st = gather(&r, rep, wb);
+      if (r.in_place) wb = NULL;
+      else st = gather(&r, rep, wb);
       if (st == TW_OK) st = zero(&r, gb, (int64_t)r.Lps * r.P);
     }
-    if (st == TW_OK) st = stage_vjp(&r, wb, gb, in, d_out, d_in);
+    if (st == TW_OK) st = stage_vjp(&r, wb, rep, gb, in, d_out, d_in);
     if (st == TW_OK && !bsw) st = scatter_add(&r, rep, gb);
     if (st != TW_OK) break;
     /* the input came from exactly one place */

@@ -118,11 +118,11 @@ size_t tw_pipeline_saved_bytes(const tw_pipeline_config *c, const tw_pipeline_bo
          (size_t)b->width * sizeof(float);
 }
 
-size_t tw_pipeline_window_bytes(const tw_pipeline_config *c, const tw_pipeline_body *b) {
+size_t tw_pipeline_window_bytes(const tw_pipeline_config *c, const tw_pipeline_body *b, int fsdp) {
   size_t P = 0;
   for (int i = 0; i < b->nparams; i++) P += (size_t)(b->param_rows[i] * b->param_cols[i]);
   if (c->fsdp == TW_PIPELINE_FSDP_BSW) return 4 * P * sizeof(float);
-  return 2 * (size_t)c->layers_per_stage * P * sizeof(float);
+  return (fsdp > 1 ? 2 : 1) * (size_t)c->layers_per_stage * P * sizeof(float);
 }
 
 size_t tw_pipeline_peak_bytes(const tw_pipeline_config *c, const tw_pipeline_body *b, int fsdp, int stage) {
@@ -138,7 +138,7 @@ size_t tw_pipeline_peak_bytes(const tw_pipeline_config *c, const tw_pipeline_bod
                  (d == 2 ? a : 0);
   size_t call = (size_t)(Lps > 1 ? Lps - 1 : 1) * a + 3 * a + max_shard * sizeof(float) +
                 (b->scratch_bytes ? b->scratch_bytes(b, c->mb_rows / F) : 0);
-  return tw_pipeline_saved_bytes(c, b, F) + tw_pipeline_window_bytes(c, b) + state + call;
+  return tw_pipeline_saved_bytes(c, b, F) + tw_pipeline_window_bytes(c, b, F) + state + call;
 }
 
 /* ---- the printer ----------------------------------------------------------------------- */

@@ -228,8 +228,8 @@ Test(pipeline_gpu, bsw_window_holds_two_gathered_layers_not_r) {
   tw_pipeline_config c2, c4;
   tw_pipeline_body b;
   size_t u2 = peak_use(2, E, H, mb, &c2, &b), u4 = peak_use(4, E, H, mb, &c4, &b);
-  size_t want = tw_pipeline_window_bytes(&c4, &b);
-  cr_assert_eq(want, tw_pipeline_window_bytes(&c2, &b));
+  size_t want = tw_pipeline_window_bytes(&c4, &b, 1);
+  cr_assert_eq(want, tw_pipeline_window_bytes(&c2, &b, 1));
   cr_assert_eq(want, 4 * layer); /* w_curr, w_next and their gradients */
   cr_log_info("BSW peak device allocation beyond the inputs: R=2 %.3f MiB, R=4 %.3f MiB (window %.1f MiB)", u2 / MiB,
               u4 / MiB, want / MiB);

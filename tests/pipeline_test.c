@@ -112,7 +112,7 @@ static void check_against_unpipelined_on(pcase k, int64_t E, int64_t H, int64_t 
   }
   /* the light state a rank keeps: M*R microbatch blocks, nothing else */
   cr_assert_eq(p.run.saved_bytes, tw_pipeline_saved_bytes(&p.run.cfg, &p.run.body, k.F), "%s", tag);
-  cr_assert_eq(p.run.window_bytes, tw_pipeline_window_bytes(&p.run.cfg, &p.run.body), "%s", tag);
+  cr_assert_eq(p.run.window_bytes, tw_pipeline_window_bytes(&p.run.cfg, &p.run.body, k.F), "%s", tag);
   /* everything a rank allocates beyond its inputs, to the byte (its context's ledger) */
   tw_mesh mesh;
   tw_axis ax[2] = {TW_AXIS_PP, TW_AXIS_FSDP};
