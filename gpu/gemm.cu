@@ -10,7 +10,9 @@
 //   per batch entry. It takes every case cuBLASLt does not: mixed f32 x bf16/f16 operands,
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
-// Auto choice: cuBLASLt for plain operands of one dtype, else gg (gg_mma_wide where it fits). fp8 never goes to cuBLASLt
+// Auto choice: cuBLASLt for plain operands of one dtype; plain operands of mixed dtypes (f32 x
+//   bf16/f16) widened to f32 first (exact) and then cuBLASLt in f32 (dense_lt_widened); else gg
+//   (gg_mma_wide where it fits). fp8 never goes to cuBLASLt
 //   unless forced: Hopper's fp8 tensor cores keep about 14 mantissa bits in the accumulator
 //   between promotions (measured here: errors of ~2^-13 relative to sum |a||b|; DeepSeek-V3
 //   report, DeepGEMM #37), which breaks tw_gemm.h's contract of f32 accumulation. gg decodes
@@ -18,6 +20,7 @@
 #include <string.h>
 
 #include "gpu/gemm_common.cuh"
+#include "gpu/numerics.cuh"
 
 static tw_status lt_status(cublasStatus_t s, const char *op, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return TW_OK;
@@ -285,6 +288,51 @@ static tw_status dense_lt(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw
   return gemm_lt(ctx, &x, "gemm");
 }
 
+// out = round(f32(out) + t): the contract's accumulate into a 16-bit output (one f32 add of the
+// old value, then one rounding), after a non-accumulating f32 product t.
+__global__ void add_round_kernel(void *out, int f16, const float *t, int64_t n) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    uint16_t *o = (uint16_t *)out;
+    float v = (f16 ? tw_f16_to_f32_d(o[i]) : tw_bf16_to_f32_d(o[i])) + t[i];
+    o[i] = f16 ? tw_f32_to_f16_d(v) : tw_f32_to_bf16_d(v);
+  }
+}
+
+// Plain operands of different dtypes (f32 x bf16/f16, bf16 x f16): each 16-bit operand widened to
+// f32 in scratch (exact), then cuBLASLt in f32 (CUBLAS_COMPUTE_32F): the same products and f32
+// accumulation as gg_fma, which took these before at a few TFLOP/s (the MoE gate's backward,
+// f32 d_logits x bf16 x / gate at T 4096, H 7168, E 32: 1.29 ms on gg_fma, H200 2026-11-24).
+// Accumulating into a 16-bit output goes through an f32 product and add_round_kernel (the
+// contract's epilogue, which cuBLASLt's is not). TW_ERR_UNSUPPORTED when cuBLASLt declines.
+static tw_status dense_lt_widened(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
+                                  tw_tensor *out, int accumulate, const dense_dims *d) {
+  gpu_state *st = gpu_of(ctx);
+  tw_operand w[2] = {*a, *b};
+  for (int i = 0; i < 2; i++) {
+    if (w[i].data.dtype == TW_F32) continue;
+    void *p = NULL;
+    TW_TRY(gpu_scratch(ctx, (size_t)tw_tensor_numel(&w[i].data) * sizeof(float), &p));
+    tw_tensor wide = w[i].data;
+    wide.data = p;
+    wide.dtype = TW_F32;
+    TW_TRY(gpu_cast(ctx, &wide, &w[i].data, 0));
+    w[i].data = wide;
+  }
+  if (!accumulate || out->dtype == TW_F32) return dense_lt(ctx, &w[0], op_a, &w[1], op_b, out, accumulate, d);
+  const int64_t n = d->batch * d->M * d->N;
+  void *t = NULL;
+  TW_TRY(gpu_scratch(ctx, (size_t)n * sizeof(float), &t));
+  tw_tensor tt = *out;
+  tt.data = t;
+  tt.dtype = TW_F32;
+  TW_TRY(dense_lt(ctx, &w[0], op_a, &w[1], op_b, &tt, 0, d));
+  int64_t blocks = (n + 255) / 256, cap = 16 * (int64_t)st->num_sms;
+  add_round_kernel<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st->stream>>>(out->data, out->dtype == TW_F16,
+                                                                                     (const float *)t, n);
+  GPU_TRY_CUDA(cudaGetLastError(), "gemm: add_round launch");
+  return TW_OK;
+}
+
 tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
                    tw_tensor *out, int accumulate) {
   gpu_state *st = gpu_of(ctx);
@@ -317,6 +365,14 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
     tw_status s = dense_lt(ctx, a, op_a, b, op_b, out, accumulate, &d);
     if (s != TW_ERR_UNSUPPORTED) return s;
     tw_clear_error();  // no cuBLASLt algorithm: the gg kernel takes it
+    gpu_scratch_reset(ctx);
+  }
+  const int widen = a->mode == TW_SCALE_NONE && b->mode == TW_SCALE_NONE && a->data.dtype != b->data.dtype &&
+                    d.K > 0 && (out->dtype == TW_F32 || out->dtype == TW_BF16 || out->dtype == TW_F16);
+  if (widen) {
+    tw_status s = dense_lt_widened(ctx, a, op_a, b, op_b, out, accumulate, &d);
+    if (s != TW_ERR_UNSUPPORTED) return s;
+    tw_clear_error();
     gpu_scratch_reset(ctx);
   }
   // the gg fallback: the wide tile where it fits (gg_mma_wide measured 1.3-1.8x gg_mma, NOTES-gemm.md run 6)

@@ -56,6 +56,18 @@ __device__ void store(void *p, int bf16, int64_t i, double v) {
   else ((float *)p)[i] = f;
 }
 
+// Four consecutive elements at i (a multiple of 4, the buffer 16-byte aligned) in one store.
+__device__ void store4(void *p, int bf16, int64_t i, const double v[4]) {
+  if (bf16) {
+    uint2 u;
+    u.x = (uint32_t)tw_f32_to_bf16_d((float)v[0]) | ((uint32_t)tw_f32_to_bf16_d((float)v[1]) << 16);
+    u.y = (uint32_t)tw_f32_to_bf16_d((float)v[2]) | ((uint32_t)tw_f32_to_bf16_d((float)v[3]) << 16);
+    *(uint2 *)((uint16_t *)p + i) = u;
+  } else {
+    *(float4 *)((float *)p + i) = make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]);
+  }
+}
+
 __device__ double load(const void *p, int bf16, int64_t i) {
   return bf16 ? (double)tw_bf16_to_f32_d(((const uint16_t *)p)[i]) : (double)((const float *)p)[i];
 }
@@ -99,14 +111,31 @@ __global__ void bias_out_kernel(const float *y, const int32_t *gs, int G, const 
   }
 }
 
+// vec (F % 4 == 0, h and a 16-byte aligned): four columns per thread from float4 loads of the
+// gate and up halves, one 4-element store, the same per-element math (scalar loads and stores
+// held the kernel at 1.5 TB/s: 0.45 ms at E 32, T 4096, F 2048 on an H200, 0.26 ms vectorized).
 __global__ void act_fwd_kernel(int act, const float *h, const int32_t *gs, int G, const float *w, int64_t F, void *a,
-                               int bf16) {
+                               int bf16, int vec) {
   __shared__ int64_t ends[MAX_GROUPS];
   group_ends(gs, G, ends);
   int64_t rows = ends[G - 1];
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float *hr = h + r * 2 * F;
     double wr = w ? (double)w[r] : 1.0;
+    if (vec) {
+      for (int64_t f = 4 * (int64_t)threadIdx.x; f < F; f += 4 * (int64_t)blockDim.x) {
+        float4 g4 = *(const float4 *)(hr + f), u4 = *(const float4 *)(hr + F + f);
+        const float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w};
+        double v[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          v[e] = act_value(act, g[e]) * (double)u[e];
+          if (w) v[e] *= wr;
+        }
+        store4(a, bf16, r * F + f, v);
+      }
+      continue;
+    }
     for (int64_t f = threadIdx.x; f < F; f += blockDim.x) {
       double v = act_value(act, hr[f]) * (double)hr[F + f];
       if (w) v *= wr;
@@ -118,8 +147,10 @@ __global__ void act_fwd_kernel(int act, const float *h, const int32_t *gs, int G
 // One warp per row: the d_w sum runs over F in the ref's order only if done serially, so each
 // row's sum is taken by one lane in f order (d_w is an [R] vector; the per-element work is
 // spread over the warp).
+// vec (F % 4 == 0, h, d_a and d_h 16-byte aligned): each lane takes four columns (float4 loads,
+// 4-element stores).
 __global__ void act_bwd_kernel(int act, const float *h, const float *d_a, const int32_t *gs, int G, const float *w,
-                               int64_t F, void *d_h, int bf16, float *d_w) {
+                               int64_t F, void *d_h, int bf16, float *d_w, int vec) {
   __shared__ int64_t ends[MAX_GROUPS];
   group_ends(gs, G, ends);
   int64_t rows = ends[G - 1];
@@ -127,12 +158,30 @@ __global__ void act_bwd_kernel(int act, const float *h, const float *d_a, const 
   int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32, warps = (int64_t)gridDim.x * blockDim.x / 32;
   for (int64_t r = warp; r < rows; r += warps) {
     double scale = w ? (double)w[r] : 1.0;
-    for (int64_t f = lane; f < F; f += 32) {
-      double g = h[r * 2 * F + f], up = h[r * 2 * F + F + f], du = (double)d_a[r * F + f] * scale;
-      double av, ag;
-      act_both(act, g, &av, &ag);
-      store(d_h, bf16, r * 2 * F + f, du * ag * up);
-      store(d_h, bf16, r * 2 * F + F + f, du * av);
+    if (vec) { /* constant trip counts: the four values stay in registers */
+      for (int64_t f0 = 4 * (int64_t)lane; f0 < F; f0 += 128) {
+        float4 g4 = *(const float4 *)(h + r * 2 * F + f0), u4 = *(const float4 *)(h + r * 2 * F + F + f0),
+               d4 = *(const float4 *)(d_a + r * F + f0);
+        const float g[4] = {g4.x, g4.y, g4.z, g4.w}, u[4] = {u4.x, u4.y, u4.z, u4.w}, da[4] = {d4.x, d4.y, d4.z, d4.w};
+        double dg[4], dup[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          double du = (double)da[e] * scale, av, ag;
+          act_both(act, g[e], &av, &ag);
+          dg[e] = du * ag * (double)u[e];
+          dup[e] = du * av;
+        }
+        store4(d_h, bf16, r * 2 * F + f0, dg);
+        store4(d_h, bf16, r * 2 * F + F + f0, dup);
+      }
+    } else {
+      for (int64_t f = lane; f < F; f += 32) {
+        double g = h[r * 2 * F + f], up = h[r * 2 * F + F + f], du = (double)d_a[r * F + f] * scale;
+        double av, ag;
+        act_both(act, g, &av, &ag);
+        store(d_h, bf16, r * 2 * F + f, du * ag * up);
+        store(d_h, bf16, r * 2 * F + F + f, du * av);
+      }
     }
     if (d_w && lane == 0) {
       double s = 0;
@@ -193,7 +242,8 @@ extern "C" tw_status gpu_moe_act_fwd(tw_ctx *ctx, tw_moe_act act, const float *h
                                      int64_t F, void *a, tw_dtype a_dtype) {
   TW_TRY(groups_ok(gs, "act_fwd"));
   act_fwd_kernel<<<blocks_for(ctx, 1 << 20), 256, 0, gpu_of(ctx)->stream>>>(
-      (int)act, h, (const int32_t *)gs->data, (int)tw_tensor_numel(gs), w, F, a, a_dtype == TW_BF16);
+      (int)act, h, (const int32_t *)gs->data, (int)tw_tensor_numel(gs), w, F, a, a_dtype == TW_BF16,
+      F % 4 == 0 && (uintptr_t)h % 16 == 0 && (uintptr_t)a % 16 == 0);
   GPU_TRY_CUDA(cudaGetLastError(), "moe act_fwd: launch");
   return TW_OK;
 }
@@ -202,7 +252,8 @@ extern "C" tw_status gpu_moe_act_bwd(tw_ctx *ctx, tw_moe_act act, const float *h
                                      const float *w, int64_t F, void *d_h, tw_dtype dh_dtype, float *d_w) {
   TW_TRY(groups_ok(gs, "act_bwd"));
   act_bwd_kernel<<<blocks_for(ctx, 1 << 20), 256, 0, gpu_of(ctx)->stream>>>(
-      (int)act, h, d_a, (const int32_t *)gs->data, (int)tw_tensor_numel(gs), w, F, d_h, dh_dtype == TW_BF16, d_w);
+      (int)act, h, d_a, (const int32_t *)gs->data, (int)tw_tensor_numel(gs), w, F, d_h, dh_dtype == TW_BF16, d_w,
+      F % 4 == 0 && (uintptr_t)h % 16 == 0 && (uintptr_t)d_a % 16 == 0 && (uintptr_t)d_h % 16 == 0);
   GPU_TRY_CUDA(cudaGetLastError(), "moe act_bwd: launch");
   return TW_OK;
 }
