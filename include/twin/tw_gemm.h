@@ -75,6 +75,10 @@
  *     accumulator as mma.sync's; in the wgrad, rows past a group's end are zeroed in shared
  *     memory before the wgmma reads them, so they add exact zeros (never NaN from other rows).
  *   gg_fma: exact f32 FMA, RNE (meets the same bound).
+ *   gemm_lt (cuBLASLt, CUBLAS_COMPUTE_32F, no TF32) on plain operands: f32 FMAs, u_acc = 2^-23
+ *     (the same bound). Mixed plain operands (f32 x bf16/f16, bf16 x f16) are widened to f32
+ *     first, exactly, so the products are the same; accumulating into a 16-bit output then
+ *     takes the f32 product and one f32 add of the old value before the one rounding.
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
  *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs; rhs [G, N, K]):
  *     promoted every 128 along K. The tensor core sums the exact fp8 x fp8 products of one
