@@ -24,7 +24,8 @@ typedef struct {
   const tw_pipeline_weights *w;
   tw_comm *pp, *fs; /* NULL when the axis has size 1 */
   int S, s, F, M, R, d, Lps, mps, T, use_circ, rotate;
-  int in_place;                          /* plain with F = 1: layers read the shards, no gather */
+  int in_place;                          /* plain with F = 1: layers read the shards and add into
+                                            their gradients; no window */
   int64_t rows, E, act;                  /* act = rows*E floats: one microbatch block */
   int64_t shard_n[TW_PIPELINE_MAX_PARAMS], full_n[TW_PIPELINE_MAX_PARAMS], off[TW_PIPELINE_MAX_PARAMS], P;
   void *scratch;
@@ -107,15 +108,17 @@ static tw_pipeline_params layer_params(run *r, float *base, int l) {
   return p;
 }
 
-/* Layer l's weights: from the window wb ([Lps, P]), or with wb NULL (in_place) from the shards
- * of repeat rep themselves. */
-static tw_pipeline_params weight_params(run *r, float *wb, int rep, int l) {
-  if (wb) return layer_params(r, wb, l);
+/* Layer l's parameters (or their gradients) from the window buf ([Lps, P]), or with buf NULL
+ * (in_place) straight from the rank's shards of repeat rep, base = w->w or w->dw. */
+static tw_pipeline_params params_of(run *r, float *buf, float *const *base, int rep, int l) {
+  if (buf) return layer_params(r, buf, l);
   tw_pipeline_params p;
   memset(&p, 0, sizeof p);
-  for (int i = 0; i < r->body->nparams; i++)
-    p.p[i] = (float *)r->w->w[i] + ((int64_t)rep * r->Lps + l) * r->shard_n[i];
+  for (int i = 0; i < r->body->nparams; i++) p.p[i] = base[i] + ((int64_t)rep * r->Lps + l) * r->shard_n[i];
   return p;
+}
+static tw_pipeline_params weight_params(run *r, float *wb, int rep, int l) {
+  return params_of(r, wb, (float *const *)r->w->w, rep, l);
 }
 
 /* out = the stage's Lps layers applied to in, with weights wb ([Lps, P]; NULL: repeat rep's
@@ -131,7 +134,8 @@ static tw_status stage_forward(run *r, float *wb, int rep, const float *in, floa
   return TW_OK;
 }
 
-/* din and gb += grads of the stage from its saved input; recomputes the layer inputs. */
+/* din and gb += grads of the stage from its saved input; recomputes the layer inputs. wb, gb
+ * NULL (in_place): the shards of repeat rep and their gradients, accumulated into directly. */
 static tw_status stage_vjp(run *r, float *wb, int rep, float *gb, const float *in, const float *dout, float *din) {
   /* layer inputs 1..Lps-1 (the heavy state of one iteration, dropped at its end) */
   for (int l = 0; l + 1 < r->Lps; l++) {
@@ -141,7 +145,7 @@ static tw_status stage_vjp(run *r, float *wb, int rep, float *gb, const float *i
   }
   const float *g = dout;
   for (int l = r->Lps - 1; l >= 0; l--) {
-    tw_pipeline_params p = weight_params(r, wb, rep, l), dp = layer_params(r, gb, l);
+    tw_pipeline_params p = weight_params(r, wb, rep, l), dp = params_of(r, gb, r->w->dw, rep, l);
     const float *x = l == 0 ? in : r->layer_in + (int64_t)(l - 1) * r->act;
     float *dst = l == 0 ? din : (g == r->g0 ? r->g1 : r->g0);
     TW_TRY(r->body->vjp(r->body, r->ctx, &p, x, g, dst, &dp, r->rows, r->scratch));
@@ -202,15 +206,10 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
   if (s == TW_OK) s = alloc_f(r, &r->shard_tmp, max_shard);
   int nwin = cfg->fsdp == TW_PIPELINE_FSDP_BSW ? 2 : 1;
   int64_t wn = (int64_t)r->Lps * r->P;
-  for (int i = 0; i < nwin && s == TW_OK; i++) {
-    if (!r->in_place) {
-      s = alloc_f(r, &r->wbuf[i], wn);
-      r->window_bytes += (size_t)wn * sizeof(float);
-    }
-    if (s == TW_OK && backward) {
-      s = alloc_f(r, &r->gbuf[i], wn);
-      r->window_bytes += (size_t)wn * sizeof(float);
-    }
+  for (int i = 0; i < nwin && s == TW_OK && !r->in_place; i++) {
+    s = alloc_f(r, &r->wbuf[i], wn);
+    if (s == TW_OK && backward) s = alloc_f(r, &r->gbuf[i], wn);
+    r->window_bytes += (size_t)wn * sizeof(float) * (backward ? 2 : 1);
   }
   if (s != TW_OK) run_free(r);
   return s;
@@ -404,13 +403,14 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
       int slot = rep == win.step ? win.next : win.curr;
       if (slot < 0) { st = tw_error(TW_ERR_INTERNAL, "pipeline: no window slot for t=%d s=%d", t, s); break; }
       wb = r.wbuf[slot]; gb = r.gbuf[slot];
+    } else if (r.in_place) {
+      wb = gb = NULL; /* the shards themselves; the VJP adds into their gradients */
     } else {
-      if (r.in_place) wb = NULL;
-      else st = gather(&r, rep, wb);
+      st = gather(&r, rep, wb);
       if (st == TW_OK) st = zero(&r, gb, (int64_t)r.Lps * r.P);
     }
     if (st == TW_OK) st = stage_vjp(&r, wb, rep, gb, in, d_out, d_in);
-    if (st == TW_OK && !bsw) st = scatter_add(&r, rep, gb);
+    if (st == TW_OK && !bsw && !r.in_place) st = scatter_add(&r, rep, gb);
     if (st != TW_OK) break;
     /* the input came from exactly one place */
     if (s >= 1) st = copy(&r, d_shift, d_in, act);

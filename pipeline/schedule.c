@@ -122,7 +122,7 @@ size_t tw_pipeline_window_bytes(const tw_pipeline_config *c, const tw_pipeline_b
   size_t P = 0;
   for (int i = 0; i < b->nparams; i++) P += (size_t)(b->param_rows[i] * b->param_cols[i]);
   if (c->fsdp == TW_PIPELINE_FSDP_BSW) return 4 * P * sizeof(float);
-  return (fsdp > 1 ? 2 : 1) * (size_t)c->layers_per_stage * P * sizeof(float);
+  return fsdp > 1 ? 2 * (size_t)c->layers_per_stage * P * sizeof(float) : 0; /* F = 1: the shards in place */
 }
 
 size_t tw_pipeline_peak_bytes(const tw_pipeline_config *c, const tw_pipeline_body *b, int fsdp, int stage) {

@@ -134,7 +134,7 @@ Test(pipeline_schedule, memory_formulas) {
   c.mb_rows = 6;
   cr_assert_eq(tw_pipeline_saved_bytes(&c, &b, 2), (size_t)4 * 2 * 3 * 8 * 4);
   cr_assert_eq(tw_pipeline_window_bytes(&c, &b, 2), (size_t)2 * 2 * (2 * 8 * 12) * 4);
-  cr_assert_eq(tw_pipeline_window_bytes(&c, &b, 1), (size_t)2 * (2 * 8 * 12) * 4); /* F = 1: no gathered copy */
+  cr_assert_eq(tw_pipeline_window_bytes(&c, &b, 1), 0); /* F = 1: the shards in place */
   c = cfg(2, 4, 5, 1, 1);
   c.fsdp = TW_PIPELINE_FSDP_BSW;
   cr_assert_eq(tw_pipeline_window_bytes(&c, &b, 1), (size_t)4 * (2 * 8 * 12) * 4); /* not R */
@@ -158,10 +158,10 @@ Test(pipeline_schedule, peak_bytes_formula) {
   const size_t a1 = 6 * 8 * 4;
   cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 1, 0),
                2 * 2 * a1 + 4 * (2 * 8 * 12) * 4 + (1 + 4) * a1 + (1 + 3) * a1 + 8 * 12 * 4 + 2 * 6 * 12 * 4);
-  c = cfg(2, 4, 1, 2, 1); /* d = 2: prev; plain at F = 1: the window is the gradient alone */
+  c = cfg(2, 4, 1, 2, 1); /* d = 2: prev; plain at F = 1: no window */
   c.mb_rows = 6;
   cr_assert_eq(tw_pipeline_peak_bytes(&c, &b, 1, 1),
-               4 * a1 + 1 * (2 * 8 * 12) * 4 + (2 + 4 + 1) * a1 + (1 + 3) * a1 + 8 * 12 * 4 + 2 * 6 * 12 * 4);
+               4 * a1 + (2 + 4 + 1) * a1 + (1 + 3) * a1 + 8 * 12 * 4 + 2 * 6 * 12 * 4);
 }
 
 /* ---- configuration rules ------------------------------------------------------------ */

@@ -472,7 +472,7 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
            "(the bubble does not apply: an idle stage leaves the GPU to the others)\n",
            S, M, R, Lps, S * steps_per_stage, layer_ms, ideal_ms);
     printf("  measured / ideal = %.3f (the schedule, the loopback's copies and host barriers, %s)\n", step_ms / ideal_ms,
-           pp->bsw ? "one window load per repeat" : "no weight gather at F = 1: the layers read the shards in place");
+           pp->bsw ? "one window load per repeat" : "no weight gather or gradient scatter at F = 1: the shards in place");
   } else {
     printf("  ideal: M*R*Lps = %.0f layer-steps per stage x %.3f ms = %.2f ms; with the bubble %.4f: "
            "%.2f / (1 - %.4f) = %.2f ms\n",
@@ -513,7 +513,7 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
     printf("  rank %d: predicted peak %.1f MiB = saved %.1f (scan's own: %.1f) + window %.1f (%s; scan allocated %.1f) + "
            "loop state and per-call buffers %.1f MiB\n",
            s, peak / MiB, saved / MiB, j->saved_size[s] / MiB, win / MiB,
-           pp->bsw ? "BSW: 2 gathered layers + 2 gradients" : "plain, F = 1: the gradient alone, the layers read the shards in place", j->window_size[s] / MiB,
+           pp->bsw ? "BSW: 2 gathered layers + 2 gradients" : "plain, F = 1: none, the layers read and add into the shards in place", j->window_size[s] / MiB,
            (peak - saved - win) / MiB);
     worst_ok &= j->saved_size[s] == saved && j->window_size[s] == win;
   }

@@ -45,8 +45,8 @@
  *   plain: before each valid iteration the stage's Lps layers are all-gathered; after its
  *          VJP the gathered gradient is reduce-scattered and added to the shard gradient.
  *          Window: 1 gathered stage weight + 1 gathered gradient. With F = 1 there is nothing to
- *          gather: the layers read the rank's own shards in place (no copy) and the window is
- *          the gradient alone.
+ *          gather or scatter: the layers read the rank's own shards in place (no copy), the VJP
+ *          adds into the shard gradients directly, and there is no window.
  *   BSW:   repeat step r covers iterations [rM, (r+1)M); at its start w_curr <- w_next and
  *          w_next <- AG(W[min(r, R-1)][s]) (§4.3: the correct repeat for every stage; step R
  *          is the drain and gathers nothing). (t, s) uses w_next iff rep(t, s) == r, else
@@ -59,8 +59,9 @@
  * ref reductions), so two runs are bit-identical. Against the unpipelined model run with the
  * same row blocks (tw_pipeline_sequential_ref): y, the loss and dx are bit-identical
  * (every row sees the same GEMMs on the same row blocks); dW is bit-identical for BSW and for
- * F = 1, because both accumulate microbatches m = M-1 .. 0 into one gathered gradient and
- * reduce-scatter once; plain with F > 1 reduce-scatters each microbatch's gradient and adds
+ * F = 1, because both accumulate microbatches m = M-1 .. 0 into one gradient (the window's,
+ * reduce-scattered once; at F = 1 plain, the shard gradient itself, as the sequential model
+ * does); plain with F > 1 reduce-scatters each microbatch's gradient and adds
  * the shards, another association, so dW is compared within the bound instead.
  */
 #ifndef TWIN_TW_PIPELINE_H
@@ -166,7 +167,7 @@ tw_status tw_pipeline_format_schedule(const tw_pipeline_config *cfg, int fsdp, c
 /* Bytes a rank holds for the VJP: M*R*(mb/F)*E*4. */
 size_t tw_pipeline_saved_bytes(const tw_pipeline_config *cfg, const tw_pipeline_body *body, int fsdp);
 /* Bytes of the gathered-weight window a rank holds during a step, gradients included:
- * plain 2 * Lps*P*4 (F = 1: Lps*P*4, the gradient alone), BSW 4 * P*4 (P = sum_i rows_i*cols_i). */
+ * plain 2 * Lps*P*4 (F = 1: 0, the shards are used in place), BSW 4 * P*4 (P = sum_i rows_i*cols_i). */
 size_t tw_pipeline_window_bytes(const tw_pipeline_config *cfg, const tw_pipeline_body *body, int fsdp);
 /* Bytes of ctx memory the forward + backward of stage `stage` allocates at its peak (the
  * backward, which runs while `saved` is held), the caller's inputs (weight and gradient
