@@ -59,6 +59,15 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 // gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128, promoted every 128 along K: the accumulation
 // model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it takes.
 #define GG_WGMMA_FP8_AUTO 1
+// Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads), same
+// model, is the automatic choice for the fp8 wgrad it takes. Measurement knob (read on every
+// call, so the bench can time both in one process): TWIN_GG_WGMMA_FP8_WGRAD=0 turns the auto
+// choice off (gg_mma_wide / gg_mma, the exact model, as before it existed).
+#define GG_WGMMA_FP8_WGRAD_AUTO 1
+static int fp8_wgrad_auto_on(void) {
+  const char *e = getenv("TWIN_GG_WGMMA_FP8_WGRAD");
+  return !(e && *e == '0');
+}
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -301,10 +310,12 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
-  if (v == VER_WGMMA_FP8)
-    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_wgmma / gg_mma_wide)", op,
-                    GG_KERNEL_WGMMA_FP8);
   const char *why;
+  if (GG_WGMMA_FP8_WGRAD_AUTO && !forced(ctx) && fp8_wgrad_auto_on() &&
+      gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
+    v = VER_WGMMA_FP8;
+  if (v == VER_WGMMA_FP8 && !gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why)) v = VER_WGMMA;
   if (v == VER_WGMMA && !gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
@@ -316,6 +327,8 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   if (v == VER_WGMMA)
     return gg_wgmma_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, p.offsets, G, out, accumulate, op);
+  if (v == VER_WGMMA_FP8)
+    return gg_wgmma_fp8_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, p.offsets, p.tiles, G, out, accumulate, op);
   p.kind = GG_WGRAD;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;

@@ -91,6 +91,14 @@
  *     (tw_gemm_error_bound_promoted(.., K, 128, 0x1p-13, 0x1p-24, 2, ..) in tw_check.h).
  *     At K >= 128 that is about 1.6% of sum|a||b|, independent of K. Forcing gg_mma_wide or
  *     gg_mma gives the exact-f32 model above for the same operands.
+ *     Its wgrad (the auto choice for the fp8 wgrad it takes on sm_90: lhs and rhs as the
+ *     per-group transposed colwise copies, lhs_op = rhs_op = T, per-tensor, 1x128 or 128x128
+ *     scales; the MoE block's fp8 wgrads) has the same model with the contraction over the
+ *     group's m_g tokens: the k-blocks are the group's tokens 128b..128b+127 counted from the
+ *     group's first row (the colwise quantizer's blocks, wherever the group starts), the last
+ *     one m_g % 128 deep, tokens past m_g adding exact zeros; per element of out[g] the bound
+ *     is tw_gemm_error_bound_promoted(.., m_g, 128, 0x1p-13, 0x1p-24, 2, ..). An empty group is
+ *     +0 exactly, as in every version.
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
  *     ~2^-13 relative) with no documented promotion interval: no model, so auto never picks it
  *     for fp8.
