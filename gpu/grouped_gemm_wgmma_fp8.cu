@@ -506,7 +506,7 @@ struct ggf_wparams {
 //           buffers deep (two k-blocks in flight ahead of the one being shifted, no registers
 //           held), then shifts raw -> stage (8 threads per row, one 16-byte chunk each); 3 stages.
 enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1 };
-#define GGF_WLOAD_DEFAULT GGF_WLOAD_STAGED
+#define GGF_WLOAD_DEFAULT GGF_WLOAD_ROWS  // run fw1 (H100): rows 173-205 TFLOP/s, staged 137-149
 #define GGF_WRAW 3
 #define GGF_WRAW_ROW 144                              // 9 aligned 16-byte words hold any 128 bytes
 #define GGF_WRAW_BYTES (256 * GGF_WRAW_ROW + 256 * 4)  // A and B rows, then their 256 scales
