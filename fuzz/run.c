@@ -595,7 +595,8 @@ static tw_status expect_alloc(arena *A, const fz_case *c, int ndim, const int64_
 }
 
 /* Fills expected/bound for out elements [i0, i0+cnt) given ref and abs_prod there. */
-/* promoted: the subject may run gg_wgmma_fp8 (tw_gemm.h: a grouped fp8 forward with per-tensor or
+/* promoted: the subject may run gg_wgmma_fp8 (tw_gemm.h: a grouped fp8 forward, or wgrad from the
+ * colwise copies, with per-tensor or
  * 1x128 / 128x128 scales and rhs_op T on a gpu backend), whose model is promoted every 128 along
  * K with a 14-bit inner accumulator. */
 static void expect_fill(const fz_case *c, gemm_expect *ge, int64_t i0, int64_t cnt, double *ref,
@@ -873,6 +874,14 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 3, oshape, &ge) || scratch_f64(A, K * N, &ref) || scratch_f64(A, K * N, &absp) ||
       scratch_f64(A, K * N, &flush)) return;
+  /* gg_wgmma_fp8's wgrad (tw_gemm.h) may run fp8 from the colwise copies (ops T; auto for block
+   * scales and current per-tensor, forced for delayed too): promoted model */
+  const tw_scaling qm = c->sa.mode;
+  const char *kn = tw_ctx_kernel(subject);
+  const int forced_fp8 = kn && !strcmp(kn, "gg_wgmma_fp8");
+  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_a == TW_OP_T && c->op_b == TW_OP_T &&
+                       (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_BLOCK_1x128 || qm == TW_SCALE_BLOCK_128x128 ||
+                        (forced_fp8 && qm == TW_SCALE_TENSOR_DELAYED));
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];
@@ -889,7 +898,7 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
           flush[k * N + n] += flushable(av, bv, c);
         }
       }
-    expect_fill(c, &ge, g * K * N, K * N, ref, absp, flush, mg, 0);
+    expect_fill(c, &ge, g * K * N, K * N, ref, absp, flush, mg, promoted);
     o += mg;
   }
   tw_tensor got;

@@ -113,13 +113,24 @@ static tw_status compare_exact(const char *dir, const tw_tensor_set *outs, const
 
 /* tw_gemm.h: on a gpu backend, a grouped fp8 forward (per-tensor or 1x128 / 128x128 blocks,
  * rhs_op T) may run gg_wgmma_fp8 (auto on sm_90), whose accumulation model is promoted every 128
- * along K with a 14-bit inner accumulator: such cases are checked against that model's bound. */
+ * along K with a 14-bit inner accumulator: such cases are checked against that model's bound.
+ * So may a grouped fp8 wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T;
+ * auto for current, 1x128 and 128x128 scales, forced for delayed too): the same model over each group's tokens,
+ * bound_k (the largest group) for K. */
 static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
   const char *op = tw_case_get(k, "op"), *m = tw_case_get(k, "lhs_mode"), *r = tw_case_get(k, "rhs_op");
-  if (!ctx || tw_ctx_backend(ctx) == TW_BACKEND_REF || !op || strcmp(op, "grouped_gemm") || !m || !r) return 0;
+  if (!ctx || tw_ctx_backend(ctx) == TW_BACKEND_REF || !op || !m || !r) return 0;
+  const int mode_ok =
+      !strcmp(m, "current") || !strcmp(m, "delayed") || !strcmp(m, "block1x128") || !strcmp(m, "block128x128");
+  if (!strcmp(op, "grouped_gemm_wgrad")) { /* auto: current, 1x128, 128x128; forced: delayed too */
+    const char *l = tw_case_get(k, "lhs_op"), *kn = tw_ctx_kernel(ctx);
+    const int fitted = strcmp(m, "delayed") != 0;
+    return mode_ok && l && !strcmp(l, "T") && !strcmp(r, "T") && (fitted || (kn && !strcmp(kn, "gg_wgmma_fp8")));
+  }
+  if (strcmp(op, "grouped_gemm")) return 0;
   const char *K = tw_case_get(k, "K");
   if (strcmp(r, "T") || !K || atoll(K) % 16) return 0; /* what gg_wgmma_fp8_takes declines keeps the exact model */
-  return !strcmp(m, "current") || !strcmp(m, "delayed") || !strcmp(m, "block1x128") || !strcmp(m, "block128x128");
+  return mode_ok;
 }
 
 static tw_status compare_gemm(const char *dir, const tw_case_keys *k, const tw_tensor_set *outs, int promoted,

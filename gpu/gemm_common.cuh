@@ -79,6 +79,14 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
                                const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
                                int accumulate, const char *op);
 
+// gg_wgmma_fp8's wgrad: lhs and rhs as the per-group transposed colwise copies (ops T),
+// out [G, K, N]; tiles: device [G+1] 128-row tile offsets T(g) of the groups.
+int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                             const tw_tensor *out, const char **why);
+tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                             const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out, int accumulate,
+                             const char *op);
+
 // Fills a gg_operand from a tw_operand (data pointer, dtype, scales); the caller sets the
 // addressing (kmajor, ragged, row_elems, group_stride, ld, src_group_rows).
 void gg_operand_from(gg_operand *o, const tw_operand *t);

@@ -16,6 +16,9 @@
 //               promoted into f32 every 128 along K (tw_gemm.h's "gg_wgmma_fp8" model, not exact
 //               f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
 //               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.
+//               Also the fp8 wgrad from the per-group transposed colwise copies (ops T), auto
+//               for current / 1x128 / 128x128 scales (H100: 1x128 3-5x gg_mma, MoE fp8 blocks
+//               2.3-4.3x faster end to end; 0.15-0.27x its forward's rate).
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
@@ -59,6 +62,22 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 // gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128, promoted every 128 along K: the accumulation
 // model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it takes.
 #define GG_WGMMA_FP8_AUTO 1
+// Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads), same
+// model, is the automatic choice for the fp8 wgrad it takes whose scales are fitted to the data
+// (current per-tensor, 1x128, 128x128): 3x gg_mma for 1x128, 1.05x gg_mma_wide per-tensor on
+// large groups and 1.6-3.7x on small / ragged ones (H100, run fw1 in gpu/NOTES-gemm.md).
+// Delayed per-tensor scales stay on gg_mma_wide (exact): with them run fw1 found the promoted
+// model exceeded (codes left in e4m3's subnormal range along the token dim).
+// Measurement knob (read on every call, so the bench times both in one process):
+// TWIN_GG_WGMMA_FP8_WGRAD=0 turns the auto choice off.
+#define GG_WGMMA_FP8_WGRAD_AUTO 1
+static int fp8_wgrad_auto_on(void) {
+  const char *e = getenv("TWIN_GG_WGMMA_FP8_WGRAD");
+  return !(e && *e == '0');
+}
+static int fp8_fitted_scales(const tw_operand *a) {
+  return a->mode == TW_SCALE_TENSOR_CURRENT || a->mode == TW_SCALE_BLOCK_1x128 || a->mode == TW_SCALE_BLOCK_128x128;
+}
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -301,10 +320,12 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(choose_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
-  if (v == VER_WGMMA_FP8)
-    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' runs the forward only (wgrad: gg_wgmma / gg_mma_wide)", op,
-                    GG_KERNEL_WGMMA_FP8);
   const char *why;
+  if (GG_WGMMA_FP8_WGRAD_AUTO && !forced(ctx) && fp8_wgrad_auto_on() && fp8_fitted_scales(lhs) &&
+      gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
+    v = VER_WGMMA_FP8;
+  if (v == VER_WGMMA_FP8 && !gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why)) v = VER_WGMMA;
   if (v == VER_WGMMA && !gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
@@ -316,6 +337,8 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   if (v == VER_WGMMA)
     return gg_wgmma_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, p.offsets, G, out, accumulate, op);
+  if (v == VER_WGMMA_FP8)
+    return gg_wgmma_fp8_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, p.offsets, p.tiles, G, out, accumulate, op);
   p.kind = GG_WGRAD;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;

@@ -111,6 +111,9 @@ Test(gemm_gpu, goldens_gg_mma_wide, .timeout = 600) { run_goldens("gg_mma_wide")
 /* grouped forward and wgrad cases on the Hopper version (sm_90; the cases it declines, e.g. op T
  * wgrad operands, fp8, K % 8 != 0, are logged and skipped); dense cases run as auto */
 Test(gemm_gpu, goldens_gg_wgmma, .timeout = 600) { run_goldens("gg_wgmma"); }
+/* the fp8 cases on the Hopper fp8 version: grouped forward (rhs_op T) and the wgrad from the
+ * colwise copies (ops T); what it declines is logged and skipped */
+Test(gemm_gpu, goldens_gg_wgmma_fp8, .timeout = 600) { run_goldens("gg_wgmma_fp8"); }
 
 /* ---- random dense cases ----------------------------------------------------------------- */
 /* Failures are counted (the first 8 shown), so one run shows every failing case. */

@@ -352,3 +352,164 @@ static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
 Test(graph_gpu, gg_wgmma_fp8_tensor_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_TENSOR_CURRENT, "gg_wgmma_fp8"); }
 Test(graph_gpu, gg_wgmma_fp8_1x128_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_BLOCK_1x128, "gg_wgmma_fp8"); }
 Test(graph_gpu, fp8_auto_1x128_replays, .timeout = 300) { graph_replay_fp8(TW_SCALE_BLOCK_1x128, NULL); }
+
+/* ---- fp8 wgrad (gg_wgmma_fp8 and auto): the colwise copies, ops T ------------------------ */
+static void qc_alloc(tw_qtensor *q, tw_scaling mode, int64_t R, int64_t C, int64_t G) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = mode;
+  o.layout = TW_COLWISE;
+  cr_assert_eq(tw_quantize_output_shapes(&o, R, C, G, q), TW_OK, "%s", tw_last_error());
+  tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
+  for (int i = 0; i < 5; ++i)
+    if (!tw_tensor_is_none(parts[i])) *parts[i] = host_new(parts[i]->dtype, parts[i]->ndim, parts[i]->shape);
+}
+static void qc_run(tw_ctx *ref, tw_qtensor *q, const tw_tensor *x, const tw_tensor *gs) {
+  tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
+  o.mode = q->mode;
+  o.layout = TW_COLWISE;
+  cr_assert_eq(tw_grouped_quantize(ref, x, gs, &o, q), TW_OK, "%s", tw_last_error());
+}
+static double *qc_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs) {
+  int64_t sh[2] = {q->rows, q->cols};
+  tw_tensor d = host_new(TW_F32, 2, sh);
+  memset(d.data, 0, tw_tensor_bytes(&d));
+  cr_assert_eq(tw_grouped_dequantize(ref, q, gs, 1, &d), TW_OK, "%s", tw_last_error());
+  double *v = (double *)malloc((size_t)(q->rows * q->cols) * sizeof(double));
+  for (int64_t i = 0; i < q->rows * q->cols; ++i) v[i] = ((float *)d.data)[i];
+  free(d.data);
+  return v;
+}
+
+static void graph_replay_fp8_wgrad(tw_scaling mode, const char *kernel) {
+  cudaStream_t stream;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  tw_ctx *ref, *gpu;
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ref, &c), TW_OK, "%s", tw_last_error());
+  c.backend = TW_BACKEND_GPU;
+  c.stream = stream;
+  c.kernel = kernel;
+  cr_assert_eq(tw_ctx_create(&gpu, &c), TW_OK, "%s", tw_last_error());
+  /* out [G, K, N]: K = 136 (a full 128-row tile and an 8-row one), N = 264 */
+  const int64_t G = 8, M = 1000, K = 136, N = 264;
+  int64_t xs[2] = {M, K}, ys[2] = {M, N}, gsh[1] = {G}, os[3] = {G, K, N};
+  tw_tensor x = host_new(TW_F32, 2, xs), y = host_new(TW_F32, 2, ys), gs = host_new(TW_I32, 1, gsh);
+  for (int64_t i = 0; i < M * K; ++i) ((float *)x.data)[i] = (float)((2 * unif() - 1) * ldexp(1.0, (int)(i / K % 7) - 3));
+  for (int64_t i = 0; i < M * N; ++i) ((float *)y.data)[i] = (float)(2 * unif() - 1);
+  tw_qtensor lq, rq;
+  qc_alloc(&lq, mode, M, K, G);
+  qc_alloc(&rq, mode, M, N, G);
+  tw_qtensor dlq = lq, drq = rq;
+  dlq.col_data = dev_of(gpu, &lq.col_data);
+  dlq.col_scale_inv = dev_of(gpu, &lq.col_scale_inv);
+  dlq.row_scale_inv = dev_of(gpu, &lq.row_scale_inv);
+  dlq.amax = tw_tensor_none();
+  drq.col_data = dev_of(gpu, &rq.col_data);
+  drq.col_scale_inv = dev_of(gpu, &rq.col_scale_inv);
+  drq.row_scale_inv = dev_of(gpu, &rq.row_scale_inv);
+  drq.amax = tw_tensor_none();
+  tw_tensor dg = dev_of(gpu, &gs);
+  tw_tensor out_r = host_new(TW_F32, 3, os), out_g = host_new(TW_F32, 3, os);
+  tw_tensor dout = dev_of(gpu, &out_g);
+  tw_operand a = tw_operand_colwise(&dlq), b = tw_operand_colwise(&drq);
+  tw_operand ha = tw_operand_colwise(&lq), hb = tw_operand_colwise(&rq);
+#define COPY_IF(d, h) \
+  if (!tw_tensor_is_none(&(h))) cr_assert_eq(tw_tensor_copy(gpu, &(d), &(h)), TW_OK)
+  /* sizes -> both operands quantized by them (colwise blocks follow the groups) -> device */
+#define LOAD_SIZES(sz)                                  \
+  do {                                                  \
+    memcpy(gs.data, (sz), (size_t)G * 4);               \
+    qc_run(ref, &lq, &x, &gs);                          \
+    qc_run(ref, &rq, &y, &gs);                          \
+    cr_assert_eq(tw_tensor_copy(gpu, &dg, &gs), TW_OK); \
+    COPY_IF(dlq.col_data, lq.col_data);                 \
+    COPY_IF(dlq.col_scale_inv, lq.col_scale_inv);       \
+    COPY_IF(dlq.row_scale_inv, lq.row_scale_inv);       \
+    COPY_IF(drq.col_data, rq.col_data);                 \
+    COPY_IF(drq.col_scale_inv, rq.col_scale_inv);       \
+    COPY_IF(drq.row_scale_inv, rq.row_scale_inv);       \
+  } while (0)
+  const int32_t first[8] = {125, 125, 125, 125, 125, 125, 125, 125};
+  LOAD_SIZES(first);
+  cr_assert_eq(tw_grouped_gemm_wgrad(gpu, &a, TW_OP_T, &b, TW_OP_T, &dg, &dout, 0), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tw_status s = tw_grouped_gemm_wgrad(gpu, &a, TW_OP_T, &b, TW_OP_T, &dg, &dout, 0);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s, TW_OK, "captured call: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "capture failed (a host sync inside the call?): %s", cudaGetErrorString(ce));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  const int32_t replays[4][8] = {
+      {125, 125, 125, 125, 125, 125, 125, 125},
+      {0, 0, 700, 0, 3, 0, 1, 0},
+      {1, 2, 3, 4, 5, 6, 7, 8},
+      {0, 0, 0, 0, 0, 0, 0, 1000},
+  };
+  for (int rep = 0; rep < 4; ++rep) {
+    LOAD_SIZES(replays[rep]);
+    CU(cudaStreamSynchronize(stream));
+    CU(cudaMemsetAsync(dout.data, TW_POISON_BYTE, tw_tensor_bytes(&out_g), stream));
+    CU(cudaGraphLaunch(exec, stream));
+    CU(cudaStreamSynchronize(stream));
+    cr_assert_eq(tw_ctx_check(gpu), TW_OK, "replay %d: %s", rep, tw_last_error());
+    cr_assert_eq(tw_tensor_copy(gpu, &out_g, &dout), TW_OK);
+    memset(out_r.data, TW_POISON_BYTE, tw_tensor_bytes(&out_r));
+    cr_assert_eq(tw_grouped_gemm_wgrad(ref, &ha, TW_OP_T, &hb, TW_OP_T, &gs, &out_r, 0), TW_OK, "ref: %s",
+                 tw_last_error());
+    double *av = qc_values(ref, &lq, &gs), *bv = qc_values(ref, &rq, &gs);
+    int64_t n = G * K * N;
+    double *ex = (double *)calloc((size_t)n, 8), *ab = (double *)calloc((size_t)n, 8);
+    double *bd = (double *)malloc((size_t)n * 8), *b2 = (double *)malloc((size_t)n * 8);
+    int64_t o = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t m = replays[rep][g], base = g * K * N;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t j = 0; j < N; ++j) {
+          double sx = 0, sa = 0;
+          for (int64_t r = o; r < o + m; ++r) {
+            double p = av[r * K + k] * bv[r * N + j];
+            sx += p;
+            sa += fabs(p);
+          }
+          ex[base + k * N + j] = sx;
+          ab[base + k * N + j] = sa;
+        }
+      /* gpu: the promoted model over the group's m tokens; ref: f32; empty groups exactly +0 */
+      tw_gemm_error_bound_promoted(ab + base, ex + base, K * N, m, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32,
+                                   bd + base);
+      tw_gemm_error_bound(ab + base, ex + base, K * N, m + 4, ldexp(1.0, -24), TW_F32, b2 + base);
+      for (int64_t i = base; i < base + K * N; ++i) bd[i] = m == 0 ? -1 : bd[i] + b2[i];
+      o += m;
+    }
+    tw_tensor bt = tw_tensor_1d(bd, TW_F64, n, TW_MEM_HOST);
+    tw_tensor g1 = tw_tensor_1d(out_g.data, TW_F32, n, TW_MEM_HOST), e1 = tw_tensor_1d(out_r.data, TW_F32, n, TW_MEM_HOST);
+    tw_check_report r;
+    cr_assert_eq(tw_check_bound(&g1, &e1, &bt, &r), TW_OK, "%s", tw_last_error());
+    char buf[512];
+    cr_assert(r.passed, "fp8 wgrad %s replay %d (%s): %s", tw_scaling_name(mode), rep, kernel ? kernel : "auto",
+              tw_check_format(&r, buf, sizeof buf));
+    free(av); free(bv); free(ex); free(ab); free(bd); free(b2);
+  }
+#undef LOAD_SIZES
+#undef COPY_IF
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  tw_tensor *dparts[6] = {&dlq.col_data, &dlq.col_scale_inv, &dlq.row_scale_inv, &drq.col_data, &drq.col_scale_inv, &drq.row_scale_inv};
+  for (int i = 0; i < 6; ++i)
+    if (!tw_tensor_is_none(dparts[i])) tw_free(gpu, dparts[i]->data);
+  tw_tensor *hparts[8] = {&lq.col_data, &lq.col_scale_inv, &lq.row_scale_inv, &lq.amax,
+                          &rq.col_data, &rq.col_scale_inv, &rq.row_scale_inv, &rq.amax};
+  for (int i = 0; i < 8; ++i)
+    if (!tw_tensor_is_none(hparts[i])) free(hparts[i]->data);
+  tw_free(gpu, dg.data); tw_free(gpu, dout.data);
+  free(x.data); free(y.data); free(gs.data); free(out_r.data); free(out_g.data);
+  tw_ctx_destroy(gpu);
+  tw_ctx_destroy(ref);
+  cudaStreamDestroy(stream);
+}
+
+Test(graph_gpu, gg_wgmma_fp8_wgrad_tensor_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_TENSOR_CURRENT, "gg_wgmma_fp8"); }
+Test(graph_gpu, gg_wgmma_fp8_wgrad_1x128_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_BLOCK_1x128, "gg_wgmma_fp8"); }
+Test(graph_gpu, fp8_auto_wgrad_1x128_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_BLOCK_1x128, NULL); }

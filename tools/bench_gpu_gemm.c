@@ -19,8 +19,11 @@
  *     torch._grouped_mm in its ragged-K form (offs along the contracting dim), the ratio to
  *     gg_wgmma's forward rate on the same shape (target >= 0.9), and on G32 / G128 ragged sizes
  *     timed with and without the tail-row zeroing.
- * `--op grouped_gemm_wgrad` (alias wgrad) runs only the dense bf16 floor, the bf16 gg_wgmma
- * forward rows and the wgrad rows.
+ *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
+ *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
+ *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; G32 / G128 ragged sizes too.
+ * `--op grouped_gemm_wgrad` (alias wgrad) runs only the dense floors (bf16, fp8), the gg_wgmma and
+ * gg_wgmma_fp8 forward rows and the wgrad rows.
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -101,6 +104,7 @@ typedef struct {
 static int run_call(void *p) {
   call *c = (call *)p;
   if (c->grouped == 2) return tw_grouped_gemm_wgrad(c->ctx, &c->a, TW_OP_N, &c->b, TW_OP_N, &c->gs, &c->out, 0);
+  if (c->grouped == 3) return tw_grouped_gemm_wgrad(c->ctx, &c->a, TW_OP_T, &c->b, TW_OP_T, &c->gs, &c->out, 0);
   if (c->grouped) return tw_grouped_gemm(c->ctx, &c->a, &c->b, c->op_b, &c->gs, &c->out, 0);
   return tw_gemm(c->ctx, &c->a, TW_OP_N, &c->b, c->op_b, &c->out, 0);
 }
@@ -231,7 +235,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       return 1;
     }
     double flop = 2.0 * D * D * D;
-    for (int fp8 = 0; fp8 < (wgrad_only ? 1 : 2); ++fp8) {
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
       call c;
       memset(&c, 0, sizeof c);
       tw_tensor A = tw_tensor_2d(fp8 ? a8 : a, fp8 ? TW_E4M3 : TW_BF16, D, D, TW_MEM_DEVICE);
@@ -293,8 +297,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     char key[96];
     snprintf(key, sizeof key, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
              (long long)sh.K);
-    double fwd_wgmma_tflops = -1;
-    for (int kind = 0; kind < (wgrad_only ? 1 : 3); ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
+    double fwd_wgmma_tflops = -1, fwd_f8_tflops[3] = {-1, -1, -1};
+    for (int kind = 0; kind < 3; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
       int fp8 = kind > 0;
       if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
       call c;
@@ -336,12 +340,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       const char *names[3][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
                                  {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma_fp8"},
                                  {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
-      for (int v = wgrad_only ? 3 : 0; v < (kind == 2 ? 2 : 4); ++v) {
+      for (int v = wgrad_only ? (kind == 2 ? 1 : 3) : 0; v < (kind == 2 ? 2 : 4); ++v) {
         c.ctx = ctxs[kind][v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[kind][v], tw_last_error()); rc = 1; }
         row_out(shape, names[kind][v], ms, flop, floor, peer, pms, cfg->csv);
         if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
+        if (kind > 0 && !strcmp(names[kind][v], "gg_wgmma_fp8") && ms > 0) fwd_f8_tflops[kind] = flop / (ms * 1e-3) / 1e12;
       }
     }
     tw_free(c_auto, o);
@@ -413,6 +418,80 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         for (int64_t g = 0; g < sh.G; ++g) hu[g] = (int32_t)sh.m;
         cudaMemcpy(gs, hu, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
         free(hu);
+      }
+      /* ---- fp8 wgrad (e4m3, the MoE block's form): lhs and rhs as per-group transposed colwise
+       * copies ([K, m] and [N, m] per group, ops T), per-tensor and 1x128 scales; versions
+       * gg_wgmma_fp8 (auto on sm_90) and the exact kernels it replaced (gg_mma_wide for
+       * per-tensor, gg_mma for 1x128); the ratio to gg_wgmma_fp8's forward on the same shape
+       * (target >= 0.9). Then the G32 / G128 ragged sizes (token rows at odd byte offsets). */
+      {
+        const int64_t T_cap = (M + 127 * (sh.G < M ? sh.G : M)) / 128;
+        const int64_t lda = (sh.K + 3) / 4 * 4, ldb = (sh.N + 3) / 4 * 4;
+        void *sa2 = NULL, *sb2 = NULL;
+        if (tw_alloc(c_auto, (size_t)(T_cap * lda * 4 + 16), &sa2) || tw_alloc(c_auto, (size_t)(T_cap * ldb * 4 + 16), &sb2) ||
+            fill_f32(sa2, T_cap * lda, 1.f) || fill_f32(sb2, T_cap * ldb, 1.f) || fill(a, M * sh.K, 1) || fill(r2, M * sh.N, 1)) {
+          fprintf(stderr, "bench gpu gemm: allocation failed (fp8 wgrad)\n");
+          return 1;
+        }
+        for (int kind = 1; kind <= 2; ++kind) {
+          call c8;
+          memset(&c8, 0, sizeof c8);
+          c8.grouped = 3;
+          c8.gs = tw_tensor_1d(gs, TW_I32, sh.G, TW_MEM_DEVICE);
+          c8.out = tw_tensor_3d(o2, TW_BF16, sh.G, sh.K, sh.N, TW_MEM_DEVICE);
+          tw_tensor A8 = tw_tensor_2d(a, TW_E4M3, sh.K, M, TW_MEM_DEVICE);
+          tw_tensor B8 = tw_tensor_2d(r2, TW_E4M3, sh.N, M, TW_MEM_DEVICE);
+          c8.a = tw_operand_plain(&A8);
+          c8.b = tw_operand_plain(&B8);
+          c8.a.mode = c8.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_BLOCK_1x128;
+          c8.a.colwise = c8.b.colwise = 1;
+          c8.a.src_rows = M; c8.a.src_cols = sh.K;
+          c8.b.src_rows = M; c8.b.src_cols = sh.N;
+          if (kind == 1) {
+            c8.a.scale_inv = tw_tensor_1d(sa2, TW_F32, sh.G, TW_MEM_DEVICE);
+            c8.b.scale_inv = tw_tensor_1d(sb2, TW_F32, sh.G, TW_MEM_DEVICE);
+          } else {
+            c8.a.scale_inv = tw_tensor_2d(sa2, TW_F32, T_cap, lda, TW_MEM_DEVICE);
+            c8.b.scale_inv = tw_tensor_2d(sb2, TW_F32, T_cap, ldb, TW_MEM_DEVICE);
+          }
+          char s8[112];
+          snprintf(s8, sizeof s8, "wgrad G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
+                   (long long)sh.N, (long long)sh.K, kind == 1 ? "e4m3" : "e4m3 1x128");
+          cur_bytes = (double)(M * sh.K + M * sh.N) + (double)sh.G * sh.K * sh.N * 2;
+          /* v = 2: gg_wgmma_fp8 with the register producer (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows) */
+          tw_ctx *c8s[3] = {kind == 1 ? c_wide : c_mma, c_wf8, c_wf8};
+          const char *n8[3] = {kind == 1 ? "gg_mma_wide" : "gg_mma", "gg_wgmma_fp8", "gg_wgmma_fp8, rows loader"};
+          for (int v = 0; v < 3; ++v) {
+            c8.ctx = c8s[v];
+            if (v == 2) setenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER", "rows", 1);
+            double ms = time_it(run_call, &c8, warmup, iters, c8s[v]);
+            if (v == 2) unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER");
+            if (ms < 0) { fprintf(stderr, "%s %s: %s\n", s8, n8[v], tw_last_error()); rc = 1; }
+            row_out(s8, n8[v], ms, flop, peak_fp8, "", -1, cfg->csv);
+            if (v == 1 && ms > 0 && fwd_f8_tflops[kind] > 0)
+              printf("# %s: gg_wgmma_fp8 wgrad / gg_wgmma_fp8 forward rate = %.3f (target >= 0.9)\n", s8,
+                     flop / (ms * 1e-3) / 1e12 / fwd_f8_tflops[kind]);
+          }
+          if (sh.m <= 512) { /* ragged: m -+ d alternating, so group starts and rows sit at odd byte offsets */
+            const int32_t d = sh.m == 512 ? 13 : 29;
+            int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
+            for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
+            cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
+            snprintf(s8, sizeof s8, "wgrad G=%lld m=%lld-+%d N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m, (int)d,
+                     (long long)sh.N, (long long)sh.K, kind == 1 ? "e4m3" : "e4m3 1x128");
+            for (int v = 0; v < 2; ++v) {
+              c8.ctx = c8s[v];
+              double ms = time_it(run_call, &c8, warmup, iters, c8s[v]);
+              if (ms < 0) { fprintf(stderr, "%s %s: %s\n", s8, n8[v], tw_last_error()); rc = 1; }
+              row_out(s8, n8[v], ms, flop, peak_fp8, "", -1, cfg->csv);
+            }
+            for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)sh.m;
+            cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
+            free(hs);
+          }
+        }
+        tw_free(c_auto, sa2);
+        tw_free(c_auto, sb2);
       }
       tw_free(c_auto, r2);
       tw_free(c_auto, o2);

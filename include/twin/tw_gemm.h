@@ -95,6 +95,20 @@
  *     (tw_gemm_error_bound_promoted(.., K, 128, 0x1p-13, 0x1p-24, 2, ..) in tw_check.h).
  *     At K >= 128 that is about 1.6% of sum|a||b|, independent of K. Forcing gg_mma_wide or
  *     gg_mma gives the exact-f32 model above for the same operands.
+ *     Its wgrad (lhs and rhs as the per-group transposed colwise copies, lhs_op = rhs_op = T;
+ *     per-tensor, 1x128 or 128x128 scales; the auto choice on sm_90 for current per-tensor,
+ *     1x128 and 128x128 scales, the MoE block's fp8 wgrads; delayed scales only when forced)
+ *     has the same model with the
+ *     contraction over the group's m_g tokens: the k-blocks are the group's tokens
+ *     128b..128b+127 counted from the group's first row (the colwise quantizer's blocks,
+ *     wherever the group starts), the last one m_g % 128 deep, tokens past m_g adding exact
+ *     zeros; per element of out[g] the bound is tw_gemm_error_bound_promoted(.., m_g, 128,
+ *     0x1p-13, 0x1p-24, 2, ..). An empty group is +0 exactly, as in every version.
+ *     Known gap (gpu/NOTES-gemm.md, run fw1): with delayed per-tensor scales that leave codes
+ *     in e4m3's subnormal range and operand magnitudes that vary along the contraction (2-token
+ *     groups), errors up to ~7 * 2^-13 of sum|a||b| were seen, ~2.3x this bound: the 14-bit
+ *     model (aligned to the largest product) does not cover that data; the forward's tests
+ *     never draw it (magnitudes are uniform along K there).
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
  *     ~2^-13 relative) with no documented promotion interval: no model, so auto never picks it
  *     for fp8.
