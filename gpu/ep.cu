@@ -88,6 +88,7 @@ struct lsa_dev {
 };
 
 struct lsa_impl {
+  int loopback;     // test mode: ranks are threads on one GPU (loopback communicator), cudaMalloc'd windows
   ncclComm_t nc;
   ncclWindow_t win;
   void *buf;        // this rank's window (ncclMemAlloc)
@@ -805,7 +806,7 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
 // team), and this rank's handshake word (magic | rank) at offset 0 of its own window.
 __global__ void lsa_map_peers(ncclWindow_t win, int n, int me, int lsa_rank, unsigned char **peer,
                               unsigned char *own) {
-  for (int r = threadIdx.x; r < n; r += blockDim.x)
+  for (int r = threadIdx.x; win && r < n; r += blockDim.x)  // loopback test mode: the table is gathered
     peer[r] = (unsigned char *)ncclGetLsaPointer(win, 0, lsa_rank + (r - me));
   if (threadIdx.x == 0) *(unsigned long long *)own = 0x7477696e4c534100ull | (unsigned long long)me;
 }
@@ -885,11 +886,11 @@ static tw_status nccl_done(tw_comm *comm, ncclComm_t nc, ncclResult_t r, const c
   return s;
 }
 
-// The maximum of a 0/1 flag over the group (device int32 at dev, host answer).
+// The sum of a 0/1 flag over the group (device int32 at dev, host answer: > 0 if any rank set it).
 static tw_status any_rank(tw_ep *ep, int32_t *dev, int32_t mine, int32_t *all) {
   gpu_state *st = gpu_of(ep->ctx);
   GPU_TRY_CUDA(cudaMemcpyAsync(dev, &mine, 4, cudaMemcpyHostToDevice, st->stream), "ep_create: flag");
-  TW_TRY(ep->comm->ops->all_reduce(ep->comm, ep->ctx, dev, dev, 1, TW_I32, TW_REDUCE_MAX));
+  TW_TRY(ep->comm->ops->all_reduce(ep->comm, ep->ctx, dev, dev, 1, TW_I32, TW_REDUCE_SUM));
   GPU_TRY_CUDA(cudaMemcpyAsync(all, dev, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: flag");
   GPU_TRY_CUDA(cudaStreamSynchronize(st->stream), "ep_create: flag");
   return TW_OK;
@@ -914,31 +915,54 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     snprintf(im->why, sizeof im->why, "ep_size 1: one rank's dispatch is a local permutation (ep_nccl_slots' direct path)");
     return TW_OK;
   }
-  if (!nc) {
+  // Test mode, forced only: the ranks of a loopback communicator (threads on one GPU) share one
+  // address space, so each window is a cudaMalloc and the peer table an all_gather of the
+  // pointers; every kernel of the version then runs as over NVLink (tests/ep_gpu_test.c).
+  const int loop = !nc && forced && !strcmp(ep->comm->ops->name, "loopback") && ep->comm->ops->mem == TW_MEM_DEVICE;
+  if (!nc && !loop) {
     snprintf(im->why, sizeof im->why, "the '%s' communicator is not NCCL (LSA needs an NCCL window)", ep->comm->ops->name);
     return TW_OK;
   }
-  if (ncclGetVersion(&ver) != ncclSuccess || ver < 22800) {
-    snprintf(im->why, sizeof im->why, "NCCL runtime %d lacks the device API (LSA windows need 2.28)", ver);
-    return TW_OK;
+  ncclTeam_t team = {n, me, 1};
+  if (!loop) {  // the NCCL checks
+    if (ncclGetVersion(&ver) != ncclSuccess || ver < 22800) {
+      snprintf(im->why, sizeof im->why, "NCCL runtime %d lacks the device API (LSA windows need 2.28)", ver);
+      return TW_OK;
+    }
+    // ncclTeamLsa is looked up at run time: a binary that names it would not load on an older NCCL
+    typedef ncclTeam_t (*team_fn)(ncclComm_t);
+    team_fn team_lsa = (team_fn)dlsym(RTLD_DEFAULT, "ncclTeamLsa");
+    if (!team_lsa) {
+      snprintf(im->why, sizeof im->why, "NCCL runtime %d has no ncclTeamLsa", ver);
+      return TW_OK;
+    }
+    team = team_lsa(nc);
+    if (team.nRanks != n || team.stride != 1) {
+      snprintf(im->why, sizeof im->why,
+               "the %d ranks are not one LSA team (NCCL's LSA team: %d ranks, stride %d: no NVLink/P2P path between "
+               "every pair of GPUs)", n, team.nRanks, team.stride);
+      return TW_OK;
+    }
   }
-  // ncclTeamLsa is looked up at run time: a binary that names it would not load on an older NCCL
-  typedef ncclTeam_t (*team_fn)(ncclComm_t);
-  team_fn team_lsa = (team_fn)dlsym(RTLD_DEFAULT, "ncclTeamLsa");
-  if (!team_lsa) {
-    snprintf(im->why, sizeof im->why, "NCCL runtime %d has no ncclTeamLsa", ver);
-    return TW_OK;
-  }
-  ncclTeam_t team = team_lsa(nc);
-  if (team.nRanks != n || team.stride != 1) {
-    snprintf(im->why, sizeof im->why,
-             "the %d ranks are not one LSA team (NCCL's LSA team: %d ranks, stride %d: no NVLink/P2P path between "
-             "every pair of GPUs)", n, team.nRanks, team.stride);
-    return TW_OK;
+  {
+    // Load every kernel a step launches now: with lazy module loading (CUDA's default) the first
+    // launch of a kernel waits for the GPU, and a peer's barrier kernel spinning there (ranks
+    // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
+    const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
+                         (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_combine,
+                         (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
+                         (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
+                         (const void *)ep_dout_direct};
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+      cudaFuncAttributes fa;
+      GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, fns[i]), "ep_create: load the LSA step's kernels");
+    }
   }
   lsa_impl *L = (lsa_impl *)calloc(1, sizeof *L);
   if (!L) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
   L->nc = nc;
+  L->loopback = loop;
   lsa_dev &d = L->d;
   d.n = n;
   d.me = me;
@@ -966,12 +990,26 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   int32_t *flag = (int32_t *)((char *)L->small + (size_t)n * 8 + 16);
   int32_t all = 0;
   GPU_TRY_CUDA(cudaSetDevice(device), "ep_create: cudaSetDevice");
-  ncclResult_t ar = ncclMemAlloc(&L->buf, L->bytes);
-  if (ar != ncclSuccess) L->buf = NULL;
+  ncclResult_t ar = ncclSuccess;
+  if (loop) {
+    if (cudaMalloc(&L->buf, L->bytes) != cudaSuccess) {
+      cudaGetLastError();
+      L->buf = NULL;
+      ar = ncclUnhandledCudaError;
+    }
+  } else {
+    ar = ncclMemAlloc(&L->buf, L->bytes);
+    if (ar != ncclSuccess) L->buf = NULL;
+  }
   s = any_rank(ep, flag, L->buf == NULL, &all);
   if (s == TW_OK && all) {
     snprintf(im->why, sizeof im->why, "ncclMemAlloc of the %zu-byte window failed on a rank (%s)", L->bytes,
              ar != ncclSuccess ? ncclGetErrorString(ar) : "another rank");
+  } else if (s == TW_OK && loop) {  // the peer table: every rank's buffer pointer, gathered
+    unsigned char *mine = (unsigned char *)L->buf;
+    s = gpu_cuda_status(cudaMemcpyAsync(d.epoch, &mine, 8, cudaMemcpyHostToDevice, st->stream), "ep_create: pointer");
+    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: pointer");
+    if (s == TW_OK) s = ep->comm->ops->all_gather(ep->comm, ep->ctx, d.epoch, peer, 1, TW_I64);
   } else if (s == TW_OK) {
     s = nccl_done(ep->comm, nc, ncclCommWindowRegister(nc, L->buf, L->bytes, &L->win, NCCL_WIN_COLL_SYMMETRIC),
                   "ep_create: ncclCommWindowRegister");
@@ -1003,6 +1041,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
       lsa_map_peers<<<1, 32, 0, st->stream>>>(L->win, n, me, team.rank, peer, (unsigned char *)L->buf);
       e = cudaGetLastError();
     }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);  // a host-only barrier must see it done
     s = gpu_cuda_status(e, "ep_create: LSA pointers");
     if (s == TW_OK) s = ep->comm->ops->barrier(ep->comm, ep->ctx);  // every handshake word is written
     if (s == TW_OK) {
@@ -1023,7 +1062,8 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     return TW_OK;
   }
   if (L->win && gpu_nccl_comm(ep->comm, NULL)) nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister");
-  if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
+  if (L->buf && loop) cudaFree(L->buf);
+  else if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
   tw_free(ep->ctx, L->small);
   free(L);
   return s;
@@ -1032,9 +1072,13 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
 
 static tw_status lsa_destroy(tw_ep *ep, lsa_impl *L) {
   tw_status s = TW_OK;
+  if (L->loopback) {
+    cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
+    cudaFree(L->buf);
+  }
 #if EP_HAVE_LSA
   int device = 0;
-  ncclComm_t nc = gpu_nccl_comm(ep->comm, &device);
+  ncclComm_t nc = L->loopback ? NULL : gpu_nccl_comm(ep->comm, &device);
   if (nc) {  // after an abort the window goes with the communicator (NCCL frees it)
     cudaSetDevice(device);
     cudaStreamSynchronize(gpu_of(ep->ctx)->stream);

@@ -49,6 +49,7 @@ typedef struct { /* every output of one rank */
   float *rw, *dtw, *dtwc;
   int32_t *gs, *dr;
   tw_status st; /* of dispatch (error cases) */
+  char msg[240]; /* the rank's last error message (several ranks) */
 } outs;
 
 static size_t tokb(const scen *c) { return tw_dtype_storage_bytes(c->dt, c->H); }
@@ -194,10 +195,12 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
+  o->st = TW_ERR_INTERNAL;
+  o->msg[0] = 0;
   tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
-  if (s != TW_OK) return s;
+  if (s != TW_OK) return o->st = s;
   s = tw_ep_layer_create(ep, &layer);
-  if (s != TW_OK) { tw_ep_destroy(ep); return s; }
+  if (s != TW_OK) { tw_ep_destroy(ep); return o->st = s; }
   dmem m = {ctx, {0}, 0};
   tw_tensor none = tw_tensor_none();
   tw_tensor tok = put(&m, c->tok[r], c->dt, 2, T, H, 1), idx = put(&m, c->idx[r], TW_I32, 2, T, k, 1);
@@ -249,7 +252,8 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
   int nle = c->E / c->n;
   int64_t T = c->T[r], R = c->R;
   if ((g->st == TW_OK) != (f->st == TW_OK)) {
-    cr_log_error("%s rank %d: gpu status %s, ref %s", name, r, tw_status_name(g->st), tw_status_name(f->st));
+    cr_log_error("%s rank %d: gpu status %s, ref %s (gpu: %s)", name, r, tw_status_name(g->st), tw_status_name(f->st),
+                 g->msg);
     return 0;
   }
   int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
@@ -590,6 +594,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   cc.kernel = a->kernel;
   TW_TRY(tw_ctx_create(&ctx, &cc));
   tw_status s = run_rank(ctx, comm, a->c, r, &a->o[r]);
+  if (s != TW_OK) snprintf(a->o[r].msg, sizeof a->o[r].msg, "%s", tw_last_error());
   tw_ctx_destroy(ctx);
   return s;
 }
@@ -647,8 +652,8 @@ Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_2("ep_nccl_lsa"); }
  * NCCL, which takes one rank per GPU). It runs every multi-rank path of gpu/ep.cu (gathered
  * counts, every rank's slabs, send bases, receive prefixes, drops across sources) against the
  * ref thread communicator, bit for bit, with the error policy's overflow included. */
-Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
-  int N = 160, failed = 0, errors = 0;
+static void loop_24(const char *kernel) {
+  int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 160, failed = 0, errors = 0;
   for (int i = 0; i < N; i++) {
     int n = i % 2 ? 4 : 2;
     scen c;
@@ -664,7 +669,7 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
     tw_comm *g[MAXR], *f[MAXR];
     cr_assert_eq(tw_comm_init_loopback(n, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
     cr_assert_eq(tw_comm_init_threads(n, f), TW_OK);
-    rank_arg ga = {&c, go, 2, NULL}, fa = {&c, fo, 0, NULL};
+    rank_arg ga = {&c, go, 2, kernel}, fa = {&c, fo, 0, NULL};
     tw_run_ranks(n, g, rank_fn, &ga);
     tw_run_ranks(n, f, rank_fn, &fa);
     errors += fo[0].st != TW_OK;
@@ -680,7 +685,13 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
     }
     scen_free(&c);
   }
-  cr_log_info("EP ep_size 2/4 on one GPU (loopback): %d cases (%d capacity errors), %d rank results differ", N, errors,
-              failed);
+  cr_log_info("EP ep_size 2/4 on one GPU (loopback, %s): %d cases (%d capacity errors), %d rank results differ",
+              kernel ? kernel : "auto", N, errors, failed);
   cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
 }
+
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL); }
+/* ep_nccl_lsa's kernels with 2 and 4 ranks on one GPU: the windows are cudaMalloc'd and shared
+ * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
+ * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa"); }
