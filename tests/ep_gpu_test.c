@@ -695,3 +695,171 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL); 
  * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa"); }
+
+/* ---- ep_nccl_lsa in a CUDA graph, 2 ranks on one GPU ------------------------------------- */
+
+/* New tokens, ids and weights for an existing scenario (same shapes and buffers). */
+static void scen_reroute(scen *c, uint64_t seed) {
+  uint64_t st = seed;
+  for (int r = 0; r < c->n; r++) {
+    int64_t T = c->T[r];
+    fill_f(c->tok[r], c->dt, T * c->H, &st);
+    for (int64_t t = 0; t < T; t++) {
+      int perm[64];
+      for (int e = 0; e < c->E; e++) perm[e] = e;
+      for (int j = 0; j < c->k; j++) {
+        int m = j + (int)(tt_rand_u64(&st) % (uint64_t)(c->E - j));
+        int tmp = perm[j]; perm[j] = perm[m]; perm[m] = tmp;
+        c->idx[r][t * c->k + j] = perm[j];
+      }
+    }
+    for (int64_t i = 0; i < T * c->k; i++) c->w[r][i] = (float)tt_rand_uniform(&st, -1, 1);
+    fill_f(c->y[r], c->ydt, c->R * c->H, &st);
+  }
+}
+
+enum { NREP = 3 };
+typedef struct {
+  scen *reps;     /* NREP scenarios: the same shapes, new routing each */
+  outs (*fo)[2];  /* the oracle's outputs per replay and rank */
+  int bad[2];
+  char msg[2][240];
+} graph2_arg;
+
+static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
+  graph2_arg *a = (graph2_arg *)arg;
+  const scen *c = &a->reps[0];
+  int nle = c->E / 2, k = c->k;
+  int64_t T = c->T[r], H = c->H, R = c->R;
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return tw_error(TW_ERR_CUDA, "stream");
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.stream = stream;
+  cc.comm = comm;
+  cc.kernel = "ep_nccl_lsa";
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
+  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
+  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
+  void *b[12] = {0};
+  size_t sz[12] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                   (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
+                   (size_t)nle * 4 + 16, (size_t)nle * 4 + 16, yb(c) * (size_t)R + 16, yb(c) * (size_t)T + 16, 0};
+  for (int i = 0; i < 11 && s == TW_OK; i++) s = tw_alloc(ctx, sz[i], &b[i]);
+  tw_mem D = TW_MEM_DEVICE;
+  tw_tensor none = tw_tensor_none();
+  tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
+  tw_tensor scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
+  tw_tensor w = tw_tensor_2d(b[3], TW_F32, T, k, D), recv = tw_tensor_2d(b[4], c->dt, R, H, D);
+  tw_tensor rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
+  tw_tensor rw = tw_tensor_1d(b[6], TW_F32, R, D), gs = tw_tensor_1d(b[7], TW_I32, nle, D);
+  tw_tensor dr = tw_tensor_1d(b[8], TW_I32, nle, D), y = tw_tensor_2d(b[9], c->ydt, R, H, D);
+  tw_tensor out = tw_tensor_2d(b[10], c->ydt, T, H, D);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  for (int i = -1; i < NREP && s == TW_OK; i++) { /* i = -1: eager step, then capture */
+    const scen *ci = &a->reps[i < 0 ? 0 : i];
+    cudaMemcpyAsync(b[0], ci->tok[r], tokb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
+    if (c->scale_block) cudaMemcpyAsync(b[1], ci->scl[r], sclb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[2], ci->idx[r], (size_t)(T * k) * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[3], ci->w[r], (size_t)(T * k) * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[9], ci->y[r], yb(c) * (size_t)R, cudaMemcpyHostToDevice, stream);
+    cudaMemsetAsync(b[4], 0xAB, tokb(c) * (size_t)R, stream);
+    cudaMemsetAsync(b[10], 0xAB, yb(c) * (size_t)T, stream);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "upload");
+    if (s == TW_OK && i < 0) {
+      s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+      if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &out);
+      if (s == TW_OK) s = tw_ctx_check(ctx);
+      if (s == TW_OK && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        s = tw_error(TW_ERR_CUDA, "begin capture");
+      if (s == TW_OK) {
+        tw_status s1 = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+        if (s1 == TW_OK) s1 = tw_ep_combine(ctx, layer, &y, &w, &out);
+        cudaError_t e = cudaStreamEndCapture(stream, &graph);
+        s = s1 != TW_OK ? s1 : e != cudaSuccess ? tw_error(TW_ERR_CUDA, "end capture: %s", cudaGetErrorString(e)) : TW_OK;
+        if (s == TW_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "instantiate");
+      }
+      continue;
+    }
+    if (s == TW_OK && cudaGraphLaunch(exec, stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "graph launch");
+    if (s == TW_OK) s = tw_ctx_check(ctx);
+    if (s != TW_OK) break;
+    outs *f = &a->fo[i][r], g;
+    outs_alloc(&g, c, r);
+    cudaMemcpy(g.recv, b[4], tokb(c) * (size_t)R, cudaMemcpyDeviceToHost);
+    if (c->scale_block) cudaMemcpy(g.rscl, b[5], sclb(c) * (size_t)R, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.rw, b[6], (size_t)R * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.gs, b[7], (size_t)nle * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dr, b[8], (size_t)nle * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.out, b[10], yb(c) * (size_t)T, cudaMemcpyDeviceToHost);
+    char name[64];
+    snprintf(name, sizeof name, "graph replay %d", i);
+    int ok = cmp(g.recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
+             cmp(g.rscl, f->rscl, sclb(c) * (size_t)R, "recv_scales", name, r) &&
+             cmp(g.rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
+             cmp(g.gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
+             cmp(g.dr, f->dr, (size_t)nle * 4, "dropped", name, r) &&
+             cmp(g.out, f->out, yb(c) * (size_t)T, "combine out", name, r);
+    a->bad[r] += !ok;
+    outs_free(&g);
+  }
+  if (s != TW_OK) snprintf(a->msg[r], sizeof a->msg[r], "%s", tw_last_error());
+  cudaStreamSynchronize(stream);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  for (int i = 0; i < 11; i++)
+    if (b[i]) tw_free(ctx, b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
+  return s;
+}
+
+/* dispatch -> combine of ep_nccl_lsa captured in one CUDA graph per rank (2 ranks as threads on
+ * GPU 0, the version's loopback test mode), replayed NREP times with new routing written into
+ * the same buffers; each replay against the oracle. The barriers count epochs on the device,
+ * so the replays must go on agreeing. */
+Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
+  scen reps[NREP];
+  for (int i = 0; i < NREP; i++) {
+    scen_make(&reps[i], 2, 0xe9600003u); /* the same shapes every time */
+    reps[i].policy = TW_EP_OVERFLOW_DROP;
+    if (i) scen_reroute(&reps[i], 0x7000u + (uint64_t)i);
+  }
+  outs fo[NREP][2];
+  for (int i = 0; i < NREP; i++) {
+    tw_comm *f[2];
+    cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
+    for (int r = 0; r < 2; r++) outs_alloc(&fo[i][r], &reps[i], r);
+    rank_arg fa = {&reps[i], fo[i], 0, NULL};
+    cr_assert_eq(tw_run_ranks(2, f, rank_fn, &fa), TW_OK, "ref: %s", tw_last_error());
+    tw_comm_destroy(f[0]);
+    tw_comm_destroy(f[1]);
+  }
+  tw_comm *g[2];
+  cr_assert_eq(tw_comm_init_loopback(2, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
+  graph2_arg ga;
+  memset(&ga, 0, sizeof ga);
+  ga.reps = reps;
+  ga.fo = fo;
+  tw_status s = tw_run_ranks(2, g, graph2_rank, &ga);
+  cr_assert_eq(s, TW_OK, "rank 0: %s / rank 1: %s", ga.msg[0], ga.msg[1]);
+  cr_log_info("EP ep_nccl_lsa graph, 2 ranks on one GPU (E=%d k=%d H=%lld T=%lld,%lld R=%lld %s): %d replays, %d+%d differ",
+              reps[0].E, reps[0].k, (long long)reps[0].H, (long long)reps[0].T[0], (long long)reps[0].T[1],
+              (long long)reps[0].R, tw_dtype_name(reps[0].dt), NREP, ga.bad[0], ga.bad[1]);
+  cr_assert_eq(ga.bad[0] + ga.bad[1], 0, "replays differ from ref");
+  for (int i = 0; i < NREP; i++) {
+    for (int r = 0; r < 2; r++) outs_free(&fo[i][r]);
+    tw_comm_destroy(i < 2 ? g[i] : NULL);
+    scen_free(&reps[i]);
+  }
+}

@@ -148,7 +148,7 @@ static int together(bcase *c) {
 }
 
 static void fail(bcase *c, int r, const char *what) {
-  if (!c->err[r][0]) snprintf(c->err[r], sizeof c->err[r], "%s: %s", what, tw_last_error());
+  if (!c->err[r][0]) snprintf(c->err[r], sizeof c->err[r], "%s (at %s)", tw_last_error(), what);
   c->failed = 1;
 }
 
@@ -380,7 +380,10 @@ static void emit(const tw_bench_cfg *cfg, const routing *ro, const char *what, c
   row.ratio = ms > 0 && peer_ms > 0 ? peer_ms / ms : -1;
   row.bytes = incl / n;
   tw_bench_emit(&row, cfg->csv);
-  if (ms > 0)
+  if (ms > 0 && peer_ms <= 0)
+    printf("    %s %s: per rank %.2f MB in (%.2f MB over links), %.1f GB/s incl local; no NCCL peer here\n", ver, what,
+           incl / n / 1e6, excl / n / 1e6, incl / n / (ms * 1e6));
+  else if (ms > 0)
     printf("    %s %s: per rank %.2f MB in (%.2f MB over links), %.1f GB/s incl local, %.1f GB/s excl local; "
            "nccl same bytes %.3f ms (%.1f / %.1f GB/s); nccl_ms/ms %.2f\n",
            ver, what, incl / n / 1e6, excl / n / 1e6, incl / n / (ms * 1e6), excl / n / (ms * 1e6), peer_ms,
