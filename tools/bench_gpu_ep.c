@@ -18,7 +18,8 @@
  * sums the k rows of a token in j order, so rows are not reduced on the expert side). "incl
  * local" counts the rows whose source and destination rank are the same, "excl local" only
  * the rows that cross a link; GB/s = (bytes received by all ranks / ranks) / time.
- * Peer: grouped ncclSend/ncclRecv (tw_comm all_to_allv) with exactly those per-pair bytes
+ * Peer: grouped ncclSend/ncclRecv (called directly on the group's NCCL communicator and the
+ * rank's stream, its non-blocking group polled without naps) with exactly those per-pair bytes
  * (the self pair included, which NCCL copies locally); ratio = nccl_ms / ms (> 1: twin faster).
  * Below each dispatch row, a second NCCL figure: one row per route (a token row for every one
  * of its experts, what a dispatch without deduplication moves to fill tw_ep's expert-major
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/comm_nccl.h"
 #include "ops/bench.h"
 #include "ops/data.h"
 #include "tools/bench_gpu.h"
@@ -159,6 +161,7 @@ typedef struct {
   tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, y, out;
   void *sbuf, *rbuf;
   int64_t sc[MAXN], sd[MAXN], rc[MAXN], rd[MAXN];
+  cudaStream_t stream;
 } rank_job;
 
 static tw_status do_dispatch(rank_job *j) {
@@ -166,8 +169,26 @@ static tw_status do_dispatch(rank_job *j) {
   return tw_ep_dispatch(j->ctx, j->layer, &j->tok, &j->scl, &j->idx, &j->w, &j->recv, &j->rscl, &j->rw, &j->gs, &none);
 }
 static tw_status do_combine(rank_job *j) { return tw_ep_combine(j->ctx, j->layer, &j->y, &j->w, &j->out); }
+/* The peer calls NCCL itself (grouped ncclSend/ncclRecv on the same communicator and stream)
+ * and polls a non-blocking group without sleeping: tw_comm's all_to_allv naps 100 us per poll,
+ * which would charge the peer (and ep_nccl_slots, which goes through it) host latency. */
 static tw_status do_a2a(rank_job *j) {
-  return j->comm->ops->all_to_allv(j->comm, j->ctx, j->sbuf, j->sc, j->sd, j->rbuf, j->rc, j->rd, TW_U8);
+  ncclComm_t nc = gpu_nccl_comm(j->comm, NULL);
+  if (!nc) return tw_error(TW_ERR_UNSUPPORTED, "bench ep: the NCCL peer needs an NCCL communicator");
+  ncclResult_t r = ncclGroupStart();
+  for (int q = 0; q < j->comm->size && (r == ncclSuccess || r == ncclInProgress); q++) {
+    if (j->sc[q]) r = ncclSend((const char *)j->sbuf + j->sd[q], (size_t)j->sc[q], ncclUint8, q, nc, j->stream);
+    if ((r == ncclSuccess || r == ncclInProgress) && j->rc[q])
+      r = ncclRecv((char *)j->rbuf + j->rd[q], (size_t)j->rc[q], ncclUint8, q, nc, j->stream);
+  }
+  ncclResult_t e = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = e;
+  while (r == ncclInProgress) {
+    ncclResult_t st = ncclInProgress;
+    if (ncclCommGetAsyncError(nc, &st) != ncclSuccess) break;
+    r = st;
+  }
+  return r == ncclSuccess ? TW_OK : tw_error(TW_ERR_NCCL, "bench ep: nccl send/recv: %s", ncclGetErrorString(r));
 }
 
 /* Median ms of `iters` calls, every iteration started on all ranks together. */
@@ -214,6 +235,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
     snprintf(c->err[r], sizeof c->err[r], "no CUDA stream on GPU %d", r);
     c->failed = 1;
   }
+  j.stream = stream;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.backend = TW_BACKEND_GPU;
   cc.device = r;
