@@ -127,6 +127,7 @@ static const char *op_name(long long op) {
     case GPU_OP_ROUTER_AUX: return "router_aux_loss";
     case GPU_OP_ROUTER_AUX_BWD: return "router_aux_loss_bwd";
     case GPU_OP_EP_DISPATCH: return "ep_dispatch";
+    case GPU_OP_EP_COMBINE: return "ep_combine";
     default: return "gpu operation";
   }
 }
@@ -158,6 +159,11 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
                       "%s: rank %lld needs %lld receive rows (per-expert counts rounded up to the alignment) but "
                       "recv_capacity is %lld (overflow policy: error; nothing was written; seen on the device)",
                       op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
+    case GPU_ERR_EP_TIMEOUT:
+      return tw_error(TW_ERR_DEVICE,
+                      "%s: rank %lld did not reach barrier %lld of the LSA exchange within 20 s (peer gone or "
+                      "stalled; the step's outputs are not valid; seen on the device)",
+                      op, w[2], w[3]);
     default:
       return tw_error(TW_ERR_DEVICE, "%s: device error code %lld (a = %lld, b = %lld)", op, w[0], w[2], w[3]);
   }

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu/comm_nccl.h"
 #include "gpu/gpu.h"
 #include "twin/tw_comm.h"
 
@@ -113,13 +114,7 @@ static void family_park(family *f, void *p, int device) {
 
 // ---- one handle -------------------------------------------------------------------------
 
-typedef struct {
-  ncclComm_t comm;
-  int device;
-  int aborted;
-  family *fam;
-  int *flag;  // device int for the barrier's all-reduce
-} nccl_impl;
+// nccl_impl (one handle's state) is in gpu/comm_nccl.h: gpu/ep.cu reads its ncclComm_t.
 
 static nccl_impl *I(tw_comm *c) { return (nccl_impl *)c->impl; }
 

@@ -32,13 +32,41 @@
 // ever formed from an unchecked id, and the exchange always moves the same fixed bytes, so a
 // bad step cannot hang the peers.
 //
-// Next (issue 13): fp8 rows on the wire as codes + scales in the grouped GEMM's layout; the
-// fast path on NCCL's device API (LSA pointers into the peers' receive slabs, no padding on the
-// wire); the 2-GPU sweep on a machine with 2 GPUs.
+// Version ep_nccl_lsa (NCCL >= 2.28's symmetric windows; forced by name, auto keeps slots until
+// the 2-GPU sweep has passed on the device): one window per EP context, registered once
+// (ncclMemAlloc + ncclCommWindowRegister), the peers' windows mapped through ncclGetLsaPointer
+// and checked by a handshake word at creation. dispatch: counts stored into every window and a
+// barrier (flags in the window, release/acquire at system scope, epochs counted on the device, a
+// 20 s timeout that sets GPU_ERR_EP_TIMEOUT instead of hanging); the same layout and route
+// tables as slots; each token stored once per destination rank into that rank's slab with
+// 16-byte stores (only rows that travel: no padding on the wire), its routes' row-map entries
+// beside it, this rank's own routes written straight into their final rows; a barrier; then
+// every other row expanded from the slab into the expert-major layout. combine: each expert
+// row stored into its token's rank's combine slab, a barrier, the oracle's j-order sums. No
+// host sync, no allocation per step: capturable. The backward ops run on the slots exchange
+// (same tables). Not used: ncclDevCommCreate and NCCL's LSA barrier: the headers here are
+// 2.28.9 and the GPU machines run 2.28.3, and ncclDevComm's layout changed in between (GIN
+// fields, 2.28.7), with no device ABI promise before 2.29; the window's LSA pointer fields are
+// read by ncclGetLsaPointer and verified by the handshake. Where the runtime lacks the device
+// API, the group is not one LSA team, or NCCL gives no window (a 1-rank communicator on NCCL
+// 2.28.3), ep_create falls back to slots (auto) or refuses the forced name, saying why.
+#include <dlfcn.h>
+#include <nccl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
+#if NCCL_VERSION_CODE >= 22800
+#include <nccl_device.h>
+#define EP_HAVE_LSA 1
+#else
+#define EP_HAVE_LSA 0
+#endif
+// Whether auto picks ep_nccl_lsa where it can run (1) or only a forced name runs it (0).
+#define EP_LSA_AUTO 0
 
 #include "core/backend_moe.h"
+#include "gpu/comm_nccl.h"
 #include "gpu/gpu.h"
 #include "gpu/moe.h"
 #include "gpu/numerics.cuh"
@@ -49,10 +77,32 @@ namespace {
 #define EP_CHUNK 1024  // routes per counting chunk (32 steps of one warp)
 #define EP_SUM_MAXK 64  // top-k up to this: a token's rows and weights cached in shared memory
 
+// ep_nccl_lsa's view of the symmetric window, passed by value into its kernels.
+struct lsa_dev {
+  unsigned char *const *peer;  // [n] device array: rank r's window as mapped on this GPU (LSA)
+  unsigned long long *epoch;   // device: barriers this rank has passed (graph replays go on counting)
+  int n, me;
+  int64_t maxT;
+  size_t off_flags, off_counts, off_rowmap, off_slab, off_comb;  // regions of every window
+  size_t srb, crb;  // slab row bytes (token + scales), combine row bytes (4 H: f32 or bf16 rows)
+};
+
+struct lsa_impl {
+  int loopback;     // test mode: ranks are threads on one GPU (loopback communicator), cudaMalloc'd windows
+  ncclComm_t nc;
+  ncclWindow_t win;
+  void *buf;        // this rank's window (ncclMemAlloc)
+  size_t bytes;
+  void *small;      // peer table, epoch, handshake words (tw_alloc)
+  lsa_dev d;
+};
+
 struct ep_impl {
   unsigned char *send, *recv;  // [n * S * rb] each
   int64_t S;                   // rows per peer slot
   size_t rb;                   // bytes per staged row (multiple of 16)
+  lsa_impl *lsa;               // ep_nccl_lsa active (dispatch and combine); NULL: ep_nccl_slots
+  char why[256];               // why ep_nccl_lsa is not active (auto or forced slots)
 };
 
 struct layer_impl {
@@ -66,6 +116,10 @@ struct layer_impl {
   int64_t *recv_src;                   // [R] staging row of a destination slot, -1: none
   int32_t *flag;                       // 1: the last dispatch failed (capacity, error policy)
   int64_t nchunks_max;
+  // ep_nccl_lsa: [E] destination row base of this rank's routes to expert e (on e's rank),
+  // [max_tokens * k] the destination row of each route (-1: none), [R] the route (s, t, j) as
+  // (s * max_tokens + t) * k + j that filled destination row i (-1: padding); NULL under slots
+  int64_t *dstbase, *route_dst, *recv_route;
   // one rank only (the direct path: no staging copies): [S] each, the route and the
   // destination row of a staging slot; NULL for ep_size > 1
   int64_t *slot_route, *slot_row;
@@ -230,6 +284,7 @@ __global__ void ep_layout(layout_args a, const int32_t *__restrict__ counts_all,
       mk = mk < 0 ? 0 : mk > mine ? mine : mk;
       L.mykept[e] = mk;
       L.sendbase[e] = base;
+      if (L.dstbase) L.dstbase[e] = L.offs[(int64_t)r * (nle + 1) + l] + before;
       base += mk;
     }
   }
@@ -279,6 +334,7 @@ __global__ void ep_route_pos(const int32_t *__restrict__ idx, int64_t routes, in
       if (e >= 0 && !failed && rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
       L.route_pos[q] = pos;
       if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
+      if (L.route_dst) L.route_dst[q] = pos >= 0 ? L.dstbase[e] + rank : -1;
     }
   }
 }
@@ -571,6 +627,288 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
   return y_bf16 && d_bf16 && H % 32 == 0 && rb % 16 == 0 && (uintptr_t)send % 16 == 0 && (uintptr_t)d_out % 16 == 0;
 }
 
+// ---- ep_nccl_lsa: dispatch and combine over NCCL's symmetric window ----------------------
+//
+// Every rank registers one window (ncclCommWindowRegister, same layout everywhere) and maps
+// its peers' windows through LSA pointers (ncclGetLsaPointer: NVLink / P2P loads and stores).
+// Regions of each window: barrier flags [n] u64, counts [n][E] i32 (row s written by rank s),
+// row map [R] (destination row -> route and weight, written by the route's source), token slab
+// [n][max_tokens] rows of srb bytes (row (s, t) written by rank s: token t's bytes and scales,
+// once per destination rank however many of its experts live there), combine slab
+// [max_tokens * k] rows of crb bytes (route q's expert output, written by the expert's rank).
+
+struct lsa_rowmap {  // 16 bytes: one store per routed row
+  long long gid;     // (s * max_tokens + t) * k + j
+  float w;
+  int pad;
+};
+
+__device__ static unsigned long long ld_acquire_sys(const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ static void st_release_sys(unsigned long long *p, unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ static unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One warp, after its block's writes (the caller's __syncthreads or a kernel boundary): the
+// next epoch into this rank's flag in every window (release, system scope), then wait until
+// every rank's flag in this window reached it (acquire). A rank that does not come within 20 s
+// sets GPU_ERR_EP_TIMEOUT and the warp goes on (no hang; the step is reported invalid).
+__device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op) {
+  const int lane = threadIdx.x & 31;
+  unsigned long long e = 0;
+  if (lane == 0) e = *d.epoch + 1;
+  e = __shfl_sync(0xffffffffu, e, 0);
+  __threadfence_system();
+  for (int r = lane; r < d.n; r += 32) st_release_sys((unsigned long long *)(d.peer[r] + d.off_flags) + d.me, e);
+  const unsigned long long *mine = (const unsigned long long *)(d.peer[d.me] + d.off_flags);
+  for (int r = lane; r < d.n; r += 32) {
+    const unsigned long long t0 = global_ns();
+    while (ld_acquire_sys(mine + r) < e)
+      if (global_ns() - t0 > 20000000000ull) {
+        gpu_report(err, GPU_ERR_EP_TIMEOUT, op, r, (long long)e);
+        break;
+      }
+  }
+  __syncwarp();
+  if (lane == 0) *d.epoch = e;
+}
+
+__global__ void lsa_barrier(lsa_dev d, long long *err, int op) { lsa_barrier_warp(d, err, op); }
+
+// One block: this rank's per-expert counts into row `me` of every window's counts, a barrier,
+// then all n rows back into counts_all (what ep_layout reads). `mine` is counts_all's row me.
+__global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *counts_all, long long *err) {
+  for (int r = 0; r < d.n; r++)
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      ((int32_t *)(d.peer[r] + d.off_counts))[(int64_t)d.me * E + e] = mine[e];
+  __syncthreads();
+  if (threadIdx.x < 32) lsa_barrier_warp(d, err, GPU_OP_EP_DISPATCH);
+  __syncthreads();
+  const volatile int32_t *all = (const volatile int32_t *)(d.peer[d.me] + d.off_counts);
+  for (int64_t i = threadIdx.x; i < (int64_t)d.n * E; i += blockDim.x) counts_all[i] = all[i];
+}
+
+// One warp copies `bytes` with 16-byte vectors, four in flight per lane (remote stores over
+// NVLink want many outstanding); unaligned rows take warp_copy.
+__device__ static void warp_copy_wide(void *dst, const void *src, size_t bytes) {
+  if ((((uintptr_t)dst | (uintptr_t)src) & 15) || (bytes & 15)) {
+    warp_copy(dst, src, bytes);
+    return;
+  }
+  const uint4 *s = (const uint4 *)src;
+  uint4 *o = (uint4 *)dst;
+  const size_t nv = bytes / 16;
+  size_t i = threadIdx.x & 31;
+  for (; i + 96 < nv; i += 128) {
+    uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+    o[i] = a;
+    o[i + 32] = b;
+    o[i + 64] = c;
+    o[i + 96] = e;
+  }
+  for (; i < nv; i += 32) o[i] = s[i];
+}
+
+// One warp per (token t, rank r): the row map entry of each of t's routes kept on r (written
+// into r's window at the route's destination row), then, when t has any, its token bytes and
+// scales once into r's slab at (me, t). For r = me the routes' rows go straight into their
+// final rows of recv_tokens (the expansion of this rank's own tokens overlaps the remote
+// stores; lsa_expand skips them). A failed step (capacity) has no kept routes: nothing is written.
+__global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ tokens,
+                                  const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
+                                  int k, int64_t S, size_t tb, size_t sb, layer_impl L, unsigned char *__restrict__ rtok,
+                                  unsigned char *__restrict__ rscl, float *__restrict__ rw) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = it / d.n;
+    const int r = (int)(it % d.n);
+    lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
+    unsigned any = 0;
+    for (int j0 = 0; j0 < k; j0 += 32) {
+      const int j = j0 + lane;
+      const int64_t q = t * k + j;
+      const int64_t p = j < k ? L.route_pos[q] : -1;
+      const bool hit = p >= 0 && p / S == r;
+      if (hit) {
+        lsa_rowmap m;
+        m.gid = ((long long)d.me * d.maxT + t) * k + j;
+        m.w = w[q];
+        m.pad = 0;
+        map[L.route_dst[q]] = m;
+        if (r == d.me) rw[L.route_dst[q]] = m.w;
+      }
+      unsigned hits = __ballot_sync(0xffffffffu, hit);
+      any |= hits;
+      if (r == d.me)
+        while (hits) {  // own routes: the token into each final row, the warp together
+          const int b = __ffs(hits) - 1;
+          hits &= hits - 1;
+          const int64_t dst = L.route_dst[t * k + j0 + b];
+          warp_copy_wide(rtok + (size_t)dst * tb, tokens + (size_t)t * tb, tb);
+          if (sb) warp_copy(rscl + (size_t)dst * sb, scales + (size_t)t * sb, sb);
+        }
+    }
+    if (!any || r == d.me) continue;
+    unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
+    warp_copy_wide(row, tokens + (size_t)t * tb, tb);
+    if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
+  }
+}
+
+// One warp per destination row (after the barrier): the row map names the route, the row
+// comes from the slab (or this rank's own tokens); zeros for padding and the tail. Records
+// recv_src (the slots layout's staging row: the backward ops run on ep_nccl_slots) and
+// recv_route (combine's way back).
+__global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
+                           const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
+                           size_t tb, size_t sb, unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
+                           float *__restrict__ rw) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int failed = *L.flag;
+  const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+  const int64_t per = d.maxT * k;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    if (failed) {  // nothing is written, as ep_nccl_slots
+      if (lane == 0) L.recv_src[i] = L.recv_route[i] = -1;
+      continue;
+    }
+    const int64_t p = source_row(i, L, d.n, d.me, nle, S);
+    long long gid = -1;
+    float wv = 0.0f;
+    if (p >= 0) {
+      gid = map[i].gid;
+      wv = map[i].w;
+      if (gid < 0 || gid >= (long long)d.n * per) gid = -1;  // never: both sides derive i alike
+    }
+    if (lane == 0) {
+      L.recv_src[i] = p;
+      L.recv_route[i] = gid;
+      if (L.slot_row && p >= 0) L.slot_row[p] = i;  // one rank: the backward's direct path reads it
+    }
+    if (gid >= 0 && gid / per == d.me) continue;  // written by lsa_push_dispatch
+    if (gid >= 0) {
+      const int s = (int)(gid / per);
+      const int64_t t = (gid % per) / k;
+      const unsigned char *src = s == d.me ? tokens + (size_t)t * tb
+                                           : d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
+      warp_copy_wide(rtok + (size_t)i * tb, src, tb);
+      if (sb) warp_copy(rscl + (size_t)i * sb, s == d.me ? scales + (size_t)t * sb : src + tb, sb);
+      if (lane == 0) rw[i] = wv;
+    } else {
+      warp_zero(rtok + (size_t)i * tb, tb);
+      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if (lane == 0) rw[i] = 0.0f;
+    }
+  }
+}
+
+// combine, expert side: one warp per destination row of another rank's route: the expert's
+// output row into that rank's combine slab at the route's index (own routes stay in place).
+__global__ void lsa_push_combine(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int64_t R, int k,
+                                 const int64_t *__restrict__ recv_route) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  const int64_t per = d.maxT * k;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    const int64_t gid = recv_route[i];
+    if (gid < 0) continue;
+    const int s = (int)(gid / per);
+    if (s == d.me) continue;
+    warp_copy_wide(d.peer[s] + d.off_comb + (size_t)(gid % per) * d.crb, y + (size_t)i * yb, yb);
+  }
+}
+
+// combine, token side: out[t] = sum_j w[t, j] * y(route) in f32, j order (ep_sum_routes'
+// arithmetic); y(route) from this window's combine slab, or expert_out itself for this rank's
+// own routes. Eight bf16 per thread where rows allow (the same sums, element by element).
+__global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int y_bf16, int64_t T, int k,
+                        int64_t H, int64_t S, const int64_t *__restrict__ route_pos,
+                        const int64_t *__restrict__ route_dst, const float *__restrict__ w, void *__restrict__ out,
+                        int out_bf16) {
+  __shared__ const unsigned char *row_of[EP_SUM_MAXK];
+  __shared__ float w_of[EP_SUM_MAXK];
+  const unsigned char *comb = d.peer[d.me] + d.off_comb;
+  const bool vec = y_bf16 && out_bf16 && H % 8 == 0 && yb % 16 == 0 && d.crb % 16 == 0 && k <= EP_SUM_MAXK &&
+                   ((uintptr_t)y & 15) == 0 && ((uintptr_t)out & 15) == 0;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const bool cached = k <= EP_SUM_MAXK;
+    if (cached) {
+      __syncthreads();
+      for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int64_t q = t * k + j, p = route_pos[q];
+        row_of[j] = p < 0 ? NULL : p / S == d.me ? y + (size_t)route_dst[q] * yb : comb + (size_t)q * d.crb;
+        w_of[j] = w ? w[q] : 1.0f;
+      }
+      __syncthreads();
+    }
+    if (vec) {
+      for (int64_t h8 = threadIdx.x; h8 < H / 8; h8 += blockDim.x) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int j = 0; j < k; j++) {
+          if (!row_of[j]) continue;
+          const uint4 v = ((const uint4 *)row_of[j])[h8];
+          const uint16_t *u = (const uint16_t *)&v;
+          for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w_of[j], tw_bf16_to_f32_d(u[e])));
+        }
+        uint4 o;
+        uint16_t *ou = (uint16_t *)&o;
+        for (int e = 0; e < 8; e++) ou[e] = tw_f32_to_bf16_d(acc[e]);
+        ((uint4 *)((uint16_t *)out + (size_t)t * H))[h8] = o;
+      }
+      continue;
+    }
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; j++) {
+        const unsigned char *row;
+        float wj;
+        if (cached) {
+          row = row_of[j];
+          wj = w_of[j];
+        } else {
+          const int64_t q = t * k + j, p = route_pos[q];
+          row = p < 0 ? NULL : p / S == d.me ? y + (size_t)route_dst[q] * yb : comb + (size_t)q * d.crb;
+          wj = w ? w[q] : 1.0f;
+        }
+        if (!row) continue;
+        acc = __fadd_rn(acc, __fmul_rn(wj, load_f32(row, y_bf16, h)));
+      }
+      store_f32(out, out_bf16, t * H + h, acc);
+    }
+  }
+}
+
+#if EP_HAVE_LSA
+// Create-time: the LSA pointer of every rank's window (lsa index = the rank's place in the LSA
+// team), and this rank's handshake word (magic | rank) at offset 0 of its own window.
+__global__ void lsa_map_peers(ncclWindow_t win, int n, int me, int lsa_rank, unsigned char **peer,
+                              unsigned char *own) {
+  for (int r = threadIdx.x; win && r < n; r += blockDim.x)  // loopback test mode: the table is gathered
+    peer[r] = (unsigned char *)ncclGetLsaPointer(win, 0, lsa_rank + (r - me));
+  if (threadIdx.x == 0) *(unsigned long long *)own = 0x7477696e4c534100ull | (unsigned long long)me;
+}
+#endif
+
+// Create-time, after a host barrier: 1 in *bad unless every peer's handshake word reads back
+// through its LSA pointer and this rank's own pointer is its buffer.
+__global__ void lsa_check_peers(unsigned char *const *peer, int n, int me, const unsigned char *own, int32_t *bad) {
+  int b = peer[me] != own;  // our own mapping first: a window layout we misread stops here, before a remote load
+  for (int r = 0; r < n; r++) b |= peer[r] == NULL;
+  for (int r = 0; r < n && !b; r++) {
+    unsigned long long v = *(const volatile unsigned long long *)peer[r];
+    if (v != (0x7477696e4c534100ull | (unsigned long long)r)) b = 1;
+  }
+  if (peer[me] != own) b = 1;
+  *bad = b;
+}
+
 // ---- host side ----------------------------------------------------------------------------
 
 static int grid_for(tw_ctx *ctx, int64_t work, int per_block) {
@@ -587,15 +925,298 @@ static size_t fwd_row_bytes(const tw_ep *ep) {
          tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) + 4;
 }
 
-// A forced version of this family must be ep_nccl_slots (names of other families are left alone).
-static tw_status ep_version(tw_ctx *ctx, const char *op) {
+// The version this context asks for: 0 auto, 1 ep_nccl_slots, 2 ep_nccl_lsa (names of other
+// families are left alone).
+static tw_status ep_version(tw_ctx *ctx, const char *op, int *want) {
   const char *k = tw_ctx_kernel(ctx);
-  if (!k || strncmp(k, "ep_", 3) != 0 || strcmp(k, "ep_nccl_slots") == 0) return TW_OK;
-  return tw_error(TW_ERR_INVALID_ARG, "%s: no kernel version named '%s' (have ep_nccl_slots)", op, k);
+  *want = 0;
+  if (!k || strncmp(k, "ep_", 3) != 0) return TW_OK;
+  if (strcmp(k, "ep_nccl_slots") == 0) *want = 1;
+  else if (strcmp(k, "ep_nccl_lsa") == 0) *want = 2;
+  else return tw_error(TW_ERR_INVALID_ARG, "%s: no kernel version named '%s' (have ep_nccl_slots, ep_nccl_lsa)", op, k);
+  return TW_OK;
+}
+
+static double ep_now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Polls a non-blocking communicator's call until it left ncclInProgress (under the handle's
+// timeout); a failure or a timeout aborts the communicator (its existing abort path).
+static tw_status nccl_done(tw_comm *comm, ncclComm_t nc, ncclResult_t r, const char *what) {
+  const double t0 = ep_now_s();
+  while (r == ncclInProgress) {
+    ncclResult_t st = ncclInProgress;
+    ncclResult_t q = ncclCommGetAsyncError(nc, &st);
+    r = q != ncclSuccess ? q : st;
+    if (r == ncclInProgress && comm->timeout_s > 0 && ep_now_s() - t0 > comm->timeout_s) {
+      tw_status s = tw_error(TW_ERR_TIMEOUT, "%s: rank %d of %d still in progress after %.3g s; communicator aborted",
+                             what, comm->rank, comm->size, comm->timeout_s);
+      comm->ops->abort(comm);
+      return s;
+    }
+    if (r == ncclInProgress) {
+      struct timespec ns = {0, 100000L};
+      nanosleep(&ns, NULL);
+    }
+  }
+  if (r == ncclSuccess) return TW_OK;
+  const char *last = ncclGetLastError(nc);
+  tw_status s = tw_error(TW_ERR_NCCL, "%s: rank %d: %s%s%s", what, comm->rank, ncclGetErrorString(r),
+                         last && *last ? " — " : "", last && *last ? last : "");
+  comm->ops->abort(comm);
+  return s;
+}
+
+// The sum of a 0/1 flag over the group (device int32 at dev, host answer: > 0 if any rank set it).
+static tw_status any_rank(tw_ep *ep, int32_t *dev, int32_t mine, int32_t *all) {
+  gpu_state *st = gpu_of(ep->ctx);
+  GPU_TRY_CUDA(cudaMemcpyAsync(dev, &mine, 4, cudaMemcpyHostToDevice, st->stream), "ep_create: flag");
+  TW_TRY(ep->comm->ops->all_reduce(ep->comm, ep->ctx, dev, dev, 1, TW_I32, TW_REDUCE_SUM));
+  GPU_TRY_CUDA(cudaMemcpyAsync(all, dev, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: flag");
+  GPU_TRY_CUDA(cudaStreamSynchronize(st->stream), "ep_create: flag");
+  return TW_OK;
+}
+
+static size_t round_to(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// Leaves im->lsa NULL with im->why when ep_nccl_lsa cannot run here; every rank reaches the
+// same answer (static facts first, then flags all-reduced over the group before each step
+// that could differ between ranks). An error status only for a failed collective.
+static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
+#if !EP_HAVE_LSA
+  snprintf(im->why, sizeof im->why, "built against NCCL %d, without the device API (needs 2.28)", NCCL_VERSION_CODE);
+  return TW_OK;
+#else
+  const tw_ep_config *c = &ep->cfg;
+  const int n = ep->ep_size, me = ep->rank;
+  int device = 0;
+  ncclComm_t nc = gpu_nccl_comm(ep->comm, &device);
+  int ver = 0;
+  if (n < 2 && !forced) {  // forced on one rank, it runs (to self): tests cover its kernels on 1 GPU
+    snprintf(im->why, sizeof im->why, "ep_size 1: one rank's dispatch is a local permutation (ep_nccl_slots' direct path)");
+    return TW_OK;
+  }
+  // Test mode, forced only: the ranks of a loopback communicator (threads on one GPU) share one
+  // address space, so each window is a cudaMalloc and the peer table an all_gather of the
+  // pointers; every kernel of the version then runs as over NVLink (tests/ep_gpu_test.c).
+  const int loop = !nc && forced && !strcmp(ep->comm->ops->name, "loopback") && ep->comm->ops->mem == TW_MEM_DEVICE;
+  if (!nc && !loop) {
+    snprintf(im->why, sizeof im->why, "the '%s' communicator is not NCCL (LSA needs an NCCL window)", ep->comm->ops->name);
+    return TW_OK;
+  }
+  ncclTeam_t team = {n, me, 1};
+  if (!loop) {  // the NCCL checks
+    if (ncclGetVersion(&ver) != ncclSuccess || ver < 22800) {
+      snprintf(im->why, sizeof im->why, "NCCL runtime %d lacks the device API (LSA windows need 2.28)", ver);
+      return TW_OK;
+    }
+    // ncclTeamLsa is looked up at run time: a binary that names it would not load on an older NCCL
+    typedef ncclTeam_t (*team_fn)(ncclComm_t);
+    team_fn team_lsa = (team_fn)dlsym(RTLD_DEFAULT, "ncclTeamLsa");
+    if (!team_lsa) {
+      snprintf(im->why, sizeof im->why, "NCCL runtime %d has no ncclTeamLsa", ver);
+      return TW_OK;
+    }
+    team = team_lsa(nc);
+    if (team.nRanks != n || team.stride != 1) {
+      snprintf(im->why, sizeof im->why,
+               "the %d ranks are not one LSA team (NCCL's LSA team: %d ranks, stride %d: no NVLink/P2P path between "
+               "every pair of GPUs)", n, team.nRanks, team.stride);
+      return TW_OK;
+    }
+  }
+  {
+    // Load every kernel a step launches now: with lazy module loading (CUDA's default) the first
+    // launch of a kernel waits for the GPU, and a peer's barrier kernel spinning there (ranks
+    // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
+    const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
+                         (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_combine,
+                         (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
+                         (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
+                         (const void *)ep_dout_direct};
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+      cudaFuncAttributes fa;
+      GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, fns[i]), "ep_create: load the LSA step's kernels");
+    }
+  }
+  lsa_impl *L = (lsa_impl *)calloc(1, sizeof *L);
+  if (!L) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
+  L->nc = nc;
+  L->loopback = loop;
+  lsa_dev &d = L->d;
+  d.n = n;
+  d.me = me;
+  d.maxT = c->max_tokens;
+  size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
+  size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) : 0;
+  d.srb = round16(tb + sb);
+  d.crb = round16((size_t)c->hidden * 4);
+  size_t o = 256;  // [0, 8): the handshake word
+  d.off_flags = o; o += round_to((size_t)n * 8, 256);
+  d.off_counts = o; o += round_to((size_t)n * (size_t)c->num_experts * 4, 256);
+  d.off_rowmap = o; o += round_to((size_t)c->recv_capacity * sizeof(lsa_rowmap), 256);
+  d.off_slab = o; o += round_to((size_t)n * (size_t)c->max_tokens * d.srb, 256);
+  d.off_comb = o; o += (size_t)c->max_tokens * (size_t)c->topk * d.crb;
+  L->bytes = round_to(o, (size_t)2 << 20);
+  gpu_state *st = gpu_of(ep->ctx);
+  tw_status s = tw_alloc(ep->ctx, (size_t)n * 8 + 64, &L->small);
+  if (s != TW_OK) {
+    free(L);
+    return s;
+  }
+  unsigned char **peer = (unsigned char **)L->small;
+  d.peer = peer;
+  d.epoch = (unsigned long long *)((char *)L->small + (size_t)n * 8);
+  int32_t *flag = (int32_t *)((char *)L->small + (size_t)n * 8 + 16);
+  int32_t all = 0;
+  GPU_TRY_CUDA(cudaSetDevice(device), "ep_create: cudaSetDevice");
+  ncclResult_t ar = ncclSuccess;
+  if (loop) {
+    if (cudaMalloc(&L->buf, L->bytes) != cudaSuccess) {
+      cudaGetLastError();
+      L->buf = NULL;
+      ar = ncclUnhandledCudaError;
+    }
+  } else {
+    ar = ncclMemAlloc(&L->buf, L->bytes);
+    if (ar != ncclSuccess) L->buf = NULL;
+  }
+  s = any_rank(ep, flag, L->buf == NULL, &all);
+  if (s == TW_OK && all) {
+    snprintf(im->why, sizeof im->why, "ncclMemAlloc of the %zu-byte window failed on a rank (%s)", L->bytes,
+             ar != ncclSuccess ? ncclGetErrorString(ar) : "another rank");
+  } else if (s == TW_OK && loop) {  // the peer table: every rank's buffer pointer, gathered
+    unsigned char *mine = (unsigned char *)L->buf;
+    s = gpu_cuda_status(cudaMemcpyAsync(d.epoch, &mine, 8, cudaMemcpyHostToDevice, st->stream), "ep_create: pointer");
+    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: pointer");
+    if (s == TW_OK) s = ep->comm->ops->all_gather(ep->comm, ep->ctx, d.epoch, peer, 1, TW_I64);
+  } else if (s == TW_OK) {
+    s = nccl_done(ep->comm, nc, ncclCommWindowRegister(nc, L->buf, L->bytes, &L->win, NCCL_WIN_COLL_SYMMETRIC),
+                  "ep_create: ncclCommWindowRegister");
+    if (s != TW_OK) L->win = NULL;
+    // A non-blocking communicator registers in a group job that stores the handle when it ends,
+    // which can be after the communicator reports success (seen on an H200, NCCL 2.28.3: a NULL
+    // window read by the first kernel); a communicator without symmetric memory gives none.
+    const double t0 = ep_now_s();
+    while (s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE) && ep_now_s() - t0 < 5.0) {
+      struct timespec ns = {0, 100000L};
+      nanosleep(&ns, NULL);
+    }
+    int nowin = s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE);
+    if (!nowin && s == TW_OK) {  // the handle must be device memory: the kernels read it
+      cudaPointerAttributes at;
+      nowin = cudaPointerGetAttributes(&at, (const void *)L->win) != cudaSuccess || at.type != cudaMemoryTypeDevice;
+      cudaGetLastError();
+    }
+    if (s == TW_OK) s = any_rank(ep, flag, nowin, &all);
+    if (s == TW_OK && all)
+      snprintf(im->why, sizeof im->why,
+               "ncclCommWindowRegister gave no device window on a rank (NCCL runtime %d: no symmetric memory on this "
+               "communicator)", ver);
+  }
+  if (s == TW_OK && !all) {
+    cudaError_t e = cudaMemsetAsync(L->buf, 0, L->bytes, st->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(d.epoch, 0, 8, st->stream);
+    if (e == cudaSuccess) {
+      lsa_map_peers<<<1, 32, 0, st->stream>>>(L->win, n, me, team.rank, peer, (unsigned char *)L->buf);
+      e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);  // a host-only barrier must see it done
+    s = gpu_cuda_status(e, "ep_create: LSA pointers");
+    if (s == TW_OK) s = ep->comm->ops->barrier(ep->comm, ep->ctx);  // every handshake word is written
+    if (s == TW_OK) {
+      lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, me, (const unsigned char *)L->buf, flag);
+      s = gpu_cuda_status(cudaGetLastError(), "ep_create: LSA check");
+    }
+    int32_t bad = 0;
+    if (s == TW_OK) s = gpu_cuda_status(cudaMemcpyAsync(&bad, flag, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: LSA check");
+    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA check");
+    if (s == TW_OK) s = any_rank(ep, flag, bad, &all);
+    if (s == TW_OK && all)
+      snprintf(im->why, sizeof im->why,
+               "the LSA pointers did not reach the peers' windows (headers of NCCL %d, runtime %d: the window "
+               "layout may differ)", NCCL_VERSION_CODE, ver);
+  }
+  if (s == TW_OK && !all) {
+    im->lsa = L;
+    return TW_OK;
+  }
+  if (L->win && gpu_nccl_comm(ep->comm, NULL)) nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister");
+  if (L->buf && loop) cudaFree(L->buf);
+  else if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
+  tw_free(ep->ctx, L->small);
+  free(L);
+  return s;
+#endif
+}
+
+static tw_status lsa_destroy(tw_ep *ep, lsa_impl *L) {
+  tw_status s = TW_OK;
+  if (L->loopback) {
+    cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
+    cudaFree(L->buf);
+  }
+#if EP_HAVE_LSA
+  int device = 0;
+  ncclComm_t nc = L->loopback ? NULL : gpu_nccl_comm(ep->comm, &device);
+  if (nc) {  // after an abort the window goes with the communicator (NCCL frees it)
+    cudaSetDevice(device);
+    cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
+    s = nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_destroy: ncclCommWindowDeregister");
+    if (s == TW_OK && ncclMemFree(L->buf) != ncclSuccess)
+      s = tw_error(TW_ERR_NCCL, "ep_destroy: ncclMemFree failed");
+  }
+#endif
+  tw_status s2 = tw_free(ep->ctx, L->small);
+  free(L);
+  return s != TW_OK ? s : s2;
+}
+
+extern "C" const char *gpu_ep_version_name(const tw_ep *ep) {
+  const ep_impl *im = ep ? (const ep_impl *)ep->impl : NULL;
+  return im && im->lsa ? "ep_nccl_lsa" : "ep_nccl_slots";
+}
+extern "C" const char *gpu_ep_version_why(const tw_ep *ep) {
+  const ep_impl *im = ep ? (const ep_impl *)ep->impl : NULL;
+  return im ? im->why : "";
+}
+
+// `twin backends`: which version auto picks on this machine and why, from what the process can
+// see without a communicator (the per-group answer is gpu_ep_version_why after tw_ep_create).
+extern "C" void gpu_ep_describe(char *buf, size_t n) {
+  int ver = 0, gpus = 0, p2p = 0;
+  ncclGetVersion(&ver);
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) {
+    cudaGetLastError();
+    gpus = 0;
+  }
+  if (gpus >= 2 && cudaDeviceCanAccessPeer(&p2p, 0, 1) != cudaSuccess) p2p = 0;
+  const int team = dlsym(RTLD_DEFAULT, "ncclTeamLsa") != NULL;
+  if (!EP_LSA_AUTO)
+    snprintf(buf, n, "ep_nccl_slots (auto); ep_nccl_lsa only when forced by name, until its 2-GPU sweep has passed "
+                     "on the device (NCCL runtime %d, headers %d, %d GPU%s, peer access 0<->1: %s)", ver,
+             NCCL_VERSION_CODE, gpus, gpus == 1 ? "" : "s", gpus < 2 ? "n/a" : p2p ? "yes" : "no");
+  else if (!EP_HAVE_LSA || ver < 22800 || !team)
+    snprintf(buf, n, "ep_nccl_slots: NCCL runtime %d / headers %d lack the device API (ep_nccl_lsa needs 2.28)", ver,
+             NCCL_VERSION_CODE);
+  else if (gpus < 2)
+    snprintf(buf, n, "ep_nccl_slots here (%d GPU: ep_size 1 is a local permutation); ep_nccl_lsa on NCCL groups whose "
+                     "GPUs share one LSA (NVLink/P2P) team (NCCL runtime %d, headers %d)", gpus, ver, NCCL_VERSION_CODE);
+  else if (!p2p)
+    snprintf(buf, n, "ep_nccl_slots: GPUs 0 and 1 have no peer access (no LSA team; NCCL runtime %d)", ver);
+  else
+    snprintf(buf, n, "ep_nccl_lsa for ep_size >= 2 NCCL groups on these %d GPUs (peer access 0<->1; NCCL runtime %d, "
+                     "headers %d; checked again per group at tw_ep_create: LSA team, window handshake), "
+                     "else ep_nccl_slots", gpus, ver, NCCL_VERSION_CODE);
 }
 
 static tw_status gpu_ep_create(tw_ep *ep) {
-  TW_TRY(ep_version(ep->ctx, "ep_create"));
+  int want = 0;
+  TW_TRY(ep_version(ep->ctx, "ep_create", &want));
   const tw_comm_ops *co = ep->comm->ops;
   if (!co->all_gather || !co->all_to_allv || !co->barrier)
     return tw_error(TW_ERR_UNSUPPORTED, "ep_create: the '%s' communicator lacks all_gather, all_to_allv or barrier",
@@ -617,7 +1238,16 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     else if (s == TW_OK) s = tw_alloc(ep->ctx, bytes, (void **)&im->recv);
   }
   if (s == TW_OK) s = co->barrier(ep->comm, ep->ctx);  // every rank must come
+  if (s == TW_OK && want == 1) snprintf(im->why, sizeof im->why, "ep_nccl_slots was forced (tw_ctx_config.kernel)");
+  if (s == TW_OK && want == 0 && !EP_LSA_AUTO)
+    snprintf(im->why, sizeof im->why, "auto picks ep_nccl_slots: ep_nccl_lsa runs only when forced by name until its "
+                                      "2-GPU sweep has passed on the device");
+  if (s == TW_OK && (want == 2 || (want == 0 && EP_LSA_AUTO)))
+    s = lsa_create(ep, im, want == 2);  // every rank asks alike
+  if (s == TW_OK && want == 2 && !im->lsa)
+    s = tw_error(TW_ERR_UNSUPPORTED, "ep_create: ep_nccl_lsa was forced but cannot run here: %s", im->why);
   if (s != TW_OK) {
+    if (im->lsa) lsa_destroy(ep, im->lsa);
     if (im->send) tw_free(ep->ctx, im->send);
     if (im->recv && im->recv != im->send) tw_free(ep->ctx, im->recv);
     free(im);
@@ -631,7 +1261,11 @@ static tw_status gpu_ep_destroy(tw_ep *ep) {
   ep_impl *im = (ep_impl *)ep->impl;
   if (!im) return TW_OK;
   tw_status s = TW_OK;
-  if (im->send) s = tw_free(ep->ctx, im->send);
+  if (im->lsa) s = lsa_destroy(ep, im->lsa);
+  if (im->send) {
+    tw_status s1 = tw_free(ep->ctx, im->send);
+    if (s == TW_OK) s = s1;
+  }
   if (im->recv && im->recv != im->send) {
     tw_status s2 = tw_free(ep->ctx, im->recv);
     if (s == TW_OK) s = s2;
@@ -651,8 +1285,9 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   L->nchunks_max = nch;
   // i64 arrays first (8-byte aligned), then i32
   int64_t S1 = n == 1 ? ((ep_impl *)ep->impl)->S : 0;  // the direct path's slot maps
+  const int lsa = ((ep_impl *)ep->impl)->lsa != NULL;
   size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R +
-               2 * (size_t)S1;
+               2 * (size_t)S1 + (lsa ? (size_t)E + (size_t)routes + (size_t)R : 0);
   size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + 1;
   tw_status s = tw_alloc(ep->ctx, n64 * 8 + n32 * 4, &L->base);
   if (s != TW_OK) {
@@ -671,6 +1306,11 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   if (S1) {
     L->slot_route = p; p += S1;
     L->slot_row = p; p += S1;
+  }
+  if (lsa) {
+    L->dstbase = p; p += E;
+    L->route_dst = p; p += routes;
+    L->recv_route = p; p += R;
   }
   int32_t *q = (int32_t *)p;
   L->chunk_counts = q; q += nch * E;
@@ -750,7 +1390,12 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   int32_t *mine = L->counts_all + (int64_t)me * E;
   ep_chunk_scan<<<(E + 255) / 256, 256, 0, stream>>>(L->chunk_counts, nch, E, L->chunk_base, mine);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: scan launch");
-  TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
+  if (im->lsa) {  // counts into every window, one barrier, all rows back
+    lsa_counts<<<1, 256, 0, stream>>>(im->lsa->d, mine, E, L->counts_all, st->err_word);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA counts launch");
+  } else {
+    TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
+  }
   layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R};
   ep_layout<<<1, 256, 0, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
                                    tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data, st->err_word);
@@ -760,6 +1405,26 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   if (nch) {
     ep_route_pos<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, nle, im->S, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
+  }
+  if (im->lsa) {
+    const lsa_dev &d = im->lsa->d;
+    if (T) {
+      lsa_push_dispatch<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(
+          d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
+          (const float *)topk_weights->data, T, k, im->S, tb, sb, *L, (unsigned char *)recv_tokens->data,
+          sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
+    }
+    lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_DISPATCH);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA barrier launch");
+    if (R) {
+      lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
+          d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
+          sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, (unsigned char *)recv_tokens->data,
+          sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA expand launch");
+    }
+    return TW_OK;
   }
   if (L->slot_route) {  // one rank: destination rows straight from the tokens
     if (R) {
@@ -825,8 +1490,39 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
   return rows_back(ctx, layer, rows, per_slot);
 }
 
+static tw_status lsa_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
+                             const tw_tensor *topk_weights, tw_tensor *out) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  const lsa_dev &d = im->lsa->d;
+  gpu_state *st = gpu_of(ctx);
+  cudaStream_t stream = st->stream;
+  int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
+  int k = ep->cfg.topk;
+  size_t yb = tw_dtype_storage_bytes(expert_out->dtype, H);
+  // entry barrier: every rank finished reading its combine slab of the previous combine
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA barrier launch");
+  if (R) {
+    lsa_push_combine<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, (const unsigned char *)expert_out->data, yb, R, k,
+                                                               L->recv_route);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA push launch");
+  }
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA barrier launch");
+  if (T == 0 || H == 0) return TW_OK;
+  lsa_sum<<<grid_for(ctx, T, 1), sum_threads(H), 0, stream>>>(
+      d, (const unsigned char *)expert_out->data, yb, expert_out->dtype == TW_BF16, T, k, H, im->S, L->route_pos,
+      L->route_dst, tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data, out->data,
+      out->dtype == TW_BF16);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA sum launch");
+  return TW_OK;
+}
+
 static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
                                 const tw_tensor *topk_weights, tw_tensor *out) {
+  if (((ep_impl *)layer->ep->impl)->lsa) return lsa_combine(ctx, layer, expert_out, topk_weights, out);
   row_src src;
   TW_TRY(rows_for_sum(ctx, layer, expert_out, NULL, &src));
   const tw_ep *ep = layer->ep;

@@ -42,6 +42,7 @@ enum gpu_err_code {
   GPU_ERR_EXPERT_ID = 21,       // a = token, b = gpu_pack_id_slot(id, slot): id outside [0, E)
   GPU_ERR_EXPERT_TWICE = 22,    // a = token, b = gpu_pack_id_slot(id, slot): id listed twice
   GPU_ERR_EP_CAPACITY = 23,     // a = rank, b = gpu_pack_rows(demand, recv_capacity)
+  GPU_ERR_EP_TIMEOUT = 24,      // a = the peer rank waited for, b = the barrier epoch (ep_nccl_lsa)
 };
 enum gpu_op_id {
   GPU_OP_QUANTIZE = 1,
@@ -53,6 +54,7 @@ enum gpu_op_id {
   GPU_OP_ROUTER_AUX = 22,
   GPU_OP_ROUTER_AUX_BWD = 23,
   GPU_OP_EP_DISPATCH = 24,
+  GPU_OP_EP_COMBINE = 25,
 };
 
 #ifdef __CUDACC__

@@ -38,6 +38,14 @@ typedef struct tw_bench_pipeline {
   tw_bench_pp_mode mode;          /* auto: NCCL with one stage per GPU on >= 2 GPUs, else loopback */
 } tw_bench_pipeline;
 
+/* `twin bench --op ep`'s choices (tools/cmd_bench.c parses them; tools/bench_gpu_ep.c runs). */
+typedef struct tw_bench_ep {
+  int ntokens;
+  long long tokens[8];   /* tokens per rank, one case each (default 128, 4096, 16384) */
+  const char *version;   /* NULL: every version (ep_nccl_slots, ep_nccl_lsa where it can run) */
+  int routing;           /* 0 both (default), 1 uniform, 2 skewed */
+} tw_bench_ep;
+
 typedef struct {
   int warmup;            /* iterations before timing */
   int iters;             /* timed iterations (median reported) */
@@ -45,6 +53,7 @@ typedef struct {
   const char *peers_json;/* file with peer timings measured in the same run (gpu), or NULL */
   FILE *csv;             /* optional machine-readable copy of the rows */
   const tw_bench_pipeline *pipeline; /* --op pipeline's configuration, else NULL */
+  const tw_bench_ep *ep; /* --op ep's choices, else NULL (the defaults) */
 } tw_bench_cfg;
 
 void tw_bench_print_header(void);
@@ -62,6 +71,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg);
 int tw_bench_gpu_gemm(const tw_bench_cfg *cfg);
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg); /* only with --op moe */
 int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg); /* only with --op pipeline (cfg->pipeline set) */
+int tw_bench_gpu_ep(const tw_bench_cfg *cfg); /* only with --op ep */
 
 #ifdef __cplusplus
 }

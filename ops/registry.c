@@ -14,6 +14,7 @@
 #pragma weak tw_bench_gpu_gemm
 #pragma weak tw_bench_gpu_moe
 #pragma weak tw_bench_gpu_pipeline
+#pragma weak tw_bench_gpu_ep
 /* The routing and pipeline fuzzers (fuzz/entry_fuzzers.c) are linked into //tools:twin. */
 #pragma weak tw_fuzz_run_router
 #pragma weak tw_fuzz_run_ep
@@ -124,9 +125,12 @@ static const tw_op_entry table[] = {
      .compare = TW_COMPARE_EXACT,
      .golden_op = "ep",
      .min_ranks = 1,
-     .versions = {"ep_nccl_slots"},
+     .versions = {"ep_nccl_slots", "ep_nccl_lsa"},
      .auto_rule = "ref: all-gathered counts, one all_to_allv per step; gpu: ep_nccl_slots (counts on the device, "
-                  "fixed per-peer slots over grouped ncclSend/ncclRecv)",
+                  "fixed per-peer slots over grouped ncclSend/ncclRecv); ep_nccl_lsa (NCCL symmetric window, counts "
+                  "and rows stored straight into the peers' windows over LSA pointers, dispatch and combine; the "
+                  "backward on slots) when forced by name; `twin backends` says which and why",
+     .bench_gpu = tw_bench_gpu_ep,
      .fuzz_run = tw_fuzz_run_ep,
      .planted = "ep_wrong_rank ep_drop_last_of_full_slab"},
     {.name = "pipeline",

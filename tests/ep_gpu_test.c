@@ -49,6 +49,7 @@ typedef struct { /* every output of one rank */
   float *rw, *dtw, *dtwc;
   int32_t *gs, *dr;
   tw_status st; /* of dispatch (error cases) */
+  char msg[240]; /* the rank's last error message (several ranks) */
 } outs;
 
 static size_t tokb(const scen *c) { return tw_dtype_storage_bytes(c->dt, c->H); }
@@ -194,10 +195,12 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
+  o->st = TW_ERR_INTERNAL;
+  o->msg[0] = 0;
   tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
-  if (s != TW_OK) return s;
+  if (s != TW_OK) return o->st = s;
   s = tw_ep_layer_create(ep, &layer);
-  if (s != TW_OK) { tw_ep_destroy(ep); return s; }
+  if (s != TW_OK) { tw_ep_destroy(ep); return o->st = s; }
   dmem m = {ctx, {0}, 0};
   tw_tensor none = tw_tensor_none();
   tw_tensor tok = put(&m, c->tok[r], c->dt, 2, T, H, 1), idx = put(&m, c->idx[r], TW_I32, 2, T, k, 1);
@@ -249,7 +252,8 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
   int nle = c->E / c->n;
   int64_t T = c->T[r], R = c->R;
   if ((g->st == TW_OK) != (f->st == TW_OK)) {
-    cr_log_error("%s rank %d: gpu status %s, ref %s", name, r, tw_status_name(g->st), tw_status_name(f->st));
+    cr_log_error("%s rank %d: gpu status %s, ref %s (gpu: %s)", name, r, tw_status_name(g->st), tw_status_name(f->st),
+                 g->msg);
     return 0;
   }
   int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
@@ -331,8 +335,17 @@ Test(ep_gpu, goldens_ep_size_1_through_the_runner) {
   tw_golden_free_list(dirs, n);
 }
 
-Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) {
-  int N = 600, failed = 0, errors = 0, drops = 0, fp8 = 0;
+/* N seeded random cases with ep_size 1 on the 1-rank NCCL communicator, one EP version forced
+ * (NULL: auto, which is ep_nccl_slots at ep_size 1). */
+static void random_1(const char *kernel, int N) {
+  int failed = 0, errors = 0, drops = 0, fp8 = 0;
+  tw_ctx *kctx = gctx;
+  if (kernel) {
+    tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+    cc.backend = TW_BACKEND_GPU;
+    cc.kernel = kernel;
+    cr_assert_eq(tw_ctx_create(&kctx, &cc), TW_OK, "%s", tw_last_error());
+  }
   for (int i = 0; i < N; i++) {
     scen c;
     scen_make(&c, 1, 0xe9000000u + (uint64_t)i);
@@ -343,11 +356,21 @@ Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) {
     outs g, f;
     outs_alloc(&g, &c, 0);
     outs_alloc(&f, &c, 0);
-    tw_status gs = run_rank(gctx, gcomm, &c, 0, &g), fs = run_rank(rctx, rcomm, &c, 0, &f);
+    tw_status gs = run_rank(kctx, gcomm, &c, 0, &g);
+    if (kernel && gs == TW_ERR_UNSUPPORTED && strstr(tw_last_error(), "cannot run here")) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", tw_last_error());
+      outs_free(&g);
+      outs_free(&f);
+      scen_free(&c);
+      tw_ctx_destroy(kctx);
+      cr_skip_test("%s", why);
+    }
+    tw_status fs = run_rank(rctx, rcomm, &c, 0, &f);
     if (fs != TW_OK) errors++;
     if (fs != TW_OK && !strstr(tw_last_error(), "receive rows")) cr_log_error("%s: ref %s", name, tw_last_error());
-    (void)gs;
-    int ok = same_outs(&c, 0, &g, &f, name);
+    if (gs != TW_OK && g.st == TW_OK) cr_log_error("%s: gpu %s", name, tw_last_error()); /* not the step's own */
+    int ok = same_outs(&c, 0, &g, &f, name) && (gs == TW_OK || g.st != TW_OK);
     if (ok && g.st != TW_OK) ok = g.st == TW_ERR_DEVICE; /* the overflow is seen on the device */
     if (ok && f.st == TW_OK) ok = conserved(&c, 0, &g);
     if (!ok) failed++;
@@ -357,12 +380,18 @@ Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) {
     outs_free(&f);
     scen_free(&c);
   }
-  cr_log_info("EP random ep_size 1: %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ", N, errors,
-              drops, fp8, failed);
+  if (kernel) tw_ctx_destroy(kctx);
+  cr_log_info("EP random ep_size 1 (%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
+              kernel ? kernel : "auto", N, errors, drops, fp8, failed);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
 }
+
+Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) { random_1(NULL, 600); }
+/* ep_nccl_lsa forced on one rank: the window, its handshake and barriers, and every kernel of
+ * the version run (rows to self), against the oracle; the 2-GPU sweep covers the remote path */
+Test(ep_gpu, random_cases_ep_size_1_lsa_forced) { random_1("ep_nccl_lsa", 200); }
 
 /* Device-side errors: the step reports through the error word, writes nothing out of bounds,
  * and the next good step works. */
@@ -438,13 +467,14 @@ Test(ep_gpu, device_errors) {
 
 /* dispatch -> combine captured once in a CUDA graph; each replay reads new routing written
  * into the same device buffers and must equal the oracle. */
-Test(ep_gpu, graph_capture_and_replay) {
+static void graph_1(const char *kernel) {
   cudaStream_t stream;
   cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   tw_ctx *ctx;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.backend = TW_BACKEND_GPU;
   cc.stream = stream;
+  cc.kernel = kernel;
   cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK, "%s", tw_last_error());
   /* a fixed shape: E 16, k 4, T 48, H 96 bf16, A 8, no-drop capacity */
   int E = 16, k = 4;
@@ -453,7 +483,15 @@ Test(ep_gpu, graph_capture_and_replay) {
   cfg.num_experts = E; cfg.topk = k; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = TW_BF16; cfg.alignment = 8;
   tw_ep *ep;
   tw_ep_layer *layer;
-  cr_assert_eq(tw_ep_create(ctx, gcomm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  tw_status cs = tw_ep_create(ctx, gcomm, &cfg, &ep);
+  if (kernel && cs == TW_ERR_UNSUPPORTED && strstr(tw_last_error(), "cannot run here")) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tw_last_error());
+    tw_ctx_destroy(ctx);
+    cudaStreamDestroy(stream);
+    cr_skip_test("%s", why);
+  }
+  cr_assert_eq(cs, TW_OK, "%s", tw_last_error());
   cr_assert_eq(tw_ep_layer_create(ep, &layer), TW_OK);
   int64_t R = tw_ep_recv_capacity(ep);
   dmem m = {ctx, {0}, 0};
@@ -534,11 +572,16 @@ Test(ep_gpu, graph_capture_and_replay) {
   free(htok); free(hy); free(hout); free(rrecv); free(grecv); free(rout); free(hidx); free(hw);
 }
 
+Test(ep_gpu, graph_capture_and_replay) { graph_1(NULL); }
+/* the LSA version's barriers count epochs on the device: replays must go on agreeing */
+Test(ep_gpu, graph_capture_and_replay_lsa_forced) { graph_1("ep_nccl_lsa"); }
+
 /* ---- several ranks ------------------------------------------------------------------------- */
 typedef struct {
   const scen *c;
   outs *o;
   int gpu; /* 0 ref, 1 gpu rank r on GPU r (NCCL), 2 gpu every rank on GPU 0 (loopback) */
+  const char *kernel; /* forced EP version, or NULL (auto) */
 } rank_arg;
 
 static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
@@ -548,37 +591,44 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   cc.backend = a->gpu ? TW_BACKEND_GPU : TW_BACKEND_REF;
   cc.device = a->gpu == 1 ? r : 0;
   cc.comm = comm;
+  cc.kernel = a->kernel;
   TW_TRY(tw_ctx_create(&ctx, &cc));
   tw_status s = run_rank(ctx, comm, a->c, r, &a->o[r]);
+  if (s != TW_OK) snprintf(a->o[r].msg, sizeof a->o[r].msg, "%s", tw_last_error());
   tw_ctx_destroy(ctx);
   return s;
 }
 
-Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) {
+/* The 2-GPU sweep with one EP version forced (both run: ep_nccl_slots, ep_nccl_lsa). */
+static void sweep_2(const char *kernel) {
   NEED_GPUS(2);
   tw_comm *g[2], *f[2];
   int devs[2] = {0, 1};
   cr_assert_eq(tw_comm_init_nccl_local(2, devs, g), TW_OK, "%s", tw_last_error());
-  int N = 200, failed = 0;
+  /* EP_SWEEP_N: fewer cases (the compute-sanitizer run); default 200 */
+  int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 200, failed = 0, drops = 0;
   for (int i = 0; i < N; i++) {
     scen c;
     scen_make(&c, 2, 0xe9200000u + (uint64_t)i);
     /* a failing rank aborts the NCCL group (tw_run_ranks): overflow is the 1-GPU test's */
     if (c.policy == TW_EP_OVERFLOW_ERROR) c.policy = TW_EP_OVERFLOW_DROP;
-    char name[96];
-    snprintf(name, sizeof name, "2-rank case %d (E=%d k=%d H=%lld R=%lld)", i, c.E, c.k, (long long)c.H, (long long)c.R);
+    char name[128];
+    snprintf(name, sizeof name, "%s 2-rank case %d (E=%d k=%d H=%lld R=%lld)", kernel, i, c.E, c.k, (long long)c.H,
+             (long long)c.R);
     outs go[2], fo[2];
     for (int r = 0; r < 2; r++) {
       outs_alloc(&go[r], &c, r);
       outs_alloc(&fo[r], &c, r);
     }
     cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
-    rank_arg ga = {&c, go, 1}, fa = {&c, fo, 0};
-    tw_run_ranks(2, g, rank_fn, &ga);
+    rank_arg ga = {&c, go, 1, kernel}, fa = {&c, fo, 0, NULL};
+    tw_status gs = tw_run_ranks(2, g, rank_fn, &ga);
+    cr_assert_eq(gs, TW_OK, "%s: %s", name, tw_last_error());
     tw_run_ranks(2, f, rank_fn, &fa);
     for (int r = 0; r < 2; r++) {
       int ok = same_outs(&c, r, &go[r], &fo[r], name);
       if (ok && fo[r].st == TW_OK) ok = conserved(&c, r, &go[r]);
+      for (int l = 0; l < c.E / 2; l++) drops += fo[r].dr[l] > 0;
       failed += !ok;
       outs_free(&go[r]);
       outs_free(&fo[r]);
@@ -589,16 +639,21 @@ Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) {
   }
   tw_comm_destroy(g[0]);
   tw_comm_destroy(g[1]);
-  cr_assert_eq(failed, 0, "%d rank results of %d 2-rank cases differ from ref", failed, N);
+  cr_log_info("EP ep_size 2 over NCCL, %s forced: %d cases (%d experts with drops), %d rank results differ", kernel,
+              N, drops, failed);
+  cr_assert_eq(failed, 0, "%d rank results of %d 2-rank cases (%s) differ from ref", failed, N, kernel);
 }
+
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_2("ep_nccl_slots"); }
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_2("ep_nccl_lsa"); }
 
 /* ep_size 2 and 4 on ONE GPU: the ranks are threads with their own gpu contexts on GPU 0 over
  * the loopback communicator (pipeline/loopback_comm.h: device-to-device copies instead of
  * NCCL, which takes one rank per GPU). It runs every multi-rank path of gpu/ep.cu (gathered
  * counts, every rank's slabs, send bases, receive prefixes, drops across sources) against the
  * ref thread communicator, bit for bit, with the error policy's overflow included. */
-Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
-  int N = 160, failed = 0, errors = 0;
+static void loop_24(const char *kernel) {
+  int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 160, failed = 0, errors = 0;
   for (int i = 0; i < N; i++) {
     int n = i % 2 ? 4 : 2;
     scen c;
@@ -614,7 +669,7 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
     tw_comm *g[MAXR], *f[MAXR];
     cr_assert_eq(tw_comm_init_loopback(n, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
     cr_assert_eq(tw_comm_init_threads(n, f), TW_OK);
-    rank_arg ga = {&c, go, 2}, fa = {&c, fo, 0};
+    rank_arg ga = {&c, go, 2, kernel}, fa = {&c, fo, 0, NULL};
     tw_run_ranks(n, g, rank_fn, &ga);
     tw_run_ranks(n, f, rank_fn, &fa);
     errors += fo[0].st != TW_OK;
@@ -630,7 +685,181 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) {
     }
     scen_free(&c);
   }
-  cr_log_info("EP ep_size 2/4 on one GPU (loopback): %d cases (%d capacity errors), %d rank results differ", N, errors,
-              failed);
+  cr_log_info("EP ep_size 2/4 on one GPU (loopback, %s): %d cases (%d capacity errors), %d rank results differ",
+              kernel ? kernel : "auto", N, errors, failed);
   cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
+}
+
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL); }
+/* ep_nccl_lsa's kernels with 2 and 4 ranks on one GPU: the windows are cudaMalloc'd and shared
+ * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
+ * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa"); }
+
+/* ---- ep_nccl_lsa in a CUDA graph, 2 ranks on one GPU ------------------------------------- */
+
+/* New tokens, ids and weights for an existing scenario (same shapes and buffers). */
+static void scen_reroute(scen *c, uint64_t seed) {
+  uint64_t st = seed;
+  for (int r = 0; r < c->n; r++) {
+    int64_t T = c->T[r];
+    fill_f(c->tok[r], c->dt, T * c->H, &st);
+    for (int64_t t = 0; t < T; t++) {
+      int perm[64];
+      for (int e = 0; e < c->E; e++) perm[e] = e;
+      for (int j = 0; j < c->k; j++) {
+        int m = j + (int)(tt_rand_u64(&st) % (uint64_t)(c->E - j));
+        int tmp = perm[j]; perm[j] = perm[m]; perm[m] = tmp;
+        c->idx[r][t * c->k + j] = perm[j];
+      }
+    }
+    for (int64_t i = 0; i < T * c->k; i++) c->w[r][i] = (float)tt_rand_uniform(&st, -1, 1);
+    fill_f(c->y[r], c->ydt, c->R * c->H, &st);
+  }
+}
+
+enum { NREP = 3 };
+typedef struct {
+  scen *reps;     /* NREP scenarios: the same shapes, new routing each */
+  outs (*fo)[2];  /* the oracle's outputs per replay and rank */
+  int bad[2];
+  char msg[2][240];
+} graph2_arg;
+
+static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
+  graph2_arg *a = (graph2_arg *)arg;
+  const scen *c = &a->reps[0];
+  int nle = c->E / 2, k = c->k;
+  int64_t T = c->T[r], H = c->H, R = c->R;
+  cudaStream_t stream;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
+    return tw_error(TW_ERR_CUDA, "stream");
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.stream = stream;
+  cc.comm = comm;
+  cc.kernel = "ep_nccl_lsa";
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
+  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
+  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
+  void *b[12] = {0};
+  size_t sz[12] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                   (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
+                   (size_t)nle * 4 + 16, (size_t)nle * 4 + 16, yb(c) * (size_t)R + 16, yb(c) * (size_t)T + 16, 0};
+  for (int i = 0; i < 11 && s == TW_OK; i++) s = tw_alloc(ctx, sz[i], &b[i]);
+  tw_mem D = TW_MEM_DEVICE;
+  tw_tensor none = tw_tensor_none();
+  tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
+  tw_tensor scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
+  tw_tensor w = tw_tensor_2d(b[3], TW_F32, T, k, D), recv = tw_tensor_2d(b[4], c->dt, R, H, D);
+  tw_tensor rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
+  tw_tensor rw = tw_tensor_1d(b[6], TW_F32, R, D), gs = tw_tensor_1d(b[7], TW_I32, nle, D);
+  tw_tensor dr = tw_tensor_1d(b[8], TW_I32, nle, D), y = tw_tensor_2d(b[9], c->ydt, R, H, D);
+  tw_tensor out = tw_tensor_2d(b[10], c->ydt, T, H, D);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  for (int i = -1; i < NREP && s == TW_OK; i++) { /* i = -1: eager step, then capture */
+    const scen *ci = &a->reps[i < 0 ? 0 : i];
+    cudaMemcpyAsync(b[0], ci->tok[r], tokb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
+    if (c->scale_block) cudaMemcpyAsync(b[1], ci->scl[r], sclb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[2], ci->idx[r], (size_t)(T * k) * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[3], ci->w[r], (size_t)(T * k) * 4, cudaMemcpyHostToDevice, stream);
+    cudaMemcpyAsync(b[9], ci->y[r], yb(c) * (size_t)R, cudaMemcpyHostToDevice, stream);
+    cudaMemsetAsync(b[4], 0xAB, tokb(c) * (size_t)R, stream);
+    cudaMemsetAsync(b[10], 0xAB, yb(c) * (size_t)T, stream);
+    if (cudaStreamSynchronize(stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "upload");
+    if (s == TW_OK && i < 0) {
+      s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+      if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &out);
+      if (s == TW_OK) s = tw_ctx_check(ctx);
+      if (s == TW_OK && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        s = tw_error(TW_ERR_CUDA, "begin capture");
+      if (s == TW_OK) {
+        tw_status s1 = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+        if (s1 == TW_OK) s1 = tw_ep_combine(ctx, layer, &y, &w, &out);
+        cudaError_t e = cudaStreamEndCapture(stream, &graph);
+        s = s1 != TW_OK ? s1 : e != cudaSuccess ? tw_error(TW_ERR_CUDA, "end capture: %s", cudaGetErrorString(e)) : TW_OK;
+        if (s == TW_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "instantiate");
+      }
+      continue;
+    }
+    if (s == TW_OK && cudaGraphLaunch(exec, stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "graph launch");
+    if (s == TW_OK) s = tw_ctx_check(ctx);
+    if (s != TW_OK) break;
+    outs *f = &a->fo[i][r], g;
+    outs_alloc(&g, c, r);
+    cudaMemcpy(g.recv, b[4], tokb(c) * (size_t)R, cudaMemcpyDeviceToHost);
+    if (c->scale_block) cudaMemcpy(g.rscl, b[5], sclb(c) * (size_t)R, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.rw, b[6], (size_t)R * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.gs, b[7], (size_t)nle * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dr, b[8], (size_t)nle * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.out, b[10], yb(c) * (size_t)T, cudaMemcpyDeviceToHost);
+    char name[64];
+    snprintf(name, sizeof name, "graph replay %d", i);
+    int ok = cmp(g.recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
+             cmp(g.rscl, f->rscl, sclb(c) * (size_t)R, "recv_scales", name, r) &&
+             cmp(g.rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
+             cmp(g.gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
+             cmp(g.dr, f->dr, (size_t)nle * 4, "dropped", name, r) &&
+             cmp(g.out, f->out, yb(c) * (size_t)T, "combine out", name, r);
+    a->bad[r] += !ok;
+    outs_free(&g);
+  }
+  if (s != TW_OK) snprintf(a->msg[r], sizeof a->msg[r], "%s", tw_last_error());
+  cudaStreamSynchronize(stream);
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  for (int i = 0; i < 11; i++)
+    if (b[i]) tw_free(ctx, b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
+  return s;
+}
+
+/* dispatch -> combine of ep_nccl_lsa captured in one CUDA graph per rank (2 ranks as threads on
+ * GPU 0, the version's loopback test mode), replayed NREP times with new routing written into
+ * the same buffers; each replay against the oracle. The barriers count epochs on the device,
+ * so the replays must go on agreeing. */
+Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
+  scen reps[NREP];
+  for (int i = 0; i < NREP; i++) {
+    scen_make(&reps[i], 2, 0xe9600003u); /* the same shapes every time */
+    reps[i].policy = TW_EP_OVERFLOW_DROP;
+    if (i) scen_reroute(&reps[i], 0x7000u + (uint64_t)i);
+  }
+  outs fo[NREP][2];
+  for (int i = 0; i < NREP; i++) {
+    tw_comm *f[2];
+    cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
+    for (int r = 0; r < 2; r++) outs_alloc(&fo[i][r], &reps[i], r);
+    rank_arg fa = {&reps[i], fo[i], 0, NULL};
+    cr_assert_eq(tw_run_ranks(2, f, rank_fn, &fa), TW_OK, "ref: %s", tw_last_error());
+    tw_comm_destroy(f[0]);
+    tw_comm_destroy(f[1]);
+  }
+  tw_comm *g[2];
+  cr_assert_eq(tw_comm_init_loopback(2, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
+  graph2_arg ga;
+  memset(&ga, 0, sizeof ga);
+  ga.reps = reps;
+  ga.fo = fo;
+  tw_status s = tw_run_ranks(2, g, graph2_rank, &ga);
+  cr_assert_eq(s, TW_OK, "rank 0: %s / rank 1: %s", ga.msg[0], ga.msg[1]);
+  cr_log_info("EP ep_nccl_lsa graph, 2 ranks on one GPU (E=%d k=%d H=%lld T=%lld,%lld R=%lld %s): %d replays, %d+%d differ",
+              reps[0].E, reps[0].k, (long long)reps[0].H, (long long)reps[0].T[0], (long long)reps[0].T[1],
+              (long long)reps[0].R, tw_dtype_name(reps[0].dt), NREP, ga.bad[0], ga.bad[1]);
+  cr_assert_eq(ga.bad[0] + ga.bad[1], 0, "replays differ from ref");
+  for (int i = 0; i < NREP; i++) {
+    for (int r = 0; r < 2; r++) outs_free(&fo[i][r]);
+    tw_comm_destroy(i < 2 ? g[i] : NULL);
+    scen_free(&reps[i]);
+  }
 }

@@ -129,6 +129,13 @@ expect bench_pipeline_bsw_needs_op 2 "--bsw applies to --op pipeline only" -- be
 expect bench_pipeline_nccl_needs_gpus 2 "--mode nccl needs >= 2 GPUs (one stage per GPU), sees 0" -- $PB --stages 2 --mode nccl
 expect bench_pipeline_valid_reaches_backend 2 "gpu backend is not available" -- $PB --stages 2 --microbatches 4 --bsw --mode loopback
 expect bench_pipeline_no_ref_bench 2 "pipeline has no ref bench" -- bench --op pipeline --stages 2 --microbatches 4
+# bench --op ep: its options parse first (a bad value is named), and apply to --op ep only
+expect bench_ep_bad_tokens 2 "--tokens wants up to 8 comma-separated integers 1..1048576, got '128,0'" -- bench --backend gpu --op ep --tokens 128,0
+expect bench_ep_bad_version 2 "--ep-version wants all, ep_nccl_slots or ep_nccl_lsa, got 'ep_fast'" -- bench --backend gpu --op ep --ep-version ep_fast
+expect bench_ep_bad_routing 2 "--routing wants both, uniform or skewed, got 'zipf'" -- bench --backend gpu --op ep --routing zipf
+expect bench_ep_flag_needs_op 2 "--tokens applies to --op ep only" -- bench --backend gpu --op gemm --tokens 128
+expect bench_ep_valid_reaches_backend 2 "gpu backend is not available" -- bench --backend gpu --op ep --tokens 128,4096 --routing skewed
+expect bench_ep_no_ref_bench 2 "ep has no ref bench" -- bench --op ep --tokens 128
 if "$TWIN" bench --help >"$T/help" 2>&1; then
   missing=""
   for f in --stages --microbatches --repeats --delay --bsw --hidden --ffn --mb-rows --mode; do

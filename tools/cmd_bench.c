@@ -17,6 +17,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: twin bench [--backend ref|gpu] [--op all|OP] [--iters N]\n"
           "                  [--warmup N] [--peers FILE] [--csv FILE]\n"
+          "       twin bench --backend gpu --op ep [--tokens LIST] [--ep-version NAME] [--routing NAME]\n"
           "       twin bench --backend gpu --op pipeline [--stages S] [--microbatches M] [--repeats R]\n"
           "                  [--delay 1|2] [--bsw] [--hidden E] [--ffn H] [--mb-rows N]\n"
           "                  [--mode auto|nccl|loopback] [--iters N] [--warmup N] [--csv FILE]\n"
@@ -44,7 +45,18 @@ static void usage(FILE *f) {
           "  --mb-rows N         rows of one microbatch (default 2048)\n"
           "  --mode auto|nccl|loopback  nccl: one stage per GPU over NCCL (needs >= 2 GPUs);\n"
           "                      loopback: S stages as threads on GPU 0 (pipeline/loopback_comm.h);\n"
-          "                      auto (default): nccl on >= 2 GPUs, else loopback\n");
+          "                      auto (default): nccl on >= 2 GPUs, else loopback\n"
+          "\n"
+          "--backend gpu --op ep: expert-parallel dispatch (bf16 and fp8 e4m3 with 1x128 scales) and\n"
+          "combine (bf16), H 7168, top-8, 256 experts over the EP ranks (all visible GPUs, a power of\n"
+          "two; one process, one thread per GPU), uniform and skewed routing. Per case: the slowest\n"
+          "rank's median time, GB/s of the token rows received (one row per source token and\n"
+          "destination rank, as DeepEP counts) with and without the rows that stay on their rank, and\n"
+          "NCCL's all-to-all (grouped ncclSend/ncclRecv) moving the same per-peer bytes, timed in the\n"
+          "same call (ratio = nccl_ms / ms), plus the one-direction NVLink copy rate (cudaMemcpyPeer).\n"
+          "  --tokens LIST       tokens per rank, comma-separated (default 128,4096,16384)\n"
+          "  --ep-version NAME   all (default), ep_nccl_slots or ep_nccl_lsa\n"
+          "  --routing NAME      both (default), uniform or skewed (half the picks from experts 0-31)\n");
 }
 
 static const char *const pp_flags[] = {"--stages", "--microbatches", "--repeats", "--delay", "--hidden",
@@ -126,6 +138,44 @@ static int pp_resolve(tw_bench_pipeline *pp) {
   return 0;
 }
 
+static const char *const ep_flags[] = {"--tokens", "--ep-version", "--routing", NULL};
+
+/* One --op ep option into ep; -1 after one stderr line naming the bad value. */
+static int ep_option(tw_bench_ep *ep, const char *a, const char *v) {
+  if (!strcmp(a, "--ep-version")) {
+    if (!strcmp(v, "all")) ep->version = NULL;
+    else if (!strcmp(v, "ep_nccl_slots") || !strcmp(v, "ep_nccl_lsa")) ep->version = v;
+    else {
+      fprintf(stderr, "twin bench: --ep-version wants all, ep_nccl_slots or ep_nccl_lsa, got '%s'\n", v);
+      return -1;
+    }
+    return 0;
+  }
+  if (!strcmp(a, "--routing")) {
+    if (!strcmp(v, "both")) ep->routing = 0;
+    else if (!strcmp(v, "uniform")) ep->routing = 1;
+    else if (!strcmp(v, "skewed")) ep->routing = 2;
+    else {
+      fprintf(stderr, "twin bench: --routing wants both, uniform or skewed, got '%s'\n", v);
+      return -1;
+    }
+    return 0;
+  }
+  ep->ntokens = 0; /* --tokens */
+  const char *p = v;
+  for (;;) {
+    char *end;
+    long long x = strtoll(p, &end, 10);
+    if (end == p || x < 1 || x > 1048576 || (*end && *end != ',') || ep->ntokens == 8) {
+      fprintf(stderr, "twin bench: --tokens wants up to 8 comma-separated integers 1..1048576, got '%s'\n", v);
+      return -1;
+    }
+    ep->tokens[ep->ntokens++] = x;
+    if (!*end) return 0;
+    p = end + 1;
+  }
+}
+
 static int positive_int(const char *flag, const char *v, int *out) {
   char *end;
   long x = strtol(v, &end, 10);
@@ -168,18 +218,26 @@ int twin_cmd_bench(int argc, char **argv) {
   const char *backend = "ref", *csv_path = NULL, *pp_flag = NULL;
   tw_bench_pipeline pp;
   memset(&pp, 0, sizeof pp);
+  tw_bench_ep epc;
+  memset(&epc, 0, sizeof epc);
+  const char *ep_flag = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (twin_is_help(a)) { usage(stdout); return TW_EXIT_OK; }
     if (!strcmp(a, "--bsw")) { pp.bsw = 1; pp_flag = a; continue; }
     static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup",
                                           "--stages", "--microbatches", "--repeats", "--delay", "--hidden",
-                                          "--ffn", "--mb-rows", "--mode", NULL};
+                                          "--ffn", "--mb-rows", "--mode", "--tokens", "--ep-version",
+                                          "--routing", NULL};
     const char *v = twin_option_value("bench", argc, argv, &i, options);
     if (!v) return TW_EXIT_USAGE;
-    int is_pp = 0;
+    int is_pp = 0, is_ep = 0;
     for (int k = 0; pp_flags[k]; k++) is_pp |= !strcmp(a, pp_flags[k]);
-    if (is_pp) {
+    for (int k = 0; ep_flags[k]; k++) is_ep |= !strcmp(a, ep_flags[k]);
+    if (is_ep) {
+      if (ep_option(&epc, a, v)) return TW_EXIT_USAGE;
+      ep_flag = a;
+    } else if (is_pp) {
       if (pp_option(&pp, a, v)) return TW_EXIT_USAGE;
       pp_flag = a;
     } else if (!strcmp(a, "--backend")) backend = v;
@@ -203,6 +261,11 @@ int twin_cmd_bench(int argc, char **argv) {
     if (pp_resolve(&pp)) return TW_EXIT_USAGE;
     cfg.pipeline = &pp;
   }
+  if (ep_flag && !(op && tw_op_find(op) == tw_op_find("ep"))) {
+    fprintf(stderr, "twin bench: %s applies to --op ep only\n", ep_flag);
+    return TW_EXIT_USAGE;
+  }
+  if (ep_flag) cfg.ep = &epc;
   tw_backend be;
   if (twin_parse_backend("bench", backend, 0, &be, NULL) != 0) return TW_EXIT_USAGE;
   if (be == TW_BACKEND_GPU && !tw_backend_available(TW_BACKEND_GPU)) {

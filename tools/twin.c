@@ -44,6 +44,9 @@ static void usage(FILE *f) {
 extern const tw_backend_ops tw_ref_ops __attribute__((weak));
 extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
 
+#pragma weak gpu_ep_describe
+void gpu_ep_describe(char *buf, size_t n); /* gpu/ep.cu; absent from twin_cpu */
+
 static int cmd_backends(void) {
   const tw_backend_ops *tables[TW_BACKEND_COUNT] = {&tw_ref_ops, &tw_gpu_ops};
   printf("%-22s", "operation");
@@ -57,6 +60,11 @@ static int cmd_backends(void) {
     printf("%-22s", e->name);
     for (int b = 0; b < TW_BACKEND_COUNT; b++) printf(" %-10s", tw_op_provided(e, tables[b]) ? "yes" : "-");
     printf("\n");
+  }
+  if (gpu_ep_describe && tw_backend_available(TW_BACKEND_GPU)) { /* which EP version auto picks, and why */
+    char why[400];
+    gpu_ep_describe(why, sizeof why);
+    printf("\nep (gpu): %s\n", why);
   }
   return TW_EXIT_OK;
 }
