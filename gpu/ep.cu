@@ -853,14 +853,11 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int j = 0; j < k; j++) {
           if (!row_of[j]) continue;
-          const uint4 v = ((const uint4 *)row_of[j])[h8];
-          const uint16_t *u = (const uint16_t *)&v;
-          for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w_of[j], tw_bf16_to_f32_d(u[e])));
+          float y8[8];
+          load8_bf16(row_of[j], 8 * h8, y8);
+          for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w_of[j], y8[e]));
         }
-        uint4 o;
-        uint16_t *ou = (uint16_t *)&o;
-        for (int e = 0; e < 8; e++) ou[e] = tw_f32_to_bf16_d(acc[e]);
-        ((uint4 *)((uint16_t *)out + (size_t)t * H))[h8] = o;
+        store8(out, 1, t * H + 8 * h8, acc);
       }
       continue;
     }
