@@ -100,6 +100,7 @@ static tw_status gpu_ctx_fini(tw_ctx *ctx) {
   }
   if (gpu_gemm_fini) gpu_gemm_fini(st);
   for (int i = 0; i < st->n_extra; i++) cudaFree(st->extra[i]);
+  if (st->wgrad_pad) cudaFree(st->wgrad_pad);
   if (st->scratch) cudaFree(st->scratch);
   if (st->workspace) cudaFree(st->workspace);
   if (st->err_word) cudaFree(st->err_word);

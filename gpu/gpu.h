@@ -27,6 +27,10 @@ typedef struct gpu_state {
 #define GPU_SCRATCH_EXTRA 8
   void *extra[GPU_SCRATCH_EXTRA];  // overflow buffers of the current operation (stream-ordered)
   int n_extra;
+  // The fp8 wgrad's token-padded operand copies (gpu/grouped_gemm_wgmma_fp8.cu): grow-only,
+  // stream-ordered (cudaMallocAsync / cudaFreeAsync), never grown during a graph capture.
+  void *wgrad_pad;
+  size_t wgrad_pad_bytes;
 } gpu_state;
 
 // Device error word: [0] code (0 = none), [1] op id, [2] a, [3] b. The first error of a

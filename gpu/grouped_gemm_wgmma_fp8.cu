@@ -497,6 +497,7 @@ struct ggf_wparams {
   int64_t lda_s, ldb_s;
   int loader;  // GGF_WLOAD_*
   int nst;     // stages of the ring
+  int64_t Mp;  // tma: columns of the token-padded copies (128 x a bound on the tiles T(G))
 };
 // Two producers (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows|staged picks one; gpu/NOTES-gemm.md):
 //   rows:   each producer thread loads its A row and B row into registers (9 aligned words
@@ -505,8 +506,14 @@ struct ggf_wparams {
 //           (consecutive threads on consecutive words: coalesced) into a raw buffer, GGF_WRAW
 //           buffers deep (two k-blocks in flight ahead of the one being shifted, no registers
 //           held), then shifts raw -> stage (8 threads per row, one 16-byte chunk each); 3 stages.
-enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1 };
-#define GGF_WLOAD_DEFAULT GGF_WLOAD_ROWS  // run fw1 (H100): rows 173-205 TFLOP/s, staged 137-149
+//   tma:    (default) a pass before the GEMM copies both colwise operands into token-padded
+//           matrices lhs [K, Mp], rhs [N, Mp] (ggf_pad_colwise: group g's tokens at columns
+//           128*T(g).., zeros up to its next 128 boundary), so every k-block of every group is
+//           one 128 x 128 box at column 128*(T(g) + kb) of a plain 2-D map: the forward's TMA
+//           producer (one thread) and scale warps. The shifting is done once per operand byte
+//           instead of once per output column tile (N/128 or K/128 times).
+enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
+#define GGF_WLOAD_DEFAULT GGF_WLOAD_TMA  // rows: run fw1 (H100) 173-205 TFLOP/s, staged 137-149
 #define GGF_WRAW 3
 #define GGF_WRAW_ROW 144                              // 9 aligned 16-byte words hold any 128 bytes
 #define GGF_WRAW_BYTES (256 * GGF_WRAW_ROW + 256 * 4)  // A and B rows, then their 256 scales
@@ -710,6 +717,53 @@ __device__ __forceinline__ uint4 ggf_shift16(uint4 w0, uint4 w1, int off, int vb
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
+// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
+// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
+__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
+  if (q + 16 <= end) return __ldg((const uint4 *)q);
+  uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll 1
+  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+#endif  // WGC_DEVICE
+// dst[r, 16c .. 16c+15] for chunk c of the padded token axis (tile c / 8 of T(G) tiles; side 0:
+// lhs, R = K rows; side 1: rhs, R = N rows): tokens j0 .. j0+15 of the tile's group g,
+// j0 = 128 (c/8 - T(g)) + 16 (c%8), read from its block [R, m_g] at byte o_g*R (row r at
+// + r*m_g); tokens past m_g are zeros. One thread per chunk and row; rows strided by gridDim.y.
+__global__ void ggf_pad_colwise(const ggf_wparams p, unsigned char *pa, unsigned char *pb) {
+#ifdef WGC_DEVICE
+  const int side = blockIdx.z;
+  const int64_t R = side ? p.N : p.K, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= 8 * p.tiles[p.G]) return;
+  const unsigned char *src = side ? p.b : p.a, *end = side ? p.b_end : p.a_end;
+  unsigned char *dst = side ? pb : pa;
+  const int64_t tile = c >> 3;
+  int64_t lo = 0, hi = p.G - 1;
+  while (lo < hi) {  // last g with T(g) <= tile: the non-empty group holding it
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (p.tiles[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t og = p.offsets[lo], mg = p.offsets[lo + 1] - og;
+  const int64_t j0 = (tile - p.tiles[lo]) * 128 + (c & 7) * 16, left = mg - j0;
+  const int vb = (int)(left < 16 ? left : 16);
+  for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (vb > 0) {
+      const unsigned char *row = src + og * R + r * mg + j0;
+      const unsigned char *q = (const unsigned char *)((uintptr_t)row & ~(uintptr_t)15);
+      const int off = (int)((uintptr_t)row & 15);
+      const uint4 w0 = ggf_load16(q, end);
+      const uint4 w1 = off + vb > 16 ? ggf_load16(q + 16, end) : make_uint4(0, 0, 0, 0);
+      o = ggf_shift16(w0, w1, off, vb);
+    }
+    *(uint4 *)(dst + r * p.Mp + 16 * c) = o;
+  }
+#endif
+}
+#ifdef WGC_DEVICE
+
 template <bool BL>
 __device__ void ggf_wproduce_staged(const ggf_wparams &p, unsigned char *base, unsigned char *rawbuf, float *scales,
                                     uint64_t *full, uint64_t *empty, int tid) {
@@ -778,7 +832,10 @@ __device__ void ggf_wproduce_staged(const ggf_wparams &p, unsigned char *base, u
 #endif  // WGC_DEVICE
 
 template <bool BL, int AT, int BT, int OUT>
-__global__ void __launch_bounds__(GGF_THREADS, 1) ggf_wgrad_kernel(const ggf_wparams p) {
+// map_a, map_b: the tma loader's padded copies (unused by the other loaders).
+__global__ void __launch_bounds__(GGF_THREADS, 1)
+    ggf_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const ggf_wparams p) {
 #ifdef WGC_DEVICE
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
@@ -790,7 +847,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1) ggf_wgrad_kernel(const ggf_wpa
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < nst; ++s) {
-      wgc_bar_init(&full[s], 128);  // every producer thread
+      // tma: the TMA thread (+ bytes) and, block modes, a scale warp; else every producer thread
+      wgc_bar_init(&full[s], p.loader == GGF_WLOAD_TMA ? (BL ? 1 + 32 : 1) : 128);
       wgc_bar_init(&empty[s], 8);   // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -798,7 +856,61 @@ __global__ void __launch_bounds__(GGF_THREADS, 1) ggf_wgrad_kernel(const ggf_wpa
   __syncthreads();
   const int64_t total = p.G * p.tilesP * p.tilesQ;
 
-  if (wg == 0 && p.loader == GGF_WLOAD_STAGED) {
+  if (wg == 0 && p.loader == GGF_WLOAD_TMA) {
+    if (tid == 0) {
+      // ---- producer (tma): k-block kb of a tile is the box at padded column 128*(T(g) + kb);
+      // rows past K / N come back as zeros (TMA fill)
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const ggf_wtile w = ggf_wlocate(p, t);
+        for (int kb = 0; kb < w.kts; ++kb) {
+          wgc_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
+          const int col = (int)((w.tg + kb) * GGF_BK);
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
+          wgc_tma_2d(sa, &map_a, &full[s], col, (int)w.p0);
+          wgc_tma_2d(sb, &map_b, &full[s], col, (int)w.q0);
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (BL && tid >= 32) {
+      // ---- producer (tma): warps 1-3 in turn stage a k-block's 128 row and 128 column scales
+      // (the forward's scheme: three global-load latencies in flight)
+      const int sw = tid / 32 - 1, lane = tid % 32;
+      int s = 0, turn = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const ggf_wtile w = ggf_wlocate(p, t);
+        for (int kb = 0; kb < w.kts; ++kb) {
+          const bool mine = turn == sw;
+          const int st = s;
+          const uint32_t ph = phase;
+          if (++turn == 3) turn = 0;
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+          if (!mine) continue;
+          const int64_t tb = w.tg + kb;
+          wgc_bar_wait(&empty[st], ph ^ 1);
+          float *f = scales + st * GGF_SCALE_FLOATS + lane;
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int64_t k = w.p0 + lane + 32 * r, n = w.q0 + lane + 32 * r;
+            f[32 * r] = k >= p.K ? 0.f : p.mode == GGF_B1x128 ? p.sa[tb * p.lda_s + k] : p.sa[(w.p0 / 128) * p.lda_s + tb];
+            f[GGF_BM + 32 * r] = n >= p.N ? 0.f : p.mode_b == GGF_B1x128 ? p.sb[tb * p.ldb_s + n] : p.sb[(w.q0 / 128) * p.ldb_s + tb];
+          }
+          wgc_bar_arrive(&full[st]);
+        }
+      }
+    }
+  } else if (wg == 0 && p.loader == GGF_WLOAD_STAGED) {
     ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);
   } else if (wg == 0) {
     // ---- producer (rows): thread tid fills row tid of the A and B tiles of every stage -----
@@ -986,10 +1098,34 @@ int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   return *why == NULL;
 }
 
-template <bool BL, int AT, int BT, int OUT>
-static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wparams *p, const char *op) {
+// The padded copies' memory: the context's grow-only buffer (stream-ordered: the old one is
+// freed behind the work already queued), or, inside a graph capture, an allocation of the graph
+// that the caller frees in it (*in_graph = 1), so a graph never holds the context's buffer.
+static tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaStreamIsCapturing");
+  *in_graph = cs != cudaStreamCaptureStatusNone;
+  if (*in_graph) {
+    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
+    return TW_OK;
+  }
+  if (st->wgrad_pad_bytes < bytes) {
+    if (st->wgrad_pad) GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFreeAsync");
+    st->wgrad_pad = NULL;
+    st->wgrad_pad_bytes = 0;
+    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
+    st->wgrad_pad_bytes = bytes;
+  }
+  *out = (unsigned char *)st->wgrad_pad;
+  return TW_OK;
+}
+
+template <bool BL, int AT, int BT, int OUT>
+static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
+                                    const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
   const size_t smem = ggf_wsmem(p->loader, p->nst);
@@ -1000,17 +1136,18 @@ static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wparams *p, const cha
   }
   const int64_t total = p->G * p->tilesP * p->tilesQ;
   const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
-  fn<<<grid, GGF_THREADS, smem, st->stream>>>(*p);
+  fn<<<grid, GGF_THREADS, smem, st->stream>>>(*ma, *mb, *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
 
 template <bool BL, int AT, int BT>
-static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wparams *p, const char *op) {
+static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
+                               const char *op) {
   switch (od) {
-    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, p, op);
-    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, p, op);
-    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, p, op);
+    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
+    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
+    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
   }
 }
 
@@ -1044,15 +1181,58 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   const char *lv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER");  // measurement knob, read on every call
-  p.loader = lv && !strcmp(lv, "rows") ? GGF_WLOAD_ROWS : lv && !strcmp(lv, "staged") ? GGF_WLOAD_STAGED : GGF_WLOAD_DEFAULT;
+  p.loader = lv && !strcmp(lv, "rows")     ? GGF_WLOAD_ROWS
+             : lv && !strcmp(lv, "staged") ? GGF_WLOAD_STAGED
+             : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
+                                           : GGF_WLOAD_DEFAULT;
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : GGF_STAGES;
-  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
-  if (p.mode != GGF_TENSOR) {
-    if (at) return ggf_wgrad_out<true, 1, 0>(ctx, od, &p, op);
-    if (bt) return ggf_wgrad_out<true, 0, 1>(ctx, od, &p, op);
-    return ggf_wgrad_out<true, 0, 0>(ctx, od, &p, op);
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
+  unsigned char *pad = NULL;
+  int pad_in_graph = 0;
+  if (p.loader == GGF_WLOAD_TMA) {
+    // Sum over groups of ceil(m_g / 128) <= ceil(M / 128) + G: the padded columns any sizes need.
+    const int64_t M = lhs->src_rows;
+    p.Mp = ((M + 127) / 128 + G) * 128;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
+    if (p.Mp >= ((int64_t)1 << 31) || !enc) {
+      p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
+    } else {
+      TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph));
+      unsigned char *pa = pad, *pb = pad + K * p.Mp;
+      const int64_t chunks = 8 * (p.Mp / 128);
+      const int64_t rows = K > N ? K : N;
+      dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), 2);
+      ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+      GPU_TRY_CUDA(cudaGetLastError(), op);
+      const unsigned char *src[2] = {pa, pb};
+      const int64_t ext[2] = {K, N};
+      CUtensorMap *maps[2] = {&ma, &mb};
+      for (int i = 0; i < 2; ++i) {
+        cuuint64_t dims[2] = {(cuuint64_t)p.Mp, (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)p.Mp};
+        cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? GGF_BN : GGF_BM)}, es[2] = {1, 1};
+        CUresult r = enc(maps[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+          return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': padded %s tensor map refused (CUresult %d)", op,
+                          GG_KERNEL_WGMMA_FP8, i ? "rhs" : "lhs", (int)r);
+      }
+    }
   }
-  if (at) return ggf_wgrad_out<false, 1, 0>(ctx, od, &p, op);
-  if (bt) return ggf_wgrad_out<false, 0, 1>(ctx, od, &p, op);
-  return ggf_wgrad_out<false, 0, 0>(ctx, od, &p, op);
+  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
+  tw_status s;
+  if (p.mode != GGF_TENSOR)
+    s = at ? ggf_wgrad_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op)
+           : bt ? ggf_wgrad_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  else
+    s = at ? ggf_wgrad_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op)
+           : bt ? ggf_wgrad_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  // a buffer allocated inside a capture is freed inside it too (alloc and free nodes of the graph)
+  if (pad_in_graph) {
+    cudaError_t e = cudaFreeAsync(pad, gpu_of(ctx)->stream);
+    if (s == TW_OK && e != cudaSuccess) s = gpu_cuda_status(e, "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFreeAsync");
+  }
+  return s;
 }

@@ -21,20 +21,8 @@ __device__ double act_value(int act, double g) {
   return g;
 }
 
-__device__ double act_grad(int act, double g) {
-  if (act == TW_MOE_SWIGLU) {
-    double s = 1.0 / (1.0 + exp(-g));
-    return s * (1.0 + g * (1.0 - s));
-  }
-  if (act == TW_MOE_GEGLU) {
-    double u = GELU_C * (g + 0.044715 * g * g * g), th = tanh(u);
-    return 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * GELU_C * (1.0 + 3 * 0.044715 * g * g);
-  }
-  return 1.0;
-}
-
-// act_value and act_grad with their exp / tanh taken once (the same expressions as the two
-// functions above, so the same bits; the backward needs both).
+// act_value and its derivative with their exp / tanh taken once: the expressions of act_value
+// above and of moe/elementwise.c's act_grad, so the same bits (the backward needs both).
 __device__ void act_both(int act, double g, double *value, double *grad) {
   if (act == TW_MOE_SWIGLU) {
     double e = exp(-g), s = 1.0 / (1.0 + e);
