@@ -461,8 +461,10 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
 // fp8 wgmma reads both operands K-major (here: token-major), so the kernel takes the
 // per-group transposed colwise copies (tw_quantize.h; lhs_op = rhs_op = T): group g's lhs block
 // is [K, m_g] row-major at byte o_g*K, rhs [N, m_g] at o_g*N. Its rows are m_g bytes apart, so
-// neither a TMA map (16-byte strides) nor one per group can address them for a general m_g;
-// the producer warpgroup loads them itself:
+// neither a TMA map (16-byte strides) nor one per group can address them for a general m_g.
+// The default (tma) loader first copies them into token-padded matrices that one map each
+// addresses (ggf_pad_colwise, below); the register loaders (rows, staged) read them in place,
+// the producer warpgroup loading them itself (rows):
 //   - thread i of the producer fills row i of the stage's A tile (out row p0 + i) and row i of
 //     its B tile (out column q0 + i): the 128 bytes of tokens 128kb.. of the group, read as the
 //     nine aligned 16-byte words that cover them (words holding no byte of the group's row are
