@@ -10,13 +10,16 @@
 //   per batch entry. It takes every case cuBLASLt does not: mixed f32 x bf16/f16 operands,
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
+// version "gg_wgmma_fp8": the Hopper fp8 kernel (gpu/grouped_gemm_wgmma_fp8.cu) as one group:
+//   a [M, K] rowwise op N, b [N, K] op T, no batch; per-tensor, 1x128 or 128x128 scales;
+//   tw_gemm.h's "promoted every 128" model.
 // Auto choice: cuBLASLt for plain operands of one dtype; plain operands of mixed dtypes (f32 x
-//   bf16/f16) widened to f32 first (exact) and then cuBLASLt in f32 (dense_lt_widened); else gg
-//   (gg_mma_wide where it fits). fp8 never goes to cuBLASLt
-//   unless forced: Hopper's fp8 tensor cores keep about 14 mantissa bits in the accumulator
-//   between promotions (measured here: errors of ~2^-13 relative to sum |a||b|; DeepSeek-V3
-//   report, DeepGEMM #37), which breaks tw_gemm.h's contract of f32 accumulation. gg decodes
-//   fp8 exactly to bf16 and accumulates in f32.
+//   bf16/f16) widened to f32 first (exact) and then cuBLASLt in f32 (dense_lt_widened); fp8
+//   on gg_wgmma_fp8 where it takes the operands (sm_90, K-major, one matrix); else gg
+//   (gg_mma_wide where it fits: exact f32 accumulation of fp8 decoded to bf16/f16).
+//   fp8 never goes to cuBLASLt unless forced: Hopper's fp8 tensor cores keep about 14
+//   mantissa bits in the accumulator with no documented promotion interval there (measured:
+//   ~2^-13 relative to sum |a||b|; DeepSeek-V3 report, DeepGEMM #37), so no bound is derived.
 #include <string.h>
 
 #include "gpu/gemm_common.cuh"
@@ -257,6 +260,31 @@ static tw_status dense_gg(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw
   return gg_run(ctx, &p, "gemm");
 }
 
+// gg_wgmma_fp8 over one group: its device offsets {0, M} and 128-row tile offsets {0, T}.
+__global__ void dense_one_group(int64_t *offsets, int64_t *tiles, int64_t M) {
+  offsets[0] = 0;
+  offsets[1] = M;
+  tiles[0] = 0;
+  tiles[1] = (M + 127) / 128;
+}
+static int dense_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
+                                 const tw_tensor *out, const dense_dims *d, const char **why) {
+  if (a->mode == TW_SCALE_NONE) *why = "takes fp8 operands only";
+  else if (d->batch != 1 || d->a3 || d->b3 || out->ndim != 2) *why = "takes one matrix (no batch)";
+  else if (op_a != TW_OP_N || op_b != TW_OP_T) *why = "needs a op N and b op T (fp8 wgmma reads both K-major)";
+  else return gg_wgmma_fp8_takes(ctx, a, b, TW_OP_T, out, why);
+  return 0;
+}
+static tw_status dense_wgmma_fp8(tw_ctx *ctx, const tw_operand *a, const tw_operand *b, tw_tensor *out,
+                                 int accumulate, const dense_dims *d) {
+  int64_t *offsets, *tiles;
+  TW_TRY(gpu_scratch(ctx, 2 * sizeof(int64_t), (void **)&offsets));
+  TW_TRY(gpu_scratch(ctx, 2 * sizeof(int64_t), (void **)&tiles));
+  dense_one_group<<<1, 1, 0, gpu_of(ctx)->stream>>>(offsets, tiles, d->M);
+  GPU_TRY_CUDA(cudaGetLastError(), "gemm (gg_wgmma_fp8)");
+  return gg_wgmma_fp8_forward(ctx, a, b, TW_OP_T, offsets, tiles, 1, out, accumulate, "gemm");
+}
+
 static tw_status dense_lt(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand *b, tw_op op_b,
                           tw_tensor *out, int accumulate, const dense_dims *d) {
   gemm_lt_args x;
@@ -347,6 +375,12 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
     return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, strcmp(k, GG_KERNEL_MMA) == 0 ? 0 : 2);
   }
   if (k && strcmp(k, GG_KERNEL_FMA) == 0) return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, 1);
+  const char *why = NULL;
+  if (k && strcmp(k, GG_KERNEL_WGMMA_FP8) == 0) {
+    if (!dense_wgmma_fp8_takes(ctx, a, op_a, b, op_b, out, &d, &why))
+      return tw_error(TW_ERR_UNSUPPORTED, "gemm: kernel '%s' %s", k, why);
+    return dense_wgmma_fp8(ctx, a, b, out, accumulate, &d);
+  }
   if (k && strcmp(k, GEMM_KERNEL_LT) == 0) {
     if (!lt_eligible(st, a, op_a, b, op_b, out, &d))
       return tw_error(TW_ERR_UNSUPPORTED,
@@ -375,6 +409,8 @@ tw_status gpu_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operan
     tw_clear_error();
     gpu_scratch_reset(ctx);
   }
+  // fp8: the promoted model where gg_wgmma_fp8 takes it (5.7-7x gg_mma_wide, NOTES-gemm.md)
+  if (dense_wgmma_fp8_takes(ctx, a, op_a, b, op_b, out, &d, &why)) return dense_wgmma_fp8(ctx, a, b, out, accumulate, &d);
   // the gg fallback: the wide tile where it fits (gg_mma_wide measured 1.3-1.8x gg_mma, NOTES-gemm.md run 6)
   return dense_gg(ctx, a, op_a, b, op_b, out, accumulate, &d, gg_wide_fits(ctx) ? 2 : 0);
 }

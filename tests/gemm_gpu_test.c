@@ -1,8 +1,9 @@
 /* Dense GEMM on the gpu backend: every stored golden GEMM case (gemm, grouped_gemm,
  * grouped_gemm_wgrad) through the golden runner, and seeded random dense cases gpu vs ref
- * on each version (cuBLASLt, gg_mma, gg_mma_wide, gg_fma), any layout, batched and broadcast, fp8 with
- * per-tensor and block scales. Bound as in grouped_gemm_gpu_test.c: ref's output is expected,
- * each element may differ by the sum of both bounds (u_acc 2^-23 gpu, 2^-24 ref, K + 4). */
+ * on each version (cuBLASLt, gg_mma, gg_mma_wide, gg_fma, gg_wgmma_fp8), any layout, batched and
+ * broadcast, fp8 with per-tensor and block scales. Bound as in grouped_gemm_gpu_test.c: ref's
+ * output is expected, each element may differ by the sum of both bounds (u_acc 2^-23 gpu, 2^-24
+ * ref, K + 4; gg_wgmma_fp8's cases: its promoted model on the gpu side). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -170,6 +171,7 @@ static void dense_case(uint64_t seed, int kind) {
   tw_tensor bufs[16];
   int nb = 0;
   char what[256];
+  int may_promote = 0; /* a case gg_wgmma_fp8 may run (auto on sm_90, or forced) */
   if (!quant) {
     tw_dtype ta = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32, tb = ta;
     if (kind == 2 && unif() < 0.5) tb = (rnd() & 1) ? TW_BF16 : TW_F16;
@@ -244,6 +246,7 @@ static void dense_case(uint64_t seed, int kind) {
       free(x.data);
       free(gs.data);
     }
+    may_promote = mode != TW_SCALE_MXFP8_1D && oa == TW_OP_N && ob == TW_OP_T;
     snprintf(what, sizeof what, "dense seed %llu: fp8 %s %s x %s -> %s M=%lld N=%lld K=%lld op %c%c acc %d",
              (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(qa), tw_dtype_name(qb), tw_dtype_name(od),
              (long long)M, (long long)N, (long long)K, oa ? 'T' : 'N', ob ? 'T' : 'N', acc);
@@ -285,10 +288,14 @@ static void dense_case(uint64_t seed, int kind) {
           ex[(b * M + i) * N + j] = sx;
           ab[(b * M + i) * N + j] = sa;
         }
-    /* cuBLASLt's fp8 (forced gemm_lt) accumulates with ~14 mantissa bits: u_acc = 2^-13 */
+    /* cuBLASLt's fp8 (forced gemm_lt) accumulates with ~14 mantissa bits: u_acc = 2^-13;
+     * gg_wgmma_fp8 (auto on sm_90 where it takes the case, or forced): tw_gemm.h's promoted model */
     const char *kn = tw_ctx_kernel(gpu_ctx);
     double u_gpu = quant && kn && !strcmp(kn, "gemm_lt") ? ldexp(1.0, -13) : ldexp(1.0, -23);
-    tw_gemm_error_bound(ab, ex, n, K + 4, u_gpu, od, bd);
+    if (may_promote && (!kn || !strcmp(kn, "gg_wgmma_fp8")))
+      tw_gemm_error_bound_promoted(ab, ex, n, K, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bd);
+    else
+      tw_gemm_error_bound(ab, ex, n, K + 4, u_gpu, od, bd);
     tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), od, b2);
     for (int64_t i = 0; i < n; ++i) bd[i] += b2[i];
     check(what, &outg, &outr, bd);
@@ -316,3 +323,4 @@ DENSE_TESTS(gg_mma, "gg_mma")
 DENSE_TESTS(gg_mma_wide, "gg_mma_wide")
 DENSE_TESTS(gg_fma, "gg_fma")
 DENSE_TESTS(gemm_lt, "gemm_lt")
+DENSE_TESTS(gg_wgmma_fp8, "gg_wgmma_fp8")

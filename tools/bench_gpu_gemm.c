@@ -3,7 +3,8 @@
  * Rows, all timed in one run on one stream with CUDA events (median of max(iters, 10)):
  *   dense 8192^3 bf16 and fp8 e4m3 (per-tensor): tw_gemm through cuBLASLt (gemm_lt) and the
  *     gg kernels (gg_mma, gg_mma_wide), next to a direct cublasLtMatmul call of the same problem (twin's overhead over
- *     cuBLASLt; target within 3%) or the torch peer. The cuBLASLt rates are the floors
+ *     cuBLASLt; target within 3%) or the torch peer; fp8 also the default choice ("auto":
+ *     gg_wgmma_fp8 on sm_90) and its ratio to gemm_lt's time in the same call (target >= 0.9). The cuBLASLt rates are the floors
  *     ("% of dense peak") of the grouped rows below.
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
  *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
@@ -270,6 +271,15 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         ms = time_it(run_call, &c, warmup, iters, own[v]);
         if (ms < 0) { fprintf(stderr, "%s: %s\n", own_names[v], tw_last_error()); rc = 1; }
         row_out(shape, own_names[v], ms, flop, fp8 ? peak_fp8 : peak_bf16, tp, peer_ms("dense_8192", tp), cfg->csv);
+      }
+      if (fp8 && !wgrad_only) {  /* what a caller gets: the default choice (gg_wgmma_fp8 on sm_90) */
+        const double lt_ms = flop / (peak_fp8 * 1e12) * 1e3;
+        c.ctx = c_auto;
+        ms = time_it(run_call, &c, warmup, iters, c_auto);
+        if (ms < 0) { fprintf(stderr, "dense fp8 auto: %s\n", tw_last_error()); rc = 1; }
+        row_out(shape, "auto", ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
+        if (ms > 0 && !cfg->csv)
+          printf("# %s: default / gemm_lt (cuBLASLt, same call) = %.3f (target >= 0.9)\n", shape, lt_ms / ms);
       }
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);

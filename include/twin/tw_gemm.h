@@ -80,7 +80,8 @@
  *     first, exactly, so the products are the same; accumulating into a 16-bit output then
  *     takes the f32 product and one f32 add of the old value before the one rounding.
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
- *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs; rhs [G, N, K]):
+ *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs; rhs [G, N, K];
+ *     and for dense fp8 tw_gemm with a [M, K] rowwise op N, b [N, K] op T, no batch):
  *     promoted every 128 along K. The tensor core sums the exact fp8 x fp8 products of one
  *     128-deep k-block (the last one may be shorter) into a fresh accumulator that keeps
  *     about 14 significant bits (DeepSeek-V3 report; measured ~2^-13 relative on cuBLASLt,
