@@ -207,14 +207,16 @@ __device__ static void store8(void *p, int bf16, int64_t i, const float v[8]) {
 
 // ---- routing tables -----------------------------------------------------------------------
 //
-// Four kernels build them, every one spread over the GPU (a 128-token step used to spend 0.21 ms
-// in single-block loops: ep_layout 137 us, ep_route_pos 45 us, ep_chunk_count 30 us on an H200):
+// Four kernels build them without serial loops over experts or routes (a 128-token step spent
+// 0.21 ms in single-block / single-warp loops: ep_layout 137 us, ep_route_pos 45 us,
+// ep_chunk_count 30 us on an H200):
 //   ep_chunk_count  a block per chunk of EP_CHUNK routes: counts and each route's rank in its chunk
-//   ep_chunk_scan   a thread per expert: prefix over chunks (skipped when there is one chunk)
-//   ep_layout       one block, segmented prefix sums over experts (the oracle's serial loops)
+//   ep_chunk_scan   a thread per expert: prefix over chunks (not launched for one chunk)
+//   ep_layout       one block, segmented prefix sums over experts (the oracle's serial loops);
+//                   with one chunk it also places the routes (ep_route_pos' work)
 //   ep_route_pos    a thread per route: its staging row, from its rank and the layout
-// All sums are of exact integers in the oracle's order of items, so every table is the one the
-// serial loops give, bit for bit.
+// So a step of <= EP_CHUNK routes is two launches before the rows move. All sums are of exact
+// integers in the oracle's order of items, so every table is the one the serial loops give.
 
 // The expert of route q, or -1 when it is invalid (reported by the counting kernel only).
 __device__ static int route_expert(const int32_t *idx, int64_t q, int k, int E, long long *err, int report) {
@@ -289,97 +291,140 @@ __global__ void ep_chunk_scan(const int32_t *__restrict__ chunk_counts, int64_t 
 struct layout_args {
   int n, me, nle, E, policy;
   int64_t A, R;
+  int64_t routes;  // > 0: the step's routes fit one chunk and ep_layout also places them (no ep_route_pos launch)
+  int64_t S;       // staging rows per peer (route positions)
+  int staged;      // counts_all and kept in shared memory (layout_smem bytes)
 };
 
 __device__ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
+// Route q's staging row (after the layout): rank = its chunk's base for its expert (chunked;
+// one chunk: 0) + its rank in the chunk (route_key); r*S + sendbase[e] + rank when rank <
+// mykept[e], else -1 (dropped, invalid or a failed step). Also slot_route and route_dst.
+__device__ static void place_route(int64_t q, int E, int nle, int64_t S, int chunked, int failed, const layer_impl &L) {
+  const int32_t key = L.route_key[q];
+  int64_t pos = -1, rank = 0;
+  int e = -1;
+  if (key >= 0 && !failed) {
+    e = key / EP_CHUNK;
+    rank = key % EP_CHUNK;
+    if (chunked) rank += L.chunk_base[(q / EP_CHUNK) * E + e];
+    if (rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
+  }
+  L.route_pos[q] = pos;
+  if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
+  if (L.route_dst) L.route_dst[q] = pos >= 0 ? L.dstbase[e] + rank : -1;
+}
+
 #define EP_LAYOUT_THREADS 512
 
-// Segmented exclusive prefix sums by one block over items 0 .. N-1, a segment starting at every
-// item i with i % seg == 0 (the oracle's `for r { base = 0; for l { ..; base += v } }`). Thread t
-// owns items [t * ipt, (t + 1) * ipt), so each prefix is the sum of exact int64s in item order.
-// val(i) is called twice per item (the thread's total, then the walk); out(i, prefix, val(i)).
-// Every thread of the block calls it; it ends with __syncthreads (outputs visible to the block).
+// Shared bytes ep_layout stages counts_all [n * E] i32 and kept [E] i64 in (0: it reads them
+// from global memory; every item reads up to n counts several times).
+static size_t layout_smem(int n, int E) {
+  size_t b = (size_t)E * 8 + (size_t)n * (size_t)E * 4;
+  return b <= (32u << 10) ? b : 0;
+}
+
+// Segmented exclusive prefix sums of two int64 columns by one block over items 0 .. N-1, a
+// segment starting at every item i with i % seg == 0 (the oracle's `for r { base = 0; for l {
+// ..; base += v } }`). Thread t owns items [t * ipt, (t + 1) * ipt), so each prefix is the sum
+// of exact int64s in item order. val(i) is called twice per item (the thread's totals, then the
+// walk); out(i, prefix, val(i)). Every thread of the block calls it; it ends with
+// __syncthreads (outputs visible to the block).
 template <class Val, class Out>
-__device__ static void block_seg_scan(int64_t N, int64_t seg, Val val, Out out, long long *sh_sum, int *sh_flag) {
+__device__ static void block_seg_scan(int64_t N, int64_t seg, Val val, Out out, longlong2 *sh_sum, int *sh_flag) {
   const int64_t ipt = (N + blockDim.x - 1) / blockDim.x;
   const int64_t i0 = (int64_t)threadIdx.x * ipt, i1 = i0 + ipt < N ? i0 + ipt : N;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)((blockDim.x + 31) >> 5);
-  int f = 0;  // (a segment starts in my items, sum since the last start or of all my items)
-  long long s = 0;
+  int f = 0;  // (a segment starts in my items, sums since the last start or of all my items)
+  longlong2 s = make_longlong2(0, 0);
   for (int64_t i = i0; i < i1; i++) {
-    if (i % seg == 0) f = 1, s = 0;
-    s += val(i);
+    if (i % seg == 0) f = 1, s = make_longlong2(0, 0);
+    const longlong2 v = val(i);
+    s.x += v.x, s.y += v.y;
   }
   // inclusive scan of (f, s) pairs: (f1, s1) then (f2, s2) = (f1 | f2, f2 ? s2 : s1 + s2)
   for (int d = 1; d < 32; d <<= 1) {
     const int fo = __shfl_up_sync(0xffffffffu, f, d);
-    const long long so = __shfl_up_sync(0xffffffffu, s, d);
+    const long long ox = __shfl_up_sync(0xffffffffu, s.x, d), oy = __shfl_up_sync(0xffffffffu, s.y, d);
     if (lane >= d) {
-      if (!f) s += so;
+      if (!f) s.x += ox, s.y += oy;
       f |= fo;
     }
   }
   int fl = __shfl_up_sync(0xffffffffu, f, 1);  // exclusive within the warp
-  long long sl = __shfl_up_sync(0xffffffffu, s, 1);
-  if (lane == 0) fl = 0, sl = 0;
+  longlong2 sl = make_longlong2(__shfl_up_sync(0xffffffffu, s.x, 1), __shfl_up_sync(0xffffffffu, s.y, 1));
+  if (lane == 0) fl = 0, sl = make_longlong2(0, 0);
   if (lane == 31) sh_flag[warp] = f, sh_sum[warp] = s;
   __syncthreads();
   if (warp == 0) {  // the warps' totals, scanned the same way
     int wf = lane < nw ? sh_flag[lane] : 0;
-    long long ws = lane < nw ? sh_sum[lane] : 0;
+    longlong2 ws = lane < nw ? sh_sum[lane] : make_longlong2(0, 0);
     for (int d = 1; d < 32; d <<= 1) {
       const int fo = __shfl_up_sync(0xffffffffu, wf, d);
-      const long long so = __shfl_up_sync(0xffffffffu, ws, d);
+      const long long ox = __shfl_up_sync(0xffffffffu, ws.x, d), oy = __shfl_up_sync(0xffffffffu, ws.y, d);
       if (lane >= d) {
-        if (!wf) ws += so;
+        if (!wf) ws.x += ox, ws.y += oy;
         wf |= fo;
       }
     }
     if (lane < nw) sh_flag[lane] = wf, sh_sum[lane] = ws;
   }
   __syncthreads();
-  long long run = warp > 0 ? sh_sum[warp - 1] : 0;  // sum since the last start before my items
-  run = fl ? sl : run + sl;
+  longlong2 run = warp > 0 ? sh_sum[warp - 1] : make_longlong2(0, 0);  // sums since the last start before my items
+  if (fl) run = sl;
+  else run.x += sl.x, run.y += sl.y;
   for (int64_t i = i0; i < i1; i++) {
-    if (i % seg == 0) run = 0;
-    const long long v = val(i);
+    if (i % seg == 0) run = make_longlong2(0, 0);
+    const longlong2 v = val(i);
     out(i, run, v);
-    run += v;
+    run.x += v.x, run.y += v.y;
   }
   __syncthreads();  // sh_* free again, outputs visible
 }
 
 // One block: every rank's slabs from the gathered counts (ref slab_layout), this rank's send
 // bases and receive prefixes (ref route_tables), group_sizes and dropped, as segmented prefix
-// sums over the experts. Rank r's slab offsets are o_l = min(P_l, R) with P_l the unclamped
-// prefix of roundup(count, A): the oracle's o += roundup(min(c, R - o), A) stays equal to P_l
-// while the slabs fit and sticks at R from the first that does not (R - o is a multiple of A,
-// so the cut slab's padding fills R exactly); kept_l = max(0, min(c_l, R - P_l)).
+// sums over the experts; with one chunk of routes (a.routes > 0) also every route's staging row
+// (ep_route_pos' work: one launch fewer at small T). Rank r's slab offsets are o_l = min(P_l, R)
+// with P_l the unclamped prefix of roundup(count, A): the oracle's o += roundup(min(c, R - o), A)
+// stays equal to P_l while the slabs fit and sticks at R from the first that does not (R - o is
+// a multiple of A, so the cut slab's padding fills R exactly); kept_l = max(0, min(c_l, R - P_l)).
 __global__ void __launch_bounds__(EP_LAYOUT_THREADS)
     ep_layout(layout_args a, const int32_t *__restrict__ counts_all, layer_impl L, int32_t *__restrict__ group_sizes,
               int32_t *__restrict__ dropped, long long *err) {
   const int n = a.n, nle = a.nle, E = a.E, me = a.me;
   const int64_t A = a.A, R = a.R;
-  __shared__ long long sh_sum[32];
+  extern __shared__ int64_t lsm[];  // a.staged: kept [E] i64, then counts [n * E] i32
+  __shared__ longlong2 sh_sum[32];
   __shared__ int sh_flag[32];
   __shared__ int first_fail;
+  const int32_t *cnt = counts_all;
+  int64_t *kept_rd = L.kept;  // kept as read back (a copy in shared memory when staged)
+  if (a.staged) {
+    int32_t *c = (int32_t *)(lsm + E);
+    for (int64_t i = threadIdx.x; i < (int64_t)n * E; i += blockDim.x) c[i] = counts_all[i];
+    cnt = c;
+    kept_rd = lsm;
+  }
   if (threadIdx.x == 0) first_fail = 0x7fffffff;
   __syncthreads();
-  // count of expert i (= r * nle + l) from every source rank, and from the ranks before `upto`
-  auto from_all = [&](int64_t i, int upto) {
+  // count of expert i (= r * nle + l) from the source ranks before `upto`
+  auto from = [&](int64_t i, int upto) {
     int64_t c = 0;
-    for (int s = 0; s < upto; s++) c += counts_all[(int64_t)s * E + i];
+    for (int s = 0; s < upto; s++) c += cnt[(int64_t)s * E + i];
     return c;
   };
   // every rank's slabs (the capacity check needs every rank's demand, as the oracle does)
   block_seg_scan(
-      E, nle, [&](int64_t i) { return (long long)round_up(from_all(i, n), A); },
-      [&](int64_t i, long long P, long long u) {
+      E, nle, [&](int64_t i) { return make_longlong2(round_up(from(i, n), A), 0); },
+      [&](int64_t i, longlong2 P2, longlong2 u2) {
         const int r = (int)(i / nle), l = (int)(i % nle);
-        const int64_t c = from_all(i, n);
+        const int64_t c = from(i, n), P = P2.x, u = u2.x;
         int64_t kept = c < R - P ? c : R - P;
-        L.kept[i] = kept < 0 ? 0 : kept;
+        kept = kept < 0 ? 0 : kept;
+        L.kept[i] = kept;
+        if (a.staged) lsm[i] = kept;
         L.offs[(int64_t)r * (nle + 1) + l] = P < R ? P : R;
         if (l == nle - 1) {  // demand = P_nle
           L.offs[(int64_t)r * (nle + 1) + nle] = P + u < R ? P + u : R;
@@ -387,70 +432,54 @@ __global__ void __launch_bounds__(EP_LAYOUT_THREADS)
         }
       },
       sh_sum, sh_flag);
-  if (first_fail != 0x7fffffff) {  // the first rank in order, as the oracle; nothing else is written
+  if (first_fail != 0x7fffffff) {  // the first rank in order, as the oracle; no output is written
     if (threadIdx.x == 0) {
       const int r = first_fail;
       int64_t demand = 0;
-      for (int l = 0; l < nle; l++) demand += round_up(from_all((int64_t)r * nle + l, n), A);
+      for (int l = 0; l < nle; l++) demand += round_up(from((int64_t)r * nle + l, n), A);
       gpu_report(err, GPU_ERR_EP_CAPACITY, GPU_OP_EP_DISPATCH, r, gpu_pack_rows(demand, R));
       *L.flag = 1;
     }
+    for (int64_t q = threadIdx.x; q < a.routes; q += blockDim.x) place_route(q, E, nle, a.S, 0, 1, L);  // all -1
     return;
   }
   if (threadIdx.x == 0) *L.flag = 0;
-  // this rank's routes to rank r = e / nle: mykept, sendbase (prefix within r), dstbase
+  // two columns over the same items, segments of nle:
+  //   x: this rank's routes to rank r = e / nle, expert e: mykept, sendbase (prefix within r), dstbase
+  //   y: rows this rank receives from rank s = i / nle for its local expert l = i % nle: before, recv_pref
+  auto mykept = [&](int64_t e) {
+    const int64_t before = from(e, me), mine = cnt[(int64_t)me * E + e], mk = kept_rd[e] - before;
+    return mk < 0 ? 0 : mk > mine ? mine : mk;
+  };
+  auto from_s = [&](int64_t i) {
+    const int s = (int)(i / nle);
+    const int64_t ee = (int64_t)me * nle + i % nle, before = from(ee, s), cs = cnt[(int64_t)s * E + ee];
+    const int64_t f = kept_rd[ee] - before;
+    return f < 0 ? 0 : f > cs ? cs : f;
+  };
   block_seg_scan(
-      E, nle,
-      [&](int64_t e) {
-        const int64_t before = from_all(e, me), mine = counts_all[(int64_t)me * E + e], mk = L.kept[e] - before;
-        return (long long)(mk < 0 ? 0 : mk > mine ? mine : mk);
-      },
-      [&](int64_t e, long long base, long long mk) {
-        L.mykept[e] = mk;
-        L.sendbase[e] = base;
-        if (L.dstbase) L.dstbase[e] = L.offs[(e / nle) * (nle + 1) + e % nle] + from_all(e, me);
-      },
-      sh_sum, sh_flag);
-  // rows this rank receives from rank s = i / nle for its local expert l = i % nle: before, recv_pref
-  block_seg_scan(
-      E, nle,
-      [&](int64_t i) {
-        const int s = (int)(i / nle), l = (int)(i % nle);
-        const int64_t ee = (int64_t)me * nle + l, before = from_all(ee, s), cs = counts_all[(int64_t)s * E + ee];
-        const int64_t from = L.kept[ee] - before;
-        return (long long)(from < 0 ? 0 : from > cs ? cs : from);
-      },
-      [&](int64_t i, long long pref, long long) {
-        L.before[i] = from_all((int64_t)me * nle + i % nle, (int)(i / nle));
-        L.recv_pref[i] = pref;
+      E, nle, [&](int64_t i) { return make_longlong2(mykept(i), from_s(i)); },
+      [&](int64_t i, longlong2 pre, longlong2 v) {
+        L.mykept[i] = v.x;
+        L.sendbase[i] = pre.x;
+        if (L.dstbase) L.dstbase[i] = L.offs[(i / nle) * (nle + 1) + i % nle] + from(i, me);
+        L.before[i] = from((int64_t)me * nle + i % nle, (int)(i / nle));
+        L.recv_pref[i] = pre.y;
       },
       sh_sum, sh_flag);
   for (int l = threadIdx.x; l < nle; l += blockDim.x) {
-    const int64_t c = from_all((int64_t)me * nle + l, n), kept = L.kept[(int64_t)me * nle + l];
+    const int64_t c = from((int64_t)me * nle + l, n), kept = kept_rd[(int64_t)me * nle + l];
     group_sizes[l] = (int32_t)round_up(kept, A);
     if (dropped) dropped[l] = (int32_t)(c - kept);
   }
+  for (int64_t q = threadIdx.x; q < a.routes; q += blockDim.x) place_route(q, E, nle, a.S, 0, 0, L);
 }
 
-// One thread per route (after ep_layout): rank = its chunk's base for its expert + its rank in
-// the chunk (route_key); staging row r*S + sendbase[e] + rank when rank < mykept[e], else -1
-// (dropped, invalid or a failed step). chunked = 0: the step has one chunk, whose base is 0.
+// One thread per route, after ep_layout (steps of several chunks): place_route.
 __global__ void ep_route_pos(int64_t routes, int E, int nle, int64_t S, int chunked, layer_impl L) {
   const int failed = *L.flag;
-  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x) {
-    const int32_t key = L.route_key[q];
-    int64_t pos = -1, rank = 0;
-    int e = -1;
-    if (key >= 0 && !failed) {
-      e = key / EP_CHUNK;
-      rank = key % EP_CHUNK;
-      if (chunked) rank += L.chunk_base[(q / EP_CHUNK) * E + e];
-      if (rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
-    }
-    L.route_pos[q] = pos;
-    if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
-    if (L.route_dst) L.route_dst[q] = pos >= 0 ? L.dstbase[e] + rank : -1;
-  }
+  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
+    place_route(q, E, nle, S, chunked, failed, L);
 }
 
 // One warp per route: token row, scale row and weight into the route's staging row.
@@ -1488,14 +1517,17 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   } else if (n > 1) {  // one rank: counts_all is `mine` already (an in-place gather of itself)
     TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
   }
-  layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R};
-  ep_layout<<<1, EP_LAYOUT_THREADS, 0, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
-                                                 tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data, st->err_word);
+  // one chunk: ep_layout places the routes too (ep_route_pos' launch saved at small T)
+  const size_t lsmem = layout_smem(n, E);
+  layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R, nch == 1 ? routes : 0, im->S, lsmem > 0};
+  ep_layout<<<1, EP_LAYOUT_THREADS, lsmem, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
+                                                     tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data,
+                                                     st->err_word);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: layout launch");
   size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
-  if (nch) {
-    ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, nch > 1, *L);
+  if (nch > 1) {
+    ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
   }
   if (im->lsa) {

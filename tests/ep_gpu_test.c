@@ -67,9 +67,10 @@ static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
   }
 }
 
-/* many_chunks: maxT up to 1500 and E 256 half the time, so T * k spans several counting chunks
- * of gpu/ep.cu (EP_CHUNK 1024 routes: its chunk scan and chunked route ranks); 0 keeps the
- * default draws (maxT <= 96: one chunk) unchanged. */
+/* many_chunks: maxT up to 1500 and E 256 or 2048 half the time, so T * k spans several counting
+ * chunks of gpu/ep.cu (EP_CHUNK 1024 routes: its chunk scan and chunked route ranks) and its
+ * layout block takes several experts per thread (E 2048; with 4 ranks its tables no longer fit
+ * the shared-memory staging); 0 keeps the default draws (maxT <= 96: one chunk) unchanged. */
 static int many_chunks;
 
 static void scen_make(scen *c, int n, uint64_t seed) {
@@ -78,7 +79,7 @@ static void scen_make(scen *c, int n, uint64_t seed) {
   c->n = n;
   static const int Es[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   do c->E = Es[tt_rand_u64(&st) % 10]; while (c->E % n);
-  if (many_chunks && tt_rand_u64(&st) % 2) c->E = 256;
+  if (many_chunks && tt_rand_u64(&st) % 2) c->E = (tt_rand_u64(&st) % 2) ? 2048 : 256;
   c->k = 1 + (int)(tt_rand_u64(&st) % (uint64_t)(c->E < 8 ? c->E : 8));
   int d = (int)(tt_rand_u64(&st) % 6);
   c->dt = d == 0 ? TW_F32 : d <= 2 ? TW_BF16 : d <= 4 ? TW_E4M3 : TW_E5M2;
@@ -118,7 +119,7 @@ static void scen_make(scen *c, int n, uint64_t seed) {
     if (c->scale_block == 128) for (int64_t i = 0; i < T * scols(c); i++) ((float *)c->scl[r])[i] = (float)tt_rand_uniform(&st, 0.1, 4);
     if (c->scale_block == 32) for (int64_t i = 0; i < T * scols(c); i++) c->scl[r][i] = (unsigned char)(100 + tt_rand_u64(&st) % 50);
     for (int64_t t = 0; t < T; t++) { /* k distinct ids per token */
-      int perm[256];
+      int perm[2048];
       for (int e = 0; e < c->E; e++) perm[e] = e;
       for (int j = 0; j < c->k; j++) {
         int lim = skew && c->E > 2 * c->k ? 2 * c->k : c->E;
@@ -713,7 +714,7 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, s
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
 
-/* T * k over several counting chunks (up to 12 of 1024 routes), E up to 256: ep_size 1 and 2 / 4
+/* T * k over several counting chunks (up to 12 of 1024 routes), E up to 2048: ep_size 1 and 2 / 4
  * ranks on one GPU (loopback; auto and ep_nccl_lsa forced), bit for bit vs the oracle */
 Test(ep_gpu, random_cases_many_chunks) {
   int N = getenv("EP_MANY_N") ? atoi(getenv("EP_MANY_N")) : 60; /* fewer under a sanitizer */
