@@ -391,6 +391,7 @@ static void random_1(const char *kernel, int N) {
   cr_log_info("EP random ep_size 1 (%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
               kernel ? kernel : "auto", N, errors, drops, fp8, failed);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
+  if (N < 60) return; /* a short run (EP_MANY_N under a sanitizer) need not draw them */
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
 }
