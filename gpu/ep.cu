@@ -75,7 +75,7 @@
 
 namespace {
 
-#define EP_CHUNK 1024  // routes per counting chunk (32 steps of one warp)
+#define EP_CHUNK 1024  // routes per counting chunk (one block of EP_CHUNK threads; route_key packs e * EP_CHUNK + rank)
 #define EP_SUM_MAXK 64  // top-k up to this: a token's rows and weights cached in shared memory
 
 // ep_nccl_lsa's view of the symmetric window, passed by value into its kernels.
