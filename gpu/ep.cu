@@ -5,17 +5,18 @@
 // oracle).
 //
 // Version ep_nccl_slots (the baseline on NCCL's host API; the only version so far):
-//   * counts stay on the device: the routes are counted per chunk of 1024 (one warp per chunk),
-//     the per-expert counts of this rank are all-gathered (tw_all_gather on the communicator,
-//     in place), and one block derives every rank's slab layout from them (kept, offsets,
-//     group_sizes, dropped; capacity checked for every rank alike, as the oracle does);
+//   * counts stay on the device: the routes are counted per chunk of 1024 (one block per
+//     chunk), the per-expert counts of this rank are all-gathered (tw_all_gather on the
+//     communicator, in place), and one block derives every rank's slab layout from them with
+//     segmented prefix sums (kept, offsets, group_sizes, dropped; capacity checked for every
+//     rank alike, as the oracle does);
 //   * the payload travels in fixed worst-case per-peer slots: S = max_tokens * min(k, NLE)
 //     rows of rb bytes per peer (distinct ids per token: a token sends at most min(k, NLE) rows
 //     to one rank), exchanged by one grouped ncclSend/ncclRecv (the communicator's all_to_allv
 //     with equal host-known counts), so no count ever goes to the host;
 //   * local kernels pack a route's row into its slot (send order: by expert, then t, then j;
-//     the rank within an expert from a per-chunk prefix, computed in order by one warp per
-//     chunk with __match_any_sync) and unpack the received rows into the expert-major
+//     the rank within an expert = the chunk's prefix + the route's rank in its chunk, computed
+//     by the chunk's warps in turn with __match_any_sync) and unpack the received rows into the expert-major
 //     layout (every destination row written once: routed rows, then zero padding / tail).
 //   No device-to-host copy, no host synchronization, no allocation per step: dispatch, combine
 //   and both backward ops can be captured in a CUDA graph. With ep_size 1 the exchange is
@@ -74,7 +75,7 @@
 
 namespace {
 
-#define EP_CHUNK 1024  // routes per counting chunk (32 steps of one warp)
+#define EP_CHUNK 1024  // routes per counting chunk (one block of EP_CHUNK threads; route_key packs e * EP_CHUNK + rank)
 #define EP_SUM_MAXK 64  // top-k up to this: a token's rows and weights cached in shared memory
 
 // ep_nccl_lsa's view of the symmetric window, passed by value into its kernels.
@@ -108,6 +109,7 @@ struct ep_impl {
 struct layer_impl {
   void *base;
   int32_t *chunk_counts, *chunk_base;  // [nchunks_max * E]
+  int32_t *route_key;                  // [max_tokens * k] e * EP_CHUNK + rank in its chunk, -1: invalid
   int32_t *counts_all;                 // [n * E]
   int64_t *kept, *offs;                // [n * NLE], [n * (NLE + 1)]
   int64_t *mykept, *sendbase;          // [E]
@@ -138,6 +140,28 @@ __device__ static void warp_copy(void *dst, const void *src, size_t bytes) {
   } else {
     for (size_t i = lane; i < bytes; i += 32) ((unsigned char *)dst)[i] = ((const unsigned char *)src)[i];
   }
+}
+
+// One warp copies `bytes` with 16-byte vectors, four in flight per lane (remote stores over
+// NVLink want many outstanding, and so do local token rows: one 16-byte load per lane in flight
+// left a 128-token dispatch's row copies latency-bound); unaligned rows take warp_copy.
+__device__ static void warp_copy_wide(void *dst, const void *src, size_t bytes) {
+  if ((((uintptr_t)dst | (uintptr_t)src) & 15) || (bytes & 15)) {
+    warp_copy(dst, src, bytes);
+    return;
+  }
+  const uint4 *s = (const uint4 *)src;
+  uint4 *o = (uint4 *)dst;
+  const size_t nv = bytes / 16;
+  size_t i = threadIdx.x & 31;
+  for (; i + 96 < nv; i += 128) {
+    uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+    o[i] = a;
+    o[i + 32] = b;
+    o[i + 64] = c;
+    o[i + 96] = e;
+  }
+  for (; i < nv; i += 32) o[i] = s[i];
 }
 
 __device__ static void warp_zero(void *dst, size_t bytes) {
@@ -182,8 +206,19 @@ __device__ static void store8(void *p, int bf16, int64_t i, const float v[8]) {
 }
 
 // ---- routing tables -----------------------------------------------------------------------
+//
+// Four kernels build them without serial loops over experts or routes (a 128-token step spent
+// 0.21 ms in single-block / single-warp loops: ep_layout 137 us, ep_route_pos 45 us,
+// ep_chunk_count 30 us on an H200):
+//   ep_chunk_count  a block per chunk of EP_CHUNK routes: counts and each route's rank in its chunk
+//   ep_chunk_scan   a thread per expert: prefix over chunks (not launched for one chunk)
+//   ep_layout       one block, segmented prefix sums over experts (the oracle's serial loops);
+//                   with one chunk it also places the routes (ep_route_pos' work)
+//   ep_route_pos    a thread per route: its staging row, from its rank and the layout
+// So a step of <= EP_CHUNK routes is two launches before the rows move. All sums are of exact
+// integers in the oracle's order of items, so every table is the one the serial loops give.
 
-// The expert of route q, or -1 when it is invalid (reported once, by the counting kernel).
+// The expert of route q, or -1 when it is invalid (reported by the counting kernel only).
 __device__ static int route_expert(const int32_t *idx, int64_t q, int k, int E, long long *err, int report) {
   int32_t e = idx[q];
   int64_t t = q / k, j = q % k;
@@ -199,22 +234,45 @@ __device__ static int route_expert(const int32_t *idx, int64_t q, int k, int E, 
   return e;
 }
 
-// One warp per chunk of EP_CHUNK routes: per-expert counts of the chunk.
-__global__ void ep_chunk_count(const int32_t *__restrict__ idx, int64_t routes, int k, int E,
-                               int32_t *__restrict__ chunk_counts, long long *err) {
+// One block of EP_CHUNK threads per chunk of EP_CHUNK routes, one route per thread: the chunk's
+// per-expert counts (chunk_counts, and count_mine too when the step has this one chunk), and each
+// route's key: e * EP_CHUNK + its rank among the chunk's earlier routes to e in (t, j) order, or -1
+// when invalid (e < 2^21: E counters must fit in shared memory). Every thread loads and checks
+// its id at once; then the 32 warps take turns over the shared counters (a warp's lanes split by
+// expert with __match_any_sync), so the serial part is 32 shared-memory steps, not 32 steps of
+// global loads by one warp. Of the chunk's invalid routes the first in order is reported (the
+// error word keeps the first report it gets).
+__global__ void __launch_bounds__(EP_CHUNK) ep_chunk_count(const int32_t *__restrict__ idx, int64_t routes, int k,
+                                                           int E, int32_t *__restrict__ chunk_counts,
+                                                           int32_t *__restrict__ count_mine,
+                                                           int32_t *__restrict__ route_key, long long *err) {
   extern __shared__ int32_t cnt[];
-  const int lane = threadIdx.x & 31;
-  for (int e = lane; e < E; e += 32) cnt[e] = 0;
-  __syncwarp();
-  int64_t base = (int64_t)blockIdx.x * EP_CHUNK;
-  for (int step = 0; step < EP_CHUNK / 32; step++) {
-    int64_t q = base + step * 32 + lane;
-    if (q >= routes) break;  // the tail is warp-uniform per step only at its last step: fine for atomics
-    int e = route_expert(idx, q, k, E, err, 1);
-    if (e >= 0) atomicAdd(&cnt[e], 1);
+  __shared__ unsigned long long first_bad;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  if (threadIdx.x == 0) first_bad = ~0ull;
+  const int64_t q = (int64_t)blockIdx.x * EP_CHUNK + threadIdx.x;
+  const int e = q < routes ? route_expert(idx, q, k, E, err, 0) : -1;
+  __syncthreads();
+  if (q < routes && e < 0) atomicMin(&first_bad, (unsigned long long)q);
+  const unsigned same = __match_any_sync(0xffffffffu, e);
+  const unsigned lower = same & ((1u << lane) - 1u);
+  int32_t rank = 0;
+  for (int w = 0; w < EP_CHUNK / 32; w++) {  // warps in route order
+    if (warp == w) {
+      const int32_t base = e >= 0 ? cnt[e] : 0;
+      __syncwarp();
+      if (e >= 0 && lower == 0) cnt[e] = base + __popc(same);  // the group's lowest lane advances it
+      rank = base + __popc(lower);
+    }
+    __syncthreads();
   }
-  __syncwarp();
-  for (int e = lane; e < E; e += 32) chunk_counts[(int64_t)blockIdx.x * E + e] = cnt[e];
+  if (q < routes) route_key[q] = e >= 0 ? e * EP_CHUNK + rank : -1;
+  if (q < routes && (unsigned long long)q == first_bad) route_expert(idx, q, k, E, err, 1);
+  for (int e2 = threadIdx.x; e2 < E; e2 += blockDim.x) {
+    chunk_counts[(int64_t)blockIdx.x * E + e2] = cnt[e2];
+    if (count_mine) count_mine[e2] = cnt[e2];
+  }
 }
 
 // Per expert: exclusive prefix over chunks (chunk_base) and this rank's count.
@@ -233,110 +291,195 @@ __global__ void ep_chunk_scan(const int32_t *__restrict__ chunk_counts, int64_t 
 struct layout_args {
   int n, me, nle, E, policy;
   int64_t A, R;
+  int64_t routes;  // > 0: the step's routes fit one chunk and ep_layout also places them (no ep_route_pos launch)
+  int64_t S;       // staging rows per peer (route positions)
+  int staged;      // counts_all and kept in shared memory (layout_smem bytes)
 };
 
 __device__ static int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
-// One block: every rank's slabs from the gathered counts (ref slab_layout), this rank's send
-// bases and receive prefixes (ref route_tables), group_sizes and dropped.
-__global__ void ep_layout(layout_args a, const int32_t *__restrict__ counts_all, layer_impl L,
-                          int32_t *__restrict__ group_sizes, int32_t *__restrict__ dropped, long long *err) {
-  const int n = a.n, nle = a.nle, E = a.E;
-  __shared__ int failed;
-  if (threadIdx.x == 0) {
-    failed = 0;
-    for (int r = 0; r < n && !failed; r++) {  // the first rank in order, as the oracle
-      int64_t demand = 0;
-      for (int l = 0; l < nle; l++) {
-        int64_t c = 0;
-        for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + r * nle + l];
-        demand += round_up(c, a.A);
-      }
-      if (demand > a.R && a.policy == TW_EP_OVERFLOW_ERROR) {
-        gpu_report(err, GPU_ERR_EP_CAPACITY, GPU_OP_EP_DISPATCH, r, gpu_pack_rows(demand, a.R));
-        failed = 1;
-      }
-    }
-    *L.flag = failed;
+// Route q's staging row (after the layout): rank = its chunk's base for its expert (chunked;
+// one chunk: 0) + its rank in the chunk (route_key); r*S + sendbase[e] + rank when rank <
+// mykept[e], else -1 (dropped, invalid or a failed step). Also slot_route and route_dst.
+__device__ static void place_route(int64_t q, int E, int nle, int64_t S, int chunked, int failed, const layer_impl &L) {
+  const int32_t key = L.route_key[q];
+  int64_t pos = -1, rank = 0;
+  int e = -1;
+  if (key >= 0 && !failed) {
+    e = key / EP_CHUNK;
+    rank = key % EP_CHUNK;
+    if (chunked) rank += L.chunk_base[(q / EP_CHUNK) * E + e];
+    if (rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
   }
-  __syncthreads();
-  if (failed) return;
-  for (int r = threadIdx.x; r < n; r += blockDim.x) {  // kept / offsets of rank r
-    int64_t o = 0;
-    for (int l = 0; l < nle; l++) {
-      int64_t c = 0;
-      for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + r * nle + l];
-      int64_t kept = c < a.R - o ? c : a.R - o;
-      L.kept[r * nle + l] = kept;
-      L.offs[(int64_t)r * (nle + 1) + l] = o;
-      o += round_up(kept, a.A);
-    }
-    L.offs[(int64_t)r * (nle + 1) + nle] = o;
-  }
-  __syncthreads();
-  for (int r = threadIdx.x; r < n; r += blockDim.x) {  // this rank's routes to rank r
-    int64_t base = 0;
-    for (int l = 0; l < nle; l++) {
-      int e = r * nle + l;
-      int64_t before = 0;
-      for (int s = 0; s < a.me; s++) before += counts_all[(int64_t)s * E + e];
-      int64_t mine = counts_all[(int64_t)a.me * E + e], mk = L.kept[r * nle + l] - before;
-      mk = mk < 0 ? 0 : mk > mine ? mine : mk;
-      L.mykept[e] = mk;
-      L.sendbase[e] = base;
-      if (L.dstbase) L.dstbase[e] = L.offs[(int64_t)r * (nle + 1) + l] + before;
-      base += mk;
-    }
-  }
-  for (int s = threadIdx.x; s < n; s += blockDim.x) {  // rows this rank receives from rank s
-    int64_t pref = 0;
-    for (int l = 0; l < nle; l++) {
-      int e = a.me * nle + l;
-      int64_t before = 0;
-      for (int s2 = 0; s2 < s; s2++) before += counts_all[(int64_t)s2 * E + e];
-      int64_t from = L.kept[a.me * nle + l] - before, cs = counts_all[(int64_t)s * E + e];
-      from = from < 0 ? 0 : from > cs ? cs : from;
-      L.before[(int64_t)s * nle + l] = before;
-      L.recv_pref[(int64_t)s * nle + l] = pref;
-      pref += from;
-    }
-  }
-  for (int l = threadIdx.x; l < nle; l += blockDim.x) {
-    int64_t c = 0;
-    for (int s = 0; s < n; s++) c += counts_all[(int64_t)s * E + a.me * nle + l];
-    int64_t kept = L.kept[a.me * nle + l];
-    group_sizes[l] = (int32_t)round_up(kept, a.A);
-    if (dropped) dropped[l] = (int32_t)(c - kept);
-  }
+  L.route_pos[q] = pos;
+  if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
+  if (L.route_dst) L.route_dst[q] = pos >= 0 ? L.dstbase[e] + rank : -1;
 }
 
-// One warp per chunk, in order: the rank of each route among this rank's routes to its expert
-// (t, j order), hence its staging row r*S + sendbase[e] + rank, or -1 (dropped or invalid).
-__global__ void ep_route_pos(const int32_t *__restrict__ idx, int64_t routes, int k, int E, int nle, int64_t S,
-                             layer_impl L) {
-  extern __shared__ int32_t run[];
-  const int lane = threadIdx.x & 31;
-  const int64_t c = blockIdx.x;
-  const int failed = *L.flag;
-  for (int e = lane; e < E; e += 32) run[e] = L.chunk_base[c * E + e];
-  __syncwarp();
-  for (int step = 0; step < EP_CHUNK / 32; step++) {
-    int64_t q = c * EP_CHUNK + step * 32 + lane;
-    int e = q < routes ? route_expert(idx, q, k, E, NULL, 0) : -1;
-    unsigned same = __match_any_sync(0xffffffffu, e);
-    unsigned lower = same & ((1u << lane) - 1u);
-    int64_t rank = e >= 0 ? (int64_t)run[e] + __popc(lower) : 0;
-    __syncwarp();
-    if (e >= 0 && lower == 0) run[e] += __popc(same);  // the group's lowest lane advances it
-    __syncwarp();
-    if (q < routes) {
-      int64_t pos = -1;
-      if (e >= 0 && !failed && rank < L.mykept[e]) pos = (int64_t)(e / nle) * S + L.sendbase[e] + rank;
-      L.route_pos[q] = pos;
-      if (pos >= 0 && L.slot_route) L.slot_route[pos] = q;
-      if (L.route_dst) L.route_dst[q] = pos >= 0 ? L.dstbase[e] + rank : -1;
+#define EP_LAYOUT_THREADS 512
+
+// Shared bytes ep_layout stages counts_all [n * E] i32 and kept [E] i64 in (0: it reads them
+// from global memory; every item reads up to n counts several times).
+static size_t layout_smem(int n, int E) {
+  size_t b = (size_t)E * 8 + (size_t)n * (size_t)E * 4;
+  return b <= (32u << 10) ? b : 0;
+}
+
+// Segmented exclusive prefix sums of two int64 columns by one block over items 0 .. N-1, a
+// segment starting at every item i with i % seg == 0 (the oracle's `for r { base = 0; for l {
+// ..; base += v } }`). Thread t owns items [t * ipt, (t + 1) * ipt), so each prefix is the sum
+// of exact int64s in item order. val(i) is called twice per item (the thread's totals, then the
+// walk); out(i, prefix, val(i)). Every thread of the block calls it; it ends with
+// __syncthreads (outputs visible to the block).
+template <class Val, class Out>
+__device__ static void block_seg_scan(int64_t N, int64_t seg, Val val, Out out, longlong2 *sh_sum, int *sh_flag) {
+  const int64_t ipt = (N + blockDim.x - 1) / blockDim.x;
+  const int64_t i0 = (int64_t)threadIdx.x * ipt, i1 = i0 + ipt < N ? i0 + ipt : N;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (int)((blockDim.x + 31) >> 5);
+  int f = 0;  // (a segment starts in my items, sums since the last start or of all my items)
+  longlong2 s = make_longlong2(0, 0);
+  for (int64_t i = i0; i < i1; i++) {
+    if (i % seg == 0) f = 1, s = make_longlong2(0, 0);
+    const longlong2 v = val(i);
+    s.x += v.x, s.y += v.y;
+  }
+  // inclusive scan of (f, s) pairs: (f1, s1) then (f2, s2) = (f1 | f2, f2 ? s2 : s1 + s2)
+  for (int d = 1; d < 32; d <<= 1) {
+    const int fo = __shfl_up_sync(0xffffffffu, f, d);
+    const long long ox = __shfl_up_sync(0xffffffffu, s.x, d), oy = __shfl_up_sync(0xffffffffu, s.y, d);
+    if (lane >= d) {
+      if (!f) s.x += ox, s.y += oy;
+      f |= fo;
     }
   }
+  int fl = __shfl_up_sync(0xffffffffu, f, 1);  // exclusive within the warp
+  longlong2 sl = make_longlong2(__shfl_up_sync(0xffffffffu, s.x, 1), __shfl_up_sync(0xffffffffu, s.y, 1));
+  if (lane == 0) fl = 0, sl = make_longlong2(0, 0);
+  if (lane == 31) sh_flag[warp] = f, sh_sum[warp] = s;
+  __syncthreads();
+  if (warp == 0) {  // the warps' totals, scanned the same way
+    int wf = lane < nw ? sh_flag[lane] : 0;
+    longlong2 ws = lane < nw ? sh_sum[lane] : make_longlong2(0, 0);
+    for (int d = 1; d < 32; d <<= 1) {
+      const int fo = __shfl_up_sync(0xffffffffu, wf, d);
+      const long long ox = __shfl_up_sync(0xffffffffu, ws.x, d), oy = __shfl_up_sync(0xffffffffu, ws.y, d);
+      if (lane >= d) {
+        if (!wf) ws.x += ox, ws.y += oy;
+        wf |= fo;
+      }
+    }
+    if (lane < nw) sh_flag[lane] = wf, sh_sum[lane] = ws;
+  }
+  __syncthreads();
+  longlong2 run = warp > 0 ? sh_sum[warp - 1] : make_longlong2(0, 0);  // sums since the last start before my items
+  if (fl) run = sl;
+  else run.x += sl.x, run.y += sl.y;
+  for (int64_t i = i0; i < i1; i++) {
+    if (i % seg == 0) run = make_longlong2(0, 0);
+    const longlong2 v = val(i);
+    out(i, run, v);
+    run.x += v.x, run.y += v.y;
+  }
+  __syncthreads();  // sh_* free again, outputs visible
+}
+
+// One block: every rank's slabs from the gathered counts (ref slab_layout), this rank's send
+// bases and receive prefixes (ref route_tables), group_sizes and dropped, as segmented prefix
+// sums over the experts; with one chunk of routes (a.routes > 0) also every route's staging row
+// (ep_route_pos' work: one launch fewer at small T). Rank r's slab offsets are o_l = min(P_l, R)
+// with P_l the unclamped prefix of roundup(count, A): the oracle's o += roundup(min(c, R - o), A)
+// stays equal to P_l while the slabs fit and sticks at R from the first that does not (R - o is
+// a multiple of A, so the cut slab's padding fills R exactly); kept_l = max(0, min(c_l, R - P_l)).
+__global__ void __launch_bounds__(EP_LAYOUT_THREADS)
+    ep_layout(layout_args a, const int32_t *__restrict__ counts_all, layer_impl L, int32_t *__restrict__ group_sizes,
+              int32_t *__restrict__ dropped, long long *err) {
+  const int n = a.n, nle = a.nle, E = a.E, me = a.me;
+  const int64_t A = a.A, R = a.R;
+  extern __shared__ int64_t lsm[];  // a.staged: kept [E] i64, then counts [n * E] i32
+  __shared__ longlong2 sh_sum[32];
+  __shared__ int sh_flag[32];
+  __shared__ int first_fail;
+  const int32_t *cnt = counts_all;
+  int64_t *kept_rd = L.kept;  // kept as read back (a copy in shared memory when staged)
+  if (a.staged) {
+    int32_t *c = (int32_t *)(lsm + E);
+    for (int64_t i = threadIdx.x; i < (int64_t)n * E; i += blockDim.x) c[i] = counts_all[i];
+    cnt = c;
+    kept_rd = lsm;
+  }
+  if (threadIdx.x == 0) first_fail = 0x7fffffff;
+  __syncthreads();
+  // count of expert i (= r * nle + l) from the source ranks before `upto`
+  auto from = [&](int64_t i, int upto) {
+    int64_t c = 0;
+    for (int s = 0; s < upto; s++) c += cnt[(int64_t)s * E + i];
+    return c;
+  };
+  // every rank's slabs (the capacity check needs every rank's demand, as the oracle does)
+  block_seg_scan(
+      E, nle, [&](int64_t i) { return make_longlong2(round_up(from(i, n), A), 0); },
+      [&](int64_t i, longlong2 P2, longlong2 u2) {
+        const int r = (int)(i / nle), l = (int)(i % nle);
+        const int64_t c = from(i, n), P = P2.x, u = u2.x;
+        int64_t kept = c < R - P ? c : R - P;
+        kept = kept < 0 ? 0 : kept;
+        L.kept[i] = kept;
+        if (a.staged) lsm[i] = kept;
+        L.offs[(int64_t)r * (nle + 1) + l] = P < R ? P : R;
+        if (l == nle - 1) {  // demand = P_nle
+          L.offs[(int64_t)r * (nle + 1) + nle] = P + u < R ? P + u : R;
+          if (P + u > R && a.policy == TW_EP_OVERFLOW_ERROR) atomicMin(&first_fail, r);
+        }
+      },
+      sh_sum, sh_flag);
+  if (first_fail != 0x7fffffff) {  // the first rank in order, as the oracle; no output is written
+    if (threadIdx.x == 0) {
+      const int r = first_fail;
+      int64_t demand = 0;
+      for (int l = 0; l < nle; l++) demand += round_up(from((int64_t)r * nle + l, n), A);
+      gpu_report(err, GPU_ERR_EP_CAPACITY, GPU_OP_EP_DISPATCH, r, gpu_pack_rows(demand, R));
+      *L.flag = 1;
+    }
+    for (int64_t q = threadIdx.x; q < a.routes; q += blockDim.x) place_route(q, E, nle, a.S, 0, 1, L);  // all -1
+    return;
+  }
+  if (threadIdx.x == 0) *L.flag = 0;
+  // two columns over the same items, segments of nle:
+  //   x: this rank's routes to rank r = e / nle, expert e: mykept, sendbase (prefix within r), dstbase
+  //   y: rows this rank receives from rank s = i / nle for its local expert l = i % nle: before, recv_pref
+  auto mykept = [&](int64_t e) {
+    const int64_t before = from(e, me), mine = cnt[(int64_t)me * E + e], mk = kept_rd[e] - before;
+    return mk < 0 ? 0 : mk > mine ? mine : mk;
+  };
+  auto from_s = [&](int64_t i) {
+    const int s = (int)(i / nle);
+    const int64_t ee = (int64_t)me * nle + i % nle, before = from(ee, s), cs = cnt[(int64_t)s * E + ee];
+    const int64_t f = kept_rd[ee] - before;
+    return f < 0 ? 0 : f > cs ? cs : f;
+  };
+  block_seg_scan(
+      E, nle, [&](int64_t i) { return make_longlong2(mykept(i), from_s(i)); },
+      [&](int64_t i, longlong2 pre, longlong2 v) {
+        L.mykept[i] = v.x;
+        L.sendbase[i] = pre.x;
+        if (L.dstbase) L.dstbase[i] = L.offs[(i / nle) * (nle + 1) + i % nle] + from(i, me);
+        L.before[i] = from((int64_t)me * nle + i % nle, (int)(i / nle));
+        L.recv_pref[i] = pre.y;
+      },
+      sh_sum, sh_flag);
+  for (int l = threadIdx.x; l < nle; l += blockDim.x) {
+    const int64_t c = from((int64_t)me * nle + l, n), kept = kept_rd[(int64_t)me * nle + l];
+    group_sizes[l] = (int32_t)round_up(kept, A);
+    if (dropped) dropped[l] = (int32_t)(c - kept);
+  }
+  for (int64_t q = threadIdx.x; q < a.routes; q += blockDim.x) place_route(q, E, nle, a.S, 0, 0, L);
+}
+
+// One thread per route, after ep_layout (steps of several chunks): place_route.
+__global__ void ep_route_pos(int64_t routes, int E, int nle, int64_t S, int chunked, layer_impl L) {
+  const int failed = *L.flag;
+  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
+    place_route(q, E, nle, S, chunked, failed, L);
 }
 
 // One warp per route: token row, scale row and weight into the route's staging row.
@@ -349,7 +492,7 @@ __global__ void ep_pack_dispatch(const unsigned char *__restrict__ tokens, const
     if (p < 0) continue;
     int64_t t = q / k;
     unsigned char *row = send + (size_t)p * rb;
-    warp_copy(row, tokens + (size_t)t * tb, tb);
+    warp_copy_wide(row, tokens + (size_t)t * tb, tb);
     if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
     if ((threadIdx.x & 31) == 0) memcpy(row + tb + sb, w + q, 4);
   }
@@ -390,7 +533,7 @@ __global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_
     if ((threadIdx.x & 31) == 0) L.recv_src[i] = p;
     if (p >= 0) {
       const unsigned char *row = recv + (size_t)p * rb;
-      warp_copy(rtok + (size_t)i * tb, row, tb);
+      warp_copy_wide(rtok + (size_t)i * tb, row, tb);
       if (sb) warp_copy(rscl + (size_t)i * sb, row + tb, sb);
       if ((threadIdx.x & 31) == 0) memcpy(rw + i, row + tb + sb, 4);
     } else {
@@ -419,7 +562,7 @@ __global__ void ep_dispatch_direct(const unsigned char *__restrict__ tokens, con
     if (p >= 0) {
       int64_t q = L.slot_route[p], t = q / k;
       if ((threadIdx.x & 31) == 0) L.slot_row[p] = i;
-      warp_copy(rtok + (size_t)i * tb, tokens + (size_t)t * tb, tb);
+      warp_copy_wide(rtok + (size_t)i * tb, tokens + (size_t)t * tb, tb);
       if (sb) warp_copy(rscl + (size_t)i * sb, scales + (size_t)t * sb, sb);
       if ((threadIdx.x & 31) == 0) rw[i] = w[q];
     } else {
@@ -694,27 +837,6 @@ __global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *count
   __syncthreads();
   const volatile int32_t *all = (const volatile int32_t *)(d.peer[d.me] + d.off_counts);
   for (int64_t i = threadIdx.x; i < (int64_t)d.n * E; i += blockDim.x) counts_all[i] = all[i];
-}
-
-// One warp copies `bytes` with 16-byte vectors, four in flight per lane (remote stores over
-// NVLink want many outstanding); unaligned rows take warp_copy.
-__device__ static void warp_copy_wide(void *dst, const void *src, size_t bytes) {
-  if ((((uintptr_t)dst | (uintptr_t)src) & 15) || (bytes & 15)) {
-    warp_copy(dst, src, bytes);
-    return;
-  }
-  const uint4 *s = (const uint4 *)src;
-  uint4 *o = (uint4 *)dst;
-  const size_t nv = bytes / 16;
-  size_t i = threadIdx.x & 31;
-  for (; i + 96 < nv; i += 128) {
-    uint4 a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
-    o[i] = a;
-    o[i + 32] = b;
-    o[i + 64] = c;
-    o[i + 96] = e;
-  }
-  for (; i < nv; i += 32) o[i] = s[i];
 }
 
 // One warp per (token t, rank r): the row map entry of each of t's routes kept on r (written
@@ -1285,7 +1407,7 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   const int lsa = ((ep_impl *)ep->impl)->lsa != NULL;
   size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R +
                2 * (size_t)S1 + (lsa ? (size_t)E + (size_t)routes + (size_t)R : 0);
-  size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + 1;
+  size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + (size_t)routes + 1;
   tw_status s = tw_alloc(ep->ctx, n64 * 8 + n32 * 4, &L->base);
   if (s != TW_OK) {
     free(L);
@@ -1313,6 +1435,7 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   L->chunk_counts = q; q += nch * E;
   L->chunk_base = q; q += nch * E;
   L->counts_all = q; q += n * E;
+  L->route_key = q; q += routes;
   L->flag = q;
   // a combine before any dispatch is refused by core; still, start from "no routes"
   s = tw_memset(ep->ctx, L->base, 0xff, n64 * 8);
@@ -1376,31 +1499,35 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   if (smem > (48u << 10)) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(ep_chunk_count, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "ep_dispatch: shared memory for E counters");
-    GPU_TRY_CUDA(cudaFuncSetAttribute(ep_route_pos, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                 "ep_dispatch: shared memory for E counters");
   }
   const int32_t *idx = (const int32_t *)topk_idx->data;
-  if (nch) {
-    ep_chunk_count<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, L->chunk_counts, st->err_word);
+  int32_t *mine = L->counts_all + (int64_t)me * E;
+  if (nch) {  // one chunk (T * k <= EP_CHUNK): its counts are this rank's, no scan launch
+    ep_chunk_count<<<(unsigned)nch, EP_CHUNK, smem, stream>>>(idx, routes, k, E, L->chunk_counts,
+                                                              nch == 1 ? mine : NULL, L->route_key, st->err_word);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: count launch");
   }
-  int32_t *mine = L->counts_all + (int64_t)me * E;
-  ep_chunk_scan<<<(E + 255) / 256, 256, 0, stream>>>(L->chunk_counts, nch, E, L->chunk_base, mine);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: scan launch");
+  if (nch != 1) {  // T = 0 too: zero counts
+    ep_chunk_scan<<<(E + 255) / 256, 256, 0, stream>>>(L->chunk_counts, nch, E, L->chunk_base, mine);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: scan launch");
+  }
   if (im->lsa) {  // counts into every window, one barrier, all rows back
     lsa_counts<<<1, 256, 0, stream>>>(im->lsa->d, mine, E, L->counts_all, st->err_word);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA counts launch");
-  } else {
+  } else if (n > 1) {  // one rank: counts_all is `mine` already (an in-place gather of itself)
     TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
   }
-  layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R};
-  ep_layout<<<1, 256, 0, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
-                                   tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data, st->err_word);
+  // one chunk: ep_layout places the routes too (ep_route_pos' launch saved at small T)
+  const size_t lsmem = layout_smem(n, E);
+  layout_args la = {n, me, nle, E, (int)c->overflow, c->alignment, R, nch == 1 ? routes : 0, im->S, lsmem > 0};
+  ep_layout<<<1, EP_LAYOUT_THREADS, lsmem, stream>>>(la, L->counts_all, *L, (int32_t *)group_sizes->data,
+                                                     tw_tensor_is_none(dropped) ? NULL : (int32_t *)dropped->data,
+                                                     st->err_word);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: layout launch");
   size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
-  if (nch) {
-    ep_route_pos<<<(unsigned)nch, 32, smem, stream>>>(idx, routes, k, E, nle, im->S, *L);
+  if (nch > 1) {
+    ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
   }
   if (im->lsa) {

@@ -67,12 +67,19 @@ static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
   }
 }
 
+/* many_chunks: maxT up to 1500 and E 256 or 2048 half the time, so T * k spans several counting
+ * chunks of gpu/ep.cu (EP_CHUNK 1024 routes: its chunk scan and chunked route ranks) and its
+ * layout block takes several experts per thread (E 2048; with 4 ranks its tables no longer fit
+ * the shared-memory staging); 0 keeps the default draws (maxT <= 96: one chunk) unchanged. */
+static int many_chunks;
+
 static void scen_make(scen *c, int n, uint64_t seed) {
   uint64_t st = seed;
   memset(c, 0, sizeof *c);
   c->n = n;
   static const int Es[] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
   do c->E = Es[tt_rand_u64(&st) % 10]; while (c->E % n);
+  if (many_chunks && tt_rand_u64(&st) % 2) c->E = (tt_rand_u64(&st) % 2) ? 2048 : 256;
   c->k = 1 + (int)(tt_rand_u64(&st) % (uint64_t)(c->E < 8 ? c->E : 8));
   int d = (int)(tt_rand_u64(&st) % 6);
   c->dt = d == 0 ? TW_F32 : d <= 2 ? TW_BF16 : d <= 4 ? TW_E4M3 : TW_E5M2;
@@ -86,7 +93,7 @@ static void scen_make(scen *c, int n, uint64_t seed) {
   c->ydt = (tt_rand_u64(&st) & 1) ? TW_F32 : TW_BF16;
   static const int As[] = {1, 1, 2, 4, 8, 16};
   c->A = As[tt_rand_u64(&st) % 6];
-  c->maxT = 1 + (int64_t)(tt_rand_u64(&st) % 96);
+  c->maxT = 1 + (int64_t)(tt_rand_u64(&st) % (many_chunks ? 1500 : 96));
   for (int r = 0; r < n; r++) {
     c->T[r] = (int64_t)(tt_rand_u64(&st) % (uint64_t)(c->maxT + 1));
     if (tt_rand_u64(&st) % 8 == 0) c->T[r] = c->maxT;
@@ -112,7 +119,7 @@ static void scen_make(scen *c, int n, uint64_t seed) {
     if (c->scale_block == 128) for (int64_t i = 0; i < T * scols(c); i++) ((float *)c->scl[r])[i] = (float)tt_rand_uniform(&st, 0.1, 4);
     if (c->scale_block == 32) for (int64_t i = 0; i < T * scols(c); i++) c->scl[r][i] = (unsigned char)(100 + tt_rand_u64(&st) % 50);
     for (int64_t t = 0; t < T; t++) { /* k distinct ids per token */
-      int perm[64];
+      int perm[2048];
       for (int e = 0; e < c->E; e++) perm[e] = e;
       for (int j = 0; j < c->k; j++) {
         int lim = skew && c->E > 2 * c->k ? 2 * c->k : c->E;
@@ -384,6 +391,7 @@ static void random_1(const char *kernel, int N) {
   cr_log_info("EP random ep_size 1 (%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
               kernel ? kernel : "auto", N, errors, drops, fp8, failed);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
+  if (N < 60) return; /* a short run (EP_MANY_N under a sanitizer) need not draw them */
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
 }
@@ -430,6 +438,16 @@ Test(ep_gpu, device_errors) {
   cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
   cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
   tt_expect_status(tw_ctx_check(gctx), TW_ERR_DEVICE, "ep_dispatch: token 1 lists expert 3 twice");
+  /* three bad routes in one counting chunk: the first in (t, j) order is the one named */
+  int32_t several[8] = {0, 1, 3, 3, 4, 99, 6, 99};
+  h.data = several;
+  cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(gctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &none), TW_OK);
+  tt_expect_status(tw_ctx_check(gctx), TW_ERR_DEVICE, "ep_dispatch: token 1 lists expert 3 twice");
+  get(&m, gsh, &gs);
+  sum = 0;
+  for (int e = 0; e < E; e++) sum += gsh[e];
+  cr_assert_eq(sum, 5, "the 5 good routes are dispatched, the 3 bad ones left out (got %d)", sum);
   /* a good step afterwards */
   h.data = good;
   cr_assert_eq(tw_tensor_copy(gctx, &didx, &h), TW_OK);
@@ -652,8 +670,8 @@ Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_2("ep_nccl_lsa"); }
  * NCCL, which takes one rank per GPU). It runs every multi-rank path of gpu/ep.cu (gathered
  * counts, every rank's slabs, send bases, receive prefixes, drops across sources) against the
  * ref thread communicator, bit for bit, with the error policy's overflow included. */
-static void loop_24(const char *kernel) {
-  int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 160, failed = 0, errors = 0;
+static void loop_24(const char *kernel, int N) {
+  int failed = 0, errors = 0;
   for (int i = 0; i < N; i++) {
     int n = i % 2 ? 4 : 2;
     scen c;
@@ -690,11 +708,23 @@ static void loop_24(const char *kernel) {
   cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
 }
 
-Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL); }
+static int sweep_n(void) { return getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 160; }
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, sweep_n()); }
 /* ep_nccl_lsa's kernels with 2 and 4 ranks on one GPU: the windows are cudaMalloc'd and shared
  * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
-Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa"); }
+Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
+
+/* T * k over several counting chunks (up to 12 of 1024 routes), E up to 2048: ep_size 1 and 2 / 4
+ * ranks on one GPU (loopback; auto and ep_nccl_lsa forced), bit for bit vs the oracle */
+Test(ep_gpu, random_cases_many_chunks) {
+  int N = getenv("EP_MANY_N") ? atoi(getenv("EP_MANY_N")) : 60; /* fewer under a sanitizer */
+  many_chunks = 1;
+  random_1(NULL, N);
+  loop_24(NULL, (N + 1) / 2);
+  loop_24("ep_nccl_lsa", (N + 1) / 2);
+  many_chunks = 0;
+}
 
 /* ---- ep_nccl_lsa in a CUDA graph, 2 ranks on one GPU ------------------------------------- */
 
