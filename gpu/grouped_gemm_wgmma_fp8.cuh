@@ -1,0 +1,87 @@
+// gpu/grouped_gemm_wgmma_fp8.cuh — what the fp8 wgmma kernels (gg_wgmma_fp8) share: the tile
+// constants, the scale modes, the m64n128k32 fp8 wgmma (QGMMA) and the operand checks. Included
+// by gpu/grouped_gemm_wgmma_fp8.cu (forward) and gpu/grouped_gemm_wgmma_fp8_wgrad.cu (wgrad).
+#ifndef TWIN_GPU_GROUPED_GEMM_WGMMA_FP8_CUH
+#define TWIN_GPU_GROUPED_GEMM_WGMMA_FP8_CUH
+
+#include <cuda.h>
+#include <cuda_fp8.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/gemm_common.cuh"
+#include "gpu/wgmma_common.cuh"
+
+
+#define GGF_BM 128
+#define GGF_BN 128
+#define GGF_BK 128
+#define GGF_STAGES 6
+#define GGF_THREADS 384
+#define GGF_A_BYTES (GGF_BM * GGF_BK)
+#define GGF_B_BYTES (GGF_BN * GGF_BK)
+#define GGF_STAGE_BYTES (GGF_A_BYTES + GGF_B_BYTES)
+#define GGF_SCALE_FLOATS (GGF_BM + GGF_BN)
+// ring + 1 KiB to align the base to the 1024-byte swizzle atom + scales + barriers
+#define GGF_SMEM (GGF_STAGES * GGF_STAGE_BYTES + 1024 + GGF_STAGES * GGF_SCALE_FLOATS * 4 + 2 * GGF_STAGES * 8)
+
+// Scale modes of the kernel: per-tensor, 1x128 rows x 1x128 columns, 128x128 tiles.
+enum { GGF_TENSOR = 0, GGF_B1x128 = 1, GGF_B128 = 2 };
+#ifdef WGC_DEVICE
+#define GGF_D64(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+// d (+)= A(64x32 fp8, desc da) * B(32x128 fp8, desc db)^T, both K-major; scale_d = 0
+// overwrites d. AT, BT: 0 e4m3, 1 e5m2. The 64 f32 accumulators of one thread: d[4j + 2h + e]
+// is row 16*warp + lane/4 + 8h, column 8j + 2*(lane%4) + e of the warpgroup's 64 x 128 block.
+template <int AT, int BT>
+__device__ __forceinline__ void ggf_mma(float *d, uint64_t da, uint64_t db, int scale_d) {
+  if (AT == 0 && BT == 0)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 0 && BT == 1)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e5m2 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 1 && BT == 0)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+  if (AT == 1 && BT == 1)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : GGF_D64(d)
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+#endif  // WGC_DEVICE
+
+static inline int ggf_mode_of(int m) {
+  switch (m) {
+    case TW_SCALE_TENSOR_CURRENT:
+    case TW_SCALE_TENSOR_DELAYED: return GGF_TENSOR;
+    case TW_SCALE_BLOCK_1x128: return GGF_B1x128;
+    case TW_SCALE_BLOCK_128x128: return GGF_B128;
+    default: return -1;
+  }
+}
+static inline int ggf_fp8(int dt) { return dt == TW_E4M3 || dt == TW_E5M2; }
+
+#endif

@@ -1,0 +1,792 @@
+// gpu/grouped_gemm_wgmma_fp8_wgrad.cu — the wgrad of kernel version 5 (gg_wgmma_fp8): Hopper
+// (sm_90a) fp8 wgmma with the contraction over each group's tokens (device group sizes).
+//
+//   out[g] [K, N] = sum over token blocks b of 128 of the group:  P_b * f_b
+//   P_b = lhs_g^T[:, 128b..] @ rhs_g[128b.., :] over that block, in the tensor core
+// fp8 wgmma reads both operands K-major (here: token-major), so the kernel takes the
+// per-group transposed colwise copies (tw_quantize.h; lhs_op = rhs_op = T): group g's lhs block
+// is [K, m_g] row-major at byte o_g*K, rhs [N, m_g] at o_g*N. Its rows are m_g bytes apart, so
+// neither a TMA map (16-byte strides) nor one per group can address them for a general m_g.
+// The default (tma) loader first copies them into token-padded matrices that one map each
+// addresses (ggf_pad_colwise, below); the register loaders (rows, staged) read them in place,
+// the producer warpgroup loading them itself (rows):
+//   - thread i of the producer fills row i of the stage's A tile (out row p0 + i) and row i of
+//     its B tile (out column q0 + i): the 128 bytes of tokens 128kb.. of the group, read as the
+//     nine aligned 16-byte words that cover them (words holding no byte of the group's row are
+//     not read; a word running past the end of the tensor is read byte by byte), shifted into
+//     place (funnel shifts), bytes past m_g set to 0 (so the products of the last, partial
+//     block are exact zeros, never another group's or a NaN), then stored into the 128-byte
+//     swizzle layout the TMA would have written (16-byte chunk c of row r at chunk c ^ (r % 8)).
+//     Rows past K (A) or N (B) are zeros.
+//   - the loads of the next k-block's A row are in flight while the thread shifts and stores
+//     the current B row, the next B row's while it waits for the next stage (registers: 2 x 9
+//     words).
+//   - each thread stores its row's scale (block modes) next to the data, fence.proxy.async
+//     (generic stores -> the wgmma's async-proxy reads), arrives on full[s] (128 arrivals).
+//   - the consumers are the forward's: 4 wgmma m64n128k32 per k-block, promotion every 128
+//     tokens. The k-blocks are the quantizer's blocks: tokens 128b.. of the group, so a group
+//     that starts anywhere is promoted exactly where the oracle's 1x128 blocks end.
+//   - tiles: G x ceil(K/128) x ceil(N/128), group-major (fixed on the host: graph-capturable);
+//     a tile contracts over ceil(m_g / 128) k-blocks (device offsets). Empty groups: +0 written
+//     by the consumers (accumulate: untouched), no loads.
+//   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
+//     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/grouped_gemm_wgmma_fp8.cuh"
+
+struct ggf_wparams {
+  const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
+  const int64_t *tiles;    // device [G+1] 128-row tile offsets T(g)
+  const unsigned char *a, *b;          // colwise copies: lhs [K, M], rhs [N, M] (per-group blocks)
+  const unsigned char *a_end, *b_end;  // one past their last byte
+  void *out;                           // [G, K, N]
+  int64_t K, N, G, tilesP, tilesQ;
+  int accumulate;
+  int mode, mode_b;  // GGF_* of lhs and rhs
+  const float *sa, *sb;
+  int64_t lda_s, ldb_s;
+  int loader;  // GGF_WLOAD_*
+  int nst;     // stages of the ring
+  int64_t Mp;  // tma: columns of the token-padded copies (128 x a bound on the tiles T(G))
+};
+// Two producers (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows|staged picks one; gpu/NOTES-gemm.md):
+//   rows:   each producer thread loads its A row and B row into registers (9 aligned words
+//           each), shifts them and stores them into the stage; 6 stages.
+//   staged: the producer warpgroup cp.async's the aligned words of a k-block's 256 rows
+//           (consecutive threads on consecutive words: coalesced) into a raw buffer, GGF_WRAW
+//           buffers deep (two k-blocks in flight ahead of the one being shifted, no registers
+//           held), then shifts raw -> stage (8 threads per row, one 16-byte chunk each); 3 stages.
+//   tma:    (default) a pass before the GEMM copies both colwise operands into token-padded
+//           matrices lhs [K, Mp], rhs [N, Mp] (ggf_pad_colwise: group g's tokens at columns
+//           128*T(g).., zeros up to its next 128 boundary), so every k-block of every group is
+//           one 128 x 128 box at column 128*(T(g) + kb) of a plain 2-D map: the forward's TMA
+//           producer (one thread) and scale warps. The shifting is done once per operand byte
+//           instead of once per output column tile (N/128 or K/128 times).
+enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
+#define GGF_WLOAD_DEFAULT GGF_WLOAD_TMA  // rows: run fw1 (H100) 173-205 TFLOP/s, staged 137-149
+#define GGF_WRAW 3
+#define GGF_WRAW_ROW 144                              // 9 aligned 16-byte words hold any 128 bytes
+#define GGF_WRAW_BYTES (256 * GGF_WRAW_ROW + 256 * 4)  // A and B rows, then their 256 scales
+static size_t ggf_wsmem(int loader, int nst) {
+  return (size_t)nst * GGF_STAGE_BYTES + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
+         (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
+}
+
+#ifdef WGC_DEVICE
+// One tile row of 128 tokens: the aligned 16-byte words w[0..8] that cover bytes
+// [row, row + nv) (nv >= 1); words past them are 0.
+__device__ __forceinline__ void ggf_row_load(const unsigned char *row, int nv, const unsigned char *end, uint4 (&w)[9]) {
+  const unsigned char *a0 = (const unsigned char *)((uintptr_t)row & ~(uintptr_t)15), *lim = row + nv;
+#pragma unroll
+  for (int i = 0; i < 9; ++i) {
+    const unsigned char *q = a0 + 16 * i;
+    if (q < lim && q + 16 <= end) {
+      w[i] = __ldg((const uint4 *)q);
+    } else if (q < lim) {  // the tensor's last, partial word
+      uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll 1
+      for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
+      w[i] = make_uint4(v[0], v[1], v[2], v[3]);
+    } else {
+      w[i] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+template <int J>
+__device__ __forceinline__ uint32_t ggf_word(const uint4 (&w)[9]) {
+  return (J & 3) == 0 ? w[J >> 2].x : (J & 3) == 1 ? w[J >> 2].y : (J & 3) == 2 ? w[J >> 2].z : w[J >> 2].w;
+}
+// 32-bit word j of the row (bytes 4j..4j+3 from row): words q + j and q + j + 1 of the aligned
+// stream, q = off / 4, shifted right by 8 * (off % 4) bits.
+template <int J>
+__device__ __forceinline__ uint32_t ggf_pick(const uint4 (&w)[9], int q) {
+  const uint32_t v0 = ggf_word<J>(w), v1 = ggf_word<J + 1>(w), v2 = ggf_word<J + 2>(w), v3 = ggf_word<(J + 3 < 36 ? J + 3 : 35)>(w);
+  return q == 0 ? v0 : q == 1 ? v1 : q == 2 ? v2 : v3;
+}
+template <int C>
+__device__ __forceinline__ void ggf_row_chunk(const uint4 (&w)[9], int q, int sh, int nv, unsigned char *line, int r) {
+  uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const int j = 4 * C + e;
+    uint32_t x0, x1;
+    switch (e) {  // constant after unrolling
+      case 0: x0 = ggf_pick<4 * C + 0>(w, q); x1 = ggf_pick<4 * C + 1>(w, q); break;
+      case 1: x0 = ggf_pick<4 * C + 1>(w, q); x1 = ggf_pick<4 * C + 2>(w, q); break;
+      case 2: x0 = ggf_pick<4 * C + 2>(w, q); x1 = ggf_pick<4 * C + 3>(w, q); break;
+      default: x0 = ggf_pick<4 * C + 3>(w, q); x1 = ggf_pick<4 * C + 4 < 33 ? 4 * C + 4 : 32>(w, q); break;
+    }
+    uint32_t v = __funnelshift_r(x0, x1, sh);
+    const int nb = nv - 4 * j;  // valid bytes of this word
+    if (nb < 4) v = nb <= 0 ? 0u : v & ((1u << (8 * nb)) - 1u);
+    o[e] = v;
+  }
+  *(uint4 *)(line + ((C ^ (r & 7)) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+// Row r of a 128 x 128 fp8 tile (128-byte swizzle) from the words of ggf_row_load; off = the
+// row's address % 16; bytes nv.. are 0.
+__device__ __forceinline__ void ggf_row_store(const uint4 (&w)[9], int off, int nv, unsigned char *tile, int r) {
+  unsigned char *line = tile + r * 128;
+  const int q = off >> 2, sh = 8 * (off & 3);
+  ggf_row_chunk<0>(w, q, sh, nv, line, r);
+  ggf_row_chunk<1>(w, q, sh, nv, line, r);
+  ggf_row_chunk<2>(w, q, sh, nv, line, r);
+  ggf_row_chunk<3>(w, q, sh, nv, line, r);
+  ggf_row_chunk<4>(w, q, sh, nv, line, r);
+  ggf_row_chunk<5>(w, q, sh, nv, line, r);
+  ggf_row_chunk<6>(w, q, sh, nv, line, r);
+  ggf_row_chunk<7>(w, q, sh, nv, line, r);
+}
+
+// Tile t -> group g, out row start p0, column start q0, the group's rows and T(g).
+struct ggf_wtile {
+  int64_t g, p0, q0, og, mg, tg;
+  int kts;
+};
+__device__ __forceinline__ ggf_wtile ggf_wlocate(const ggf_wparams &p, int64_t t) {
+  ggf_wtile w;
+  const int64_t per = p.tilesP * p.tilesQ;
+  w.g = t / per;
+  const int64_t local = t - w.g * per;
+  w.p0 = (local / p.tilesQ) * GGF_BM;
+  w.q0 = (local % p.tilesQ) * GGF_BN;
+  w.og = p.offsets[w.g];
+  w.mg = p.offsets[w.g + 1] - w.og;
+  w.tg = p.tiles[w.g];
+  w.kts = (int)((w.mg + GGF_BK - 1) / GGF_BK);
+  return w;
+}
+// The producer's view of one k-block: where its A row and B row start, and their scales.
+struct ggf_wjob {
+  const unsigned char *ra, *rb;  // NULL: the row is past K / N (zeros)
+  int nv;                        // valid tokens in this block (1..128)
+  float fa, fb;
+};
+template <bool BL>
+__device__ __forceinline__ void ggf_wjob_setup(const ggf_wparams &p, const ggf_wtile &w, int kb, int i, ggf_wjob &j) {
+  const int64_t t0 = (int64_t)kb * GGF_BK, k = w.p0 + i, n = w.q0 + i;
+  const int64_t left = w.mg - t0;
+  j.nv = (int)(left < GGF_BK ? left : GGF_BK);
+  j.ra = k < p.K ? p.a + w.og * p.K + k * w.mg + t0 : NULL;
+  j.rb = n < p.N ? p.b + w.og * p.N + n * w.mg + t0 : NULL;
+  if (BL) {
+    const int64_t tb = w.tg + kb;
+    j.fa = !j.ra ? 0.f : p.mode == GGF_B1x128 ? p.sa[tb * p.lda_s + k] : p.sa[(w.p0 / 128) * p.lda_s + tb];
+    j.fb = !j.rb ? 0.f : p.mode_b == GGF_B1x128 ? p.sb[tb * p.ldb_s + n] : p.sb[(w.q0 / 128) * p.ldb_s + tb];
+  }
+}
+
+// ---- the staged producer -----------------------------------------------------------------------
+// A cursor over the producer's k-blocks: tiles blockIdx.x, + gridDim.x, ... with work, then
+// their k-blocks (the consumers walk the same sequence).
+struct ggf_wcursor {
+  int64_t t;
+  int kb;
+  bool ok;
+  ggf_wtile w;
+};
+__device__ __forceinline__ void ggf_wcur_seek(const ggf_wparams &p, ggf_wcursor &c, int64_t t) {
+  const int64_t total = p.G * p.tilesP * p.tilesQ;
+  c.ok = false;
+  c.kb = 0;
+  for (; t < total; t += gridDim.x) {
+    c.w = ggf_wlocate(p, t);
+    if (c.w.kts > 0) {
+      c.ok = true;
+      c.t = t;
+      return;
+    }
+  }
+}
+__device__ __forceinline__ void ggf_wcur_next(const ggf_wparams &p, ggf_wcursor &c) {
+  if (++c.kb < c.w.kts) return;
+  ggf_wcur_seek(p, c, c.t + gridDim.x);
+}
+__device__ __forceinline__ void ggf_cp16(unsigned char *dst, const unsigned char *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgc_smem(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void ggf_cp4(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(wgc_smem(dst)), "l"(src) : "memory");
+}
+// The raw words of k-block c: thread tid copies words i = tid + 128n (n < 9) of the 128 A rows
+// (row i / 9, word i % 9) and the same of the B rows: aligned 16-byte words, only those that
+// hold a byte of the row's nv tokens (the tensor's last partial word zero-filled past its end);
+// block modes also the row's scale. One commit group per k-block.
+template <bool BL>
+__device__ __forceinline__ void ggf_wissue(const ggf_wparams &p, const ggf_wcursor &c, unsigned char *rb, int tid) {
+  const ggf_wtile &w = c.w;
+  const int64_t t0 = (int64_t)c.kb * GGF_BK, left = w.mg - t0;
+  const int nv = (int)(left < GGF_BK ? left : GGF_BK);
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const int64_t ext = side ? p.N : p.K, r0 = side ? w.q0 : w.p0;
+    const unsigned char *end = side ? p.b_end : p.a_end;
+    const unsigned char *row0 = (side ? p.b : p.a) + w.og * ext + r0 * w.mg + t0;
+    const int64_t rows = ext - r0 < 128 ? ext - r0 : 128;  // valid rows of the tile
+    unsigned char *dst0 = rb + side * 128 * GGF_WRAW_ROW;
+    int row = tid / 9, word = tid - 9 * (tid / 9);
+#pragma unroll
+    for (int n = 0; n < 9; ++n) {
+      if (row < rows) {
+        const unsigned char *rp = row0 + row * w.mg;
+        const unsigned char *q = (const unsigned char *)((uintptr_t)rp & ~(uintptr_t)15) + 16 * word;
+        if (q < rp + nv) ggf_cp16(dst0 + row * GGF_WRAW_ROW + 16 * word, q, q + 16 <= end ? 16 : (int)(end - q));
+      }
+      row += 14;  // i += 128 = 14 * 9 + 2
+      word += 2;
+      if (word >= 9) {
+        word -= 9;
+        ++row;
+      }
+    }
+    if (BL && tid < rows) {
+      const int64_t tb = w.tg + c.kb, r = r0 + tid;
+      const int m = side ? p.mode_b : p.mode;
+      const float *f = side ? p.sb : p.sa;
+      const int64_t ld = side ? p.ldb_s : p.lda_s;
+      ggf_cp4(rb + 256 * GGF_WRAW_ROW + 4 * (128 * side + tid), m == GGF_B1x128 ? f + tb * ld + r : f + (r0 / 128) * ld + tb);
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// 16 bytes of a row from its raw words w0, w1 (word ch and ch + 1 of the row's aligned stream):
+// bytes off .. off + 15 of the pair, bytes from vb on set to 0 (vb = valid bytes of the chunk).
+__device__ __forceinline__ uint4 ggf_shift16(uint4 w0, uint4 w1, int off, int vb) {
+  const uint32_t x[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  const int q = off >> 2, sh = 8 * (off & 3);
+  uint32_t y[5];
+#pragma unroll
+  for (int m = 0; m < 5; ++m) y[m] = q == 0 ? x[m] : q == 1 ? x[m + 1] : q == 2 ? x[m + 2] : x[m + 3 < 8 ? m + 3 : 7];
+  uint32_t o[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    uint32_t v = __funnelshift_r(y[e], y[e + 1], sh);
+    const int nb = vb - 4 * e;
+    if (nb < 4) v = nb <= 0 ? 0u : v & ((1u << (8 * nb)) - 1u);
+    o[e] = v;
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
+// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
+__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
+  if (q + 16 <= end) return __ldg((const uint4 *)q);
+  uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll 1
+  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+#endif  // WGC_DEVICE
+// dst[r, 16c .. 16c+15] for chunk c of the padded token axis (tile c / 8 of T(G) tiles; side 0:
+// lhs, R = K rows; side 1: rhs, R = N rows): tokens j0 .. j0+15 of the tile's group g,
+// j0 = 128 (c/8 - T(g)) + 16 (c%8), read from its block [R, m_g] at byte o_g*R (row r at
+// + r*m_g); tokens past m_g are zeros. One thread per chunk and row; rows strided by gridDim.y.
+__global__ void ggf_pad_colwise(const ggf_wparams p, unsigned char *pa, unsigned char *pb) {
+#ifdef WGC_DEVICE
+  const int side = blockIdx.z;
+  const int64_t R = side ? p.N : p.K, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= 8 * p.tiles[p.G]) return;
+  const unsigned char *src = side ? p.b : p.a, *end = side ? p.b_end : p.a_end;
+  unsigned char *dst = side ? pb : pa;
+  const int64_t tile = c >> 3;
+  int64_t lo = 0, hi = p.G - 1;
+  while (lo < hi) {  // last g with T(g) <= tile: the non-empty group holding it
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (p.tiles[mid] <= tile) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t og = p.offsets[lo], mg = p.offsets[lo + 1] - og;
+  const int64_t j0 = (tile - p.tiles[lo]) * 128 + (c & 7) * 16, left = mg - j0;
+  const int vb = (int)(left < 16 ? left : 16);
+  for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
+    uint4 o = make_uint4(0, 0, 0, 0);
+    if (vb > 0) {
+      const unsigned char *row = src + og * R + r * mg + j0;
+      const unsigned char *q = (const unsigned char *)((uintptr_t)row & ~(uintptr_t)15);
+      const int off = (int)((uintptr_t)row & 15);
+      const uint4 w0 = ggf_load16(q, end);
+      const uint4 w1 = off + vb > 16 ? ggf_load16(q + 16, end) : make_uint4(0, 0, 0, 0);
+      o = ggf_shift16(w0, w1, off, vb);
+    }
+    *(uint4 *)(dst + r * p.Mp + 16 * c) = o;
+  }
+#endif
+}
+#ifdef WGC_DEVICE
+
+template <bool BL>
+__device__ void ggf_wproduce_staged(const ggf_wparams &p, unsigned char *base, unsigned char *rawbuf, float *scales,
+                                    uint64_t *full, uint64_t *empty, int tid) {
+  const int nst = p.nst, ch = tid & 7;
+  ggf_wcursor ci, cs;  // the next k-block to issue, the next to shift
+  ggf_wcur_seek(p, ci, blockIdx.x);
+  cs = ci;
+  int ri = 0, rs = 0, s = 0;
+  uint32_t phase = 0;
+#pragma unroll 1
+  for (int k = 0; k < GGF_WRAW - 1; ++k) {
+    if (ci.ok) {
+      ggf_wissue<BL>(p, ci, rawbuf + ri * GGF_WRAW_BYTES, tid);
+      ggf_wcur_next(p, ci);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    ri = ri + 1 == GGF_WRAW ? 0 : ri + 1;
+  }
+  while (cs.ok) {
+    if (ci.ok) {  // keeps GGF_WRAW - 1 k-blocks in flight ahead of this one
+      ggf_wissue<BL>(p, ci, rawbuf + ri * GGF_WRAW_BYTES, tid);
+      ggf_wcur_next(p, ci);
+    } else {
+      asm volatile("cp.async.commit_group;\n" ::: "memory");  // one group per step, so the count below holds
+    }
+    ri = ri + 1 == GGF_WRAW ? 0 : ri + 1;
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(GGF_WRAW - 1) : "memory");
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");  // every thread's words of k-block cs landed
+    const ggf_wtile &w = cs.w;
+    const int64_t t0 = (int64_t)cs.kb * GGF_BK, left = w.mg - t0;
+    const int nv = (int)(left < GGF_BK ? left : GGF_BK);
+    const unsigned char *rb = rawbuf + rs * GGF_WRAW_BYTES;
+    wgc_bar_wait(&empty[s], phase ^ 1);
+    unsigned char *st = base + s * GGF_STAGE_BYTES;
+#pragma unroll 4
+    for (int n = 0; n < 16; ++n) {
+      const int r = (tid >> 3) + 16 * n, side = r >> 7, rr = r & 127;
+      const int64_t ext = side ? p.N : p.K, r0 = side ? w.q0 : w.p0;
+      uint4 o = make_uint4(0, 0, 0, 0);
+      if (r0 + rr < ext) {
+        const uintptr_t rp = (uintptr_t)((side ? p.b : p.a) + w.og * ext + (r0 + rr) * w.mg + t0);
+        const uint4 *rw = (const uint4 *)(rb + r * GGF_WRAW_ROW);
+        o = ggf_shift16(rw[ch], rw[ch + 1], (int)(rp & 15), nv - 16 * ch);
+      }
+      *(uint4 *)(st + side * GGF_A_BYTES + rr * 128 + ((ch ^ (rr & 7)) << 4)) = o;
+    }
+    if (BL) {
+      float *f = scales + s * GGF_SCALE_FLOATS;
+      const float *rsf = (const float *)(rb + 256 * GGF_WRAW_ROW);
+      f[tid] = w.p0 + tid < p.K ? rsf[tid] : 0.f;
+      f[GGF_BM + tid] = w.q0 + tid < p.N ? rsf[128 + tid] : 0.f;
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    wgc_bar_arrive(&full[s]);
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");  // raw buffer rs is read: free for a new issue
+    rs = rs + 1 == GGF_WRAW ? 0 : rs + 1;
+    if (++s == nst) {
+      s = 0;
+      phase ^= 1;
+    }
+    ggf_wcur_next(p, cs);
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+#endif  // WGC_DEVICE
+
+template <bool BL, int AT, int BT, int OUT>
+// map_a, map_b: the tma loader's padded copies (unused by the other loaders).
+__global__ void __launch_bounds__(GGF_THREADS, 1)
+    ggf_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                     const ggf_wparams p) {
+#ifdef WGC_DEVICE
+  extern __shared__ __align__(1024) unsigned char ggf_raw[];
+  unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
+  const int nst = p.nst;
+  unsigned char *rawbuf = base + nst * GGF_STAGE_BYTES;  // staged loader: GGF_WRAW raw buffers
+  float *scales = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // [stage][256]
+  uint64_t *full = (uint64_t *)(scales + nst * GGF_SCALE_FLOATS);
+  uint64_t *empty = full + nst;
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < nst; ++s) {
+      // tma: the TMA thread (+ bytes) and, block modes, a scale warp; else every producer thread
+      wgc_bar_init(&full[s], p.loader == GGF_WLOAD_TMA ? (BL ? 1 + 32 : 1) : 128);
+      wgc_bar_init(&empty[s], 8);   // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int64_t total = p.G * p.tilesP * p.tilesQ;
+
+  if (wg == 0 && p.loader == GGF_WLOAD_TMA) {
+    if (tid == 0) {
+      // ---- producer (tma): k-block kb of a tile is the box at padded column 128*(T(g) + kb);
+      // rows past K / N come back as zeros (TMA fill)
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const ggf_wtile w = ggf_wlocate(p, t);
+        for (int kb = 0; kb < w.kts; ++kb) {
+          wgc_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
+          const int col = (int)((w.tg + kb) * GGF_BK);
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
+          wgc_tma_2d(sa, &map_a, &full[s], col, (int)w.p0);
+          wgc_tma_2d(sb, &map_b, &full[s], col, (int)w.q0);
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (BL && tid >= 32) {
+      // ---- producer (tma): warps 1-3 in turn stage a k-block's 128 row and 128 column scales
+      // (the forward's scheme: three global-load latencies in flight)
+      const int sw = tid / 32 - 1, lane = tid % 32;
+      int s = 0, turn = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const ggf_wtile w = ggf_wlocate(p, t);
+        for (int kb = 0; kb < w.kts; ++kb) {
+          const bool mine = turn == sw;
+          const int st = s;
+          const uint32_t ph = phase;
+          if (++turn == 3) turn = 0;
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+          if (!mine) continue;
+          const int64_t tb = w.tg + kb;
+          wgc_bar_wait(&empty[st], ph ^ 1);
+          float *f = scales + st * GGF_SCALE_FLOATS + lane;
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int64_t k = w.p0 + lane + 32 * r, n = w.q0 + lane + 32 * r;
+            f[32 * r] = k >= p.K ? 0.f : p.mode == GGF_B1x128 ? p.sa[tb * p.lda_s + k] : p.sa[(w.p0 / 128) * p.lda_s + tb];
+            f[GGF_BM + 32 * r] = n >= p.N ? 0.f : p.mode_b == GGF_B1x128 ? p.sb[tb * p.ldb_s + n] : p.sb[(w.q0 / 128) * p.ldb_s + tb];
+          }
+          wgc_bar_arrive(&full[st]);
+        }
+      }
+    }
+  } else if (wg == 0 && p.loader == GGF_WLOAD_STAGED) {
+    ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);
+  } else if (wg == 0) {
+    // ---- producer (rows): thread tid fills row tid of the A and B tiles of every stage -----
+    int s = 0;
+    uint32_t phase = 0;
+    uint4 wa[9], wb[9];
+    ggf_wjob cur;
+    int64_t t = blockIdx.x;
+    ggf_wtile w;
+    int kb = 0;
+    bool have = false;
+    for (; t < total; t += gridDim.x) {  // first tile with work
+      w = ggf_wlocate(p, t);
+      if (w.kts > 0) {
+        have = true;
+        break;
+      }
+    }
+    if (have) {
+      ggf_wjob_setup<BL>(p, w, 0, tid, cur);
+      if (cur.ra) ggf_row_load(cur.ra, cur.nv, p.a_end, wa);
+      if (cur.rb) ggf_row_load(cur.rb, cur.nv, p.b_end, wb);
+    }
+    while (have) {
+      // the next k-block (this tile's next, or the next tile with work)
+      ggf_wtile wn = w;
+      int kbn = kb + 1;
+      bool next = kbn < w.kts;
+      if (!next) {
+        kbn = 0;
+        for (int64_t tn = t + gridDim.x; tn < total; tn += gridDim.x) {
+          wn = ggf_wlocate(p, tn);
+          if (wn.kts > 0) {
+            next = true;
+            t = tn;
+            break;
+          }
+        }
+      }
+      wgc_bar_wait(&empty[s], phase ^ 1);
+      unsigned char *st = base + s * GGF_STAGE_BYTES;
+      if (cur.ra) ggf_row_store(wa, (int)((uintptr_t)cur.ra & 15), cur.nv, st, tid);
+      else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) *(uint4 *)(st + tid * 128 + 16 * c) = make_uint4(0, 0, 0, 0);
+      }
+      const ggf_wjob done = cur;
+      ggf_wjob nj;
+      // the next A row's loads fly while this B row is shifted and stored
+      if (next) {
+        ggf_wjob_setup<BL>(p, wn, kbn, tid, nj);
+        if (nj.ra) ggf_row_load(nj.ra, nj.nv, p.a_end, wa);
+      }
+      if (done.rb) ggf_row_store(wb, (int)((uintptr_t)done.rb & 15), done.nv, st + GGF_A_BYTES, tid);
+      else {
+#pragma unroll
+        for (int c = 0; c < 8; ++c) *(uint4 *)(st + GGF_A_BYTES + tid * 128 + 16 * c) = make_uint4(0, 0, 0, 0);
+      }
+      if (next && nj.rb) ggf_row_load(nj.rb, nj.nv, p.b_end, wb);
+      if (BL) {
+        float *f = scales + s * GGF_SCALE_FLOATS;
+        f[tid] = done.fa;
+        f[GGF_BM + tid] = done.fb;
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      wgc_bar_arrive(&full[s]);
+      if (++s == nst) {
+        s = 0;
+        phase ^= 1;
+      }
+      have = next;
+      if (next) {
+        cur = nj;
+        w = wn;
+        kb = kbn;
+      }
+    }
+  } else {
+    // ---- consumers: warpgroup c = wg - 1 owns out rows p0 + 64c .. + 63 (the forward's) -----
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    float d[64], tot[64];
+    int s = 0;
+    uint32_t phase = 0;
+    const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      const ggf_wtile w = ggf_wlocate(p, t);
+      const int64_t r0 = w.p0 + 64 * c + 16 * warp + lane / 4;
+      const int64_t cbase = w.q0 + 2 * (lane % 4);
+      if (w.kts == 0) {  // empty group: out[g] = +0 (accumulate: untouched)
+        if (p.accumulate) continue;
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = r0 + 8 * h;
+          if (r >= p.K) continue;
+          const int64_t rowbase = (w.g * p.K + r) * p.N;
+          for (int j = 0; j < 16; ++j) {
+            const int64_t col = cbase + 8 * j;
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, 0.f, 0);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
+          }
+        }
+        continue;
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) tot[i] = 0.f;
+      for (int kt = 0; kt < w.kts; ++kt) {
+        wgc_bar_wait(&full[s], phase);
+        const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
+        const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        wgc_fence();
+#pragma unroll
+        for (int k = 0; k < GGF_BK / 32; ++k)
+          ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+        wgc_commit();
+        wgc_wait<0>();
+        wgc_touch<64>(d);
+        if (BL) {
+          const float *f = scales + s * GGF_SCALE_FLOATS;
+          const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            float2 fb;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                         : "=f"(fb.x), "=f"(fb.y)
+                         : "r"(wgc_smem(f + GGF_BM + 8 * j + 2 * (lane % 4))));
+            tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fb.x, tot[4 * j + 0]);
+            tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fb.y, tot[4 * j + 1]);
+            tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fb.x, tot[4 * j + 2]);
+            tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fb.y, tot[4 * j + 3]);
+          }
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+        } else {
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+#pragma unroll
+          for (int i = 0; i < 64; ++i) tot[i] += d[i];
+        }
+        if (++s == nst) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+      // ---- epilogue: out[g] rows r0 (+8), columns cbase + 8j (+1)
+      const float tf = BL ? 1.f : p.sa[w.g] * p.sb[w.g];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 8 * h;
+        if (r >= p.K) continue;
+        const int64_t rowbase = (w.g * p.K + r) * p.N;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const int64_t col = cbase + 8 * j;
+          const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
+          const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
+          if (pairs) {
+            if (col < p.N) wgc_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
+          } else {
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, v0, p.accumulate);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, v1, p.accumulate);
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                             const tw_tensor *out, const char **why) {
+  gpu_state *st = gpu_of(ctx);
+  *why = NULL;
+  if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma)";
+  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ggf_mode_of(lhs->mode) < 0 ||
+           ggf_mode_of(rhs->mode) < 0 || (ggf_mode_of(lhs->mode) == GGF_TENSOR) != (ggf_mode_of(rhs->mode) == GGF_TENSOR))
+    *why = "takes fp8 operands with per-tensor, 1x128 or 128x128 scales only";
+  else if (lhs_op != TW_OP_T || rhs_op != TW_OP_T || !lhs->colwise || !rhs->colwise || lhs->data.ndim != 2 ||
+           rhs->data.ndim != 2 || out->ndim != 3)
+    *why = "takes the wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T): fp8 wgmma reads "
+           "both operands token-major";
+  else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
+    *why = "needs 16-byte aligned lhs and rhs";
+  else if (lhs->src_rows >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31) ||
+           out->shape[1] >= ((int64_t)1 << 31) || out->shape[2] >= ((int64_t)1 << 31))
+    *why = "needs M, N, K and G below 2^31";
+  return *why == NULL;
+}
+
+// The padded copies' memory: the context's grow-only buffer (stream-ordered: the old one is
+// freed behind the work already queued), or, inside a graph capture, an allocation of the graph
+// that the caller frees in it (*in_graph = 1), so a graph never holds the context's buffer.
+static tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph) {
+  gpu_state *st = gpu_of(ctx);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaStreamIsCapturing");
+  *in_graph = cs != cudaStreamCaptureStatusNone;
+  if (*in_graph) {
+    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
+    return TW_OK;
+  }
+  if (st->wgrad_pad_bytes < bytes) {
+    if (st->wgrad_pad) GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFreeAsync");
+    st->wgrad_pad = NULL;
+    st->wgrad_pad_bytes = 0;
+    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
+    st->wgrad_pad_bytes = bytes;
+  }
+  *out = (unsigned char *)st->wgrad_pad;
+  return TW_OK;
+}
+
+template <bool BL, int AT, int BT, int OUT>
+static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
+                                    const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
+  static int set_for[64];
+  const int dev = st->device < 64 ? st->device : 0;
+  const size_t smem = ggf_wsmem(p->loader, p->nst);
+  if (set_for[dev] < (int)smem) {
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFuncSetAttribute");
+    set_for[dev] = (int)smem;
+  }
+  const int64_t total = p->G * p->tilesP * p->tilesQ;
+  const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
+  fn<<<grid, GGF_THREADS, smem, st->stream>>>(*ma, *mb, *p);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
+  return TW_OK;
+}
+
+template <bool BL, int AT, int BT>
+static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
+                               const char *op) {
+  switch (od) {
+    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
+    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
+    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
+  }
+}
+
+tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                             const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out, int accumulate,
+                             const char *op) {
+  const char *why;
+  if (!gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
+  const int64_t K = out->shape[1], N = out->shape[2];
+  if (G == 0 || K == 0 || N == 0) return TW_OK;
+  ggf_wparams p;
+  memset(&p, 0, sizeof p);
+  p.offsets = offsets;
+  p.tiles = tiles;
+  p.a = (const unsigned char *)lhs->data.data;
+  p.b = (const unsigned char *)rhs->data.data;
+  p.a_end = p.a + lhs->data.shape[0] * lhs->data.shape[1];
+  p.b_end = p.b + rhs->data.shape[0] * rhs->data.shape[1];
+  p.out = out->data;
+  p.K = K;
+  p.N = N;
+  p.G = G;
+  p.tilesP = (K + GGF_BM - 1) / GGF_BM;
+  p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
+  p.accumulate = accumulate;
+  p.mode = ggf_mode_of(lhs->mode);
+  p.mode_b = ggf_mode_of(rhs->mode);
+  p.sa = (const float *)lhs->scale_inv.data;
+  p.sb = (const float *)rhs->scale_inv.data;
+  p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
+  p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
+  const char *lv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER");  // measurement knob, read on every call
+  p.loader = lv && !strcmp(lv, "rows")     ? GGF_WLOAD_ROWS
+             : lv && !strcmp(lv, "staged") ? GGF_WLOAD_STAGED
+             : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
+                                           : GGF_WLOAD_DEFAULT;
+  p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : GGF_STAGES;
+  CUtensorMap ma, mb;
+  memset(&ma, 0, sizeof ma);
+  memset(&mb, 0, sizeof mb);
+  unsigned char *pad = NULL;
+  int pad_in_graph = 0;
+  if (p.loader == GGF_WLOAD_TMA) {
+    // Sum over groups of ceil(m_g / 128) <= ceil(M / 128) + G: the padded columns any sizes need.
+    const int64_t M = lhs->src_rows;
+    p.Mp = ((M + 127) / 128 + G) * 128;
+    PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
+    if (p.Mp >= ((int64_t)1 << 31) || !enc) {
+      p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
+    } else {
+      TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph));
+      unsigned char *pa = pad, *pb = pad + K * p.Mp;
+      const int64_t chunks = 8 * (p.Mp / 128);
+      const int64_t rows = K > N ? K : N;
+      dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), 2);
+      ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+      GPU_TRY_CUDA(cudaGetLastError(), op);
+      const unsigned char *src[2] = {pa, pb};
+      const int64_t ext[2] = {K, N};
+      CUtensorMap *maps[2] = {&ma, &mb};
+      for (int i = 0; i < 2; ++i) {
+        cuuint64_t dims[2] = {(cuuint64_t)p.Mp, (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)p.Mp};
+        cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? GGF_BN : GGF_BM)}, es[2] = {1, 1};
+        CUresult r = enc(maps[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS)
+          return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': padded %s tensor map refused (CUresult %d)", op,
+                          GG_KERNEL_WGMMA_FP8, i ? "rhs" : "lhs", (int)r);
+      }
+    }
+  }
+  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
+  tw_status s;
+  if (p.mode != GGF_TENSOR)
+    s = at ? ggf_wgrad_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op)
+           : bt ? ggf_wgrad_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  else
+    s = at ? ggf_wgrad_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op)
+           : bt ? ggf_wgrad_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  // a buffer allocated inside a capture is freed inside it too (alloc and free nodes of the graph)
+  if (pad_in_graph) {
+    cudaError_t e = cudaFreeAsync(pad, gpu_of(ctx)->stream);
+    if (s == TW_OK && e != cudaSuccess) s = gpu_cuda_status(e, "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFreeAsync");
+  }
+  return s;
+}
