@@ -467,12 +467,13 @@ static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fs
                fsdp, ep, q, tw_last_error());
 }
 
-/* OpenBLAS (ref/gemm.c's sgemm). This test's GEMMs are large enough for OpenBLAS to split
- * them over its threads, and then the ref block on concurrent thread ranks is not the same
- * from run to run: seen on 2 cores, fp8_gather = 0 against itself, 1 bf16 ulp in 44 of 8192
- * dx elements in about one run in five, and never with one OpenBLAS thread. Likely cause:
- * ref/gemm.c's grouped forward sets the process-wide thread count to 1 while another rank's
- * sgemm may be splitting its work by it. One thread here (the test runs in its own process). */
+/* OpenBLAS (ref/gemm.c's sgemm). With more than one OpenBLAS thread the ref block on
+ * concurrent thread ranks is not the same from run to run at these sizes: seen on 2 cores,
+ * fp8_gather = 0 against itself (fp8_current, F = 136, fsdp = 2), 1 bf16 ulp in 44 of 8192 dx
+ * elements, in 3 of 12 runs of 8 repetitions; none in 28 such runs with ref/gemm.c's
+ * fwd_groups_parallel switched off, which sets the process-wide thread count to 1 while its
+ * workers run, so another rank's sgemm can run on another count and round some elements
+ * differently. One thread here (the test runs in its own process). */
 void openblas_set_num_threads(int n);
 
 Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
