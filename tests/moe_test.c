@@ -203,6 +203,45 @@ Test(moe_errors, fp8_gather_with_block_scales_needs_whole_blocks_per_shard) {
   expect_gather(TW_MOE_FP8_MXFP8, 6, 1, TW_OK, NULL);
 }
 
+/* fsdp > 1 keeps the gathered bf16 weights for the backward; with fp8_gather it does not (the
+ * fp8 copies, saved either way, are the gathered weights): tw_moe.h's saved bytes. */
+static tw_status saved_with_and_without_gather(int rank, tw_comm *comm, void *arg) {
+  const gather_rule *g = (const gather_rule *)arg;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_mesh m;
+  tw_axis fsdp = TW_AXIS_FSDP;
+  tw_status s = tw_mesh_init(&m, 1, &fsdp, &g->fsdp);
+  size_t saved[2] = {0, 0};
+  for (int q = 0; s == TW_OK && q < 2; q++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = g->recipe; c.hidden = g->H; c.fp8_gather = q; c.global_tokens = g->fsdp * T;
+    tw_moe *mo = NULL;
+    s = tw_moe_create(ctx, &m, &c, &mo);
+    saved[q] = tw_moe_saved_bytes(mo);
+    tw_moe_destroy(mo);
+  }
+  size_t gathered = 2 * (size_t)E * (size_t)g->H * 3 * F; /* bf16 wi [E, H, 2F] + wo [E, F, H] */
+  if (s == TW_OK && saved[0] - saved[1] != gathered)
+    s = tw_error(TW_ERR_INTERNAL, "%s: saved %zu bytes without fp8_gather, %zu with: the difference should be %zu",
+                 tw_moe_recipe_name(g->recipe), saved[0], saved[1], gathered);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(moe_layers, fp8_gather_keeps_no_bf16_copy_of_the_gathered_weights) {
+  for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++) {
+    tw_comm *comms[2];
+    cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
+    gather_rule g = {(tw_moe_recipe)rc, 256, 2};
+    tw_status s = tw_run_ranks(2, comms, saved_with_and_without_gather, &g);
+    cr_expect_eq(s, TW_OK, "%s", tw_last_error());
+    for (int i = 0; i < 2; i++) tw_comm_destroy(comms[i]);
+  }
+}
+
 Test(moe_errors, tensors_biases_and_order_are_checked) {
   static problem p;
   fill(&p, 1);
