@@ -17,6 +17,16 @@
 
 int tw_moe_plant_skip_dp_reduce = 0;
 
+/* fp8_gather: how one part of a quantized weight shard (the codes or the scales of one
+ * orientation) travels over fsdp. The shard's part is `rows` runs of `run` elements, run r
+ * from element r*ld_s (rows = 1: one run from element 0; rows = 0: the part does not travel).
+ * The all-gather lays the ranks' runs out as [fs][rows*run]; tw_moe_swap_outer(P = fs, A, B),
+ * A*B = rows*run, turns that into [rows][fs*run], and run r of it lands at element r*ld of the
+ * gathered part. */
+typedef struct {
+  int64_t rows, run, ld_s, ld, A, B;
+} fs_part;
+
 struct tw_moe {
   tw_ctx *ctx;
   tw_moe_config cfg;
@@ -53,12 +63,15 @@ struct tw_moe {
    * the reduce-scatter, and one staging buffer for the layout swaps */
   void *wi_full, *wo_full, *stage;
   float *dwi_full, *dwo_full;
-  /* fp8_gather: the shards' fp8 copies, their uniform group sizes (Hs) and the scales */
+  /* fp8_gather: the shards' fp8 copies, their uniform group sizes (Hs), the per-expert scales
+   * (FP8_CURRENT) and how each part of wi (plan[0]) and wo (plan[1]) travels: row data, col
+   * data, row scales, col scales */
   int qgather;
   int32_t *gs_hs;
   tw_qtensor qs_wi, qs_wo;
   void *qsbuf[2][5];
   float *scale_wi, *scale_wo;
+  fs_part plan[2][4];
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -102,10 +115,10 @@ static tw_status check_config(const tw_moe_config *c) {
     return tw_error(TW_ERR_INVALID_ARG, "%s: max_tokens = %lld < 0", op, (long long)c->max_tokens);
   if (c->fp8_gather != 0 && c->fp8_gather != 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: fp8_gather = %d must be 0 or 1", op, c->fp8_gather);
-  if (c->fp8_gather && c->recipe != TW_MOE_FP8_CURRENT)
+  if (c->fp8_gather && c->recipe < TW_MOE_FP8_CURRENT)
     return tw_error(TW_ERR_INVALID_ARG,
-                    "%s: fp8_gather = 1 needs recipe fp8_current (got %s: block and MXFP8 scales of a shard are not laid out as the gathered tensor's)",
-                    op, tw_moe_recipe_name(c->recipe) ? tw_moe_recipe_name(c->recipe) : "?");
+                    "%s: fp8_gather = 1 needs an fp8 recipe (fp8_current, fp8_block or fp8_mxfp8; got %s)", op,
+                    tw_moe_recipe_name(c->recipe) ? tw_moe_recipe_name(c->recipe) : "?");
   if (c->global_tokens < 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: global_tokens = %lld must be >= 1 (the aux loss divides by it)", op,
                     (long long)c->global_tokens);
@@ -212,15 +225,99 @@ static tw_status alloc_fp8(tw_moe *m) {
   return TW_OK;
 }
 
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static fs_part whole(int64_t A, int64_t B) { return (fs_part){1, A * B, 0, 0, A, B}; }
+
+/* fp8_gather's plan (fs_part above) from tw_quantize.h's layouts. Shards: wi [G*Hs, K = 2F] in
+ * groups of Hs rows, wo [G*F, Hs] in groups of F rows; for the block modes Hs % 128 == 0
+ * (tw_moe_create), so a shard's blocks and 128-row tiles are whole blocks and tiles of the
+ * gathered weight, and only their places change:
+ *   codes: rowwise [rows, cols]; colwise per-group transposed ([K, Hs] and [Hs, F] per
+ *     expert), MXFP8's colwise untransposed like the rowwise.
+ *   BLOCK_128x128 (T(g) = the 128-row tiles before expert g):
+ *     wi rowwise [T(g) + b][kb]: each expert's Hs/128 tile rows, expert by expert;
+ *     wi colwise [kb][T(g) + b]: kb rows of T_cap slots, G*Hs/128 of them used in a shard's
+ *       (the used runs packed, gathered, one swap puts every row's shards in place, then the
+ *       rows go back at the gathered array's T_cap stride);
+ *     wo rowwise [t][kb]: the shards' Hs/128 tile columns side by side in every used row t
+ *       (t < G*ceil(F/128));
+ *     wo colwise [kb][t]: the shards' tile rows one after another (a plain concatenation of
+ *       the whole arrays, T_cap slots per row).
+ *   MXFP8 (swizzled: 512-byte tiles of 128 scale rows x 4 scale columns, row-tile major):
+ *     wi rowwise: each expert's [Hs, ceil(K/32) padded to 4] block, whole 128-row tiles;
+ *     wi colwise: each expert's transposed [roundup(K, 128), Hs/32] block: per 128-row tile of
+ *       it, Hs/128 tiles of 4 columns (4*Hs bytes);
+ *     wo rowwise: each expert's [128*ceil(F/128), Hs/32] block: per 128-row tile, 4*Hs bytes;
+ *     wo colwise: each expert's transposed [Hs, 4*ceil(F/128)] block, whole 128-row tiles.
+ *   TENSOR_CURRENT: the scales do not travel (every rank computes them from the amax). */
+static void plan_gather(tw_moe *m) {
+  int64_t G = m->nle, Hs = m->Hs, F = m->F, K = 2 * m->F;
+  int mx = m->w_mode == TW_SCALE_MXFP8_1D;
+  fs_part *wi = m->plan[0], *wo = m->plan[1], none = {0, 0, 0, 0, 0, 0};
+  wi[0] = whole(G, Hs * K);
+  wi[1] = mx ? wi[0] : whole(G * K, Hs);
+  wo[0] = whole(G * F, Hs);
+  wo[1] = mx ? wo[0] : whole(G, Hs * F);
+  if (m->w_mode == TW_SCALE_BLOCK_128x128) {
+    int64_t kb = cdiv(K, 128), t = m->q_wo.col_scale_inv.shape[1];
+    wi[2] = whole(G, Hs / 128 * kb);
+    wi[3] = (fs_part){kb, G * Hs / 128, m->qs_wi.col_scale_inv.shape[1], m->q_wi.col_scale_inv.shape[1], kb * G, Hs / 128};
+    wo[2] = whole(G * cdiv(F, 128), Hs / 128);
+    wo[3] = whole(1, Hs / 128 * t);
+  } else if (mx) {
+    int64_t c = cdiv(cdiv(K, 32), 4) * 4, ck = cdiv(K, 128), ft = cdiv(F, 128);
+    wi[2] = whole(G, Hs * c);
+    wi[3] = whole(G * ck, 4 * Hs);
+    wo[2] = whole(G * ft, 4 * Hs);
+    wo[3] = whole(G, Hs * 4 * ft);
+  } else {
+    wi[2] = wi[3] = wo[2] = wo[3] = none;
+  }
+}
+
+/* The stage bytes one part needs (the gathered runs; a strided part also packs its runs and
+ * swaps them above those), or an internal error if the plan leaves its tensors' bounds. */
+static tw_status part_stage_bytes(const tw_moe *m, const fs_part *p, const tw_tensor *src, const tw_tensor *dst,
+                                  size_t *need) {
+  *need = 0;
+  if (p->rows == 0) return TW_OK;
+  int64_t n = p->rows * p->run, fs = m->fs;
+  int64_t last_s = (p->rows - 1) * p->ld_s + p->run, last = p->rows == 1 ? fs * n : (p->rows - 1) * p->ld + fs * p->run;
+  if (p->A * p->B != n || last_s > tw_tensor_numel(src) || last > tw_tensor_numel(dst) ||
+      (p->rows > 1 && (p->ld_s < p->run || p->ld < fs * p->run)))
+    return tw_error(TW_ERR_INTERNAL, "moe_create: fp8_gather plan of %lld x %lld elements (A = %lld, B = %lld) does not fit a %lld-element shard part and a %lld-element gathered part",
+                    (long long)p->rows, (long long)p->run, (long long)p->A, (long long)p->B,
+                    (long long)tw_tensor_numel(src), (long long)tw_tensor_numel(dst));
+  if (p->rows == 1 && p->A == 1) return TW_OK; /* gathered straight into place */
+  *need = (p->rows > 1 ? 2 : 1) * (size_t)(fs * n) * tw_dtype_storage_bytes(src->dtype, 1);
+  return TW_OK;
+}
+
 /* fp8_gather: the shards' fp8 copies ([NLE*Hs, 2F] in groups of Hs rows, [NLE*F, Hs] in
- * groups of F rows) and their per-expert scales. */
-static tw_status alloc_qgather(tw_moe *m) {
+ * groups of F rows), their per-expert scales (FP8_CURRENT) and the plan; *stage_need: the
+ * stage bytes the plan needs. */
+static tw_status alloc_qgather(tw_moe *m, size_t *stage_need) {
   int64_t G = m->nle;
   TW_TRY(uniform_sizes(m, m->Hs, &m->gs_hs));
-  TW_TRY(alloc_q(m, m->qsbuf[0], TW_SCALE_TENSOR_CURRENT, G * m->Hs, 2 * m->F, G, 0, 0, &m->qs_wi));
-  TW_TRY(alloc_q(m, m->qsbuf[1], TW_SCALE_TENSOR_CURRENT, G * m->F, m->Hs, G, 0, 0, &m->qs_wo));
-  TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wi, 0));
-  return alloc(m, 4 * (size_t)G, &m->scale_wo, 0);
+  TW_TRY(alloc_q(m, m->qsbuf[0], m->w_mode, G * m->Hs, 2 * m->F, G, 0, 0, &m->qs_wi));
+  TW_TRY(alloc_q(m, m->qsbuf[1], m->w_mode, G * m->F, m->Hs, G, 0, 0, &m->qs_wo));
+  if (m->w_mode == TW_SCALE_TENSOR_CURRENT) {
+    TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wi, 0));
+    TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wo, 0));
+  }
+  plan_gather(m);
+  *stage_need = 0;
+  for (int w = 0; w < 2; w++) {
+    const tw_qtensor *qs = w ? &m->qs_wo : &m->qs_wi, *q = w ? &m->q_wo : &m->q_wi;
+    const tw_tensor *src[4] = {&qs->row_data, &qs->col_data, &qs->row_scale_inv, &qs->col_scale_inv};
+    const tw_tensor *dst[4] = {&q->row_data, &q->col_data, &q->row_scale_inv, &q->col_scale_inv};
+    for (int i = 0; i < 4; i++) {
+      size_t need;
+      TW_TRY(part_stage_bytes(m, &m->plan[w][i], src[i], dst[i], &need));
+      if (need > *stage_need) *stage_need = need;
+    }
+  }
+  return TW_OK;
 }
 
 static tw_status quantize(tw_moe *m, const tw_tensor *x, const int32_t *gs, tw_qtensor *q) {
@@ -261,6 +358,15 @@ static tw_status create_comms(tw_moe *m, const tw_mesh *mesh) {
     return tw_error(TW_ERR_INVALID_ARG, "moe_create: H = %lld does not split over fsdp = %d (moe.fsdp: the expert weights are sharded on H)",
                     (long long)m->H, m->fs);
   m->Hs = m->H / m->fs;
+  /* fp8_gather with block scales: a shard's blocks must be the gathered weight's blocks, and
+   * its scale layout whole tiles of the gathered one (tw_moe.h, Sharding) */
+  if (m->cfg.fp8_gather && m->fs > 1 && m->cfg.recipe != TW_MOE_FP8_CURRENT && m->Hs % 128 != 0)
+    return tw_error(TW_ERR_INVALID_ARG,
+                    "moe_create: fp8_gather = 1 with recipe %s needs H / fsdp a multiple of 128, got H = %lld, fsdp = %d, "
+                    "H / fsdp = %lld (moe.fp8_gather: %s must not cross the fsdp shard boundary)",
+                    tw_moe_recipe_name(m->cfg.recipe), (long long)m->H, m->fs, (long long)m->Hs,
+                    m->cfg.recipe == TW_MOE_FP8_BLOCK ? "the weights' 128x128 scale tiles"
+                                                      : "the weights' MXFP8 blocks of 32 and the 128x4 tiles of their swizzled scales");
   m->tok_comm = n > 1 ? world : NULL;
   m->ep_comm = tw_mesh_comms_axis(m->mc, TW_AXIS_EP);
   if (!m->ep_comm) { /* ep = 1: each rank its own EP group */
@@ -333,8 +439,9 @@ tw_status tw_moe_create(tw_ctx *ctx, const tw_mesh *mesh, const tw_moe_config *c
     size_t wi_n = (size_t)m->nle * H * 2 * F, wo_n = (size_t)m->nle * F * H, big = wi_n > wo_n ? wi_n : wo_n;
     if (!m->qgather) s = alloc(m, es * wi_n, &m->wi_full, 1);
     if (s == TW_OK && !m->qgather) s = alloc(m, es * wo_n, &m->wo_full, 1);
-    if (s == TW_OK) s = alloc(m, 4 * big, &m->stage, 0);
-    if (s == TW_OK && m->qgather) s = alloc_qgather(m);
+    size_t stage = 4 * big, need = 0; /* f32 gradients; fp8_gather: its plan's parts */
+    if (s == TW_OK && m->qgather) s = alloc_qgather(m, &need);
+    if (s == TW_OK) s = alloc(m, need > stage ? need : stage, &m->stage, 0);
     if (s == TW_OK) s = alloc(m, 4 * wi_n, &m->dwi_full, 0);
     if (s == TW_OK) s = alloc(m, 4 * wo_n, &m->dwo_full, 0);
   }
@@ -483,46 +590,80 @@ static tw_status gather_weights(tw_moe *m, const tw_moe_weights *w) {
   return tw_moe_swap_outer(m->ctx, m->stage, m->fs, m->nle * m->F, m->Hs, es, m->wo_full);
 }
 
-/* fp8_gather: one weight shard quantized with the scales of the whole weight (amax max-reduced
- * over fsdp, then the delayed form with those scales), its codes gathered into q in both
- * orientations. rows/col_P, col_A, col_B: the swap that turns the gathered [fs, ...] layout
- * into q's, for the rowwise (row_A, row_B) and the per-group transposed colwise copy. */
-static tw_status gather_q(tw_moe *m, const tw_tensor *shard, const int32_t *gs, tw_qtensor *qs, float *scale,
-                          int64_t row_A, int64_t row_B, int64_t col_A, int64_t col_B, tw_qtensor *q) {
+/* n elements of dtype from src to dst (both in ctx memory). */
+static tw_status copy_run(tw_moe *m, tw_dtype dt, const void *src, void *dst, int64_t n) {
+  tw_mem mem = tw_ctx_mem(m->ctx);
+  tw_tensor s = tw_tensor_1d((void *)src, dt, n, mem), d = tw_tensor_1d(dst, dt, n, mem);
+  return tw_tensor_copy(m->ctx, &d, &s);
+}
+
+/* One part of a quantized shard gathered over fsdp into its place in the gathered weight's
+ * quantized tensor (fs_part above). */
+static tw_status gather_part(tw_moe *m, const fs_part *p, const tw_tensor *src, tw_tensor *dst) {
+  if (p->rows == 0) return TW_OK;
   tw_ctx *ctx = m->ctx;
-  int64_t G = m->nle, n = tw_tensor_numel(shard);
+  size_t es = tw_dtype_storage_bytes(src->dtype, 1);
+  int64_t n = p->rows * p->run, fs = m->fs;
+  char *stage = (char *)m->stage, *above = stage + (size_t)(fs * n) * es;
+  const char *send = (const char *)src->data;
+  if (p->rows == 1 && p->A == 1) return tw_all_gather(ctx, m->fsdp_comm, send, dst->data, n, src->dtype);
+  if (p->rows > 1) { /* the runs packed above the gathered ones */
+    for (int64_t r = 0; r < p->rows; r++)
+      TW_TRY(copy_run(m, src->dtype, send + (size_t)(r * p->ld_s) * es, above + (size_t)(r * p->run) * es, p->run));
+    send = above;
+  }
+  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, send, stage, n, src->dtype));
+  if (p->rows == 1) return tw_moe_swap_outer(ctx, stage, fs, p->A, p->B, es, dst->data);
+  TW_TRY(tw_moe_swap_outer(ctx, stage, fs, p->A, p->B, es, above)); /* [rows][fs*run] */
+  for (int64_t r = 0; r < p->rows; r++)
+    TW_TRY(copy_run(m, src->dtype, above + (size_t)(r * fs * p->run) * es, (char *)dst->data + (size_t)(r * p->ld) * es,
+                    fs * p->run));
+  return TW_OK;
+}
+
+/* fp8_gather: one weight shard quantized as its part of the whole weight, the codes and scales
+ * of both orientations gathered into q by the plan. FP8_CURRENT: the per-expert amax is
+ * max-reduced over fsdp, the scales come from it and the shard is quantized with them (the
+ * delayed form). Block modes: the shard's blocks are whole blocks of the weight (Hs % 128 ==
+ * 0), so its own quantization already gives their codes and scales. amax: max-reduced. */
+static tw_status gather_q(tw_moe *m, const tw_tensor *shard, const int32_t *gs, tw_qtensor *qs, float *scale,
+                          const fs_part plan[4], tw_qtensor *q) {
+  tw_ctx *ctx = m->ctx;
+  int64_t G = m->nle;
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
-  o.mode = TW_SCALE_TENSOR_CURRENT;
+  o.mode = qs->mode = m->w_mode;
   o.layout = TW_ROWWISE_COLWISE;
   tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, G, tw_ctx_mem(ctx));
-  qs->mode = TW_SCALE_TENSOR_CURRENT;
-  TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs)); /* for the shard's amax */
-  TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
-  TW_TRY(tw_moe_scales_from_amax(ctx, (const float *)qs->amax.data, G, 448.0f, scale));
-  o.mode = qs->mode = TW_SCALE_TENSOR_DELAYED;
-  o.scale = tw_tensor_1d(scale, TW_F32, G, tw_ctx_mem(ctx));
+  if (m->w_mode == TW_SCALE_TENSOR_CURRENT) {
+    TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs)); /* for the shard's amax */
+    TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
+    TW_TRY(tw_moe_scales_from_amax(ctx, (const float *)qs->amax.data, G, 448.0f, scale));
+    o.mode = qs->mode = TW_SCALE_TENSOR_DELAYED;
+    o.scale = tw_tensor_1d(scale, TW_F32, G, tw_ctx_mem(ctx));
+  }
   TW_TRY(tw_grouped_quantize(ctx, shard, &g, &o, qs));
   TW_TRY(tw_all_reduce(ctx, m->fsdp_comm, qs->amax.data, qs->amax.data, G, TW_F32, TW_REDUCE_MAX));
-  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->row_data.data, m->stage, n, TW_E4M3));
-  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, row_A, row_B, 1, q->row_data.data));
-  TW_TRY(tw_all_gather(ctx, m->fsdp_comm, qs->col_data.data, m->stage, n, TW_E4M3));
-  TW_TRY(tw_moe_swap_outer(ctx, m->stage, m->fs, col_A, col_B, 1, q->col_data.data));
-  TW_TRY(tw_tensor_copy(ctx, &q->row_scale_inv, &qs->row_scale_inv));
-  if (!tw_tensor_is_none(&q->col_scale_inv)) {
-    const tw_tensor *src = tw_tensor_is_none(&qs->col_scale_inv) ? &qs->row_scale_inv : &qs->col_scale_inv;
-    TW_TRY(tw_tensor_copy(ctx, &q->col_scale_inv, src));
+  TW_TRY(gather_part(m, &plan[0], &qs->row_data, &q->row_data));
+  TW_TRY(gather_part(m, &plan[1], &qs->col_data, &q->col_data));
+  if (m->w_mode == TW_SCALE_TENSOR_CURRENT) { /* the same on every rank: copied */
+    TW_TRY(tw_tensor_copy(ctx, &q->row_scale_inv, &qs->row_scale_inv));
+    if (!tw_tensor_is_none(&q->col_scale_inv)) {
+      const tw_tensor *src = tw_tensor_is_none(&qs->col_scale_inv) ? &qs->row_scale_inv : &qs->col_scale_inv;
+      TW_TRY(tw_tensor_copy(ctx, &q->col_scale_inv, src));
+    }
+  } else {
+    TW_TRY(gather_part(m, &plan[2], &qs->row_scale_inv, &q->row_scale_inv));
+    TW_TRY(gather_part(m, &plan[3], &qs->col_scale_inv, &q->col_scale_inv));
   }
   return tw_tensor_copy(ctx, &q->amax, &qs->amax);
 }
 
-/* fp8_gather: q_wi and q_wo from the shards. wi's shard [NLE*Hs, 2F] gathers as [fs][NLE][Hs*2F]
- * (rowwise) and [fs][NLE*2F][Hs] (colwise: [2F, Hs] per expert); wo's [NLE*F, Hs] as
- * [fs][NLE*F][Hs] and [fs][NLE][Hs*F] ([Hs, F] per expert). */
+/* fp8_gather: q_wi and q_wo from the shards wi [NLE*Hs, 2F] and wo [NLE*F, Hs]. */
 static tw_status gather_weights_fp8(tw_moe *m, const tw_moe_weights *w) {
   int64_t G = m->nle, Hs = m->Hs, F = m->F;
   tw_tensor wi = t2(m, w->wi.data, m->dt, G * Hs, 2 * F), wo = t2(m, w->wo.data, m->dt, G * F, Hs);
-  TW_TRY(gather_q(m, &wi, m->gs_hs, &m->qs_wi, m->scale_wi, G, Hs * 2 * F, G * 2 * F, Hs, &m->q_wi));
-  return gather_q(m, &wo, m->gs_f, &m->qs_wo, m->scale_wo, G * F, Hs, G, Hs * F, &m->q_wo);
+  TW_TRY(gather_q(m, &wi, m->gs_hs, &m->qs_wi, m->scale_wi, m->plan[0], &m->q_wi));
+  return gather_q(m, &wo, m->gs_f, &m->qs_wo, m->scale_wo, m->plan[1], &m->q_wo);
 }
 
 /* The weights the GEMMs read: the caller's (fsdp = 1) or the gathered ones. */

@@ -20,6 +20,11 @@ static float uni(uint64_t *s, float lo, float hi) { return lo + (hi - lo) * (flo
 
 enum { FP8_MIN_HF = 4 };
 
+/* fp8_gather of block or MXFP8 scales over fsdp: H / fsdp must be a multiple of 128. */
+static int gather_tiles(const tw_moe_fuzz_case *c) {
+  return c->fp8_gather && c->fsdp > 1 && (c->recipe == TW_MOE_FP8_BLOCK || c->recipe == TW_MOE_FP8_MXFP8);
+}
+
 void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   memset(c, 0, sizeof *c);
   static const int meshes[][3] = {{1, 1, 1}, {1, 1, 2}, {2, 1, 1}, {1, 1, 4}, {2, 1, 2}, {4, 1, 1}, {1, 1, 8},
@@ -52,7 +57,7 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   c->recipe = r < 3 ? TW_MOE_F32 : r == 3 ? TW_MOE_BF16 : (tw_moe_recipe)pick(st, TW_MOE_FP8_CURRENT, TW_MOE_FP8_MXFP8);
   c->bias = pick(st, 0, 1);
   c->aux = pick(st, 0, 1);
-  c->fp8_gather = c->recipe == TW_MOE_FP8_CURRENT && pick(st, 0, 1);
+  c->fp8_gather = c->recipe >= TW_MOE_FP8_CURRENT && pick(st, 0, 1);
   /* fp8: the budget is relative to |x| + rms of the tensor, and a weight gradient of one
    * element whose token sum cancels has an rms far below its terms, while sharding over
    * tokens changes the quantization blocks (found by this fuzzer: dwo of H = F = 1 at dp = 4,
@@ -62,6 +67,8 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
     while (c->H < FP8_MIN_HF) c->H += q;
     if (c->F < FP8_MIN_HF) c->F = FP8_MIN_HF;
   }
+  /* fp8_gather with block scales needs whole 128-row tiles per fsdp shard (tw_moe.h) */
+  if (gather_tiles(c)) c->H = c->fsdp * 128 * (c->H / c->fsdp > 4 ? 2 : 1);
   c->expect = NULL;
   if (pick(st, 0, 4) != 0) return;
   switch (pick(st, 0, 4)) {
@@ -71,6 +78,7 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
     case 1: c->k = c->E + 1; c->groups = 0; c->expect = "must be in [1, E ="; break;
     case 2: c->bias = 2; c->expect = "bi is given but bo is missing"; break;
     case 3:
+      if (gather_tiles(c)) { c->H = c->fsdp * 64; c->expect = "needs H / fsdp a multiple of 128"; break; }
       if (c->fsdp > 1) { c->H = c->fsdp + 1; c->expect = "does not split over fsdp"; break; }
       c->alignment = 3; c->expect = "is not a power of two"; break;
     default: c->dp = -2; c->expect = "has axis tp"; break; /* dp < 0: a tp axis of that size instead of dp */
@@ -295,9 +303,12 @@ int tw_moe_fuzz_shrink(tw_moe_fuzz_case *c, uint64_t seed, int plant) {
       tw_moe_fuzz_case t = *c;
       switch (f) {
         case 0: if (t.tokens_per_rank > 1) t.tokens_per_rank--; break;
-        case 1: /* stays a multiple of fsdp, and fp8 keeps FP8_MIN_HF (see the draw) */
-          if (t.H - (t.fsdp > 1 ? t.fsdp : 1) >= (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.H -= t.fsdp > 1 ? t.fsdp : 1;
+        case 1: { /* stays a multiple of fsdp (of 128 fsdp for gather_tiles), and fp8 keeps FP8_MIN_HF (see the draw) */
+          int64_t q = t.fsdp > 1 ? t.fsdp : 1, lo = t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1;
+          if (gather_tiles(&t)) q = lo = 128 * (int64_t)t.fsdp;
+          if (t.H - q >= lo) t.H -= q;
           break;
+        }
         case 2: if (t.F > (t.recipe >= TW_MOE_FP8_CURRENT ? FP8_MIN_HF : 1)) t.F--; break;
         case 3: if (t.k > 1 && !t.groups) t.k--; break;
         case 4: if (t.E > t.ep && !t.groups && t.E - t.ep >= t.k) t.E -= t.ep; break;

@@ -1,6 +1,7 @@
 /* The MoE block's differential fuzzer (`twin fuzz --op moe`): draws a block (E, k, H, F,
  * tokens, activation, weighting, biases, router mode with groups and expert bias, alignment,
- * aux loss, f32 or bf16) and a dp x ep mesh of up to 8 thread ranks; about a fifth of the cases
+ * aux loss, recipe: f32, bf16 or an fp8 one, with or without fp8_gather) and a dp x fsdp x ep
+ * mesh of up to 8 thread ranks; about a fifth of the cases
  * break one rule and must be refused with a message naming it. A valid case runs sharded and
  * on one rank, and every output and gradient must agree within twice tw_moe.h's budget (both
  * runs carry their own rounding). Data is redrawn until the router's choice is robust (top-k

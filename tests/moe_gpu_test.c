@@ -85,10 +85,63 @@ Test(moe_gpu, every_stored_case_sharded_on_one_gpu_over_loopback) {
   cr_assert_geq(moe_each_case(loopback_meshes), 18);
 }
 
-/* fp8_gather on one GPU over loopback (fsdp = 2): e4m3 codes gathered instead of bf16, the
- * same bits as quantizing the gathered weights, and within the golden's budget. */
+/* fp8_gather on one GPU over loopback, every fp8 recipe: e4m3 codes and their scales are
+ * gathered instead of bf16 and must give the same bits as quantizing the gathered weights.
+ * H = 512, so H / fsdp is a multiple of 128 for fsdp = 2 and 4 (the block recipes' rule,
+ * tw_moe.h); F = 40 leaves partial blocks along 2F and F, F = 136 two 128-row tiles of F.
+ * The weights get a magnitude per 32 x 32 patch (1/8 to 1), so a scale put in another tile's
+ * place changes the results. Then fp8_current against its golden at fsdp = 2, within the
+ * budget. */
+static void gather_bits_on_one_gpu(tw_moe_recipe recipe, int64_t F, int fsdp, int ep) {
+  enum { T = 32, H = 512, E = 4, K = 2 };
+  int64_t n_in[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
+  float hi[7] = {1, 0.1f, 0.1f, 0.12f, 0.2f, 0.2f, 1}, *in[7];
+  for (int i = 0; i < 7; i++) {
+    in[i] = (float *)malloc(sizeof(float) * (size_t)n_in[i]);
+    tt_fill_uniform_f32(in[i], n_in[i], 60 + (uint64_t)i, -hi[i], hi[i]);
+  }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t j = 0; j < 2 * F; j++) in[2][(e * H + h) * 2 * F + j] *= (float)(1 + (h / 32 + 3 * (j / 32) + e) % 8) / 8;
+      for (int64_t f = 0; f < F; f++) in[3][(e * F + f) * H + h] *= (float)(1 + (5 * (h / 32) + f / 32 + e) % 8) / 8;
+    }
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  tw_moe_config cfg = TW_MOE_CONFIG_INIT;
+  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = recipe;
+  cfg.aux_coeff = 0.01f; cfg.alignment = 4;
+  r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
+  r.x = in[0]; r.gate = in[1]; r.wi = in[2]; r.wo = in[3]; r.bi = in[4]; r.bo = in[5]; r.d_out = in[6];
+  tw_axis ax[2] = {TW_AXIS_FSDP, TW_AXIS_EP};
+  int sz[2] = {fsdp, ep};
+  cr_assert_eq(tw_mesh_init(&r.mesh, ep > 1 ? 2 : 1, ax, sz), TW_OK);
+  int64_t n[6] = {T * H, T * H, E * H * 2 * F, E * F * H, E * 2 * F, E * H};
+  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  float *o[2][6];
+  for (int q = 0; q < 2; q++) {
+    for (int i = 0; i < 6; i++) o[q][i] = (float *)calloc((size_t)n[i], sizeof(float));
+    tw_moe_threads_run rq = r;
+    rq.cfg.fp8_gather = q;
+    rq.out = o[q][0]; rq.dx = o[q][1]; rq.dwi = o[q][2]; rq.dwo = o[q][3]; rq.dbi = o[q][4]; rq.dbo = o[q][5];
+    cr_assert_eq(run_loopback(&rq), TW_OK, "%s F=%lld fsdp=%d ep=%d fp8_gather=%d: %s", tw_moe_recipe_name(recipe),
+                 (long long)F, fsdp, ep, q, tw_last_error());
+  }
+  for (int i = 0; i < 6; i++)
+    cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0, "%s F=%lld fsdp=%d ep=%d: %s differs with fp8_gather",
+              tw_moe_recipe_name(recipe), (long long)F, fsdp, ep, names[i]);
+  cr_log_info("moe gpu fp8_gather %s F=%lld fsdp=%d ep=%d (one GPU, loopback): bit-identical to gathering bf16",
+              tw_moe_recipe_name(recipe), (long long)F, fsdp, ep);
+  for (int q = 0; q < 2; q++)
+    for (int i = 0; i < 6; i++) free(o[q][i]);
+  for (int i = 0; i < 7; i++) free(in[i]);
+}
+
 Test(moe_gpu, fp8_gather_on_one_gpu_equals_quantizing_the_gathered_weights) {
   NEED_GPUS(1);
+  static const int meshes[][2] = {{2, 1}, {4, 1}, {2, 2}};
+  for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++)
+    for (int mi = 0; mi < 3; mi++)
+      for (int fi = 0; fi < 2; fi++) gather_bits_on_one_gpu((tw_moe_recipe)rc, fi ? 136 : 40, meshes[mi][0], meshes[mi][1]);
   char dir[1200];
   snprintf(dir, sizeof dir, "%s/moe/fp8_current_late", tt_golden_root());
   gcase c;
@@ -97,25 +150,9 @@ Test(moe_gpu, fp8_gather_on_one_gpu_equals_quantizing_the_gathered_weights) {
   tw_axis ax = TW_AXIS_FSDP;
   int two = 2;
   cr_assert_eq(tw_mesh_init(&m, 1, &ax, &two), TW_OK);
-  int64_t n = c.T * c.H, nwi = c.E * c.H * 2 * c.F, nwo = c.E * c.F * c.H;
-  float *o[2], *dx[2], *dwi[2], *dwo[2];
-  for (int q = 0; q < 2; q++) {
-    o[q] = (float *)calloc((size_t)n, 4); dx[q] = (float *)calloc((size_t)n, 4);
-    dwi[q] = (float *)calloc((size_t)nwi, 4); dwo[q] = (float *)calloc((size_t)nwo, 4);
-    tw_moe_threads_run r = c.run;
-    r.mesh = m;
-    r.cfg.fp8_gather = q;
-    r.out = o[q]; r.dx = dx[q]; r.dwi = dwi[q]; r.dwo = dwo[q];
-    cr_assert_eq(run_loopback(&r), TW_OK, "fp8_gather = %d: %s", q, tw_last_error());
-  }
-  cr_assert(memcmp(o[0], o[1], 4 * (size_t)n) == 0, "out differs with fp8_gather");
-  cr_assert(memcmp(dx[0], dx[1], 4 * (size_t)n) == 0, "dx differs with fp8_gather");
-  cr_assert(memcmp(dwi[0], dwi[1], 4 * (size_t)nwi) == 0, "dwi differs with fp8_gather");
-  cr_assert(memcmp(dwo[0], dwo[1], 4 * (size_t)nwo) == 0, "dwo differs with fp8_gather");
   c.run.cfg.fp8_gather = 1;
   double w = moe_check_case(&c, "fp8_current_late fsdp=2 fp8_gather (one GPU, loopback)", &m, run_loopback);
-  cr_log_info("moe gpu fp8_gather fsdp=2: bit-identical to gathering bf16; worst |diff|/bound %.3g", w);
-  for (int q = 0; q < 2; q++) { free(o[q]); free(dx[q]); free(dwi[q]); free(dwo[q]); }
+  cr_log_info("moe gpu fp8_gather fp8_current_late fsdp=2: worst |diff|/bound %.3g", w);
   moe_free_case(&c);
 }
 

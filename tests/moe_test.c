@@ -80,7 +80,9 @@ Test(moe_errors, config_values_are_named) {
   c = base_cfg(); c.global_tokens = 0;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "global_tokens = 0");
   c = base_cfg(); c.recipe = TW_MOE_BF16; c.fp8_gather = 1;
-  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs recipe fp8_current (got bf16");
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs an fp8 recipe (fp8_current, fp8_block or fp8_mxfp8; got bf16)");
+  c = base_cfg(); c.fp8_gather = 1; /* f32 */
+  expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs an fp8 recipe (fp8_current, fp8_block or fp8_mxfp8; got f32)");
   c = base_cfg(); c.fp8_gather = 2;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 2 must be 0 or 1");
   c = base_cfg(); c.size = 8;
@@ -148,6 +150,96 @@ Test(moe_errors, hidden_must_divide_over_fsdp) {
   tt_expect_status(tw_run_ranks(4, comms, hidden_not_divisible, NULL), TW_ERR_INVALID_ARG,
                    "H = 6 does not split over fsdp = 4");
   for (int i = 0; i < 4; i++) tw_comm_destroy(comms[i]);
+}
+
+/* fp8_gather with block scales: H / fsdp must be a multiple of 128 (tw_moe.h, Sharding). */
+typedef struct {
+  tw_moe_recipe recipe;
+  int64_t H;
+  int fsdp;
+} gather_rule;
+
+static tw_status create_gather(int rank, tw_comm *comm, void *arg) {
+  const gather_rule *g = (const gather_rule *)arg;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_moe_config c = base_cfg();
+  c.recipe = g->recipe; c.hidden = g->H; c.fp8_gather = 1; c.global_tokens = g->fsdp * T;
+  tw_mesh m;
+  tw_axis fsdp = TW_AXIS_FSDP;
+  tw_status s = tw_mesh_init(&m, 1, &fsdp, &g->fsdp);
+  tw_moe *mo = NULL;
+  if (s == TW_OK) s = tw_moe_create(ctx, &m, &c, &mo);
+  tw_moe_destroy(mo);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+static void expect_gather(tw_moe_recipe recipe, int64_t H, int fsdp, tw_status want, const char *substr) {
+  tw_comm *comms[4];
+  cr_assert_eq(tw_comm_init_threads(fsdp, comms), TW_OK);
+  gather_rule g = {recipe, H, fsdp};
+  tw_status s = tw_run_ranks(fsdp, comms, create_gather, &g);
+  if (want == TW_OK) cr_expect_eq(s, TW_OK, "%s H = %lld fsdp = %d: %s", tw_moe_recipe_name(recipe), (long long)H, fsdp, tw_last_error());
+  else tt_expect_status(s, want, substr);
+  for (int i = 0; i < fsdp; i++) tw_comm_destroy(comms[i]);
+}
+
+Test(moe_errors, fp8_gather_with_block_scales_needs_whole_blocks_per_shard) {
+  expect_gather(TW_MOE_FP8_BLOCK, 256, 4, TW_ERR_INVALID_ARG,
+                "fp8_gather = 1 with recipe fp8_block needs H / fsdp a multiple of 128, got H = 256, fsdp = 4, H / fsdp = 64 "
+                "(moe.fp8_gather: the weights' 128x128 scale tiles must not cross the fsdp shard boundary)");
+  /* MXFP8: blocks of 32 would fit (96 = 3 x 32), the 128x4 tiles of the swizzled scales not */
+  expect_gather(TW_MOE_FP8_MXFP8, 192, 2, TW_ERR_INVALID_ARG,
+                "fp8_gather = 1 with recipe fp8_mxfp8 needs H / fsdp a multiple of 128, got H = 192, fsdp = 2, H / fsdp = 96 "
+                "(moe.fp8_gather: the weights' MXFP8 blocks of 32 and the 128x4 tiles of their swizzled scales must not cross");
+  expect_gather(TW_MOE_FP8_BLOCK, 6, 2, TW_ERR_INVALID_ARG, "H = 6, fsdp = 2, H / fsdp = 3");
+  /* accepted: whole tiles per shard; tensor scaling has no such rule; fsdp = 1 ignores it */
+  expect_gather(TW_MOE_FP8_BLOCK, 256, 2, TW_OK, NULL);
+  expect_gather(TW_MOE_FP8_MXFP8, 512, 4, TW_OK, NULL);
+  expect_gather(TW_MOE_FP8_CURRENT, 6, 2, TW_OK, NULL);
+  expect_gather(TW_MOE_FP8_MXFP8, 6, 1, TW_OK, NULL);
+}
+
+/* fsdp > 1 keeps the gathered bf16 weights for the backward; with fp8_gather it does not (the
+ * fp8 copies, saved either way, are the gathered weights): tw_moe.h's saved bytes. */
+static tw_status saved_with_and_without_gather(int rank, tw_comm *comm, void *arg) {
+  const gather_rule *g = (const gather_rule *)arg;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_mesh m;
+  tw_axis fsdp = TW_AXIS_FSDP;
+  tw_status s = tw_mesh_init(&m, 1, &fsdp, &g->fsdp);
+  size_t saved[2] = {0, 0};
+  for (int q = 0; s == TW_OK && q < 2; q++) {
+    tw_moe_config c = base_cfg();
+    c.recipe = g->recipe; c.hidden = g->H; c.fp8_gather = q; c.global_tokens = g->fsdp * T;
+    tw_moe *mo = NULL;
+    s = tw_moe_create(ctx, &m, &c, &mo);
+    saved[q] = tw_moe_saved_bytes(mo);
+    tw_moe_destroy(mo);
+  }
+  size_t gathered = 2 * (size_t)E * (size_t)g->H * 3 * F; /* bf16 wi [E, H, 2F] + wo [E, F, H] */
+  if (s == TW_OK && saved[0] - saved[1] != gathered)
+    s = tw_error(TW_ERR_INTERNAL, "%s: saved %zu bytes without fp8_gather, %zu with: the difference should be %zu",
+                 tw_moe_recipe_name(g->recipe), saved[0], saved[1], gathered);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(moe_layers, fp8_gather_keeps_no_bf16_copy_of_the_gathered_weights) {
+  for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++) {
+    tw_comm *comms[2];
+    cr_assert_eq(tw_comm_init_threads(2, comms), TW_OK);
+    gather_rule g = {(tw_moe_recipe)rc, 256, 2};
+    tw_status s = tw_run_ranks(2, comms, saved_with_and_without_gather, &g);
+    cr_expect_eq(s, TW_OK, "%s", tw_last_error());
+    for (int i = 0; i < 2; i++) tw_comm_destroy(comms[i]);
+  }
 }
 
 Test(moe_errors, tensors_biases_and_order_are_checked) {
@@ -361,6 +453,97 @@ Test(moe_layers, fp8_gather_equals_quantizing_the_gathered_weights) {
     cr_assert(memcmp(dwi[0], dwi[1], sizeof dwi[0]) == 0, "ep=%d: dwi differs with fp8_gather", ep);
     cr_assert(memcmp(dwo[0], dwo[1], sizeof dwo[0]) == 0, "ep=%d: dwo differs with fp8_gather", ep);
   }
+}
+
+/* The same for every fp8 recipe on blocks whose shards hold whole scale tiles (H / fsdp a
+ * multiple of 128): fsdp = 2 and 4, fsdp x ep = 2 x 2 and dp x fsdp = 2 x 2, F = 40 (partial
+ * MXFP8 and 128-wide blocks along 2F and F) and F = 136 (two 128-row tiles of F). The weights
+ * have a magnitude per 32 x 32 patch (1/8 to 1), so a scale put in another tile's place changes
+ * the codes and the results. */
+typedef struct {
+  int64_t T, H, F, E;
+  float *x, *gate, *wi, *wo, *bi, *bo, *d_out;
+} gproblem;
+
+static gproblem gproblem_make(int64_t F, uint64_t seed) {
+  gproblem p = {16, 512, F, 4, 0, 0, 0, 0, 0, 0, 0};
+  int64_t H = p.H, E = p.E, T = p.T;
+  float **b[7] = {&p.x, &p.gate, &p.wi, &p.wo, &p.bi, &p.bo, &p.d_out};
+  int64_t n[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
+  float hi[7] = {1, 0.1f, 0.1f, 0.12f, 0.2f, 0.2f, 1};
+  for (int i = 0; i < 7; i++) {
+    *b[i] = (float *)malloc(sizeof(float) * (size_t)n[i]);
+    tt_fill_uniform_f32(*b[i], n[i], seed + (uint64_t)i, -hi[i], hi[i]);
+  }
+  for (int64_t e = 0; e < E; e++)
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t j = 0; j < 2 * F; j++) p.wi[(e * H + h) * 2 * F + j] *= (float)(1 + (h / 32 + 3 * (j / 32) + e) % 8) / 8;
+      for (int64_t f = 0; f < F; f++) p.wo[(e * F + f) * H + h] *= (float)(1 + (5 * (h / 32) + f / 32 + e) % 8) / 8;
+    }
+  return p;
+}
+static void gproblem_free(gproblem *p) {
+  float *b[7] = {p->x, p->gate, p->wi, p->wo, p->bi, p->bo, p->d_out};
+  for (int i = 0; i < 7; i++) free(b[i]);
+}
+
+/* Runs p on the dp x fsdp x ep mesh with fp8_gather = q; outputs: out, dx, dwi, dwo, dbi, dbo. */
+static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, float *o[6]) {
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  tw_moe_config c = TW_MOE_CONFIG_INIT;
+  c.num_experts = (int)p->E; c.hidden = p->H; c.ffn = p->F; c.router.topk = K; c.aux_coeff = 0.01f;
+  c.recipe = recipe; c.fp8_gather = q;
+  r.cfg = c;
+  r.T = p->T;
+  tw_axis ax[3] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP};
+  int sz[3] = {dp, fsdp, ep};
+  cr_assert_eq(tw_mesh_init(&r.mesh, 3, ax, sz), TW_OK);
+  r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.bi = p->bi; r.bo = p->bo; r.d_out = p->d_out;
+  r.d_aux = 1; r.layers = 1;
+  r.out = o[0]; r.dx = o[1]; r.dwi = o[2]; r.dwo = o[3]; r.dbi = o[4]; r.dbo = o[5];
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s dp=%d fsdp=%d ep=%d fp8_gather=%d: %s", tw_moe_recipe_name(recipe), dp,
+               fsdp, ep, q, tw_last_error());
+}
+
+/* OpenBLAS (ref/gemm.c's sgemm). With more than one OpenBLAS thread the ref block on
+ * concurrent thread ranks is not the same from run to run at these sizes: seen on 2 cores,
+ * fp8_gather = 0 against itself (fp8_current, F = 136, fsdp = 2), 1 bf16 ulp in 44 of 8192 dx
+ * elements, in 3 of 12 runs of 8 repetitions; none in 28 such runs with ref/gemm.c's
+ * fwd_groups_parallel switched off, which sets the process-wide thread count to 1 while its
+ * workers run, so another rank's sgemm can run on another count and round some elements
+ * differently. One thread here (the test runs in its own process). */
+void openblas_set_num_threads(int n);
+
+Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
+  static const int meshes[][3] = {{1, 2, 1}, {1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
+  openblas_set_num_threads(1);
+  int runs = 0;
+  for (int fi = 0; fi < 2; fi++) {
+    gproblem p = gproblem_make(fi ? 136 : 40, 40 + (uint64_t)fi);
+    int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
+    const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+    float *o[2][6];
+    for (int q = 0; q < 2; q++)
+      for (int i = 0; i < 6; i++) o[q][i] = (float *)calloc((size_t)n[i], sizeof(float));
+    for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++)
+      for (int mi = 0; mi < 4; mi++) {
+        const int *ms = meshes[mi];
+        for (int q = 0; q < 2; q++) {
+          for (int i = 0; i < 6; i++) memset(o[q][i], 0xA5, sizeof(float) * (size_t)n[i]); /* poison */
+          run_gathered(&p, (tw_moe_recipe)rc, ms[0], ms[1], ms[2], q, o[q]);
+        }
+        runs++;
+        for (int i = 0; i < 6; i++)
+          cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0,
+                    "%s F=%lld dp=%d fsdp=%d ep=%d: %s differs with fp8_gather", tw_moe_recipe_name((tw_moe_recipe)rc),
+                    (long long)p.F, ms[0], ms[1], ms[2], names[i]);
+      }
+    for (int q = 0; q < 2; q++)
+      for (int i = 0; i < 6; i++) free(o[q][i]);
+    gproblem_free(&p);
+  }
+  cr_assert_eq(runs, 24);
 }
 
 /* ---- finite differences ------------------------------------------------------------------- */

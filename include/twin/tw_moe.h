@@ -78,7 +78,8 @@
  *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, plus the fp8 copies of wi
  *   and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
  *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
- *   same sizes and one f32 staging buffer of the larger).
+ *   same sizes and one f32 staging buffer of the larger). With fp8_gather they are not kept:
+ *   the fp8 copies above are the gathered weights (scratch: the shard's fp8 copies too).
  *   tw_moe_saved_bytes() returns the sum. Scratch for one call (not kept): 4*R*H (f32 GEMM
  *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
  *
@@ -92,19 +93,40 @@
  * the gathered weights) and keeps them for the backward, which reduce-scatters d_wi and d_wo
  * over fsdp back to the shards (then sums them over dp) and all-reduces d_bi and d_bo over
  * fsdp and dp.
- *   fp8_gather = 1 (FP8_CURRENT only, else TW_ERR_INVALID_ARG; ignored when fsdp = 1):
- *   quantize before the all-gather, so e4m3 codes travel instead of bf16 (half the bytes).
- *   Each rank takes its shard's per-expert amax, the amax is max-reduced over fsdp, the
- *   scales come from it (tw_scale_from_amax), and the shard is quantized with them (the
- *   delayed form): the gathered codes and scales are exactly those of quantizing the gathered
- *   weights, so results are bit-identical to fp8_gather = 0. Both orientations travel.
+ *   fp8_gather = 1 (the FP8_* recipes, else TW_ERR_INVALID_ARG; ignored when fsdp = 1):
+ *   quantize before the all-gather. Each rank quantizes its shard of wi and wo in both
+ *   orientations the GEMMs read, and the e4m3 codes and their scales travel instead of bf16;
+ *   each rank's GEMMs then read the gathered codes and scales (laid out again locally with
+ *   copies), which are exactly those of quantizing the gathered weights: results are
+ *   bit-identical to fp8_gather = 0.
+ *     FP8_CURRENT: each rank takes its shard's per-expert amax, the amax is max-reduced over
+ *       fsdp, the scales come from it (tw_scale_from_amax) and the shard is quantized with
+ *       them (the delayed form). Any H % fsdp == 0 works; the scales do not travel.
+ *     FP8_BLOCK (weights in 128x128 tiles) and FP8_MXFP8 (blocks of 32; scales in the
+ *       swizzled 128x4 tiles): a shard's blocks must be whole blocks of the gathered weight
+ *       and its scale tiles whole tiles of the gathered scale layout, so these need
+ *       H / fsdp % 128 == 0 (else TW_ERR_INVALID_ARG naming H, fsdp and H / fsdp; for MXFP8,
+ *       H / fsdp % 32 == 0 would give the right scale values, but not whole 128-row / 4-column
+ *       scale tiles). The shard is then quantized on its own: its scales are already the
+ *       gathered weight's.
+ *   What travels, per rank and forward (s = 2 bytes of bf16): codes NLE*(H/fsdp)*3F bytes
+ *   per orientation, both orientations, so 2 * NLE*(H/fsdp)*3F = the s * NLE*(H/fsdp)*3F of
+ *   the bf16 gather (the colwise codes of tensor and 128x128 scaling are the transpose of the
+ *   rowwise ones, but twin gathers both rather than transposing bytes locally), plus the
+ *   scales: FP8_CURRENT none (NLE f32 amax are max-reduced instead); FP8_BLOCK one f32 per
+ *   128x128 tile per orientation, 4 * NLE*(H/fsdp)/128 * (ceil(2F/128) + ceil(F/128)) bytes
+ *   (wo's colwise array travels whole, with its fewer than NLE spare slots per 128 columns);
+ *   FP8_MXFP8 one byte per 32 codes per orientation, with 2F and F rounded up to multiples
+ *   of 128 (the layouts' padding). What it saves: each rank quantizes 1/fsdp of the weights
+ *   instead of all of them, and no bf16 copy of the gathered weights is kept for the backward.
  *
  * Layers: each tw_moe is one layer with its own EP state and residuals, so layers interleave
  * freely (fwd L1, fwd L2, bwd L2, bwd L1 equals each alone, bit for bit).
  *
  * Errors (each names the values): E, H, F, k, max_tokens, global_tokens, recipe, act,
  * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
- * context without a communicator, E % ep, H % fsdp, fp8_gather with another recipe; weights or tokens of the wrong shape or dtype; one
+ * context without a communicator, E % ep, H % fsdp, fp8_gather with a non-fp8 recipe or (block
+ * and MXFP8 recipes) H / fsdp % 128; weights or tokens of the wrong shape or dtype; one
  * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
  * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
  */
@@ -149,7 +171,7 @@ typedef struct {
   int64_t global_tokens;     /* T: the sum of T_r over the token ranks (the aux loss's T) */
   int64_t alignment;         /* EP slab alignment (tw_ep_config.alignment) */
   int64_t recv_capacity;     /* 0: the no-drop capacity */
-  int fp8_gather;            /* FP8_CURRENT with fsdp > 1: quantize before the fsdp all-gather */
+  int fp8_gather;            /* FP8_* with fsdp > 1: quantize before the fsdp all-gather (see Sharding) */
 } tw_moe_config;
 
 #define TW_MOE_CONFIG_INIT \
