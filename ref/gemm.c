@@ -209,6 +209,14 @@ static tw_status blas_sizes(const char *op, int64_t m, int64_t n, int64_t k) {
 /* C[m, n] (row-major, ld n, element offset c_off of out) = op(A) op(B) (+ C when
  * accumulating). A is [m, k] after op_a, stored with leading dim lda; B likewise.
  * scratch holds m*n floats when out is 16-bit. */
+/* OpenBLAS's thread count is process-wide and its sgemm's bits depend on it for some shapes, so
+ * with thread ranks (several callers at once) fwd_groups_parallel's "1 thread while my workers
+ * run" leaked into other ranks' calls (1-ulp differences run to run, seen in moe_test). Every
+ * sgemm outside those workers holds this lock shared; fwd_groups_parallel holds it exclusively
+ * while the count is 1, so each call runs at the count it would run at alone. */
+static pthread_rwlock_t blas_count_lock = PTHREAD_RWLOCK_INITIALIZER;
+static __thread int blas_in_worker; /* set in fwd_groups_parallel's workers (count held at 1) */
+
 static void gemm_slice(const float *A, int trans_a, int64_t lda, const float *B, int trans_b,
                        int64_t ldb, int64_t m, int64_t n, int64_t k, tw_tensor *out,
                        int64_t c_off, int accumulate, float *scratch) {
@@ -220,9 +228,11 @@ static void gemm_slice(const float *A, int trans_a, int64_t lda, const float *B,
   if (k == 0) {
     memset(C, 0, (size_t)(m * n) * sizeof(float));
   } else {
+    if (!blas_in_worker) pthread_rwlock_rdlock(&blas_count_lock);
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
                 trans_b ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, A, (int)lda, B,
                 (int)ldb, accumulate ? 1.0f : 0.0f, C, (int)n);
+    if (!blas_in_worker) pthread_rwlock_unlock(&blas_count_lock);
   }
   if (out->dtype != TW_F32) narrow(C, out->dtype, m * n, c16);
 }
@@ -302,9 +312,13 @@ typedef struct {
 static void *fwd_groups_run(void *arg) {
   fwd_worker *w = (fwd_worker *)arg;
   fwd_groups *j = w->job;
+  blas_in_worker = 1;
   for (;;) {
     int64_t g = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-    if (g >= j->G) return NULL;
+    if (g >= j->G) {
+      blas_in_worker = 0;
+      return NULL;
+    }
     if (j->gs[g] == 0) continue;
     gemm_slice(j->a + j->off[g] * j->K, 0, j->K, j->b + g * j->K * j->N, j->trans_b,
                j->trans_b ? j->K : j->N, j->gs[g], j->N, j->K, j->out, j->off[g] * j->N,
@@ -313,10 +327,11 @@ static void *fwd_groups_run(void *arg) {
 }
 
 #define FWD_MAX_THREADS 64
-static pthread_mutex_t blas_threads_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int fwd_groups_parallel(fwd_groups *j, int64_t max_m) {
+  pthread_rwlock_rdlock(&blas_count_lock); /* the count as it is with no workers running */
   const int T0 = openblas_get_num_threads();
+  pthread_rwlock_unlock(&blas_count_lock);
   int T = T0 > FWD_MAX_THREADS ? FWD_MAX_THREADS : T0;
   int64_t S = j->off[j->G];
   if (T < 2 || j->G < 2 * T || max_m * T > S) return 0;
@@ -333,14 +348,14 @@ static int fwd_groups_parallel(fwd_groups *j, int64_t max_m) {
     }
   }
   /* The thread count is process-wide: hold it at 1 only while this call's workers run. */
-  pthread_mutex_lock(&blas_threads_lock);
+  pthread_rwlock_wrlock(&blas_count_lock);
   openblas_set_num_threads(1);
   for (int t = 1; t < T; t++) started[t] = pthread_create(&th[t], NULL, fwd_groups_run, &w[t]) == 0;
   fwd_groups_run(&w[0]);
   for (int t = 1; t < T; t++)
     if (started[t]) pthread_join(th[t], NULL);
   openblas_set_num_threads(T0);
-  pthread_mutex_unlock(&blas_threads_lock);
+  pthread_rwlock_unlock(&blas_count_lock);
   for (int t = 0; t < T; t++) free(w[t].scratch);
   return 1;
 }

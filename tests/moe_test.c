@@ -506,18 +506,11 @@ static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fs
                fsdp, ep, q, tw_last_error());
 }
 
-/* OpenBLAS (ref/gemm.c's sgemm). With more than one OpenBLAS thread the ref block on
- * concurrent thread ranks is not the same from run to run at these sizes: seen on 2 cores,
- * fp8_gather = 0 against itself (fp8_current, F = 136, fsdp = 2), 1 bf16 ulp in 44 of 8192 dx
- * elements, in 3 of 12 runs of 8 repetitions; none in 28 such runs with ref/gemm.c's
- * fwd_groups_parallel switched off, which sets the process-wide thread count to 1 while its
- * workers run, so another rank's sgemm can run on another count and round some elements
- * differently. One thread here (the test runs in its own process). */
-void openblas_set_num_threads(int n);
-
+/* Runs with OpenBLAS's own thread count: before ref/gemm.c's blas_count_lock, concurrent thread
+ * ranks saw one rank's "1 thread while my workers run" and differed by 1 bf16 ulp in 3 of 12
+ * runs here (2 cores); 0 of 10 since. */
 Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
   static const int meshes[][3] = {{1, 2, 1}, {1, 4, 1}, {1, 2, 2}, {2, 2, 1}};
-  openblas_set_num_threads(1);
   int runs = 0;
   for (int fi = 0; fi < 2; fi++) {
     gproblem p = gproblem_make(fi ? 136 : 40, 40 + (uint64_t)fi);
