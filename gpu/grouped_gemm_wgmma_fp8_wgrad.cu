@@ -71,9 +71,17 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 #define GGF_WRAW 3
 #define GGF_WRAW_ROW 144                              // 9 aligned 16-byte words hold any 128 bytes
 #define GGF_WRAW_BYTES (256 * GGF_WRAW_ROW + 256 * 4)  // A and B rows, then their 256 scales
+// The tma loader's epilogue stages each consumer warpgroup's 64 x 128 result in two 64 x 64 f32
+// halves (rows padded to 68 floats: fewer bank conflicts, 16-byte aligned rows), then writes
+// whole rows with 16-byte stores: the register epilogue's 4-byte stores, 8 rows per warp
+// instruction, held the write-bound shapes (small groups: out[G, K, N] dwarfs the operands) at
+// ~1 TB/s (run fw4). 34 KiB, so the ring has 5 stages.
+#define GGF_EPI_PITCH 68
+#define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
+#define GGF_WTMA_STAGES 5
 static size_t ggf_wsmem(int loader, int nst) {
   return (size_t)nst * GGF_STAGE_BYTES + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
-         (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
+         (loader == GGF_WLOAD_TMA ? GGF_EPI_BYTES : 0) + (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
 }
 
 #ifdef WGC_DEVICE
@@ -383,6 +391,82 @@ __device__ void ggf_wproduce_staged(const ggf_wparams &p, unsigned char *base, u
   }
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
+
+// 16 bytes of out (4 f32 or 8 bf16 / f16 elements from v) at element i, 16-byte aligned; with
+// accumulate each is old + v in f32, then one rounding (wgc_put1's formula).
+template <int OUT>
+__device__ __forceinline__ void ggf_put16(void *out, int64_t i, const float *v, int acc) {
+  if (OUT == TW_F32) {
+    float4 *q = (float4 *)((float *)out + i);
+    float4 o = make_float4(v[0], v[1], v[2], v[3]);
+    if (acc) {
+      const float4 a = *q;
+      o.x = a.x + o.x, o.y = a.y + o.y, o.z = a.z + o.z, o.w = a.w + o.w;
+    }
+    *q = o;
+  } else {
+    uint4 *q = (uint4 *)((uint16_t *)out + i);
+    uint4 old = make_uint4(0, 0, 0, 0);
+    if (acc) old = *q;
+    uint32_t w[4] = {old.x, old.y, old.z, old.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x0 = v[2 * e], x1 = v[2 * e + 1];
+      if (OUT == TW_BF16) {
+        __nv_bfloat162 o = *(__nv_bfloat162 *)&w[e];
+        if (acc) x0 = __low2float(o) + x0, x1 = __high2float(o) + x1;
+        o = __halves2bfloat162(__float2bfloat16_rn(x0), __float2bfloat16_rn(x1));
+        w[e] = *(uint32_t *)&o;
+      } else {
+        __half2 o = *(__half2 *)&w[e];
+        if (acc) x0 = __low2float(o) + x0, x1 = __high2float(o) + x1;
+        o = __halves2half2(__float2half_rn(x0), __float2half_rn(x1));
+        w[e] = *(uint32_t *)&o;
+      }
+    }
+    *q = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+// The tma loader's epilogue (see GGF_EPI_PITCH): consumer warpgroup c writes its rows
+// p0 + 64c .. of out[g], one 64-column half at a time, through its staging buffer eb.
+template <bool BL, int OUT>
+__device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const ggf_wtile &w, const float *tot,
+                                                    float tf, float *eb, int c, int warp, int lane, int tid) {
+  constexpr int V = OUT == TW_F32 ? 4 : 8, TPR = 64 / V, RPP = 128 / TPR;  // per thread, row, pass
+  const bool vec = ((uintptr_t)p.out & 15) == 0 && p.N % V == 0;
+  const int rl = 16 * warp + lane / 4, cl = 2 * (lane % 4), ct = tid % TPR;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");  // the last reads of eb are done
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
+        const int j = 8 * half + jj;
+        const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
+        const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
+        *(float2 *)(eb + (rl + 8 * h) * GGF_EPI_PITCH + 8 * jj + cl) = make_float2(v0, v1);
+      }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+    const int64_t col0 = w.q0 + 64 * half + V * ct;
+    for (int rr = tid / TPR; rr < 64; rr += RPP) {
+      const int64_t r = w.p0 + 64 * c + rr;
+      if (r >= p.K) break;
+      const float *src = eb + rr * GGF_EPI_PITCH + V * ct;
+      const int64_t i = (w.g * p.K + r) * p.N + col0;
+      if (vec && col0 + V <= p.N) {
+        float v[V];
+#pragma unroll
+        for (int e = 0; e < V; e += 4) *(float4 *)&v[e] = *(const float4 *)(src + e);
+        ggf_put16<OUT>(p.out, i, v, p.accumulate);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e)
+          if (col0 + e < p.N) wgc_put1<OUT>(p.out, i + e, src[e], p.accumulate);
+      }
+    }
+  }
+}
 #endif  // WGC_DEVICE
 
 template <bool BL, int AT, int BT, int OUT>
@@ -395,7 +479,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
   const int nst = p.nst;
   unsigned char *rawbuf = base + nst * GGF_STAGE_BYTES;  // staged loader: GGF_WRAW raw buffers
-  float *scales = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // [stage][256]
+  float *epi = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // tma: GGF_EPI_BYTES
+  float *scales = (float *)((unsigned char *)epi + (p.loader == GGF_WLOAD_TMA ? GGF_EPI_BYTES : 0));  // [stage][256]
   uint64_t *full = (uint64_t *)(scales + nst * GGF_SCALE_FLOATS);
   uint64_t *empty = full + nst;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -609,6 +694,10 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
       // ---- epilogue: out[g] rows r0 (+8), columns cbase + 8j (+1)
       const float tf = BL ? 1.f : p.sa[w.g] * p.sb[w.g];
+      if (p.loader == GGF_WLOAD_TMA) {
+        ggf_epilogue_staged<BL, OUT>(p, w, tot, tf, epi + c * 64 * GGF_EPI_PITCH, c, warp, lane, tid);
+        continue;
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = r0 + 8 * h;
@@ -739,7 +828,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
              : lv && !strcmp(lv, "staged") ? GGF_WLOAD_STAGED
              : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
                                            : GGF_WLOAD_DEFAULT;
-  p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : GGF_STAGES;
+  p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
   memset(&mb, 0, sizeof mb);
