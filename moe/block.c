@@ -72,6 +72,9 @@ struct tw_moe {
   void *qsbuf[2][5];
   float *scale_wi, *scale_wo;
   fs_part plan[2][4];
+  /* tw_moe_set_weight_reuse: the weights' data pointers the kept copies were made from */
+  int reuse, made;
+  const void *made_wi, *made_wo;
 };
 
 const char *tw_moe_act_name(tw_moe_act a) {
@@ -522,6 +525,13 @@ static void mark(tw_moe *m, const char *name) {
   if (m->hook) m->hook(m->hook_arg, name);
 }
 
+tw_status tw_moe_set_weight_reuse(tw_moe *m, int reuse) {
+  if (!m) return tw_error(TW_ERR_NULL, "moe_set_weight_reuse: moe is NULL");
+  if (reuse != 0 && reuse != 1) return tw_error(TW_ERR_INVALID_ARG, "moe_set_weight_reuse: reuse = %d must be 0 or 1", reuse);
+  m->reuse = reuse;
+  return TW_OK;
+}
+
 void tw_moe_set_step_hook(tw_moe *m, void (*fn)(void *arg, const char *step), void *arg) {
   if (!m) return;
   m->hook = fn;
@@ -704,8 +714,13 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   int64_t E = m->E, H = m->H, F = m->F, R = m->R, k = m->k;
   int late = m->cfg.weighting == TW_MOE_WEIGHT_LATE, bias = has_bias(w);
   m->T = T;
-  if (m->qgather) TW_TRY(step((mark(m, "fsdp all-gather (fp8)"), gather_weights_fp8(m, w)), op, "fsdp all-gather (fp8)"));
-  else if (m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
+  /* reuse: the gathered weights and fp8 copies of the last forward that made them, from the
+   * same weight tensors (new data pointers make them again) */
+  const int reuse = m->reuse && m->made && m->made_wi == w->wi.data && m->made_wo == w->wo.data;
+  m->made = 0;  /* until this forward has made (or kept) them all */
+  if (!reuse && m->qgather) TW_TRY(step((mark(m, "fsdp all-gather (fp8)"), gather_weights_fp8(m, w)), op, "fsdp all-gather (fp8)"));
+  else if (!reuse && m->fs > 1) TW_TRY(step((mark(m, "fsdp all-gather"), gather_weights(m, w)), op, "fsdp all-gather"));
+  const tw_moe_weights w0 = *w;  /* the caller's (shards with fsdp): what reuse compares */
   tw_moe_weights wf = full_weights(m, w);
   w = &wf;
   tw_tensor logits = t2(m, m->logits, TW_F32, T, E), idx = t2(m, m->idx, TW_I32, T, k);
@@ -721,7 +736,7 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   if (m->fp8) {
     tw_tensor wi2 = flat(m, &w->wi), wo2 = flat(m, &w->wo);
     TW_TRY(step((mark(m, "quantize"), quantize(m, &recv, m->gs, &m->q_recv)), op, "quantize recv"));
-    if (!m->qgather) { /* fp8_gather made them from the shards */
+    if (!m->qgather && !reuse) { /* fp8_gather made them from the shards */
       TW_TRY(step(quantize(m, &wi2, m->gs_h, &m->q_wi), op, "quantize wi"));
       TW_TRY(step(quantize(m, &wo2, m->gs_f, &m->q_wo), op, "quantize wo"));
     }
@@ -762,6 +777,9 @@ tw_status tw_moe_forward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w,
   }
   mark(m, "end");
   m->forwarded = 1;
+  m->made = 1;
+  m->made_wi = w0.wi.data;
+  m->made_wo = w0.wo.data;
   return TW_OK;
 }
 

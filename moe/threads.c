@@ -122,6 +122,9 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     /* two layers: layer 2 runs on other tokens (d_out as its x, x as its d_out: other routing)
      * between layer 1's forward and backward, which must not notice */
     tw_tensor tout2 = tw_tensor_2d(dev[OUT_Y2], dt, Tl, H, mem), taux2 = tw_tensor_1d(dev[OUT_AUX2], TW_F32, 1, mem);
+    if (s == TW_OK && r->reuse) s = tw_moe_set_weight_reuse(m[0], 1);
+    if (s == TW_OK && r->reuse) s = tw_moe_forward(m[0], &tdo, &w, &tout, &taux);
+    if (s == TW_OK && r->reuse) s = tw_moe_backward(m[0], &tdo, &w, &tx, r->d_aux, &tdx, &g);
     if (s == TW_OK) s = tw_moe_forward(m[0], &tx, &w, &tout, &taux);
     if (s == TW_OK && layers == 2) s = tw_moe_forward(m[1], &tdo, &w, &tout2, &taux2);
     if (s == TW_OK && layers == 2) s = tw_moe_backward(m[1], &tdo, &w, &tx, r->d_aux, &tdx, &g);

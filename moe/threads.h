@@ -18,6 +18,9 @@ typedef struct {
   float d_aux;
   int layers;          /* 1, or 2: two layers interleaved (fwd 1, fwd 2, bwd 2, bwd 1), layer 2
                         * on other tokens (x and d_out swapped); the outputs are layer 1's */
+  int reuse;           /* 1: a step on other tokens first (fwd + bwd, x and d_out swapped),
+                        * then the step whose outputs are returned, with tw_moe_set_weight_reuse
+                        * on: it takes the first step's gathered / fp8 weights */
   /* outputs, global, f32 (caller's memory): out, dx [T, H]; aux [1]; dgate [H, E];
    * dwi [E, H, 2F], dwo [E, F, H]; dbi, dbo when bi/bo are given. NULL: not wanted. */
   float *out, *aux, *dx, *dgate, *dwi, *dwo, *dbi, *dbo;

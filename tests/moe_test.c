@@ -488,7 +488,8 @@ static void gproblem_free(gproblem *p) {
 }
 
 /* Runs p on the dp x fsdp x ep mesh with fp8_gather = q; outputs: out, dx, dwi, dwo, dbi, dbo. */
-static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, float *o[6]) {
+static void run_gathered_reuse(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, int reuse,
+                               float *o[6]) {
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
   tw_moe_config c = TW_MOE_CONFIG_INIT;
@@ -500,10 +501,13 @@ static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fs
   int sz[3] = {dp, fsdp, ep};
   cr_assert_eq(tw_mesh_init(&r.mesh, 3, ax, sz), TW_OK);
   r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.bi = p->bi; r.bo = p->bo; r.d_out = p->d_out;
-  r.d_aux = 1; r.layers = 1;
+  r.d_aux = 1; r.layers = 1; r.reuse = reuse;
   r.out = o[0]; r.dx = o[1]; r.dwi = o[2]; r.dwo = o[3]; r.dbi = o[4]; r.dbo = o[5];
-  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s dp=%d fsdp=%d ep=%d fp8_gather=%d: %s", tw_moe_recipe_name(recipe), dp,
-               fsdp, ep, q, tw_last_error());
+  cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s dp=%d fsdp=%d ep=%d fp8_gather=%d reuse=%d: %s", tw_moe_recipe_name(recipe),
+               dp, fsdp, ep, q, reuse, tw_last_error());
+}
+static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, float *o[6]) {
+  run_gathered_reuse(p, recipe, dp, fsdp, ep, q, 0, o);
 }
 
 /* Runs with OpenBLAS's own thread count: before ref/gemm.c's blas_count_lock, concurrent thread
@@ -537,6 +541,58 @@ Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
     gproblem_free(&p);
   }
   cr_assert_eq(runs, 24);
+}
+
+/* tw_moe_set_weight_reuse: a step on other tokens, then the step under test taking that step's
+ * gathered / fp8 weights, equals the step alone bit for bit (every recipe, fsdp meshes,
+ * fp8_gather on and off). */
+Test(moe_layers, weight_reuse_is_bit_identical) {
+  static const int meshes[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 2, 2}};
+  gproblem p = gproblem_make(40, 52);
+  int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
+  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  float *o[2][6];
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)n[i], sizeof(float));
+  int runs = 0;
+  for (int rc = TW_MOE_BF16; rc <= TW_MOE_FP8_MXFP8; rc++)
+    for (int mi = 0; mi < 3; mi++)
+      for (int q = 0; q < 2; q++) {
+        const int *ms = meshes[mi];
+        if (q && (rc == TW_MOE_BF16 || ms[1] == 1)) continue;
+        for (int u = 0; u < 2; u++) {
+          for (int i = 0; i < 6; i++) memset(o[u][i], 0xA5, sizeof(float) * (size_t)n[i]);
+          run_gathered_reuse(&p, (tw_moe_recipe)rc, ms[0], ms[1], ms[2], q, u, o[u]);
+        }
+        runs++;
+        for (int i = 0; i < 6; i++)
+          cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0,
+                    "%s dp=%d fsdp=%d ep=%d fp8_gather=%d: %s differs with weight reuse",
+                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], q, names[i]);
+      }
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) free(o[u][i]);
+  gproblem_free(&p);
+  cr_assert_eq(runs, 4 * 3 + 3 * 2);
+}
+
+Test(moe_layers, weight_reuse_arguments) {
+  cr_assert_eq(tw_moe_set_weight_reuse(NULL, 1), TW_ERR_NULL);
+  tw_comm *comm = NULL;
+  cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK, "%s", tw_last_error());
+  tw_moe_config c = base_cfg();
+  tw_moe *m = NULL;
+  cr_assert_eq(tw_moe_create(ctx, NULL, &c, &m), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_moe_set_weight_reuse(m, 2), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "reuse = 2 must be 0 or 1") != NULL, "%s", tw_last_error());
+  cr_assert_eq(tw_moe_set_weight_reuse(m, 1), TW_OK);
+  tw_moe_destroy(m);
+  tw_ctx_destroy(ctx);
+  tw_comm_destroy(comm);
 }
 
 /* ---- finite differences ------------------------------------------------------------------- */

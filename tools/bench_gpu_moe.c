@@ -6,7 +6,9 @@
  * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
  * each row, the breakdown by step (CUDA events between the block's steps, one extra run).
  * The fp8 recipes (fp8_current, fp8_block: bf16 tensors, e4m3 expert GEMMs) run the same
- * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8). */
+ * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
+ * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
+ * later microbatches of one optimizer step). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,53 +118,60 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, con
   if (ok) ok = !fill_bf16(j.x.data, T * H, 0, &rs) && !fill_bf16(j.d_out.data, T * H, 0, &rs) &&
                !fill_bf16(j.w.gate.data, H * E, -6, &rs) && !fill_bf16(j.w.wi.data, E * H * 2 * F, -6, &rs) &&
                !fill_bf16(j.w.wo.data, E * F * H, -5, &rs);
-  tw_bench_row r;
-  memset(&r, 0, sizeof r);
-  r.op = "moe";
-  snprintf(r.shape, sizeof r.shape, "%s", shape);
-  r.backend = "gpu";
-  snprintf(r.version, sizeof r.version, "fwd+bwd");
-  r.unit = "TFLOP/s";
-  r.pct_of_floor = -1;
-  r.flops = 18.0 * (double)T * K * (double)H * (double)F;
-  double pms = tw_bench_peer_ms(peers, key, "torch_block");
-  snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd, bf16)" : "");
-  r.peer_ms = pms;
-  if (!ok) {
-    fprintf(stderr, "bench moe %s: does not fit or failed to set up: %s\n", shape, tw_last_error());
-    r.ms = -1;
-  } else {
-    int warm = cfg->warmup > 2 ? cfg->warmup : 2, iters = cfg->iters > 5 ? cfg->iters : 5;
-    r.ms = tw_bench_gpu_time(stream, warm, iters, fwd_bwd, &j);
-    if (tw_ctx_check(ctx) != TW_OK) r.ms = -1;
-  }
-  r.rate = r.ms > 0 ? r.flops / (r.ms * 1e9) : -1;
-  r.ratio = pms > 0 && r.ms > 0 ? pms / r.ms : -1;
-  tw_bench_emit(&r, cfg->csv);
-  if (ok && r.ms > 0) { /* breakdown */
-    static marks mk;
-    static int made;
-    if (!made) {
-      for (int i = 0; i < MAX_MARKS; i++) cudaEventCreate(&mk.ev[i]);
-      made = 1;
+  /* fp8 recipes: a second row with the weights' fp8 copies reused (tw_moe_set_weight_reuse: a
+   * later microbatch on unchanged weights, what TransformerEngine's is_first_microbatch = False
+   * skips); its warm-up step makes them */
+  const int passes = recipe == TW_MOE_BF16 ? 1 : 2;
+  for (int reuse = 0; reuse < passes; reuse++) {
+    if (ok && reuse && tw_moe_set_weight_reuse(j.m, 1) != TW_OK) ok = 0;
+    tw_bench_row r;
+    memset(&r, 0, sizeof r);
+    r.op = "moe";
+    snprintf(r.shape, sizeof r.shape, "%s", shape);
+    r.backend = "gpu";
+    snprintf(r.version, sizeof r.version, "%s", reuse ? "fwd+bwd, weights reused" : "fwd+bwd");
+    r.unit = "TFLOP/s";
+    r.pct_of_floor = -1;
+    r.flops = 18.0 * (double)T * K * (double)H * (double)F;
+    double pms = tw_bench_peer_ms(peers, key, "torch_block");
+    snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block (autograd, bf16)" : "");
+    r.peer_ms = pms;
+    if (!ok) {
+      fprintf(stderr, "bench moe %s: does not fit or failed to set up: %s\n", shape, tw_last_error());
+      r.ms = -1;
+    } else {
+      int warm = cfg->warmup > 2 ? cfg->warmup : 2, iters = cfg->iters > 5 ? cfg->iters : 5;
+      r.ms = tw_bench_gpu_time(stream, warm, iters, fwd_bwd, &j);
+      if (tw_ctx_check(ctx) != TW_OK) r.ms = -1;
     }
-    mk.n = 0;
-    tw_moe_set_step_hook(j.m, on_step, &mk);
-    fwd_bwd(&j);
-    tw_moe_set_step_hook(j.m, NULL, NULL);
-    cudaStreamSynchronize(stream);
-    const char *cats[] = {"GEMMs", "quantize", "router", "dispatch", "activation", "combine", "aux loss", "other"};
-    enum { NC = 8 };
-    double sum[NC] = {0};
-    for (int i = 0; i + 1 < mk.n; i++) {
-      if (!strcmp(mk.name[i], "end")) continue;
-      float ms = 0;
-      cudaEventElapsedTime(&ms, mk.ev[i], mk.ev[i + 1]);
-      for (int q = 0; q < NC; q++)
-        if (!strcmp(category(mk.name[i]), cats[q])) sum[q] += ms;
+    r.rate = r.ms > 0 ? r.flops / (r.ms * 1e9) : -1;
+    r.ratio = pms > 0 && r.ms > 0 ? pms / r.ms : -1;
+    tw_bench_emit(&r, cfg->csv);
+    if (ok && r.ms > 0) { /* breakdown */
+      static marks mk;
+      static int made;
+      if (!made) {
+        for (int i = 0; i < MAX_MARKS; i++) cudaEventCreate(&mk.ev[i]);
+        made = 1;
+      }
+      mk.n = 0;
+      tw_moe_set_step_hook(j.m, on_step, &mk);
+      fwd_bwd(&j);
+      tw_moe_set_step_hook(j.m, NULL, NULL);
+      cudaStreamSynchronize(stream);
+      const char *cats[] = {"GEMMs", "quantize", "router", "dispatch", "activation", "combine", "aux loss", "other"};
+      enum { NC = 8 };
+      double sum[NC] = {0};
+      for (int i = 0; i + 1 < mk.n; i++) {
+        if (!strcmp(mk.name[i], "end")) continue;
+        float ms = 0;
+        cudaEventElapsedTime(&ms, mk.ev[i], mk.ev[i + 1]);
+        for (int q = 0; q < NC; q++)
+          if (!strcmp(category(mk.name[i]), cats[q])) sum[q] += ms;
+      }
+      printf("  breakdown %s%s:", shape, reuse ? " (weights reused)" : "");
+      for (int q = 0; q < NC; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < NC - 1 ? "," : "\n");
     }
-    printf("  breakdown %s:", shape);
-    for (int q = 0; q < NC; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < NC - 1 ? "," : "\n");
   }
   tw_moe_destroy(j.m);
   for (int i = 0; i < nb; i++)

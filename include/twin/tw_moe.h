@@ -200,6 +200,16 @@ tw_status tw_moe_destroy(tw_moe *moe); /* NULL is fine */
 int tw_moe_local_experts(const tw_moe *moe);
 size_t tw_moe_saved_bytes(const tw_moe *moe);
 
+/* Weights unchanged across microbatches (TransformerEngine's is_first_microbatch = False):
+ * with reuse = 1 a forward given the same wi and wo tensors (data pointers) as the last
+ * forward that completed takes that forward's gathered weights (fsdp > 1) and fp8 copies of
+ * wi and wo (FP8_*) instead of all-gathering and quantizing them again: the caller promises
+ * the bytes did not change since (an optimizer step in between needs reuse = 0 for the next
+ * forward, or new tensors). Results are bit-identical to reuse = 0 on unchanged weights; other
+ * data pointers, a failed forward, or reuse = 0 make them again. Default 0. The gate is not
+ * affected (its GEMM reads it directly). 0 or 1, else TW_ERR_INVALID_ARG. */
+tw_status tw_moe_set_weight_reuse(tw_moe *moe, int reuse);
+
 /* out [T_r, H] recipe dtype; aux_loss: 0-d or [1] f32 in ctx memory, or none (then the aux
  * loss is not computed even with aux_coeff > 0, and the backward takes d_aux = 0). */
 tw_status tw_moe_forward(tw_moe *moe, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out,
