@@ -105,6 +105,9 @@
  *     wherever the group starts), the last one m_g % 128 deep, tokens past m_g adding exact
  *     zeros; per element of out[g] the bound is tw_gemm_error_bound_promoted(.., m_g, 128,
  *     0x1p-13, 0x1p-24, 2, ..). An empty group is +0 exactly, as in every version.
+ *     Memory: it first copies both operands into token-padded matrices, (K + N) * 128 *
+ *     (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
+ *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
  *     Known gap (gpu/NOTES-gemm.md, run fw1): with delayed per-tensor scales that leave codes
  *     in e4m3's subnormal range and operand magnitudes that vary along the contraction (2-token
  *     groups), errors up to ~7 * 2^-13 of sum|a||b| were seen, ~2.3x this bound: the 14-bit
