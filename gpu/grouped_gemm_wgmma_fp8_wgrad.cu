@@ -155,13 +155,16 @@ struct ggf_wtile {
   int64_t g, p0, q0, og, mg, tg;
   int kts;
 };
+// 32-bit divisions (the host declines 2^31 tiles or more): three 64-bit ones were a long
+// dependent chain at every tile's start in the producer, the scale warps and the consumers,
+// which with one k-block per tile (small groups) is most of a tile's time.
 __device__ __forceinline__ ggf_wtile ggf_wlocate(const ggf_wparams &p, int64_t t) {
   ggf_wtile w;
-  const int64_t per = p.tilesP * p.tilesQ;
-  w.g = t / per;
-  const int64_t local = t - w.g * per;
-  w.p0 = (local / p.tilesQ) * GGF_BM;
-  w.q0 = (local % p.tilesQ) * GGF_BN;
+  const uint32_t tq = (uint32_t)p.tilesQ, per = (uint32_t)p.tilesP * tq, tt = (uint32_t)t;
+  const uint32_t g = tt / per, local = tt - g * per, pp = local / tq;
+  w.g = g;
+  w.p0 = (int64_t)pp * GGF_BM;
+  w.q0 = (int64_t)(local - pp * tq) * GGF_BN;
   w.og = p.offsets[w.g];
   w.mg = p.offsets[w.g + 1] - w.og;
   w.tg = p.tiles[w.g];
@@ -738,6 +741,9 @@ int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   else if (lhs->src_rows >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31) ||
            out->shape[1] >= ((int64_t)1 << 31) || out->shape[2] >= ((int64_t)1 << 31))
     *why = "needs M, N, K and G below 2^31";
+  else if (out->shape[0] * ((out->shape[1] + GGF_BM - 1) / GGF_BM) * ((out->shape[2] + GGF_BN - 1) / GGF_BN) >=
+           ((int64_t)1 << 31))
+    *why = "needs fewer than 2^31 128x128 output tiles (32-bit tile ids)";
   return *why == NULL;
 }
 
