@@ -40,11 +40,12 @@
 //     runs; other tiles (group edges), f32 out and accumulate store from registers with masks.
 //   - Ragged edges as gg_wgmma: rows past the group are computed from the next group's rows
 //     (or TMA zero fill past M) and never stored; the K tail and N tail come back as zeros.
-//   - The two consumer warpgroups take turns issuing their k-block's wgmmas (named barriers
-//     3 and 4), so one promotes while the tensor cores run the other's k-block.
+//   - Block scales: the two consumer warpgroups take turns issuing their k-block's wgmmas
+//     (named barriers 3 and 4), so one promotes while the tensor cores run the other's k-block.
 // Measurement knobs (read on every call): TWIN_GG_WGMMA_FP8_SCALES=warps stages block scales
 // by warps 1-3 as before the TMA path; TWIN_GG_WGMMA_FP8_EPI=regs stores every tile from
-// registers; TWIN_GG_WGMMA_FP8_ORDER=0 lets the warpgroups issue without turns. Same bits.
+// registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
+// (default 0 per-tensor, 1 block scales). Same bits.
 // Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
 // plain or MXFP8 operands, rhs_op N, K not a multiple of 16 (TMA row strides), K = 0,
 // unaligned bases, a device other than sm_90, sizes past int32 TMA coordinates.
@@ -87,7 +88,7 @@ struct ggf_params {
   int b_transposed;        // rhs is the per-group transposed (colwise) copy of a [G*K, N] source
   int tma_out;             // bf16/f16 out, no accumulate, N % 8 == 0: interior tiles leave by TMA store
   int scale_tx;            // TMA scale kinds: bytes of the two scale boxes per k-block
-  int order;               // the consumer warpgroups issue their k-block's wgmmas in turn (see the kernel)
+  int order;               // consumer turns (see the kernel): 0 none, 1 gate opened at issue, 2 at completion
 };
 
 
@@ -293,10 +294,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     // Turns (p.order): both warpgroups wait on the same full barrier, so left alone they issue
     // their wgmmas together, finish together and promote together while the tensor cores idle.
     // Named barrier 3 + c gates warpgroup c's issue; the other warpgroup opens it once it has
-    // issued its own k-block (warpgroup 1 opens the first). The tensor cores then run one
-    // warpgroup's k-block while the other promotes. Each gate opens exactly as often as it is
-    // waited on: warpgroup 1 skips its arrival after its last k-block.
-    const bool order = p.order != 0;
+    // issued its own k-block (order 1) or once that k-block's wgmmas completed (order 2);
+    // warpgroup 1 opens the first. The tensor cores then run one warpgroup's k-block while the
+    // other promotes. Each gate opens exactly as often as it is waited on: warpgroup 1 skips
+    // its arrival after its last k-block.
+    const bool order = p.order != 0, at_issue = p.order == 1;
     if (order && c == 1 && (int)blockIdx.x < total) ggf_named_arrive(3, 256);
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int64_t g, p0, q0;
@@ -317,8 +319,10 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         for (int k = 0; k < GGF_BK / 32; ++k)
           ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
         wgc_commit();
-        if (order && !(c == 1 && last_tile && kt == ktiles - 1)) ggf_named_arrive(4 - c, 256);
+        const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1);
+        if (open && at_issue) ggf_named_arrive(4 - c, 256);
         wgc_wait<0>();
+        if (open && !at_issue) ggf_named_arrive(4 - c, 256);
         wgc_touch<64>(d);
         if (BL) {
           // the scales are read from the stage before it is released (64 + 64 + 34 live
@@ -554,8 +558,10 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
   const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
+  // Turns: per-tensor ran 2% faster without (its promotion is one add), 1x128 3-5% faster with
+  // them (run f5, gpu/NOTES-gemm.md).
   const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
-  p.order = !(ov && !strcmp(ov, "0"));
+  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : p.mode == GGF_TENSOR ? 0 : 1;
   if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
       ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "regs"))) {
     cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
