@@ -28,7 +28,8 @@
 //     f3/f4: group offsets o_g are arbitrary), so the box starts at the coordinate rounded down
 //     to a multiple of 4 (132 floats for 128 scales, 4 for one) and the consumers read from
 //     the remainder on. Scale tensors TMA cannot map (row length not a multiple of 4 floats,
-//     base not 16-byte aligned) fall back to producer warps 1-3 staging them from registers.
+//     base not 16-byte aligned), and 1x128 rowwise rhs scales with N odd (the consumers read
+//     column scales in 8-byte pairs), fall back to producer warps 1-3 staging them.
 //   - wgmma m64n128k32 (e4m3/e5m2 x e4m3/e5m2 -> f32), 4 per k-block; fp8 wgmma takes both
 //     operands K-major from shared memory only, so rhs must be [G, N, K] (rhs_op T).
 //   - Persistent CTAs over 128-row x 128-column tiles: tile t is row tile t / tilesQ of the
@@ -558,8 +559,8 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
   const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
-  // Turns: per-tensor ran 2% faster without (its promotion is one add), 1x128 3-5% faster with
-  // them (run f5, gpu/NOTES-gemm.md).
+  // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
+  // faster with them (runs f5/f6, gpu/NOTES-gemm.md).
   const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
   p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : p.mode == GGF_TENSOR ? 0 : 1;
   if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
