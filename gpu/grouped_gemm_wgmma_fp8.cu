@@ -14,28 +14,67 @@
 //                                 (the per-tensor epilogue of gg_mma / gg_mma_wide)
 // Design (written for twin, after gg_wgmma; no library code):
 //   - CTA tile 128 x 128 x 128 (k-block = one scaling block), 384 threads: warpgroup 0
-//     produces (thread 0 issues the TMA loads; warps 1-3, in turn, stage the k-block's 128 row
-//     scales and 128 column scales into shared memory for the block modes), warpgroups 1 and 2 consume,
-//     each owning 64 rows x 128 columns: 64 partial + 64 total f32 registers per thread.
-//     setmaxnreg 40 / 232. N = 128 because the promotion needs two accumulator sets.
-//   - 6-stage ring of 32 KiB (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle) plus
-//     1 KiB of scales per stage; "full" mbarrier (TMA bytes + the scale warp's 32 arrivals in block
-//     modes), "empty" mbarrier (one arrival per consumer warp).
+//     produces (thread 0 issues the TMA loads), warpgroups 1 and 2 consume, each owning 64
+//     rows x 128 columns: 64 partial + 64 total f32 registers per thread. setmaxnreg 40 / 232.
+//     N = 128 because the promotion needs two accumulator sets.
+//   - Ring of 32 KiB stages (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle; 5
+//     stages with a bf16/f16 out, 6 with f32 out, which has no staging buffer) plus 1280 bytes
+//     of scales per stage; "full" mbarrier (TMA bytes, + the scale warp's 32 arrivals when
+//     warps stage the scales), "empty" mbarrier (one arrival per consumer warp).
+//   - Block scales (SC, see ggf_kernel) reach the stage by TMA with the data, onto the same
+//     full barrier (no latency chain): a 1x128 k-block's 128 row (or column) scales are 128
+//     consecutive f32 of one scale row, a 128x128 tile's scale one f32. A tiled TMA box must
+//     start 16-byte aligned in its innermost dimension (else cudaErrorIllegalInstruction, run
+//     f3/f4: group offsets o_g are arbitrary), so the box starts at the coordinate rounded down
+//     to a multiple of 4 (132 floats for 128 scales, 4 for one) and the consumers read from
+//     the remainder on. Scale tensors TMA cannot map (row length not a multiple of 4 floats,
+//     base not 16-byte aligned), and 1x128 rowwise rhs scales with N odd (the consumers read
+//     column scales in 8-byte pairs), fall back to producer warps 1-3 staging them.
 //   - wgmma m64n128k32 (e4m3/e5m2 x e4m3/e5m2 -> f32), 4 per k-block; fp8 wgmma takes both
 //     operands K-major from shared memory only, so rhs must be [G, N, K] (rhs_op T).
 //   - Persistent CTAs over 128-row x 128-column tiles: tile t is row tile t / tilesQ of the
 //     global 128-row tile space (gpu_group_prefix's T(g)), column tile t % tilesQ; the group
 //     by binary search over T(g). No extra prefix kernel, nothing read back: capturable.
+//   - Epilogue (bf16/f16 out, no accumulate, N % 8 == 0, 16-byte aligned out): a warpgroup
+//     whose 64 rows all lie in the group writes them to shared memory (two 64 x 64 boxes,
+//     128-byte swizzle) and one thread stores them by TMA, which drains while the next tile
+//     runs; other tiles (group edges), f32 out and accumulate store from registers with masks.
 //   - Ragged edges as gg_wgmma: rows past the group are computed from the next group's rows
 //     (or TMA zero fill past M) and never stored; the K tail and N tail come back as zeros.
+//   - Block scales: the two consumer warpgroups take turns issuing their k-block's wgmmas
+//     (named barriers 3 and 4), so one promotes while the tensor cores run the other's k-block.
+// Measurement knobs (read on every call): TWIN_GG_WGMMA_FP8_SCALES=warps stages block scales
+// by warps 1-3 as before the TMA path; TWIN_GG_WGMMA_FP8_EPI=regs stores every tile from
+// registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
+// (default 0 per-tensor, 1 block scales). Same bits.
 // Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
 // plain or MXFP8 operands, rhs_op N, K not a multiple of 16 (TMA row strides), K = 0,
 // unaligned bases, a device other than sm_90, sizes past int32 TMA coordinates.
-// The wgrad is gpu/grouped_gemm_wgmma_fp8_wgrad.cu; both share gpu/grouped_gemm_wgmma_fp8.cuh.
+// The wgrad is gpu/grouped_gemm_wgmma_fp8_wgrad.cu; both share gpu/grouped_gemm_wgmma_fp8.cuh
+// (its GGF_STAGES / GGF_SMEM are the wgrad's ring; the forward's are GGF_F* below).
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gpu/grouped_gemm_wgmma_fp8.cuh"
+
+// Forward layout (the .cuh's GGF_STAGES / GGF_SMEM size the wgrad's ring, not this one).
+// Per stage, scales: lhs slot at float 0, rhs slot at float GGF_SSLOT (640 bytes: the slots stay
+// 128-byte aligned for the TMA); a TMA box fills 132 (or 4) floats of a slot.
+#define GGF_SSLOT 160
+#define GGF_SSTAGE (2 * GGF_SSLOT)
+#define GGF_EPI_BYTES (2 * 2 * 64 * 64 * 2)  // per consumer warpgroup two 64 x 64 16-bit boxes
+// Stages: a bf16/f16 out gives 32 KiB to the epilogue staging; f32 out keeps 6.
+#define GGF_FSTAGES(OUT) ((OUT) == TW_F32 ? 6 : 5)
+// ring + 1 KiB to align the base to the 1024-byte swizzle atom + staging + scales + barriers
+#define GGF_FSMEM(OUT)                                                                              \
+  (GGF_FSTAGES(OUT) * GGF_STAGE_BYTES + 1024 + ((OUT) == TW_F32 ? 0 : GGF_EPI_BYTES) +            \
+   GGF_FSTAGES(OUT) * GGF_SSTAGE * 4 + 2 * GGF_FSTAGES(OUT) * 8)
+
+// How block scales reach the stage (kernel template SC): none (per-tensor); producer warps 1-3
+// from registers (any layout); TMA with per-column rhs scales (1x128 rhs); TMA with one rhs
+// scale per tile (128x128 rhs). lhs (1x128 or 128x128) goes by TMA in both TMA kinds.
+enum { GGF_SC_TENSOR = 0, GGF_SC_WARPS = 1, GGF_SC_TMA_V = 2, GGF_SC_TMA_S = 3 };
 
 struct ggf_params {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
@@ -48,6 +87,9 @@ struct ggf_params {
   const float *sa, *sb;    // scale_inv of lhs and rhs (tw_quantize.h layouts)
   int64_t lda_s, ldb_s;    // their last dimension
   int b_transposed;        // rhs is the per-group transposed (colwise) copy of a [G*K, N] source
+  int tma_out;             // bf16/f16 out, no accumulate, N % 8 == 0: interior tiles leave by TMA store
+  int scale_tx;            // TMA scale kinds: bytes of the two scale boxes per k-block
+  int order;               // consumer turns (see the kernel): 0 none, 1 gate opened at issue, 2 at completion
 };
 
 
@@ -98,25 +140,69 @@ __device__ __forceinline__ ggf_sptr ggf_scale_ptrs(const ggf_params &p, int64_t 
   }
   return r;
 }
+
+// The same layouts as TMA coordinates of a 2-D scale map (inner = the row of scale_inv's last
+// dimension, outer = its row) for k-block kt: inner i0 + ik * kt, outer o0 + ok * kt. The box
+// starts at inner & ~3 (16-byte aligned: TMA faults on an unaligned innermost start) and the
+// wanted scale sits at (inner & 3) floats into the slot.
+struct ggf_scoord {
+  int i0, ik, o0, ok;
+};
+__device__ __forceinline__ void ggf_scale_coords(const ggf_params &p, int64_t g, int64_t og, int64_t tg, int64_t p0,
+                                                 int64_t q0, ggf_scoord &a, ggf_scoord &b) {
+  const int ktn = (int)((p.K + 127) / 128), ntn = (int)((p.N + 127) / 128);
+  if (p.mode == GGF_B1x128) a = {(int)(og + p0), 0, 0, 1};        // [kb][o_g + row]
+  else a = {0, 1, (int)(tg + p0 / 128), 0};                       // [T(g) + row/128][kb]
+  if (p.mode_b == GGF_B1x128) {
+    if (!p.b_transposed) b = {(int)(g * p.N + q0), 0, 0, 1};      // [kb][g*N + n]
+    else b = {(int)q0, 0, (int)g * ktn, 1};                       // [g*ktn + kb][n]
+  } else {
+    if (!p.b_transposed) b = {0, 1, (int)g * ntn + (int)(q0 / 128), 0};  // [g*ntn + n/128][kb]
+    else b = {(int)g * ktn, 1, (int)(q0 / 128), 0};                      // [n/128][g*ktn + kb]
+  }
+}
+
+// TMA store of a 2-D box from shared memory (bulk group), its commit and waits; the fence that
+// orders this thread's generic shared-memory writes before the async proxy reads them; a named
+// barrier over `threads` threads (ids 1, 2: one per consumer warpgroup).
+__device__ __forceinline__ void ggf_tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
+               "r"(wgc_smem(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void ggf_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void ggf_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ggf_bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ggf_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void ggf_named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void ggf_named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 #endif  // WGC_DEVICE
 
-// BL: block scales (promotion with sa * sb), else per-tensor. AT, BT: fp8 types (0 e4m3,
-// 1 e5m2). OUT: output tw_dtype.
-template <bool BL, int AT, int BT, int OUT>
+// SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype.
+template <int SC, int AT, int BT, int OUT>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const ggf_params p) {
+               const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
+               const __grid_constant__ CUtensorMap map_out, const ggf_params p) {
 #ifdef WGC_DEVICE
+  constexpr bool BL = SC != GGF_SC_TENSOR, STMA = SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S;
+  constexpr int ST = GGF_FSTAGES(OUT);
+  constexpr bool EPI = OUT != TW_F32;  // a staging buffer for the TMA-store epilogue
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
-  float *scales = (float *)(base + GGF_STAGES * GGF_STAGE_BYTES);  // [stage][128 rows, 128 columns]
-  uint64_t *full = (uint64_t *)(scales + GGF_STAGES * GGF_SCALE_FLOATS);
-  uint64_t *empty = full + GGF_STAGES;
+  unsigned char *epi = base + ST * GGF_STAGE_BYTES;               // [warpgroup][2 boxes of 64 x 64]
+  float *scales = (float *)(epi + (EPI ? GGF_EPI_BYTES : 0));     // [stage][lhs slot, rhs slot]
+  uint64_t *full = (uint64_t *)(scales + ST * GGF_SSTAGE);
+  uint64_t *empty = full + ST;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < GGF_STAGES; ++s) {
-      wgc_bar_init(&full[s], BL ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
-      wgc_bar_init(&empty[s], 8);               // one arrival per consumer warp
+    for (int s = 0; s < ST; ++s) {
+      wgc_bar_init(&full[s], SC == GGF_SC_WARPS ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
+      wgc_bar_init(&empty[s], 8);                               // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -130,26 +216,38 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       // ---- producer: TMA loads ---------------------------------------------------------
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      if (STMA) {
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_sa) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_sb) : "memory");
+      }
       int s = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
         ggf_locate(p, t, g, p0, q0);
-        const int row0 = (int)(p.offsets[g] + p0);
+        const int64_t og = p.offsets[g];
+        const int row0 = (int)(og + p0);
+        ggf_scoord ca, cb;
+        if (STMA) ggf_scale_coords(p, g, og, p.tiles[g], p0, q0, ca, cb);
         for (int kt = 0; kt < ktiles; ++kt) {
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
-          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (STMA ? p.scale_tx : 0));
           wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
           wgc_tma_3d(sb, &map_b, &full[s], kt * GGF_BK, (int)q0, (int)g);
-          if (++s == GGF_STAGES) {
+          if (STMA) {
+            float *f = scales + s * GGF_SSTAGE;
+            wgc_tma_2d(f, &map_sa, &full[s], (ca.i0 + ca.ik * kt) & ~3, ca.o0 + ca.ok * kt);
+            wgc_tma_2d(f + GGF_SSLOT, &map_sb, &full[s], (cb.i0 + cb.ik * kt) & ~3, cb.o0 + cb.ok * kt);
+          }
+          if (++s == ST) {
             s = 0;
             phase ^= 1;
           }
         }
       }
-    } else if (BL && tid >= 32) {
-      // ---- producer: the k-block's scales into the stage (block modes) -----------------
+    } else if (SC == GGF_SC_WARPS && tid >= 32) {
+      // ---- producer: the k-block's scales into the stage (layouts TMA cannot map) ----------
       // Warps 1-3 take every third k-block (in the order all warps walk), so three scale loads are in
       // flight at once. One warp alone spent a
       // global-load latency per k-block in series: 0.46-0.64x the per-tensor rate (run f1).
@@ -168,18 +266,18 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           const int st = s;
           const uint32_t ph = phase;
           if (++turn == 3) turn = 0;
-          if (++s == GGF_STAGES) {
+          if (++s == ST) {
             s = 0;
             phase ^= 1;
           }
           if (!mine) continue;
           const float *a = sp.a + kt * sp.ak, *b = sp.b + kt * sp.bk;
           wgc_bar_wait(&empty[st], ph ^ 1);
-          float *f = scales + st * GGF_SCALE_FLOATS + lane;
+          float *f = scales + st * GGF_SSTAGE + lane;
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             f[32 * r] = 32 * r < rows ? a[r * sp.ar] : 0.f;
-            f[GGF_BM + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
+            f[GGF_SSLOT + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
           }
           wgc_bar_arrive(&full[st]);
         }
@@ -189,41 +287,73 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    // lhs scale stride over rows in a slot: 1 (1x128, or the warps' per-row copies), 0 (128x128)
+    const int sa_row = SC == GGF_SC_WARPS || p.mode == GGF_B1x128;
     float d[64], tot[64];
     int s = 0;
     uint32_t phase = 0;
+    // Turns (p.order): both warpgroups wait on the same full barrier, so left alone they issue
+    // their wgmmas together, finish together and promote together while the tensor cores idle.
+    // Named barrier 3 + c gates warpgroup c's issue; the other warpgroup opens it once it has
+    // issued its own k-block (order 1) or once that k-block's wgmmas completed (order 2);
+    // warpgroup 1 opens the first. The tensor cores then run one warpgroup's k-block while the
+    // other promotes. Each gate opens exactly as often as it is waited on: warpgroup 1 skips
+    // its arrival after its last k-block.
+    const bool order = p.order != 0, at_issue = p.order == 1;
+    if (order && c == 1 && (int)blockIdx.x < total) ggf_named_arrive(3, 256);
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int64_t g, p0, q0;
       ggf_locate(p, t, g, p0, q0);
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+      const bool last_tile = t + (int)gridDim.x >= total;
+      ggf_scoord ca = {0, 0, 0, 0}, cb = {0, 0, 0, 0};  // the warps' copies start at 0
+      if (STMA) ggf_scale_coords(p, g, og, p.tiles[g], p0, q0, ca, cb);
 #pragma unroll
       for (int i = 0; i < 64; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < ktiles; ++kt) {
         wgc_bar_wait(&full[s], phase);
         const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
         const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        if (order) ggf_named_sync(3 + c, 256);
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
           ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
         wgc_commit();
+        const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1);
+        if (open && at_issue) ggf_named_arrive(4 - c, 256);
         wgc_wait<0>();
+        if (open && !at_issue) ggf_named_arrive(4 - c, 256);
         wgc_touch<64>(d);
         if (BL) {
-          const float *f = scales + s * GGF_SCALE_FLOATS;
           // the scales are read from the stage before it is released (64 + 64 + 34 live
           // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
-          const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
+          const float *fa = scales + s * GGF_SSTAGE + ((ca.i0 + ca.ik * kt) & 3);
+          const float *fb = scales + s * GGF_SSTAGE + GGF_SSLOT + ((cb.i0 + cb.ik * kt) & 3);
+          const int ra = (64 * c + 16 * warp + lane / 4) * sa_row;
+          const float fa0 = fa[ra], fa1 = fa[ra + 8 * sa_row];
+          if (SC == GGF_SC_TMA_S) {  // one rhs scale for the tile's 128 columns
+            const float fb0 = *fb, s0 = fa0 * fb0, s1 = fa1 * fb0;
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            float2 fb;  // volatile: one pair at a time (hoisting all 16 spilled registers)
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                         : "=f"(fb.x), "=f"(fb.y)
-                         : "r"(wgc_smem(f + GGF_BM + 8 * j + 2 * (lane % 4))));
-            tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fb.x, tot[4 * j + 0]);
-            tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fb.y, tot[4 * j + 1]);
-            tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fb.x, tot[4 * j + 2]);
-            tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fb.y, tot[4 * j + 3]);
+            for (int j = 0; j < 16; ++j) {
+              tot[4 * j + 0] = fmaf(d[4 * j + 0], s0, tot[4 * j + 0]);
+              tot[4 * j + 1] = fmaf(d[4 * j + 1], s0, tot[4 * j + 1]);
+              tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
+              tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
+            }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              float2 fbv;  // volatile: one pair at a time (hoisting all 16 spilled registers);
+                           // fb is 8-byte aligned (the host takes TMA_V only with an even start)
+              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                           : "=f"(fbv.x), "=f"(fbv.y)
+                           : "r"(wgc_smem(fb + 8 * j + 2 * (lane % 4))));
+              tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fbv.x, tot[4 * j + 0]);
+              tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fbv.y, tot[4 * j + 1]);
+              tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fbv.x, tot[4 * j + 2]);
+              tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fbv.y, tot[4 * j + 3]);
+            }
           }
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);
@@ -233,13 +363,48 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 #pragma unroll
           for (int i = 0; i < 64; ++i) tot[i] += d[i];
         }
-        if (++s == GGF_STAGES) {
+        if (++s == ST) {
           s = 0;
           phase ^= 1;
         }
       }
       // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
       const float tf = BL ? 1.f : p.sa[g] * p.sb[g];
+      if (EPI && p.tma_out && p0 + 64 * c + 64 <= mg) {
+        // interior rows (all 64 of this warpgroup's rows in the group): through shared memory and
+        // a TMA store, which drains while the next tile's k-blocks run. Two 64 x 64 boxes with
+        // the 128-byte swizzle (16-byte chunk q of row r at chunk q ^ (r % 8)): conflict-free.
+        unsigned char *ep = epi + c * (GGF_EPI_BYTES / 2);
+        if (tid == 0) ggf_bulk_wait_read0();  // the previous tile's store has read the staging
+        ggf_named_sync(1 + c, 128);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
+            const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
+            uint32_t two;
+            if (OUT == TW_BF16) {
+              __nv_bfloat162 b2 = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+              two = *(uint32_t *)&b2;
+            } else {
+              __half2 h2 = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+              two = *(uint32_t *)&h2;
+            }
+            *(uint32_t *)(ep + (j / 8) * 8192 + r * 128 + (((j % 8) ^ (r & 7)) << 4) + 4 * (lane % 4)) = two;
+          }
+        }
+        ggf_fence_proxy_async();  // this thread's generic writes, before the async proxy reads them
+        ggf_named_sync(1 + c, 128);
+        if (tid == 0) {
+          const int row = (int)(og + p0 + 64 * c);
+          ggf_tma_store_2d(&map_out, ep, (int)q0, row);  // column starts q0, q0 + 64: 16-byte aligned
+          if (q0 + 64 < p.N) ggf_tma_store_2d(&map_out, ep + 8192, (int)q0 + 64, row);
+          ggf_bulk_commit();
+        }
+        continue;
+      }
       const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = q0 + 2 * (lane % 4);
       const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
@@ -262,6 +427,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
+    if (EPI && p.tma_out && tid == 0) ggf_bulk_wait0();  // the staging stays valid until read
   }
 #endif
 }
@@ -292,31 +458,52 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
   return *why == NULL;
 }
 
-template <bool BL, int AT, int BT, int OUT>
-static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
-                              const char *op) {
+template <int SC, int AT, int BT, int OUT>
+static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_params *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_params) = ggf_kernel<BL, AT, BT, OUT>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
+             const ggf_params) = ggf_kernel<SC, AT, BT, OUT>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!set_for[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_SMEM),
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(OUT)),
                  "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
     set_for[dev] = 1;
   }
-  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_SMEM, st->stream>>>(*ma, *mb, *p);
+  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
 
-template <bool BL, int AT, int BT>
-static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_params *p,
-                         const char *op) {
+template <int SC, int AT, int BT>
+static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *m, const ggf_params *p, const char *op) {
   switch (od) {
-    case TW_F32: return ggf_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
-    case TW_BF16: return ggf_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
-    default: return ggf_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
+    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32>(ctx, m, p, op);
+    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16>(ctx, m, p, op);
+    default: return ggf_launch_t<SC, AT, BT, TW_F16>(ctx, m, p, op);
   }
+}
+template <int SC>
+static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, const CUtensorMap *m, const ggf_params *p,
+                           const char *op) {
+  // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
+  if (at) return ggf_out<SC, 1, 0>(ctx, od, m, p, op);
+  if (bt) return ggf_out<SC, 0, 1>(ctx, od, m, p, op);
+  return ggf_out<SC, 0, 0>(ctx, od, m, p, op);
+}
+
+// A 2-D f32 tensor map over a scale_inv array [rows, ld], box `box` x 1 (132: a 1x128 k-block's
+// 128 scales from a 16-byte aligned start; 4: one 128x128 scale likewise); 0 if TMA cannot map
+// it (base not 16-byte aligned, ld not a multiple of 4 floats, sizes past int32 coordinates).
+static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const tw_tensor *t, int box) {
+  if (t->ndim != 2 || ((uintptr_t)t->data & 15) || (t->shape[1] & 3) || t->shape[0] <= 0 || t->shape[1] <= 0 ||
+      t->shape[0] >= ((int64_t)1 << 31) || t->shape[1] >= ((int64_t)1 << 31))
+    return 0;
+  cuuint64_t dims[2] = {(cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]}, strides[1] = {(cuuint64_t)t->shape[1] * 4};
+  cuuint32_t bx[2] = {(cuuint32_t)box, 1}, es[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, t->data, dims, strides, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
+         CUDA_SUCCESS;
 }
 
 tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
@@ -331,13 +518,12 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
-  CUtensorMap ma, mb;
-  memset(&ma, 0, sizeof ma);
-  memset(&mb, 0, sizeof mb);
+  CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
+  memset(maps, 0, sizeof maps);
   {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
     cuuint32_t box[2] = {GGF_BK, GGF_BM}, es[2] = {1, 1};
-    CUresult r = enc(&ma, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, lhs->data.data, dims, strides, box, es,
+    CUresult r = enc(&maps[0], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, lhs->data.data, dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
@@ -348,7 +534,7 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
     cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)G};
     cuuint64_t strides[2] = {(cuuint64_t)K, (cuuint64_t)(K * N)};
     cuuint32_t box[3] = {GGF_BK, GGF_BN, 1}, es[3] = {1, 1, 1};
-    CUresult r = enc(&mb, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, rhs->data.data, dims, strides, box, es,
+    CUresult r = enc(&maps[1], CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, rhs->data.data, dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
@@ -372,15 +558,29 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
-  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
-  const bool bl = p.mode != GGF_TENSOR;
-  // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
-  if (bl) {
-    if (at) return ggf_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op);
-    if (bt) return ggf_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op);
-    return ggf_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
+  // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
+  // faster with them (runs f5/f6, gpu/NOTES-gemm.md).
+  const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
+  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : p.mode == GGF_TENSOR ? 0 : 1;
+  if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
+      ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "regs"))) {
+    cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
+    cuuint32_t box[2] = {64, 64}, es[2] = {1, 1};
+    p.tma_out = enc(&maps[4], out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                    2, out->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                    CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
-  if (at) return ggf_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op);
-  if (bt) return ggf_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op);
-  return ggf_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
+  const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
+  if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, maps, &p, op);
+  // Block scales by TMA where both scale arrays map. rhs 1x128 rowwise starts its columns at
+  // g*N + q0: the consumers' paired (8-byte) reads need that even, so N even.
+  const int box_a = p.mode == GGF_B1x128 ? 132 : 4, box_b = p.mode_b == GGF_B1x128 ? 132 : 4;
+  if (!(sv && !strcmp(sv, "warps")) && !(p.mode_b == GGF_B1x128 && !p.b_transposed && (N & 1)) &&
+      ggf_scale_map(enc, &maps[2], &lhs->scale_inv, box_a) && ggf_scale_map(enc, &maps[3], &rhs->scale_inv, box_b)) {
+    p.scale_tx = 4 * (box_a + box_b);
+    if (p.mode_b == GGF_B1x128) return ggf_types<GGF_SC_TMA_V>(ctx, at, bt, od, maps, &p, op);
+    return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, maps, &p, op);
+  }
+  return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, maps, &p, op);
 }
