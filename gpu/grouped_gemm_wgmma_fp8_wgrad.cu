@@ -52,6 +52,13 @@ struct ggf_wparams {
   int loader;  // GGF_WLOAD_*
   int nst;     // stages of the ring
   int64_t Mp;  // tma: columns of the token-padded copies (128 x a bound on the tiles T(G))
+  int scale_tma;  // tma loader, 1x128 x 1x128: the k-block's scales come by TMA with the data
+};
+// The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
+// the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
+// the row starts are multiples of 128 floats, so every box starts 16-byte aligned).
+struct ggf_wmaps {
+  CUtensorMap a, b, sa, sb;
 };
 // Two producers (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows|staged picks one; gpu/NOTES-gemm.md):
 //   rows:   each producer thread loads its A row and B row into registers (9 aligned words
@@ -72,11 +79,12 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 #define GGF_WRAW_ROW 144                              // 9 aligned 16-byte words hold any 128 bytes
 #define GGF_WRAW_BYTES (256 * GGF_WRAW_ROW + 256 * 4)  // A and B rows, then their 256 scales
 // The tma loader's epilogue stages each consumer warpgroup's 64 x 128 result in two 64 x 64 f32
-// halves (rows padded to 68 floats: fewer bank conflicts, 16-byte aligned rows), then writes
-// whole rows with 16-byte stores: the register epilogue's 4-byte stores, 8 rows per warp
-// instruction, held the write-bound shapes (small groups: out[G, K, N] dwarfs the operands) at
-// ~1 TB/s (run fw4). 34 KiB, so the ring has 5 stages.
-#define GGF_EPI_PITCH 68
+// halves, then writes whole rows with 16-byte stores: the register epilogue's 4-byte stores, 8
+// rows per warp instruction, held the write-bound shapes (small groups: out[G, K, N] dwarfs the
+// operands) at ~1 TB/s (run fw4). Rows are padded to 72 floats: a half-warp's 64-bit writes (4
+// rows x 4 column pairs) then hit 32 distinct banks; with 68 they conflicted and shared memory
+// was the G128 wgrad's busiest unit (ncu: 42% excess wavefronts, L1 73%). 36 KiB: 5 stages.
+#define GGF_EPI_PITCH 72
 #define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
 #define GGF_WTMA_STAGES 5
 static size_t ggf_wsmem(int loader, int nst) {
@@ -459,8 +467,18 @@ __device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const 
       const int64_t i = (w.g * p.K + r) * p.N + col0;
       if (vec && col0 + V <= p.N) {
         float v[V];
-#pragma unroll
-        for (int e = 0; e < V; e += 4) *(float4 *)&v[e] = *(const float4 *)(src + e);
+        // 16-bit out: 8 floats a thread; threads 4-7 of each 8 read their second float4 first,
+        // so each quarter-warp's 16-byte reads cover 8 distinct 16-byte bank groups
+        if (V == 8) {
+          const int first = (ct >> 2) & 1;
+          const float4 ya = *(const float4 *)(src + 4 * first), yb = *(const float4 *)(src + 4 - 4 * first);
+          const float4 lo = first ? yb : ya, hi = first ? ya : yb;
+          v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+          v[4 % V] = hi.x, v[5 % V] = hi.y, v[6 % V] = hi.z, v[7 % V] = hi.w;
+        } else {
+          const float4 y = *(const float4 *)src;
+          v[0] = y.x, v[1] = y.y, v[2] = y.z, v[3] = y.w;
+        }
         ggf_put16<OUT>(p.out, i, v, p.accumulate);
       } else {
 #pragma unroll
@@ -473,10 +491,9 @@ __device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const 
 #endif  // WGC_DEVICE
 
 template <bool BL, int AT, int BT, int OUT>
-// map_a, map_b: the tma loader's padded copies (unused by the other loaders).
+// maps: the tma loader's (unused by the other loaders).
 __global__ void __launch_bounds__(GGF_THREADS, 1)
-    ggf_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                     const ggf_wparams p) {
+    ggf_wgrad_kernel(const __grid_constant__ ggf_wmaps maps, const ggf_wparams p) {
 #ifdef WGC_DEVICE
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
@@ -489,8 +506,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < nst; ++s) {
-      // tma: the TMA thread (+ bytes) and, block modes, a scale warp; else every producer thread
-      wgc_bar_init(&full[s], p.loader == GGF_WLOAD_TMA ? (BL ? 1 + 32 : 1) : 128);
+      // tma: the TMA thread (+ bytes) and, block modes without scale_tma, a scale warp; else
+      // every producer thread
+      wgc_bar_init(&full[s], p.loader == GGF_WLOAD_TMA ? (BL && !p.scale_tma ? 1 + 32 : 1) : 128);
       wgc_bar_init(&empty[s], 8);   // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -502,8 +520,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     if (tid == 0) {
       // ---- producer (tma): k-block kb of a tile is the box at padded column 128*(T(g) + kb);
       // rows past K / N come back as zeros (TMA fill)
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&maps.a) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&maps.b) : "memory");
+      const bool stma = BL && p.scale_tma;
       int s = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
@@ -512,16 +531,21 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
           const int col = (int)((w.tg + kb) * GGF_BK);
-          wgc_bar_expect(&full[s], GGF_STAGE_BYTES);
-          wgc_tma_2d(sa, &map_a, &full[s], col, (int)w.p0);
-          wgc_tma_2d(sb, &map_b, &full[s], col, (int)w.q0);
+          wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (stma ? GGF_SCALE_FLOATS * 4 : 0));
+          wgc_tma_2d(sa, &maps.a, &full[s], col, (int)w.p0);
+          wgc_tma_2d(sb, &maps.b, &full[s], col, (int)w.q0);
+          if (stma) {
+            float *f = scales + s * GGF_SCALE_FLOATS;
+            wgc_tma_2d(f, &maps.sa, &full[s], (int)w.p0, (int)(w.tg + kb));
+            wgc_tma_2d(f + GGF_BM, &maps.sb, &full[s], (int)w.q0, (int)(w.tg + kb));
+          }
           if (++s == nst) {
             s = 0;
             phase ^= 1;
           }
         }
       }
-    } else if (BL && tid >= 32) {
+    } else if (BL && !p.scale_tma && tid >= 32) {
       // ---- producer (tma): warps 1-3 in turn stage a k-block's 128 row and 128 column scales
       // (the forward's scheme: three global-load latencies in flight)
       const int sw = tid / 32 - 1, lane = tid % 32;
@@ -771,10 +795,9 @@ static tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, 
 }
 
 template <bool BL, int AT, int BT, int OUT>
-static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
-                                    const char *op) {
+static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
+  void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
   const size_t smem = ggf_wsmem(p->loader, p->nst);
@@ -785,18 +808,17 @@ static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CU
   }
   const int64_t total = p->G * p->tilesP * p->tilesQ;
   const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
-  fn<<<grid, GGF_THREADS, smem, st->stream>>>(*ma, *mb, *p);
+  fn<<<grid, GGF_THREADS, smem, st->stream>>>(*m, *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
 
 template <bool BL, int AT, int BT>
-static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const CUtensorMap *ma, const CUtensorMap *mb, const ggf_wparams *p,
-                               const char *op) {
+static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   switch (od) {
-    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, ma, mb, p, op);
-    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, ma, mb, p, op);
-    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, ma, mb, p, op);
+    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, m, p, op);
+    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, m, p, op);
+    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, m, p, op);
   }
 }
 
@@ -835,9 +857,8 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
              : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
                                            : GGF_WLOAD_DEFAULT;
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
-  CUtensorMap ma, mb;
-  memset(&ma, 0, sizeof ma);
-  memset(&mb, 0, sizeof mb);
+  ggf_wmaps maps;
+  memset(&maps, 0, sizeof maps);
   unsigned char *pad = NULL;
   int pad_in_graph = 0;
   if (p.loader == GGF_WLOAD_TMA) {
@@ -857,27 +878,44 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
       GPU_TRY_CUDA(cudaGetLastError(), op);
       const unsigned char *src[2] = {pa, pb};
       const int64_t ext[2] = {K, N};
-      CUtensorMap *maps[2] = {&ma, &mb};
+      CUtensorMap *mp[2] = {&maps.a, &maps.b};
       for (int i = 0; i < 2; ++i) {
         cuuint64_t dims[2] = {(cuuint64_t)p.Mp, (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)p.Mp};
         cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? GGF_BN : GGF_BM)}, es[2] = {1, 1};
-        CUresult r = enc(maps[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
+        CUresult r = enc(mp[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS)
           return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': padded %s tensor map refused (CUresult %d)", op,
                           GG_KERNEL_WGMMA_FP8, i ? "rhs" : "lhs", (int)r);
       }
+      // 1x128 x 1x128: the scales by TMA too (knob TWIN_GG_WGMMA_FP8_WGRAD_SCALES=warps: the
+      // three staging warps), where the layout maps: 2-D, rows 16-byte multiples, aligned bases
+      const char *sv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_SCALES");
+      const tw_tensor *st2[2] = {&lhs->scale_inv, &rhs->scale_inv};
+      p.scale_tma = p.mode == GGF_B1x128 && p.mode_b == GGF_B1x128 && !(sv && !strcmp(sv, "warps")) &&
+                    st2[0]->ndim == 2 && st2[1]->ndim == 2 && p.lda_s % 4 == 0 && p.ldb_s % 4 == 0 &&
+                    ((uintptr_t)p.sa & 15) == 0 && ((uintptr_t)p.sb & 15) == 0;
+      CUtensorMap *ms[2] = {&maps.sa, &maps.sb};
+      for (int i = 0; p.scale_tma && i < 2; ++i) {
+        cuuint64_t dims[2] = {(cuuint64_t)st2[i]->shape[1], (cuuint64_t)st2[i]->shape[0]};
+        cuuint64_t strides[1] = {(cuuint64_t)st2[i]->shape[1] * 4};
+        cuuint32_t box[2] = {GGF_BM, 1}, es[2] = {1, 1};
+        CUresult r = enc(ms[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, st2[i]->data, dims, strides, box, es,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) p.scale_tma = 0;  // the staging warps take them
+      }
     }
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;
   if (p.mode != GGF_TENSOR)
-    s = at ? ggf_wgrad_out<true, 1, 0>(ctx, od, &ma, &mb, &p, op)
-           : bt ? ggf_wgrad_out<true, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<true, 0, 0>(ctx, od, &ma, &mb, &p, op);
+    s = at ? ggf_wgrad_out<true, 1, 0>(ctx, od, &maps, &p, op)
+           : bt ? ggf_wgrad_out<true, 0, 1>(ctx, od, &maps, &p, op) : ggf_wgrad_out<true, 0, 0>(ctx, od, &maps, &p, op);
   else
-    s = at ? ggf_wgrad_out<false, 1, 0>(ctx, od, &ma, &mb, &p, op)
-           : bt ? ggf_wgrad_out<false, 0, 1>(ctx, od, &ma, &mb, &p, op) : ggf_wgrad_out<false, 0, 0>(ctx, od, &ma, &mb, &p, op);
+    s = at ? ggf_wgrad_out<false, 1, 0>(ctx, od, &maps, &p, op)
+           : bt ? ggf_wgrad_out<false, 0, 1>(ctx, od, &maps, &p, op) : ggf_wgrad_out<false, 0, 0>(ctx, od, &maps, &p, op);
   // a buffer allocated inside a capture is freed inside it too (alloc and free nodes of the graph)
   if (pad_in_graph) {
     cudaError_t e = cudaFreeAsync(pad, gpu_of(ctx)->stream);

@@ -287,8 +287,16 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
   }
 
   /* ---- grouped forward ---- */
+  /* profiling (ncu): TWIN_BENCH_ONLY=G128_m128 runs only the grouped shapes whose key holds it */
+  const char *only = getenv("TWIN_BENCH_ONLY");
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
     const gshape sh = shapes[i];
+    {
+      char k0[96];
+      snprintf(k0, sizeof k0, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
+               (long long)sh.K);
+      if (only && !strstr(k0, only)) continue;
+    }
     int64_t M = sh.G * sh.m;
     double flop = 2.0 * M * sh.N * sh.K;
     void *a, *b, *o, *gs, *sa, *sb;
