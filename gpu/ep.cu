@@ -26,8 +26,8 @@
 //   f32 only where the oracle sums them, so every sum sees the oracle's values.
 //   cfg.scales_gemm_layout (fp8 1x128): the scale row still travels with its token row; only
 //   the kernels that write final rows (unpack, direct, LSA push / expand) store its f32s at
-//   [b][i] of recv_scales [H/128, roundup(R, 4)] (put_scale_row), and the warps of rows
-//   0 .. roundup(R, 4)-R-1 zero the tail columns: the grouped GEMM's operand, no transpose.
+//   [b][i] of recv_scales [H/128, roundup(R, 4)] (put_scale_row), and the warp of row 0 zeroes
+//   the tail columns R .. roundup(R, 4)-1: the grouped GEMM's operand, no transpose.
 //
 // Device-side checks (the ids live on the device): an id outside [0, E) or listed twice in a
 // token sets the error word (GPU_ERR_EXPERT_ID / GPU_ERR_EXPERT_TWICE, token, slot and id) and
@@ -198,10 +198,11 @@ __device__ static void zero_scale_row(unsigned char *rscl, size_t sb, int64_t sl
   }
   for (size_t b = threadIdx.x & 31; b < sb / 4; b += 32) ((uint32_t *)rscl)[(size_t)b * (size_t)sld + (size_t)i] = 0;
 }
-// The GEMM layout's tail columns R .. sld-1 (at most 3): zeroed by the warps of rows 0 .. sld-R-1
-// of a step that writes its outputs.
+// The GEMM layout's tail columns R .. sld-1 (at most 3): zeroed by the warp of row 0 of a step
+// that writes its outputs (R may be smaller than the tail: R = 1 has 3 tail columns).
 __device__ static void zero_scale_tail(unsigned char *rscl, size_t sb, int64_t sld, int64_t R, int64_t i) {
-  if (sb && sld && i < sld - R) zero_scale_row(rscl, sb, sld, R + i);
+  if (sb && sld && i == 0)
+    for (int64_t j = R; j < sld; j++) zero_scale_row(rscl, sb, sld, j);
 }
 
 __device__ static float load_f32(const void *p, int bf16, int64_t i) {
