@@ -359,7 +359,7 @@ Test(ep_gpu, goldens_ep_size_1_through_the_runner) {
 /* N seeded random cases with ep_size 1 on the 1-rank NCCL communicator, one EP version forced
  * (NULL: auto, which is ep_nccl_slots at ep_size 1). */
 static void random_1(const char *kernel, int N) {
-  int failed = 0, errors = 0, drops = 0, fp8 = 0;
+  int failed = 0, errors = 0, drops = 0, fp8 = 0, tails = 0, small = 0;
   tw_ctx *kctx = gctx;
   if (kernel) {
     tw_ctx_config cc = TW_CTX_CONFIG_INIT;
@@ -397,6 +397,8 @@ static void random_1(const char *kernel, int N) {
     if (!ok) failed++;
     for (int l = 0; f.st == TW_OK && l < c.E; l++) drops += f.dr[l] > 0;
     fp8 += tw_dtype_is_fp8(c.dt);
+    tails += c.gemm && rpad(&c) != c.R; /* recv_scales has tail columns R .. roundup(R, 4)-1 */
+    small += c.gemm && c.R < 3;         /* more tail columns than rows */
     outs_free(&g);
     outs_free(&f);
     scen_free(&c);
@@ -404,10 +406,12 @@ static void random_1(const char *kernel, int N) {
   if (kernel) tw_ctx_destroy(kctx);
   cr_log_info("EP random ep_size 1 (%s%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
               kernel ? kernel : "auto", gemm_scales ? ", scales_gemm_layout" : "", N, errors, drops, fp8, failed);
+  if (gemm_scales) cr_log_info("  scales_gemm_layout: %d cases with tail columns, %d with R < 3", tails, small);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
   if (N < 60) return; /* a short run (EP_MANY_N under a sanitizer) need not draw them */
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
+  if (gemm_scales) cr_assert_gt(tails, 0, "no case with R %% 4 != 0 was drawn");
 }
 
 Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) { random_1(NULL, 600); }
