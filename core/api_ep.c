@@ -54,6 +54,17 @@ static tw_status check_config(const char *op, const tw_ep_config *c, int ep_size
                     (long long)c->recv_capacity, (long long)A);
   if ((int)c->overflow != TW_EP_OVERFLOW_ERROR && (int)c->overflow != TW_EP_OVERFLOW_DROP)
     return tw_error(TW_ERR_INVALID_ARG, "%s: unknown overflow policy %d", op, (int)c->overflow);
+  if (c->scales_gemm_layout != 0 && c->scales_gemm_layout != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: scales_gemm_layout = %d must be 0 (rows) or 1 (the GEMM's layout)", op,
+                    c->scales_gemm_layout);
+  if (c->scales_gemm_layout && !tw_dtype_is_fp8(c->token_dtype))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: scales_gemm_layout = 1 is for fp8 tokens only (token_dtype %s)", op,
+                    tw_dtype_name(c->token_dtype));
+  if (c->scales_gemm_layout && c->scale_block == 32)
+    return tw_error(TW_ERR_UNSUPPORTED,
+                    "%s: scales_gemm_layout = 1 with MXFP8 (scale_block 32) is not implemented: its GEMM layout is "
+                    "swizzled per group; use 1x128 (scale_block 128) or the row layout (0)",
+                    op);
   return TW_OK;
 }
 
@@ -214,7 +225,18 @@ tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *token
     tw_dtype sd = c->scale_block == 32 ? TW_E8M0 : TW_F32;
     TW_TRY(want(op, "token_scales", token_scales, m, 2, T, ep->scale_cols));
     TW_TRY(want_dtype(op, "token_scales", token_scales, sd));
-    TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
+    if (c->scales_gemm_layout) { /* [H/128, roundup(R, 4)]: the grouped GEMM's rowwise 1x128 scales */
+      TW_TRY(tw_v_tensor(op, "recv_scales", recv_scales, m, 2));
+      int64_t Rp = tw_round_up(R, 4);
+      if (recv_scales->shape[0] != ep->scale_cols || recv_scales->shape[1] != Rp)
+        return tw_error(TW_ERR_SHAPE,
+                        "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [H/128, roundup(R = %lld, 4)] "
+                        "(scales_gemm_layout = 1)",
+                        op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1],
+                        (long long)ep->scale_cols, (long long)Rp, (long long)R);
+    } else {
+      TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
+    }
     TW_TRY(want_dtype(op, "recv_scales", recv_scales, sd));
   } else if (!tw_tensor_is_none(token_scales) || !tw_tensor_is_none(recv_scales)) {
     return tw_error(TW_ERR_INVALID_ARG, "%s: token_scales / recv_scales are for fp8 tokens only (tokens are %s)", op,

@@ -24,6 +24,10 @@
 //   Rows on the wire: dispatch carries token bytes, scale bytes and the f32 weight; the way
 //   back carries rows in the caller's dtype (f32 or bf16) plus one f32 per slot, widened to
 //   f32 only where the oracle sums them, so every sum sees the oracle's values.
+//   cfg.scales_gemm_layout (fp8 1x128): the scale row still travels with its token row; only
+//   the kernels that write final rows (unpack, direct, LSA push / expand) store its f32s at
+//   [b][i] of recv_scales [H/128, roundup(R, 4)] (put_scale_row), and the warp of row 0 zeroes
+//   the tail columns R .. roundup(R, 4)-1: the grouped GEMM's operand, no transpose.
 //
 // Device-side checks (the ids live on the device): an id outside [0, E) or listed twice in a
 // token sets the error word (GPU_ERR_EXPERT_ID / GPU_ERR_EXPERT_TWICE, token, slot and id) and
@@ -173,6 +177,32 @@ __device__ static void warp_zero(void *dst, size_t bytes) {
   } else {
     for (size_t i = lane; i < bytes; i += 32) ((unsigned char *)dst)[i] = 0;
   }
+}
+
+// Destination row i's scale row (sb bytes, from src) into recv_scales: row-major when sld == 0,
+// else the grouped GEMM's rowwise 1x128 layout (tw_ep.h scales_gemm_layout): f32 b of the row
+// at [b][i] of [sb / 4, sld], sld = roundup(R, 4). Scale rows are 4-byte aligned everywhere
+// (f32 token_scales; staging and slab rows after H fp8 bytes, H % 128 == 0).
+__device__ static void put_scale_row(unsigned char *rscl, size_t sb, int64_t sld, int64_t i, const unsigned char *src) {
+  if (!sld) {
+    warp_copy(rscl + (size_t)i * sb, src, sb);
+    return;
+  }
+  for (size_t b = threadIdx.x & 31; b < sb / 4; b += 32)
+    ((uint32_t *)rscl)[(size_t)b * (size_t)sld + (size_t)i] = ((const uint32_t *)src)[b];
+}
+__device__ static void zero_scale_row(unsigned char *rscl, size_t sb, int64_t sld, int64_t i) {
+  if (!sld) {
+    warp_zero(rscl + (size_t)i * sb, sb);
+    return;
+  }
+  for (size_t b = threadIdx.x & 31; b < sb / 4; b += 32) ((uint32_t *)rscl)[(size_t)b * (size_t)sld + (size_t)i] = 0;
+}
+// The GEMM layout's tail columns R .. sld-1 (at most 3): zeroed by the warp of row 0 of a step
+// that writes its outputs (R may be smaller than the tail: R = 1 has 3 tail columns).
+__device__ static void zero_scale_tail(unsigned char *rscl, size_t sb, int64_t sld, int64_t R, int64_t i) {
+  if (sb && sld && i == 0)
+    for (int64_t j = R; j < sld; j++) zero_scale_row(rscl, sb, sld, j);
 }
 
 __device__ static float load_f32(const void *p, int bf16, int64_t i) {
@@ -521,7 +551,7 @@ __device__ static int64_t source_row(int64_t i, const layer_impl &L, int n, int 
 // row written). Also records recv_src for combine and the backward.
 __global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_t rb, int64_t R, int n, int me,
                                    int nle, int64_t S, layer_impl L, unsigned char *__restrict__ rtok, size_t tb,
-                                   unsigned char *__restrict__ rscl, size_t sb, float *__restrict__ rw) {
+                                   unsigned char *__restrict__ rscl, size_t sb, int64_t sld, float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   const int failed = *L.flag;
   for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
@@ -529,16 +559,17 @@ __global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_
       if ((threadIdx.x & 31) == 0) L.recv_src[i] = -1;
       continue;
     }
+    zero_scale_tail(rscl, sb, sld, R, i);
     int64_t p = source_row(i, L, n, me, nle, S);
     if ((threadIdx.x & 31) == 0) L.recv_src[i] = p;
     if (p >= 0) {
       const unsigned char *row = recv + (size_t)p * rb;
       warp_copy_wide(rtok + (size_t)i * tb, row, tb);
-      if (sb) warp_copy(rscl + (size_t)i * sb, row + tb, sb);
+      if (sb) put_scale_row(rscl, sb, sld, i, row + tb);
       if ((threadIdx.x & 31) == 0) memcpy(rw + i, row + tb + sb, 4);
     } else {
       warp_zero(rtok + (size_t)i * tb, tb);
-      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if (sb) zero_scale_row(rscl, sb, sld, i);
       if ((threadIdx.x & 31) == 0) rw[i] = 0.0f;
     }
   }
@@ -549,7 +580,7 @@ __global__ void ep_unpack_dispatch(const unsigned char *__restrict__ recv, size_
 __global__ void ep_dispatch_direct(const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
                                    const float *__restrict__ w, int k, int64_t R, int nle, int64_t S, layer_impl L,
                                    unsigned char *__restrict__ rtok, size_t tb, unsigned char *__restrict__ rscl,
-                                   size_t sb, float *__restrict__ rw) {
+                                   size_t sb, int64_t sld, float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   const int failed = *L.flag;
   for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
@@ -557,17 +588,18 @@ __global__ void ep_dispatch_direct(const unsigned char *__restrict__ tokens, con
       if ((threadIdx.x & 31) == 0) L.recv_src[i] = -1;
       continue;
     }
+    zero_scale_tail(rscl, sb, sld, R, i);
     int64_t p = source_row(i, L, 1, 0, nle, S);
     if ((threadIdx.x & 31) == 0) L.recv_src[i] = p;
     if (p >= 0) {
       int64_t q = L.slot_route[p], t = q / k;
       if ((threadIdx.x & 31) == 0) L.slot_row[p] = i;
       warp_copy_wide(rtok + (size_t)i * tb, tokens + (size_t)t * tb, tb);
-      if (sb) warp_copy(rscl + (size_t)i * sb, scales + (size_t)t * sb, sb);
+      if (sb) put_scale_row(rscl, sb, sld, i, scales + (size_t)t * sb);
       if ((threadIdx.x & 31) == 0) rw[i] = w[q];
     } else {
       warp_zero(rtok + (size_t)i * tb, tb);
-      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if (sb) zero_scale_row(rscl, sb, sld, i);
       if ((threadIdx.x & 31) == 0) rw[i] = 0.0f;
     }
   }
@@ -846,8 +878,9 @@ __global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *count
 // stores; lsa_expand skips them). A failed step (capacity) has no kept routes: nothing is written.
 __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ tokens,
                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
-                                  int k, int64_t S, size_t tb, size_t sb, layer_impl L, unsigned char *__restrict__ rtok,
-                                  unsigned char *__restrict__ rscl, float *__restrict__ rw) {
+                                  int k, int64_t S, size_t tb, size_t sb, int64_t sld, layer_impl L,
+                                  unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
+                                  float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
     const int64_t t = it / d.n;
@@ -875,7 +908,7 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
           hits &= hits - 1;
           const int64_t dst = L.route_dst[t * k + j0 + b];
           warp_copy_wide(rtok + (size_t)dst * tb, tokens + (size_t)t * tb, tb);
-          if (sb) warp_copy(rscl + (size_t)dst * sb, scales + (size_t)t * sb, sb);
+          if (sb) put_scale_row(rscl, sb, sld, dst, scales + (size_t)t * sb);
         }
     }
     if (!any || r == d.me) continue;
@@ -891,8 +924,8 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
 // recv_route (combine's way back).
 __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
                            const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
-                           size_t tb, size_t sb, unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
-                           float *__restrict__ rw) {
+                           size_t tb, size_t sb, int64_t sld, unsigned char *__restrict__ rtok,
+                           unsigned char *__restrict__ rscl, float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
   const int failed = *L.flag;
   const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
@@ -902,6 +935,7 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
       if (lane == 0) L.recv_src[i] = L.recv_route[i] = -1;
       continue;
     }
+    zero_scale_tail(rscl, sb, sld, R, i);
     const int64_t p = source_row(i, L, d.n, d.me, nle, S);
     long long gid = -1;
     float wv = 0.0f;
@@ -922,11 +956,11 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
       const unsigned char *src = s == d.me ? tokens + (size_t)t * tb
                                            : d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
       warp_copy_wide(rtok + (size_t)i * tb, src, tb);
-      if (sb) warp_copy(rscl + (size_t)i * sb, s == d.me ? scales + (size_t)t * sb : src + tb, sb);
+      if (sb) put_scale_row(rscl, sb, sld, i, s == d.me ? scales + (size_t)t * sb : src + tb);
       if (lane == 0) rw[i] = wv;
     } else {
       warp_zero(rtok + (size_t)i * tb, tb);
-      if (sb) warp_zero(rscl + (size_t)i * sb, sb);
+      if (sb) zero_scale_row(rscl, sb, sld, i);
       if (lane == 0) rw[i] = 0.0f;
     }
   }
@@ -1526,6 +1560,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: layout launch");
   size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
+  const int64_t sld = sb && c->scales_gemm_layout ? (R + 3) / 4 * 4 : 0;  // recv_scales [H/128, sld] (tw_ep.h)
   if (nch > 1) {
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
@@ -1535,7 +1570,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
     if (T) {
       lsa_push_dispatch<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(
           d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
-          (const float *)topk_weights->data, T, k, im->S, tb, sb, *L, (unsigned char *)recv_tokens->data,
+          (const float *)topk_weights->data, T, k, im->S, tb, sb, sld, *L, (unsigned char *)recv_tokens->data,
           sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
     }
@@ -1544,7 +1579,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
     if (R) {
       lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
-          sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, (unsigned char *)recv_tokens->data,
+          sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, sld, (unsigned char *)recv_tokens->data,
           sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA expand launch");
     }
@@ -1555,7 +1590,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
       ep_dispatch_direct<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
           (const float *)topk_weights->data, k, R, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
-          sb ? (unsigned char *)recv_scales->data : NULL, sb, (float *)recv_weights->data);
+          sb ? (unsigned char *)recv_scales->data : NULL, sb, sld, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: direct launch");
     }
     return TW_OK;
@@ -1570,7 +1605,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   if (R) {
     ep_unpack_dispatch<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
         im->recv, im->rb, R, n, me, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
-        sb ? (unsigned char *)recv_scales->data : NULL, sb, (float *)recv_weights->data);
+        sb ? (unsigned char *)recv_scales->data : NULL, sb, sld, (float *)recv_weights->data);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: unpack launch");
   }
   return TW_OK;

@@ -254,15 +254,19 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
     memcpy(row + tb + sb, (const float *)topk_weights->data + q, 4);
   }
   TW_TRY(move(ctx, ep, L, 1));
-  /* every row is written: padding and the rows past the slabs are zero */
+  /* every row is written: padding and the rows past the slabs are zero. The GEMM layout
+   * (1x128 f32 only): scale b of row `slot` at [b][slot] of [scale_cols, Rp], tail columns 0 */
+  int64_t Rp = ep->cfg.scales_gemm_layout ? tw_round_up(R, 4) : 0;
   memset(recv_tokens->data, 0, (size_t)R * tb);
-  if (sb) memset(recv_scales->data, 0, (size_t)R * sb);
+  if (sb) memset(recv_scales->data, 0, Rp ? (size_t)(ep->scale_cols * Rp) * 4 : (size_t)R * sb);
   memset(recv_weights->data, 0, (size_t)R * 4);
   for (int64_t p = 0; p < L->recv_off[ep->ep_size]; p++) {
     int64_t slot = L->recv_slot[p];
     const unsigned char *row = im->recv + (size_t)p * im->rb;
     memcpy((unsigned char *)recv_tokens->data + (size_t)slot * tb, row, tb);
-    if (sb) memcpy((unsigned char *)recv_scales->data + (size_t)slot * sb, row + tb, sb);
+    if (sb && !Rp) memcpy((unsigned char *)recv_scales->data + (size_t)slot * sb, row + tb, sb);
+    for (int64_t b = 0; sb && Rp && b < ep->scale_cols; b++) /* the bytes of each f32 as they came */
+      memcpy((unsigned char *)recv_scales->data + (size_t)(b * Rp + slot) * 4, row + tb + (size_t)b * 4, 4);
     memcpy((float *)recv_weights->data + slot, row + tb + sb, 4);
   }
   for (int l = 0; l < nle; l++) {

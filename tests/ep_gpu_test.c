@@ -12,6 +12,8 @@
  *           replayed with new routing written into the same buffers, each replay vs the oracle.
  *   1 GPU, several ranks: ep_size 2 and 4 as threads on GPU 0 over the loopback communicator
  *           (160 random cases, error-policy overflow included) against the ref threads;
+ *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
+ *           random cases with ep_size 1 and 60 + 60 loopback cases of 2 / 4 ranks (auto, LSA);
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
  *           with "needs 2 GPUs, sees n" where fewer are visible. */
@@ -35,6 +37,7 @@
 /* ---- a random scenario for n ranks --------------------------------------------------------- */
 typedef struct {
   int n, E, k, A, scale_block;
+  int gemm; /* cfg.scales_gemm_layout (fp8 1x128 only): recv_scales [H/128, roundup(R, 4)] */
   int64_t H, maxT, R, T[MAXR];
   tw_dtype dt, ydt;
   tw_ep_overflow policy;
@@ -57,6 +60,9 @@ static int64_t scols(const scen *c) { return c->scale_block ? c->H / c->scale_bl
 static tw_dtype sdt(const scen *c) { return c->scale_block == 32 ? TW_E8M0 : TW_F32; }
 static size_t sclb(const scen *c) { return c->scale_block ? tw_dtype_storage_bytes(sdt(c), scols(c)) : 0; }
 static size_t yb(const scen *c) { return tw_dtype_storage_bytes(c->ydt, c->H); }
+static int64_t rpad(const scen *c) { return (c->R + 3) / 4 * 4; }
+/* bytes of recv_scales: [R, H/block], or [H/128, roundup(R, 4)] f32 in the GEMM layout */
+static size_t rsclb(const scen *c) { return c->gemm ? (size_t)(scols(c) * rpad(c)) * 4 : sclb(c) * (size_t)c->R; }
 
 static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
   for (int64_t i = 0; i < n; i++) {
@@ -72,6 +78,9 @@ static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
  * layout block takes several experts per thread (E 2048; with 4 ranks its tables no longer fit
  * the shared-memory staging); 0 keeps the default draws (maxT <= 96: one chunk) unchanged. */
 static int many_chunks;
+/* gemm_scales: every case fp8 with 1x128 scales and cfg.scales_gemm_layout = 1; 0 keeps the
+ * default draws unchanged. */
+static int gemm_scales;
 
 static void scen_make(scen *c, int n, uint64_t seed) {
   uint64_t st = seed;
@@ -83,9 +92,11 @@ static void scen_make(scen *c, int n, uint64_t seed) {
   c->k = 1 + (int)(tt_rand_u64(&st) % (uint64_t)(c->E < 8 ? c->E : 8));
   int d = (int)(tt_rand_u64(&st) % 6);
   c->dt = d == 0 ? TW_F32 : d <= 2 ? TW_BF16 : d <= 4 ? TW_E4M3 : TW_E5M2;
+  if (gemm_scales) c->dt = d & 1 ? TW_E4M3 : TW_E5M2;
+  c->gemm = gemm_scales;
   static const int64_t Hs[] = {1, 3, 8, 17, 64, 96, 128, 160, 256, 300};
   if (tw_dtype_is_fp8(c->dt)) {
-    c->scale_block = (tt_rand_u64(&st) & 1) ? 128 : 32;
+    c->scale_block = (tt_rand_u64(&st) & 1) || gemm_scales ? 128 : 32;
     c->H = c->scale_block * (1 + (int64_t)(tt_rand_u64(&st) % 3));
   } else {
     c->H = Hs[tt_rand_u64(&st) % 10];
@@ -147,7 +158,7 @@ static void outs_alloc(outs *o, const scen *c, int r) {
   int nle = c->E / c->n;
   int64_t T = c->T[r], R = c->R;
   o->recv = malloc(tokb(c) * (size_t)R + 1); memset(o->recv, 0xAB, tokb(c) * (size_t)R);
-  o->rscl = malloc(sclb(c) * (size_t)R + 1); memset(o->rscl, 0xAB, sclb(c) * (size_t)R);
+  o->rscl = malloc(rsclb(c) + 1); memset(o->rscl, 0xAB, rsclb(c));
   o->out = malloc(yb(c) * (size_t)T + 1);
   o->outu = malloc(yb(c) * (size_t)T + 1);
   o->dtok = malloc(yb(c) * (size_t)T + 1);
@@ -200,6 +211,7 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   tw_ep_config cfg = TW_EP_CONFIG_INIT;
   cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
   cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  cfg.scales_gemm_layout = c->gemm;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
   o->st = TW_ERR_INTERNAL;
@@ -214,7 +226,9 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   tw_tensor w = put(&m, c->w[r], TW_F32, 2, T, k, 1);
   tw_tensor scl = c->scale_block ? put(&m, c->scl[r], sdt(c), 2, T, scols(c), 1) : none;
   tw_tensor recv = put(&m, o->recv, c->dt, 2, R, H, 0), rw = put(&m, o->rw, TW_F32, 1, R, 0, 0);
-  tw_tensor rscl = c->scale_block ? put(&m, o->rscl, sdt(c), 2, R, scols(c), 0) : none;
+  tw_tensor rscl = !c->scale_block ? none
+                  : c->gemm       ? put(&m, o->rscl, sdt(c), 2, scols(c), rpad(c), 0)
+                                  : put(&m, o->rscl, sdt(c), 2, R, scols(c), 0);
   tw_tensor gs = put(&m, o->gs, TW_I32, 1, nle, 0, 0), dr = put(&m, o->dr, TW_I32, 1, nle, 0, 0);
   s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
   if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
@@ -264,7 +278,7 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
     return 0;
   }
   int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
-           cmp(g->rscl, f->rscl, sclb(c) * (size_t)R, "recv_scales", name, r) &&
+           cmp(g->rscl, f->rscl, rsclb(c), c->gemm ? "recv_scales (gemm layout)" : "recv_scales", name, r) &&
            cmp(g->rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
            cmp(g->gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
            cmp(g->dr, f->dr, (size_t)nle * 4, "dropped", name, r);
@@ -345,7 +359,7 @@ Test(ep_gpu, goldens_ep_size_1_through_the_runner) {
 /* N seeded random cases with ep_size 1 on the 1-rank NCCL communicator, one EP version forced
  * (NULL: auto, which is ep_nccl_slots at ep_size 1). */
 static void random_1(const char *kernel, int N) {
-  int failed = 0, errors = 0, drops = 0, fp8 = 0;
+  int failed = 0, errors = 0, drops = 0, fp8 = 0, tails = 0, small = 0;
   tw_ctx *kctx = gctx;
   if (kernel) {
     tw_ctx_config cc = TW_CTX_CONFIG_INIT;
@@ -383,17 +397,21 @@ static void random_1(const char *kernel, int N) {
     if (!ok) failed++;
     for (int l = 0; f.st == TW_OK && l < c.E; l++) drops += f.dr[l] > 0;
     fp8 += tw_dtype_is_fp8(c.dt);
+    tails += c.gemm && rpad(&c) != c.R; /* recv_scales has tail columns R .. roundup(R, 4)-1 */
+    small += c.gemm && c.R < 3;         /* more tail columns than rows */
     outs_free(&g);
     outs_free(&f);
     scen_free(&c);
   }
   if (kernel) tw_ctx_destroy(kctx);
-  cr_log_info("EP random ep_size 1 (%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
-              kernel ? kernel : "auto", N, errors, drops, fp8, failed);
+  cr_log_info("EP random ep_size 1 (%s%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
+              kernel ? kernel : "auto", gemm_scales ? ", scales_gemm_layout" : "", N, errors, drops, fp8, failed);
+  if (gemm_scales) cr_log_info("  scales_gemm_layout: %d cases with tail columns, %d with R < 3", tails, small);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
   if (N < 60) return; /* a short run (EP_MANY_N under a sanitizer) need not draw them */
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
+  if (gemm_scales) cr_assert_gt(tails, 0, "no case with R %% 4 != 0 was drawn");
 }
 
 Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) { random_1(NULL, 600); }
@@ -703,8 +721,8 @@ static void loop_24(const char *kernel, int N) {
     }
     scen_free(&c);
   }
-  cr_log_info("EP ep_size 2/4 on one GPU (loopback, %s): %d cases (%d capacity errors), %d rank results differ",
-              kernel ? kernel : "auto", N, errors, failed);
+  cr_log_info("EP ep_size 2/4 on one GPU (loopback, %s%s): %d cases (%d capacity errors), %d rank results differ",
+              kernel ? kernel : "auto", gemm_scales ? ", scales_gemm_layout" : "", N, errors, failed);
   cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
 }
 
@@ -717,6 +735,27 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop
 
 /* T * k over several counting chunks (up to 12 of 1024 routes), E up to 2048: ep_size 1 and 2 / 4
  * ranks on one GPU (loopback; auto and ep_nccl_lsa forced), bit for bit vs the oracle */
+/* cfg.scales_gemm_layout = 1: fp8 1x128 cases whose recv_scales arrive as [H/128, roundup(R, 4)]
+ * (tail columns and padding rows included) vs the oracle with the option, bit for bit: ep_size 1
+ * (auto: the direct path; ep_nccl_lsa forced) and 2 / 4 ranks on one GPU (loopback, both
+ * versions: pack/unpack, LSA push/expand) */
+Test(ep_gpu, random_cases_gemm_scales_layout_ep_size_1) {
+  gemm_scales = 1;
+  random_1(NULL, 120);
+  gemm_scales = 0;
+}
+Test(ep_gpu, random_cases_gemm_scales_layout_ep_size_1_lsa_forced) {
+  gemm_scales = 1;
+  random_1("ep_nccl_lsa", 60);
+  gemm_scales = 0;
+}
+Test(ep_gpu, random_cases_gemm_scales_layout_2_and_4_on_one_gpu_loopback) {
+  gemm_scales = 1;
+  loop_24(NULL, 60);
+  loop_24("ep_nccl_lsa", 60);
+  gemm_scales = 0;
+}
+
 Test(ep_gpu, random_cases_many_chunks) {
   int N = getenv("EP_MANY_N") ? atoi(getenv("EP_MANY_N")) : 60; /* fewer under a sanitizer */
   many_chunks = 1;

@@ -37,6 +37,15 @@
  *               Tokens are f32, bf16, e4m3 or e5m2 (cfg.token_dtype). fp8 tokens carry their
  *               row scales (token_scales [T, H / scale_block] f32 or e8m0; 1x128: block 128,
  *               MXFP8: block 32), which travel with the rows into recv_scales [R, H/block].
+ *               With cfg.scales_gemm_layout = 1 (1x128 only) the scales arrive instead in
+ *               the layout tw_grouped_gemm reads for a rowwise BLOCK_1x128 operand
+ *               (tw_quantize.h, "MN-major"): recv_scales [H/128, roundup(R, 4)] f32,
+ *               element [b][i] = the row-layout element [i][b]; padding rows, the rows past
+ *               the slabs and the tail columns R .. roundup(R, 4)-1 are 0. So the operand
+ *               {data = recv_tokens, mode TW_SCALE_BLOCK_1x128, scale_inv = recv_scales,
+ *               src_rows = R, src_cols = H} with group_sizes goes straight into the GEMM.
+ *               MXFP8 with the option is TW_ERR_UNSUPPORTED (its GEMM layout is swizzled
+ *               per group); a non-fp8 token_dtype with it is TW_ERR_INVALID_ARG.
  * combine:      out[t] = sum_{j = 0..k-1, route kept} w[t, j] * y[slot(t, j)], accumulated in
  *               f32 in that order and rounded once to out's dtype; w = topk_weights [T, k], or
  *               unweighted (weights = none, w = 1: TE's form, where the caller weights y).
@@ -75,9 +84,11 @@ typedef struct {
   int64_t recv_capacity;  /* R rows per rank; 0 = tw_ep_capacity_no_drop(): nothing can drop */
   int64_t alignment;      /* A: per-expert slab alignment, power of two; 0 or 1 = none */
   tw_ep_overflow overflow;
+  int scales_gemm_layout; /* fp8 1x128: 0 = recv_scales [R, H/128] (rows); 1 = [H/128, roundup(R, 4)]
+                             (the grouped GEMM's rowwise 1x128 layout; see dispatch above) */
 } tw_ep_config;
 
-#define TW_EP_CONFIG_INIT {sizeof(tw_ep_config), 0, 1, 0, 0, TW_BF16, 0, 0, 1, TW_EP_OVERFLOW_ERROR}
+#define TW_EP_CONFIG_INIT {sizeof(tw_ep_config), 0, 1, 0, 0, TW_BF16, 0, 0, 1, TW_EP_OVERFLOW_ERROR, 0}
 
 typedef struct tw_ep tw_ep;             /* one EP group on one rank */
 typedef struct tw_ep_layer tw_ep_layer; /* one layer's routing state */
@@ -99,7 +110,8 @@ int64_t tw_ep_recv_capacity(const tw_ep *ep);
 int tw_ep_local_experts(const tw_ep *ep);
 
 /* tokens [T, H], token_scales [T, H/block] (fp8) or none, topk_idx [T, k] i32,
- * topk_weights [T, k] f32 -> recv_tokens [R, H], recv_scales [R, H/block] or none,
+ * topk_weights [T, k] f32 -> recv_tokens [R, H], recv_scales [R, H/block] (scales_gemm_layout:
+ * [H/128, roundup(R, 4)]) or none,
  * recv_weights [R] f32, group_sizes [NLE] i32, dropped [NLE] i32 (required under DROP,
  * else optional; zeros when nothing was dropped). */
 tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
