@@ -341,19 +341,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
               tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
               tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
             }
-          } else {
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-              float2 fbv;  // volatile: one pair at a time (hoisting all 16 spilled registers);
-                           // fb is 8-byte aligned (the host takes TMA_V only with an even start)
-              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                           : "=f"(fbv.x), "=f"(fbv.y)
-                           : "r"(wgc_smem(fb + 8 * j + 2 * (lane % 4))));
-              tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fbv.x, tot[4 * j + 0]);
-              tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fbv.y, tot[4 * j + 1]);
-              tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fbv.x, tot[4 * j + 2]);
-              tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fbv.y, tot[4 * j + 3]);
-            }
+          } else {  // fb is 8-byte aligned (the host takes TMA_V only with an even start)
+            ggf_promote(d, tot, fa0, fa1, fb, lane);
           }
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);

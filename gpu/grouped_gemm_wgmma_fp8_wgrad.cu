@@ -695,17 +695,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (BL) {
           const float *f = scales + s * GGF_SCALE_FLOATS;
           const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            float2 fb;
-            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
-                         : "=f"(fb.x), "=f"(fb.y)
-                         : "r"(wgc_smem(f + GGF_BM + 8 * j + 2 * (lane % 4))));
-            tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * fb.x, tot[4 * j + 0]);
-            tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * fb.y, tot[4 * j + 1]);
-            tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * fb.x, tot[4 * j + 2]);
-            tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * fb.y, tot[4 * j + 3]);
-          }
+          ggf_promote(d, tot, fa0, fa1, f + GGF_BM, lane);
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);
         } else {
