@@ -72,8 +72,11 @@
 #define GGW_A_BYTES (GGW_BM * GGW_BK * 2)  // 16 KiB
 #define GGW_B_BYTES (GGW_BN * GGW_BK * 2)  // 32 KiB
 #define GGW_STAGE_BYTES (GGW_A_BYTES + GGW_B_BYTES)
-// ring + 1 KiB for aligning the base to the 1024-byte swizzle atom + barriers
-#define GGW_SMEM (GGW_STAGES * GGW_STAGE_BYTES + 1024 + 2 * GGW_STAGES * 8)
+// Epilogue staging for TMA stores (forward and wgrad): per consumer warpgroup two 8 KiB buffers
+// (64 rows x 128 bytes: 64 bf16/f16 or 32 f32 columns, 128-byte swizzle), after the ring.
+#define GGW_EPI_BYTES (2 * 2 * 8192)
+// ring + staging + 1 KiB for aligning the base to the 1024-byte swizzle atom + barriers
+#define GGW_SMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 2 * GGW_STAGES * 8)
 
 struct ggw_params {
   const int64_t *offsets;     // device [G+1] row offsets (gpu_group_prefix)
@@ -81,6 +84,8 @@ struct ggw_params {
   void *out;
   int64_t N, K, G, tilesQ;
   int accumulate;
+  int tma_out;  // 1: a warpgroup whose 64 rows all lie in the group leaves through shared memory
+                // and TMA stores (not accumulating, out 16-byte aligned, 16-byte row stride)
 };
 
 #ifdef GGW_DEVICE
@@ -159,6 +164,25 @@ __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, 
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
 }
+// TMA store of one 2-D / 3-D box from shared memory (bulk-group completion), and its waits.
+__device__ __forceinline__ void ggw_tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
+               "r"(wgc_smem(src)), "r"(c0), "r"(c1)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void ggw_tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
+      "r"(wgc_smem(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void ggw_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void ggw_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Linear tile id -> group (last g with tile_start[g] <= t), row tile start p0, column start q0.
 // CL = 2: a tile id names 256 rows (both CTAs of the cluster), this CTA takes rows rank*128..
 template <int CL>
@@ -185,12 +209,13 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint3
 template <bool F16, int TB, int OUT, int CL>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-               const ggw_params p) {
+               const __grid_constant__ CUtensorMap map_o, const ggw_params p) {
 #ifdef GGW_DEVICE
   extern __shared__ __align__(1024) unsigned char ggw_raw[];
   // the swizzle pattern is a function of address bits 7-9: stages start on 1024-byte bounds
   unsigned char *base = ggw_raw + ((1024 - (wgc_smem(ggw_raw) & 1023)) & 1023);
-  uint64_t *full = (uint64_t *)(base + GGW_STAGES * GGW_STAGE_BYTES);
+  unsigned char *epi = base + GGW_STAGES * GGW_STAGE_BYTES;  // [warpgroup][2 staging buffers of 8 KiB]
+  uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + GGW_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const uint32_t rank = CL > 1 ? ggw_cta_rank() : 0;
@@ -256,6 +281,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     float d[128];
     int s = 0;
     uint32_t phase = 0;
+    const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    unsigned char *ebuf = epi + c * 16384;  // this warpgroup's two staging buffers
+    int eb = 0;                             // next staging buffer
     for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
       int64_t g, p0, q0;
       ggw_locate<CL>(p, t, rank, g, p0, q0);
@@ -300,10 +328,48 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
             for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
         }
       }
-      // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      if (p.tma_out && p0 + 64 * c + 64 <= mg) {
+        // ---- epilogue through shared memory (all 64 rows of this warpgroup in the group):
+        // chunks of 64 rows x 128 bytes (CW columns), each converted into a staging buffer
+        // (128-byte swizzle: 16-byte chunk q of row r at q ^ (r % 8), conflict-free), then one TMA
+        // store of the box into out [M, N] (columns past N clipped by the map; column starts
+        // q0 + CW*ch are 128-byte aligned, so the 16-byte innermost-start rule holds). Two
+        // buffers alternate; a buffer is refilled once the store issued from it two chunks ago
+        // has read it; the last stores drain while the next tile's k-tiles run. Same
+        // conversion (RNE of the f32 accumulator) as the register stores: same bits.
+        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = GGW_BN / CW;
+        const int row = (int)(og + p0 + 64 * c);
+#pragma unroll
+        for (int ch = 0; ch < NCH; ++ch) {
+          if (q0 + ch * CW >= p.N) break;  // uniform
+          unsigned char *buf = ebuf + eb * 8192;
+          if (tid == 0) ggw_store_wait_read<1>();
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int rl = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+            for (int jj = 0; jj < JPC; ++jj) {
+              const int j = ch * JPC + jj;
+              const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+              const int b = (8 * jj + 2 * (lane % 4)) * ES;
+              unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
+              if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
+              else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+              else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+            }
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+          if (tid == 0) ggw_tma_store_2d(&map_o, buf, (int)(q0 + ch * CW), row);
+          eb ^= 1;
+        }
+        continue;
+      }
+      // ---- epilogue from registers (group edges, accumulate, or out TMA cannot map): rows
+      // p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
       const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = q0 + 2 * (lane % 4);
-      const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = r0 + 8 * h;
@@ -322,6 +388,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         }
       }
     }
+    if (p.tma_out && tid == 0) ggw_store_wait_all();  // the staging buffers stay alive until read
   }
   // no CTA leaves while its peer may still arrive on its barriers
   if (CL > 1) {
@@ -379,10 +446,10 @@ int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw
 
 // Persistent grid: as many CTAs (clusters of CL) as are resident at once, asked once per device.
 template <bool F16, int TB, int OUT, int CL>
-static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const ggw_params *p,
-                              const char *op) {
+static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
+                              const ggw_params *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const ggw_params) = ggw_kernel<F16, TB, OUT, CL>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_params) = ggw_kernel<F16, TB, OUT, CL>;
   static int grid_of[64];
   int dev = st->device < 64 ? st->device : 0;
   cudaLaunchConfig_t cfg;
@@ -403,7 +470,7 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
     grid_of[dev] = st->num_sms;
   }
   if (CL == 1) {  // a plain launch, as in run g1 (suspect of the G32 drop in g2/g3: cluster launch of 1)
-    fn<<<(unsigned)grid_of[dev], GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *p);
+    fn<<<(unsigned)grid_of[dev], GGW_THREADS, GGW_SMEM, st->stream>>>(*ma, *mb, *mo, *p);
     GPU_TRY_CUDA(cudaGetLastError(), op);
     return TW_OK;
   }
@@ -421,7 +488,7 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
               clusters_of[dev], st->num_sms);
   }
   cfg.gridDim = dim3((unsigned)clusters_of[dev]);
-  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *p), op);
+  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *mo, *p), op);
   return TW_OK;
 }
 
@@ -474,13 +541,32 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   p.G = G;
   p.tilesQ = (N + GGW_BN - 1) / GGW_BN;
   p.accumulate = accumulate;
+  // out [M, N] as a 2-D map, boxes of 64 rows x 128 bytes, for the interior warpgroups' TMA
+  // stores: not accumulating, base 16-byte aligned, row stride a multiple of 16 bytes.
+  // Measurement knob TWIN_GG_WGMMA_EPI=regs (read on every call): every tile from registers.
+  CUtensorMap mo;
+  memset(&mo, 0, sizeof mo);
+  const char *ev = getenv("TWIN_GG_WGMMA_EPI");
+  const int oes = out->dtype == TW_F32 ? 4 : 2;
+  p.tma_out = !accumulate && ((uintptr_t)out->data & 15) == 0 && (N * oes) % 16 == 0 && !(ev && !strcmp(ev, "regs"));
+  if (p.tma_out) {
+    const CUtensorMapDataType ot = out->dtype == TW_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                           : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * oes};
+    cuuint32_t box[2] = {(cuuint32_t)(128 / oes), 64}, es2[2] = {1, 1};
+    CUresult r = enc(&mo, ot, 2, out->data, dims, strides, box, es2, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
+  }
   int64_t *ts;
   TW_TRY(gpu_scratch(ctx, (size_t)(G + 1) * sizeof(int64_t), (void **)&ts));
   ggw_tile_prefix<<<1, GGW_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, (int64_t)GGW_BM * cl, p.tilesQ, ts);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   p.tile_start = ts;
 #define GGW_CL(F, T, O) \
-  return cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &p, op) : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &p, op);
+  return cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
+                 : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_OUT(F, T)                   \
   switch (out->dtype) {                 \
     case TW_F32: GGW_CL(F, T, TW_F32)   \
@@ -534,9 +620,6 @@ struct ggw_wparams {
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
 };
-// Epilogue staging for TMA stores: per consumer warpgroup two 8 KiB buffers (64 rows x 128
-// bytes: 64 bf16/f16 or 32 f32 columns, 128-byte swizzle), after the ring.
-#define GGW_EPI_BYTES (2 * 2 * 8192)
 #define GGW_ZERO_PROD_DEFAULT 0
 #define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
 
@@ -550,21 +633,6 @@ __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int
 }
 #endif
 
-#ifdef GGW_DEVICE
-// TMA store of one 3-D box from shared memory (bulk-group completion), and its waits.
-__device__ __forceinline__ void ggw_tma_store_3d(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
-      "r"(wgc_smem(src)), "r"(c0), "r"(c1), "r"(c2)
-      : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void ggw_store_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ggw_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-#endif
 
 template <bool F16, int OUT>
 __global__ void __launch_bounds__(GGW_THREADS, 1)

@@ -668,6 +668,46 @@ Test(grouped_gemm_gpu, large_gg_wgmma_version, .timeout = 900) {
   for (int s = 0; s < 8; ++s) fwd_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
   tma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_large");
 }
+/* gg_wgmma's TMA-store epilogue (warpgroups whose 64 rows lie in one group) against its register
+ * epilogue (TWIN_GG_WGMMA_EPI=regs, read on every call): the same bits in every output dtype,
+ * both rhs layouts, pairs (M / G >= 256) and single CTAs, group edges and N tails. */
+Test(grouped_gemm_gpu, epilogue_bits_gg_wgmma_version, .timeout = 300) {
+  ctx_for("gg_wgmma");
+  int64_t interior = 0;
+  for (int s = 0; s < 36; ++s) {
+    rng_s = (uint64_t)(14000 + s) * 7919 + 17;
+    const tw_dtype in = (s & 1) ? TW_F16 : TW_BF16, od = out_types[(s / 2) % 3];
+    const tw_op rhs_op = (tw_op)((s / 6) & 1);
+    const int64_t G = irange(1, 10), N = 8 * irange(1, 90), K = 8 * irange(1, 48);
+    const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 640 * G);
+    int64_t gsh[1] = {G}, ls[2] = {M, K}, rs[3] = {G, rhs_op == TW_OP_N ? K : N, rhs_op == TW_OP_N ? N : K};
+    int64_t os[2] = {M, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), lhs = host_new(in, 2, ls), rhs = host_new(in, 3, rs);
+    tw_tensor o_tma = host_new(od, 2, os), o_reg = host_new(od, 2, os);
+    random_groups(G, M, (int32_t *)gs.data);
+    for (int64_t g = 0; g < G; ++g) interior += ((int32_t *)gs.data)[g] / 64;
+    fill_random(&lhs, M, K);
+    fill_random(&rhs, G * rs[1], rs[2]);
+    tw_tensor gs_d = dev_copy(&gs), lhs_d = dev_copy(&lhs), rhs_d = dev_copy(&rhs);
+    tw_tensor od_tma = dev_copy(&o_tma), od_reg = dev_copy(&o_reg); /* both poisoned alike */
+    tw_operand a = tw_operand_plain(&lhs_d), b = tw_operand_plain(&rhs_d);
+    cr_assert_eq(tw_grouped_gemm(gpu_ctx, &a, &b, rhs_op, &gs_d, &od_tma, 0), TW_OK, "case %d: %s", s, tw_last_error());
+    setenv("TWIN_GG_WGMMA_EPI", "regs", 1);
+    cr_assert_eq(tw_grouped_gemm(gpu_ctx, &a, &b, rhs_op, &gs_d, &od_reg, 0), TW_OK, "case %d: %s", s, tw_last_error());
+    unsetenv("TWIN_GG_WGMMA_EPI");
+    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
+    to_host(&o_tma, &od_tma);
+    to_host(&o_reg, &od_reg);
+    cr_assert(memcmp(o_tma.data, o_reg.data, tw_tensor_bytes(&o_tma)) == 0,
+              "case %d (%s -> %s, G=%lld M=%lld N=%lld K=%lld, rhs_op %c): TMA and register epilogues differ", s,
+              tw_dtype_name(in), tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K,
+              rhs_op ? 'T' : 'N');
+    dev_free(&gs_d); dev_free(&lhs_d); dev_free(&rhs_d); dev_free(&od_tma); dev_free(&od_reg);
+    host_free(&gs); host_free(&lhs); host_free(&rhs); host_free(&o_tma); host_free(&o_reg);
+  }
+  cr_assert(interior > 0, "no case had a 64-row block inside a group");
+  ctx_done();
+}
 /* gg_wgmma_fp8 (Hopper fp8 wgmma, forward): per-tensor (current, delayed), 1x128 and 128x128
  * scales (fp8_mode_count = 4), e4m3/e5m2 pairs, K a multiple of 16 (K % 128 != 0 most of the
  * time), rhs [G, N, K]; random (G 1..256, zero and skewed groups, tail rows), aligned, large. */
