@@ -34,7 +34,13 @@
 //     stored: the epilogue writes row i only if p0 + i < m_g, column j only if j < N. The K
 //     tail (K % 64) and N tail come back as zeros from TMA's out-of-bounds fill, and rhs
 //     group g never reads group g+1 (the group index is its own map dimension).
-//   - Epilogue straight from the accumulators (pairs of columns per store when aligned).
+//   - Epilogue: a consumer warpgroup whose 64 rows all lie in the group (not accumulating, out
+//     16-byte aligned with 16-byte rows) converts them chunk by chunk (64 rows x 128 bytes) into
+//     two alternating 8 KiB staging buffers and one thread TMA-stores each chunk into out [M, N];
+//     the last stores drain while the next tile runs (+15% on K = 2048, +5-7% elsewhere: run b1
+//     in gpu/NOTES-gemm.md). Group edges and accumulate store straight from the accumulators
+//     (pairs of columns per store when aligned). Same rounding both ways; TWIN_GG_WGMMA_EPI=regs
+//     (read on every call) forces the register stores.
 // Operands it declines (TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide):
 // anything but plain bf16 x bf16 / f16 x f16, K or (op N) N not a multiple of 8, K = 0,
 // pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates;
