@@ -53,12 +53,16 @@ struct ggf_wparams {
   int nst;     // stages of the ring
   int64_t Mp;  // tma: columns of the token-padded copies (128 x a bound on the tiles T(G))
   int scale_tma;  // tma loader, 1x128 x 1x128: the k-block's scales come by TMA with the data
+  int tma_out;    // tma loader, no accumulate: tiles leave by TMA store (maps.out)
+  int epi_bytes;  // the epilogue's staging (ggf_wepi_bytes)
 };
 // The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
 // the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
 // the row starts are multiples of 128 floats, so every box starts 16-byte aligned).
+// tma_out: out as a 3-D map {N, K, G} (16-bit), box 64 x 64 x 1 with the 128-byte swizzle; the
+// store clips rows past K and columns past N, so edge tiles need no masks.
 struct ggf_wmaps {
-  CUtensorMap a, b, sa, sb;
+  CUtensorMap a, b, sa, sb, out;
 };
 // Two producers (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows|staged picks one; gpu/NOTES-gemm.md):
 //   rows:   each producer thread loads its A row and B row into registers (9 aligned words
@@ -73,6 +77,12 @@ struct ggf_wmaps {
 //           one 128 x 128 box at column 128*(T(g) + kb) of a plain 2-D map: the forward's TMA
 //           producer (one thread) and scale warps. The shifting is done once per operand byte
 //           instead of once per output column tile (N/128 or K/128 times).
+// Epilogue (tma loader): without accumulate, where out's rows are 16-byte multiples, each
+// consumer warpgroup writes its 64 x 128 result into shared memory as 128-byte-row boxes and
+// one thread TMA-stores them (clipped at K and N), draining while the next tile runs: with one
+// k-block per tile (small groups) the stores were half of each tile's serial chain (run fw7:
+// G128 1.62 -> 0.73 ms). Otherwise (accumulate, odd rows, knob TWIN_GG_WGMMA_FP8_WGRAD_EPI=staged)
+// the staged epilogue below: f32 staging, 16-byte row stores by the consumers. Same bits.
 enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 #define GGF_WLOAD_DEFAULT GGF_WLOAD_TMA  // rows: run fw1 (H100) 173-205 TFLOP/s, staged 137-149
 #define GGF_WRAW 3
@@ -87,9 +97,17 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 #define GGF_EPI_PITCH 72
 #define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
 #define GGF_WTMA_STAGES 5
-static size_t ggf_wsmem(int loader, int nst) {
+// tma_out staging: per consumer warpgroup its 64 x 128 tile as boxes of 128-byte rows (16-bit:
+// two 64 x 64, f32: four 32 x 64); f32 needs 64 KiB, so the ring drops to 4 stages there.
+#define GGF_WEPI_TMA_BYTES(f32) ((f32) ? 2 * 32768 : 2 * 16384)
+static int ggf_wepi_bytes(int loader, int tma_out, int f32) {
+  if (loader != GGF_WLOAD_TMA) return 0;
+  const int t = tma_out ? GGF_WEPI_TMA_BYTES(f32) : 0;
+  return t > GGF_EPI_BYTES ? t : GGF_EPI_BYTES;
+}
+static size_t ggf_wsmem(int loader, int nst, int epi_bytes) {
   return (size_t)nst * GGF_STAGE_BYTES + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
-         (loader == GGF_WLOAD_TMA ? GGF_EPI_BYTES : 0) + (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
+         (size_t)epi_bytes + (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
 }
 
 #ifdef WGC_DEVICE
@@ -488,6 +506,56 @@ __device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const 
     }
   }
 }
+// tma_out epilogue: consumer warpgroup c writes its 64 x 128 result in boxes of 128-byte rows
+// (16-bit pairs: two 64 x 64 boxes; f32 pairs: four 32 x 64 boxes; 128-byte swizzle: 16-byte
+// chunk q of row r at chunk q ^ (r % 8)) and one thread stores them by TMA into out[g] at
+// (q0, p0 + 64c). The store drains while the
+// next tile runs; only the next write of the same staging waits for it (bulk wait_group.read).
+// Same per-element formula as the staged epilogue (f32 value, one rounding, no accumulate).
+__device__ __forceinline__ void ggf_wtma_store(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"((uint64_t)map),
+               "r"(wgc_smem(src)), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+template <bool BL, int OUT>
+__device__ __forceinline__ void ggf_epilogue_tma(const ggf_wparams &p, const CUtensorMap *map, const ggf_wtile &w,
+                                                 const float *tot, float tf, unsigned char *ep, int c, int warp,
+                                                 int lane, int tid) {
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the last store read ep
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
+      const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
+      if (OUT == TW_F32) {  // columns 8j + 2(lane%4): box j/4, 16-byte chunk 2(j%4) + (lane%4)/2
+        const int q = 2 * (j % 4) + (lane % 4) / 2;
+        *(float2 *)(ep + (j / 4) * 8192 + r * 128 + ((q ^ (r & 7)) << 4) + 8 * (lane % 2)) = make_float2(v0, v1);
+        continue;
+      }
+      uint32_t two;
+      if (OUT == TW_BF16) {
+        __nv_bfloat162 b2 = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+        two = *(uint32_t *)&b2;
+      } else {
+        __half2 h2 = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+        two = *(uint32_t *)&h2;
+      }
+      *(uint32_t *)(ep + (j / 8) * 8192 + r * 128 + (((j % 8) ^ (r & 7)) << 4) + 4 * (lane % 4)) = two;
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // generic writes before the async proxy reads
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+  if (tid == 0) {
+    constexpr int BC = OUT == TW_F32 ? 32 : 64;  // columns per box
+#pragma unroll
+    for (int b = 0; b < 128 / BC; ++b)
+      if (w.q0 + BC * b < p.N) ggf_wtma_store(map, ep + 8192 * b, (int)w.q0 + BC * b, (int)w.p0 + 64 * c, (int)w.g);
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  }
+}
 #endif  // WGC_DEVICE
 
 template <bool BL, int AT, int BT, int OUT>
@@ -500,7 +568,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   const int nst = p.nst;
   unsigned char *rawbuf = base + nst * GGF_STAGE_BYTES;  // staged loader: GGF_WRAW raw buffers
   float *epi = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // tma: GGF_EPI_BYTES
-  float *scales = (float *)((unsigned char *)epi + (p.loader == GGF_WLOAD_TMA ? GGF_EPI_BYTES : 0));  // [stage][256]
+  float *scales = (float *)((unsigned char *)epi + p.epi_bytes);  // [stage][256]
   uint64_t *full = (uint64_t *)(scales + nst * GGF_SCALE_FLOATS);
   uint64_t *empty = full + nst;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -711,6 +779,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
       // ---- epilogue: out[g] rows r0 (+8), columns cbase + 8j (+1)
       const float tf = BL ? 1.f : p.sa[w.g] * p.sb[w.g];
+      if (p.tma_out) {
+        ggf_epilogue_tma<BL, OUT>(p, &maps.out, w, tot, tf, (unsigned char *)epi + c * (p.epi_bytes / 2), c, warp,
+                                  lane, tid);
+        continue;
+      }
       if (p.loader == GGF_WLOAD_TMA) {
         ggf_epilogue_staged<BL, OUT>(p, w, tot, tf, epi + c * 64 * GGF_EPI_PITCH, c, warp, lane, tid);
         continue;
@@ -734,6 +807,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
+    // the staging must stay valid until the last store has read it
+    if (p.tma_out && tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
 #endif
 }
@@ -790,7 +865,7 @@ static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_w
   void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
-  const size_t smem = ggf_wsmem(p->loader, p->nst);
+  const size_t smem = ggf_wsmem(p->loader, p->nst, p->epi_bytes);
   if (set_for[dev] < (int)smem) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFuncSetAttribute");
@@ -896,8 +971,26 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS) p.scale_tma = 0;  // the staging warps take them
       }
+      // no accumulate: tiles leave by TMA store (knob TWIN_GG_WGMMA_FP8_WGRAD_EPI=staged: 16-byte
+      // row stores from a f32 staging, as before) where the map is legal: rows of N elements a
+      // 16-byte multiple, 16-byte aligned base. The stores clip at K and N.
+      const char *ev = getenv("TWIN_GG_WGMMA_FP8_WGRAD_EPI");
+      const int esz = out->dtype == TW_F32 ? 4 : 2;
+      if (!accumulate && (N * esz) % 16 == 0 && ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "staged"))) {
+        cuuint64_t dims[3] = {(cuuint64_t)N, (cuuint64_t)K, (cuuint64_t)G};
+        cuuint64_t strides[2] = {(cuuint64_t)(N * esz), (cuuint64_t)(K * N * esz)};
+        cuuint32_t box[3] = {(cuuint32_t)(128 / esz), 64, 1}, es[3] = {1, 1, 1};
+        const CUtensorMapDataType dt = out->dtype == TW_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                       : out->dtype == TW_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+        CUresult r = enc(&maps.out, dt, 3, out->data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        p.tma_out = r == CUDA_SUCCESS;  // refused: the staged epilogue
+        if (p.tma_out && esz == 4) p.nst = GGF_WTMA_STAGES - 1;  // room for the 64 KiB f32 staging
+      }
     }
   }
+  p.epi_bytes = ggf_wepi_bytes(p.loader, p.tma_out, out->dtype == TW_F32);
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;
   if (p.mode != GGF_TENSOR)

@@ -904,6 +904,48 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_fp8_version, .timeout = 600) {
         }
   fixed_gs = NULL; fp8_mode_count = 5; fp8w_colwise = 0; fp8w_forced = 0; fp8w_no_delayed = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_tails");
 }
+/* gg_wgmma_fp8's wgrad: tiles leaving by TMA store (the default without accumulate, rows of N a
+ * 16-byte multiple) against the staged epilogue (TWIN_GG_WGMMA_FP8_WGRAD_EPI=staged, read on
+ * every call): the same bits, every output dtype, per-tensor / 1x128 / 128x128, group edges,
+ * empty and one-token groups, K and N tails (the store clips at K and N). */
+Test(grouped_gemm_wgrad_gpu, epilogue_bits_gg_wgmma_fp8_version, .timeout = 300) {
+  ctx_for("gg_wgmma_fp8");
+  static const tw_scaling modes[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
+  for (int s = 0; s < 27; ++s) {
+    rng_s = (uint64_t)(26000 + s) * 7919 + 5;
+    const tw_scaling mode = modes[s % 3];
+    const tw_dtype od = out_types[(s / 3) % 3];
+    const int64_t G = irange(1, 12), M = irange(0, 700), K = irange(1, 300);
+    const int64_t N = (od == TW_F32 ? 4 : 8) * irange(1, 50);
+    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    random_groups(G, M, (int32_t *)gs.data);
+    if (G > 2) ((int32_t *)gs.data)[1] += ((int32_t *)gs.data)[0], ((int32_t *)gs.data)[0] = 0; /* an empty group */
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop ql, qr;
+    qop_make(&ql, mode, TW_E4M3, &x, &gs, 1);
+    qop_make(&qr, mode, (s & 1) ? TW_E5M2 : TW_E4M3, &y, &gs, 1);
+    tw_tensor o_tma = host_new(od, 3, os), o_stg = host_new(od, 3, os);
+    tw_tensor gs_d = dev_copy(&gs), od_tma = dev_copy(&o_tma), od_stg = dev_copy(&o_stg); /* poisoned alike */
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od_tma, 0), TW_OK,
+                 "case %d: %s", s, tw_last_error());
+    setenv("TWIN_GG_WGMMA_FP8_WGRAD_EPI", "staged", 1);
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od_stg, 0), TW_OK,
+                 "case %d: %s", s, tw_last_error());
+    unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_EPI");
+    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
+    to_host(&o_tma, &od_tma);
+    to_host(&o_stg, &od_stg);
+    cr_assert(memcmp(o_tma.data, o_stg.data, tw_tensor_bytes(&o_tma)) == 0,
+              "case %d (%s -> %s, G=%lld M=%lld N=%lld K=%lld): TMA-store and staged epilogues differ", s,
+              tw_scaling_name(mode), tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K);
+    qop_free(&ql); qop_free(&qr);
+    dev_free(&gs_d); dev_free(&od_tma); dev_free(&od_stg);
+    host_free(&gs); host_free(&x); host_free(&y); host_free(&o_tma); host_free(&o_stg);
+  }
+  ctx_done();
+}
 /* auto picks it for the fp8 wgrad from colwise copies on sm_90 (the MoE block's fp8 wgrads) */
 Test(grouped_gemm_wgrad_gpu, random_fp8_auto_colwise, .timeout = 900) {
   ctx_for(NULL); fp8w_colwise = 1; fp8_mode_count = 4;
