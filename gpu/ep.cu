@@ -28,6 +28,8 @@
 //   the kernels that write final rows (unpack, direct, LSA push / expand) store its f32s at
 //   [b][i] of recv_scales [H/128, roundup(R, 4)] (put_scale_row), and the warp of row 0 zeroes
 //   the tail columns R .. roundup(R, 4)-1: the grouped GEMM's operand, no transpose.
+//   With MXFP8 (scale_block 32) the same kernels write the scale rows into mx_rows [R, H/32];
+//   ep_mx_prefix / ep_mx_scales then lay them out per slab (T(l) from group_sizes on the device).
 //
 // Device-side checks (the ids live on the device): an id outside [0, E) or listed twice in a
 // token sets the error word (GPU_ERR_EXPERT_ID / GPU_ERR_EXPERT_TWICE, token, slot and id) and
