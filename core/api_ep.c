@@ -60,11 +60,47 @@ static tw_status check_config(const char *op, const tw_ep_config *c, int ep_size
   if (c->scales_gemm_layout && !tw_dtype_is_fp8(c->token_dtype))
     return tw_error(TW_ERR_INVALID_ARG, "%s: scales_gemm_layout = 1 is for fp8 tokens only (token_dtype %s)", op,
                     tw_dtype_name(c->token_dtype));
-  if (c->scales_gemm_layout && c->scale_block == 32)
-    return tw_error(TW_ERR_UNSUPPORTED,
-                    "%s: scales_gemm_layout = 1 with MXFP8 (scale_block 32) is not implemented: its GEMM layout is "
-                    "swizzled per group; use 1x128 (scale_block 128) or the row layout (0)",
-                    op);
+  if (c->scales_mxfp8_swizzled != 0 && c->scales_mxfp8_swizzled != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: scales_mxfp8_swizzled = %d must be 0 (compact) or 1 (swizzled)", op,
+                    c->scales_mxfp8_swizzled);
+  if (c->scales_mxfp8_swizzled && !(c->scales_gemm_layout && c->scale_block == 32))
+    return tw_error(TW_ERR_INVALID_ARG,
+                    "%s: scales_mxfp8_swizzled = 1 needs MXFP8 tokens (scale_block 32, got %d) with "
+                    "scales_gemm_layout = 1 (got %d)",
+                    op, c->scale_block, c->scales_gemm_layout);
+  return TW_OK;
+}
+
+/* recv_scales of an fp8 config (R resolved): [R, H/block] rows; 1x128 GEMM layout
+ * [H/128, roundup(R, 4)]; MXFP8 GEMM layout [128 * T_cap, roundup(H/32, 4)] with
+ * T_cap = floor((R + 127 * min(NLE, R)) / 128) (tw_quantize_output_shapes' T_cap for M = R,
+ * G = NLE). */
+static void scales_shape(const tw_ep_config *c, int64_t R, int64_t nle, int64_t sh[2]) {
+  int64_t cols = c->hidden / c->scale_block;
+  if (!c->scales_gemm_layout) {
+    sh[0] = R;
+    sh[1] = cols;
+  } else if (c->scale_block == 128) {
+    sh[0] = cols;
+    sh[1] = tw_round_up(R, 4);
+  } else {
+    int64_t g = nle < R ? nle : R;
+    sh[0] = 128 * ((R + 127 * g) / 128);
+    sh[1] = tw_round_up(cols, 4);
+  }
+}
+
+tw_status tw_ep_recv_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype) {
+  const char *op = "ep_recv_scales_shape";
+  if (ep_size < 1) return tw_error(TW_ERR_INVALID_ARG, "%s: ep_size = %d", op, ep_size);
+  TW_TRY(check_config(op, cfg, ep_size));
+  if (!shape || !dtype) return tw_error(TW_ERR_NULL, "%s: shape or dtype is NULL", op);
+  if (!tw_dtype_is_fp8(cfg->token_dtype))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s tokens have no recv_scales (fp8 only)", op,
+                    tw_dtype_name(cfg->token_dtype));
+  int64_t R = cfg->recv_capacity ? cfg->recv_capacity : tw_ep_capacity_no_drop(cfg, ep_size);
+  scales_shape(cfg, R, cfg->num_experts / ep_size, shape);
+  *dtype = cfg->scale_block == 32 ? TW_E8M0 : TW_F32;
   return TW_OK;
 }
 
@@ -87,6 +123,8 @@ tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *wo
   int64_t sends = cfg->max_tokens * cfg->topk;
   /* staging: send rows + receive rows; state: per-route slot and pack order, per-rank tables */
   *workspace = (size_t)(sends + R) * row_bytes(cfg);
+  if (cfg->scales_gemm_layout && cfg->scale_block == 32) /* the received scale rows before the GEMM layout, */
+    *workspace += (size_t)R * (size_t)(cfg->hidden / 32) + (size_t)(cfg->num_experts / ep_size + 1) * 16; /* prefixes */
   *layer_state = (size_t)sends * (8 + 8 + 4) + (size_t)R * 8 + (size_t)ep_size * cfg->num_experts * 4 * 4 +
                  (size_t)(ep_size + 1) * 8 * 4;
   return TW_OK;
@@ -225,15 +263,24 @@ tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *token
     tw_dtype sd = c->scale_block == 32 ? TW_E8M0 : TW_F32;
     TW_TRY(want(op, "token_scales", token_scales, m, 2, T, ep->scale_cols));
     TW_TRY(want_dtype(op, "token_scales", token_scales, sd));
-    if (c->scales_gemm_layout) { /* [H/128, roundup(R, 4)]: the grouped GEMM's rowwise 1x128 scales */
+    if (c->scales_gemm_layout) { /* the grouped GEMM's rowwise 1x128 or MXFP8 scales */
       TW_TRY(tw_v_tensor(op, "recv_scales", recv_scales, m, 2));
-      int64_t Rp = tw_round_up(R, 4);
-      if (recv_scales->shape[0] != ep->scale_cols || recv_scales->shape[1] != Rp)
+      int64_t sh[2];
+      scales_shape(c, R, ep->nle, sh);
+      if (recv_scales->shape[0] != sh[0] || recv_scales->shape[1] != sh[1]) {
+        if (c->scale_block == 128)
+          return tw_error(TW_ERR_SHAPE,
+                          "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [H/128, roundup(R = %lld, 4)] "
+                          "(scales_gemm_layout = 1)",
+                          op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
+                          (long long)sh[1], (long long)R);
         return tw_error(TW_ERR_SHAPE,
-                        "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [H/128, roundup(R = %lld, 4)] "
-                        "(scales_gemm_layout = 1)",
-                        op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1],
-                        (long long)ep->scale_cols, (long long)Rp, (long long)R);
+                        "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [128 * T_cap, roundup(H/32, 4)], "
+                        "T_cap = floor((R + 127 * min(NLE, R)) / 128) with R = %lld, NLE = %d (MXFP8, "
+                        "scales_gemm_layout = 1; tw_ep_recv_scales_shape)",
+                        op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
+                        (long long)sh[1], (long long)R, ep->nle);
+      }
     } else {
       TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
     }

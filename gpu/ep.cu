@@ -28,6 +28,8 @@
 //   the kernels that write final rows (unpack, direct, LSA push / expand) store its f32s at
 //   [b][i] of recv_scales [H/128, roundup(R, 4)] (put_scale_row), and the warp of row 0 zeroes
 //   the tail columns R .. roundup(R, 4)-1: the grouped GEMM's operand, no transpose.
+//   With MXFP8 (scale_block 32) the same kernels write the scale rows into mx_rows [R, H/32];
+//   ep_mx_prefix / ep_mx_scales then lay them out per slab (T(l) from group_sizes on the device).
 //
 // Device-side checks (the ids live on the device): an id outside [0, E) or listed twice in a
 // token sets the error word (GPU_ERR_EXPERT_ID / GPU_ERR_EXPERT_TWICE, token, slot and id) and
@@ -107,6 +109,10 @@ struct ep_impl {
   int64_t S;                   // rows per peer slot
   size_t rb;                   // bytes per staged row (multiple of 16)
   lsa_impl *lsa;               // ep_nccl_lsa active (dispatch and combine); NULL: ep_nccl_slots
+  // MXFP8 with scales_gemm_layout: the received scale rows [R, H/32] (written by the row
+  // kernels as in the row layout), and [2 * (NLE + 1)] i64 tile / row prefixes over the slabs
+  unsigned char *mx_rows;
+  int64_t *mx_tab;
   char why[256];               // why ep_nccl_lsa is not active (auto or forced slots)
 };
 
@@ -1062,6 +1068,96 @@ __global__ void lsa_check_peers(unsigned char *const *peer, int n, int me, const
   *bad = b;
 }
 
+// ---- MXFP8 scales in the grouped GEMM's layout (cfg.scales_gemm_layout, scale_block 32) ----
+//
+// The row kernels put the received scale rows into mx_rows [R, sc] (the row layout); then
+// ep_mx_prefix derives T(l) = sum_{l' < l} ceil(padded_l' / 128) and O_l = sum_{l' < l} padded_l'
+// from group_sizes (this step's, on the device), and ep_mx_scales writes every 4-byte word of
+// recv_scales [out_rows, C] from its position (the inverse of ref/ep.c's forward map): the
+// slab whose block holds the word, the block row r and columns 4e..4e+3, the bytes of row
+// O_l + r where r < padded_l and c < sc, 0x00 elsewhere (block padding, rows past the last
+// block). Neither runs when the step failed (*flag): nothing is written.
+
+// One block: tab[0..nle] = T(l), tab[nle+1 .. 2nle+1] = O_l (exclusive prefixes, l = nle: totals).
+__global__ void ep_mx_prefix(const int32_t *__restrict__ gs, int nle, const int32_t *__restrict__ flag,
+                             int64_t *__restrict__ tab) {
+  if (*flag) return;
+  __shared__ int64_t pt[256], po[256];
+  const int tid = threadIdx.x, nt = blockDim.x;  // nt <= 256
+  const int per = (nle + nt - 1) / nt, lo = tid * per < nle ? tid * per : nle, hi = lo + per < nle ? lo + per : nle;
+  int64_t st = 0, so = 0;
+  for (int l = lo; l < hi; l++) {
+    st += (gs[l] + 127) / 128;
+    so += gs[l];
+  }
+  pt[tid] = st;
+  po[tid] = so;
+  __syncthreads();
+  if (tid == 0) {  // exclusive prefix over the threads' parts, in order
+    int64_t a = 0, b = 0;
+    for (int i = 0; i < nt; i++) {
+      const int64_t x = pt[i], y = po[i];
+      pt[i] = a;
+      po[i] = b;
+      a += x;
+      b += y;
+    }
+    tab[nle] = a;
+    tab[2 * nle + 1] = b;
+  }
+  __syncthreads();
+  int64_t a = pt[tid], b = po[tid];
+  for (int l = lo; l < hi; l++) {
+    tab[l] = a;
+    tab[nle + 1 + l] = b;
+    a += (gs[l] + 127) / 128;
+    b += gs[l];
+  }
+}
+
+// A thread per 4-byte word of out (C % 4 == 0: a word is 4 columns of one block row, in either
+// byte order). swz: cuBLAS's 128x4 tiling per block, (r, c) = (128a + 32b + d, 4e + f) at
+// ((a * C/4 + e) * 32 + d) * 16 + b * 4 + f of the block (tw_quantize.h).
+__global__ void ep_mx_scales(const unsigned char *__restrict__ rows, int64_t sc, int64_t C, int nle,
+                             const int64_t *__restrict__ tab, const int32_t *__restrict__ gs,
+                             const int32_t *__restrict__ flag, int swz, int64_t words, int aligned,
+                             unsigned char *__restrict__ out) {
+  if (*flag) return;
+  const int64_t total = tab[nle], blk = 128 * C;
+  for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t p = 4 * w, tile = p / blk;
+    uint32_t v = 0;
+    if (tile < total) {
+      int lo = 0, hi = nle - 1;  // the last slab l with T(l) <= tile (empty slabs share their start)
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (tab[mid] <= tile) lo = mid;
+        else hi = mid - 1;
+      }
+      const int64_t wb = p - tab[lo] * blk;  // byte offset within slab lo's block
+      int64_t r, c0;
+      if (swz) {
+        const int64_t b = (wb >> 2) & 3, d = (wb >> 4) & 31, rest = wb >> 9, e = rest % (C / 4), a = rest / (C / 4);
+        r = 128 * a + 32 * b + d;
+        c0 = 4 * e;
+      } else {
+        r = wb / C;
+        c0 = wb % C;
+      }
+      if (r < gs[lo]) {
+        const unsigned char *src = rows + (size_t)(tab[nle + 1 + lo] + r) * (size_t)sc;
+        for (int f = 0; f < 4; f++)
+          if (c0 + f < sc) v |= (uint32_t)src[c0 + f] << (8 * f);
+      }
+    }
+    if (aligned) {
+      ((uint32_t *)out)[w] = v;
+    } else {
+      for (int f = 0; f < 4; f++) out[p + f] = (unsigned char)(v >> (8 * f));
+    }
+  }
+}
+
 // ---- host side ----------------------------------------------------------------------------
 
 static int grid_for(tw_ctx *ctx, int64_t work, int per_block) {
@@ -1390,6 +1486,10 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     if (s == TW_OK && ep->ep_size == 1) im->recv = im->send;
     else if (s == TW_OK) s = tw_alloc(ep->ctx, bytes, (void **)&im->recv);
   }
+  if (s == TW_OK && c->scales_gemm_layout && c->scale_block == 32) {
+    if (c->recv_capacity) s = tw_alloc(ep->ctx, (size_t)c->recv_capacity * (size_t)ep->scale_cols, (void **)&im->mx_rows);
+    if (s == TW_OK) s = tw_alloc(ep->ctx, (size_t)(ep->nle + 1) * 16, (void **)&im->mx_tab);
+  }
   if (s == TW_OK) s = co->barrier(ep->comm, ep->ctx);  // every rank must come
   if (s == TW_OK && want == 1) snprintf(im->why, sizeof im->why, "ep_nccl_slots was forced (tw_ctx_config.kernel)");
   if (s == TW_OK && want == 0 && !EP_LSA_AUTO)
@@ -1403,6 +1503,8 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     if (im->lsa) lsa_destroy(ep, im->lsa);
     if (im->send) tw_free(ep->ctx, im->send);
     if (im->recv && im->recv != im->send) tw_free(ep->ctx, im->recv);
+    if (im->mx_rows) tw_free(ep->ctx, im->mx_rows);
+    if (im->mx_tab) tw_free(ep->ctx, im->mx_tab);
     free(im);
     return s;
   }
@@ -1423,6 +1525,12 @@ static tw_status gpu_ep_destroy(tw_ep *ep) {
     tw_status s2 = tw_free(ep->ctx, im->recv);
     if (s == TW_OK) s = s2;
   }
+  void *mxp[2] = {im->mx_rows, im->mx_tab};
+  for (int i = 0; i < 2; i++)
+    if (mxp[i]) {
+      tw_status s3 = tw_free(ep->ctx, mxp[i]);
+      if (s == TW_OK) s = s3;
+    }
   free(im);
   ep->impl = NULL;
   return s;
@@ -1517,10 +1625,11 @@ static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward) {
   return s;
 }
 
-static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
-                                 const tw_tensor *token_scales, const tw_tensor *topk_idx,
-                                 const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
-                                 tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
+// Every output but MXFP8's GEMM-layout scales (those go to mx_rows as rows; gpu_ep_dispatch lays them out).
+static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                               const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                               const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
+                               tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
   const tw_ep *ep = layer->ep;
   ep_impl *im = (ep_impl *)ep->impl;
   layer_impl *L = (layer_impl *)layer->impl;
@@ -1560,7 +1669,9 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: layout launch");
   size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
-  const int64_t sld = sb && c->scales_gemm_layout ? (R + 3) / 4 * 4 : 0;  // recv_scales [H/128, sld] (tw_ep.h)
+  const int mx = sb && c->scales_gemm_layout && c->scale_block == 32;  // rows into mx_rows, laid out after
+  const int64_t sld = sb && c->scales_gemm_layout && !mx ? (R + 3) / 4 * 4 : 0;  // recv_scales [H/128, sld] (tw_ep.h)
+  unsigned char *rscl = !sb ? NULL : mx ? im->mx_rows : (unsigned char *)recv_scales->data;
   if (nch > 1) {
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
@@ -1571,7 +1682,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
       lsa_push_dispatch<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(
           d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
           (const float *)topk_weights->data, T, k, im->S, tb, sb, sld, *L, (unsigned char *)recv_tokens->data,
-          sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
+          rscl, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
     }
     lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_DISPATCH);
@@ -1580,7 +1691,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
       lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
           sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, sld, (unsigned char *)recv_tokens->data,
-          sb ? (unsigned char *)recv_scales->data : NULL, (float *)recv_weights->data);
+          rscl, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA expand launch");
     }
     return TW_OK;
@@ -1590,7 +1701,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
       ep_dispatch_direct<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
           (const float *)topk_weights->data, k, R, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
-          sb ? (unsigned char *)recv_scales->data : NULL, sb, sld, (float *)recv_weights->data);
+          rscl, sb, sld, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: direct launch");
     }
     return TW_OK;
@@ -1605,8 +1716,32 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   if (R) {
     ep_unpack_dispatch<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
         im->recv, im->rb, R, n, me, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
-        sb ? (unsigned char *)recv_scales->data : NULL, sb, sld, (float *)recv_weights->data);
+        rscl, sb, sld, (float *)recv_weights->data);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: unpack launch");
+  }
+  return TW_OK;
+}
+
+static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                 const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                 const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
+                                 tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
+  TW_TRY(dispatch_rows(ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_tokens, recv_scales, recv_weights,
+                       group_sizes, dropped));
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  if (!(ep->scale_cols && c->scales_gemm_layout && c->scale_block == 32)) return TW_OK;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  cudaStream_t stream = gpu_of(ctx)->stream;
+  const int64_t C = (ep->scale_cols + 3) / 4 * 4, words = recv_scales->shape[0] * C / 4;
+  ep_mx_prefix<<<1, 256, 0, stream>>>((const int32_t *)group_sizes->data, ep->nle, L->flag, im->mx_tab);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: MXFP8 scale prefix launch");
+  if (words) {
+    ep_mx_scales<<<grid_for(ctx, words, 256), 256, 0, stream>>>(
+        im->mx_rows, ep->scale_cols, C, ep->nle, im->mx_tab, (const int32_t *)group_sizes->data, L->flag,
+        c->scales_mxfp8_swizzled, words, ((uintptr_t)recv_scales->data & 3) == 0, (unsigned char *)recv_scales->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: MXFP8 scale layout launch");
   }
   return TW_OK;
 }

@@ -17,6 +17,7 @@
 typedef struct {
   unsigned char *send, *recv; /* staging: max_tokens*k and R rows of rb bytes */
   size_t rb;
+  unsigned char *mx_rows;     /* MXFP8 with scales_gemm_layout: the [R, H/32] scale rows, then laid out */
 } ep_impl;
 
 typedef struct {
@@ -68,9 +69,11 @@ static tw_status ref_ep_create(tw_ep *ep) {
     im->rb = payload_bytes(ep);
     im->send = zalloc((size_t)(ep->cfg.max_tokens * ep->cfg.topk) * im->rb, &bad);
     im->recv = zalloc((size_t)ep->cfg.recv_capacity * im->rb, &bad);
+    if (ep->cfg.scales_gemm_layout && ep->cfg.scale_block == 32)
+      im->mx_rows = zalloc((size_t)ep->cfg.recv_capacity * (size_t)ep->scale_cols, &bad);
   }
   if (bad) {
-    if (im) { free(im->send); free(im->recv); }
+    if (im) { free(im->send); free(im->recv); free(im->mx_rows); }
     free(im);
     return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory for the staging buffers");
   }
@@ -81,7 +84,7 @@ static tw_status ref_ep_create(tw_ep *ep) {
 
 static tw_status ref_ep_destroy(tw_ep *ep) {
   ep_impl *im = ep->impl;
-  if (im) { free(im->send); free(im->recv); }
+  if (im) { free(im->send); free(im->recv); free(im->mx_rows); }
   free(im);
   return TW_OK;
 }
@@ -225,6 +228,30 @@ static void set_f32(tw_tensor *t, int64_t i, float v) {
   else ((uint16_t *)t->data)[i] = tw_f32_to_bf16(v);
 }
 
+/* MXFP8 rows [R, sc] (E8M0) -> the grouped GEMM's rowwise scale layout (tw_ep.h, tw_quantize.h):
+ * slab l's block [128 * ceil(padded_l / 128), C] at row 128 * T(l), row i < padded_l = the
+ * scale row of recv row O_l + i; everything else of out [out_rows, C] is 0x00. swz: each block
+ * in cuBLAS's 128x4 tiling, element (r, c) with r = 128a + 32b + d, c = 4e + f at
+ * ((a * C/4 + e) * 32 + d) * 16 + b * 4 + f of the block. */
+static void mx_gemm_layout(const unsigned char *rows, int64_t sc, const int32_t *padded, int nle, int swz,
+                           int64_t out_rows, unsigned char *out) {
+  int64_t C = tw_round_up(sc, 4);
+  memset(out, 0, (size_t)(out_rows * C));
+  int64_t o = 0, tiles = 0;
+  for (int l = 0; l < nle; l++) {
+    int64_t m = padded[l];
+    unsigned char *blk = out + (size_t)(128 * tiles * C);
+    for (int64_t r = 0; r < m; r++)
+      for (int64_t c = 0; c < sc; c++) {
+        int64_t a = r / 128, b = r % 128 / 32, d = r % 32, e = c / 4, f = c % 4;
+        int64_t at = swz ? ((a * (C / 4) + e) * 32 + d) * 16 + b * 4 + f : r * C + c;
+        blk[at] = rows[(o + r) * sc + c];
+      }
+    o += m;
+    tiles += (m + 127) / 128;
+  }
+}
+
 /* ---- the four operations ----------------------------------------------------------------- */
 
 static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
@@ -255,16 +282,19 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   }
   TW_TRY(move(ctx, ep, L, 1));
   /* every row is written: padding and the rows past the slabs are zero. The GEMM layout
-   * (1x128 f32 only): scale b of row `slot` at [b][slot] of [scale_cols, Rp], tail columns 0 */
-  int64_t Rp = ep->cfg.scales_gemm_layout ? tw_round_up(R, 4) : 0;
+   * (1x128 f32): scale b of row `slot` at [b][slot] of [scale_cols, Rp], tail columns 0;
+   * (MXFP8): the rows first, laid out per slab below */
+  int mx = sb && ep->cfg.scales_gemm_layout && ep->cfg.scale_block == 32;
+  int64_t Rp = sb && ep->cfg.scales_gemm_layout && !mx ? tw_round_up(R, 4) : 0;
+  unsigned char *srows = mx ? im->mx_rows : recv_scales->data;
   memset(recv_tokens->data, 0, (size_t)R * tb);
-  if (sb) memset(recv_scales->data, 0, Rp ? (size_t)(ep->scale_cols * Rp) * 4 : (size_t)R * sb);
+  if (sb) memset(srows, 0, Rp ? (size_t)(ep->scale_cols * Rp) * 4 : (size_t)R * sb);
   memset(recv_weights->data, 0, (size_t)R * 4);
   for (int64_t p = 0; p < L->recv_off[ep->ep_size]; p++) {
     int64_t slot = L->recv_slot[p];
     const unsigned char *row = im->recv + (size_t)p * im->rb;
     memcpy((unsigned char *)recv_tokens->data + (size_t)slot * tb, row, tb);
-    if (sb && !Rp) memcpy((unsigned char *)recv_scales->data + (size_t)slot * sb, row + tb, sb);
+    if (sb && !Rp) memcpy(srows + (size_t)slot * sb, row + tb, sb);
     for (int64_t b = 0; sb && Rp && b < ep->scale_cols; b++) /* the bytes of each f32 as they came */
       memcpy((unsigned char *)recv_scales->data + (size_t)(b * Rp + slot) * 4, row + tb + (size_t)b * 4, 4);
     memcpy((float *)recv_weights->data + slot, row + tb + sb, 4);
@@ -275,6 +305,9 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
     ((int32_t *)group_sizes->data)[l] = (int32_t)tw_round_up(L->kept[me * nle + l], A);
     if (!tw_tensor_is_none(dropped)) ((int32_t *)dropped->data)[l] = (int32_t)(c - L->kept[me * nle + l]);
   }
+  if (mx)
+    mx_gemm_layout(srows, ep->scale_cols, (const int32_t *)group_sizes->data, nle, ep->cfg.scales_mxfp8_swizzled,
+                   recv_scales->shape[0], recv_scales->data);
   return TW_OK;
 }
 

@@ -8,7 +8,7 @@
  *     dispatch's group_sizes and the rank's 1x128 expert weights, equals the same GEMM with the
  *     row layout's scales transposed by hand, bit for bit;
  *   - a wrong recv_scales shape is TW_ERR_SHAPE naming the expected [H/128, roundup(R, 4)];
- *     MXFP8 with the option is TW_ERR_UNSUPPORTED, non-fp8 tokens with it TW_ERR_INVALID_ARG. */
+ *     non-fp8 tokens with it TW_ERR_INVALID_ARG (MXFP8 with the option: ep_gemm_scales_mxfp8_test.c). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,7 +331,7 @@ Test(ep_gemm_scales, wrong_recv_scales_shape_is_rejected) {
   tw_comm_destroy(comm);
 }
 
-Test(ep_gemm_scales, option_needs_fp8_1x128) {
+Test(ep_gemm_scales, option_needs_fp8) {
   tw_comm *comm;
   cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
   tw_ctx *ctx;
@@ -341,10 +341,11 @@ Test(ep_gemm_scales, option_needs_fp8_1x128) {
   tw_ep *ep = NULL;
   size_t ws, ls;
   tw_ep_config cfg = small_cfg();
-  cfg.scale_block = 32; /* MXFP8 */
-  tt_expect_status(tw_ep_create(ctx, comm, &cfg, &ep), TW_ERR_UNSUPPORTED, "MXFP8 (scale_block 32) is not implemented");
-  cr_expect_null(ep);
-  tt_expect_status(tw_ep_workspace_bytes(&cfg, 1, &ws, &ls), TW_ERR_UNSUPPORTED, "scales_gemm_layout = 1 with MXFP8");
+  cfg.scale_block = 32; /* MXFP8: its own layout now (ep_gemm_scales_mxfp8_test.c) */
+  cr_assert_eq(tw_ep_create(ctx, comm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  tw_ep_destroy(ep);
+  ep = NULL;
+  cr_assert_eq(tw_ep_workspace_bytes(&cfg, 1, &ws, &ls), TW_OK, "%s", tw_last_error());
   cfg = small_cfg();
   cfg.token_dtype = TW_BF16;
   cfg.scale_block = 0;

@@ -14,6 +14,9 @@
  *           (160 random cases, error-policy overflow included) against the ref threads;
  *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
  *           random cases with ep_size 1 and 60 + 60 loopback cases of 2 / 4 ranks (auto, LSA);
+ *   the same with MXFP8 (per-slab blocks [128 * T_cap, roundup(H/32, 4)], compact and swizzled):
+ *           60 + 60 (auto) + 60 (LSA forced) with ep_size 1, 60 + 60 loopback of 2 / 4 ranks
+ *           (EP_MX_N each), and dispatch captured in a CUDA graph with 3 replays of new routing;
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
  *           with "needs 2 GPUs, sees n" where fewer are visible. */
@@ -37,7 +40,8 @@
 /* ---- a random scenario for n ranks --------------------------------------------------------- */
 typedef struct {
   int n, E, k, A, scale_block;
-  int gemm; /* cfg.scales_gemm_layout (fp8 1x128 only): recv_scales [H/128, roundup(R, 4)] */
+  int gemm; /* cfg.scales_gemm_layout: 1x128 recv_scales [H/128, roundup(R, 4)]; MXFP8 per-slab blocks */
+  int mxsw; /* cfg.scales_mxfp8_swizzled (MXFP8 with gemm) */
   int64_t H, maxT, R, T[MAXR];
   tw_dtype dt, ydt;
   tw_ep_overflow policy;
@@ -61,8 +65,18 @@ static tw_dtype sdt(const scen *c) { return c->scale_block == 32 ? TW_E8M0 : TW_
 static size_t sclb(const scen *c) { return c->scale_block ? tw_dtype_storage_bytes(sdt(c), scols(c)) : 0; }
 static size_t yb(const scen *c) { return tw_dtype_storage_bytes(c->ydt, c->H); }
 static int64_t rpad(const scen *c) { return (c->R + 3) / 4 * 4; }
-/* bytes of recv_scales: [R, H/block], or [H/128, roundup(R, 4)] f32 in the GEMM layout */
-static size_t rsclb(const scen *c) { return c->gemm ? (size_t)(scols(c) * rpad(c)) * 4 : sclb(c) * (size_t)c->R; }
+/* MXFP8 GEMM layout: [128 * T_cap, roundup(H/32, 4)], T_cap = (R + 127 * min(NLE, R)) / 128 (tw_ep.h) */
+static int64_t mxrows(const scen *c) {
+  int64_t g = c->E / c->n < c->R ? c->E / c->n : c->R;
+  return 128 * ((c->R + 127 * g) / 128);
+}
+static int64_t mxcols(const scen *c) { return (scols(c) + 3) / 4 * 4; }
+/* bytes of recv_scales: [R, H/block], or in the GEMM layout [H/128, roundup(R, 4)] f32 (1x128),
+ * [mxrows, mxcols] E8M0 (MXFP8) */
+static size_t rsclb(const scen *c) {
+  if (c->gemm && c->scale_block == 32) return (size_t)(mxrows(c) * mxcols(c));
+  return c->gemm ? (size_t)(scols(c) * rpad(c)) * 4 : sclb(c) * (size_t)c->R;
+}
 
 static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
   for (int64_t i = 0; i < n; i++) {
@@ -78,8 +92,8 @@ static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
  * layout block takes several experts per thread (E 2048; with 4 ranks its tables no longer fit
  * the shared-memory staging); 0 keeps the default draws (maxT <= 96: one chunk) unchanged. */
 static int many_chunks;
-/* gemm_scales: every case fp8 with 1x128 scales and cfg.scales_gemm_layout = 1; 0 keeps the
- * default draws unchanged. */
+/* gemm_scales: every case fp8 with cfg.scales_gemm_layout = 1: 1 with 1x128 scales; 2 MXFP8
+ * compact, 3 MXFP8 swizzled, 4 MXFP8 either (drawn per case); 0 keeps the default draws unchanged. */
 static int gemm_scales;
 
 static void scen_make(scen *c, int n, uint64_t seed) {
@@ -93,11 +107,12 @@ static void scen_make(scen *c, int n, uint64_t seed) {
   int d = (int)(tt_rand_u64(&st) % 6);
   c->dt = d == 0 ? TW_F32 : d <= 2 ? TW_BF16 : d <= 4 ? TW_E4M3 : TW_E5M2;
   if (gemm_scales) c->dt = d & 1 ? TW_E4M3 : TW_E5M2;
-  c->gemm = gemm_scales;
+  c->gemm = gemm_scales != 0;
+  c->mxsw = gemm_scales == 3 || (gemm_scales == 4 && (tt_rand_u64(&st) & 1));
   static const int64_t Hs[] = {1, 3, 8, 17, 64, 96, 128, 160, 256, 300};
   if (tw_dtype_is_fp8(c->dt)) {
-    c->scale_block = (tt_rand_u64(&st) & 1) || gemm_scales ? 128 : 32;
-    c->H = c->scale_block * (1 + (int64_t)(tt_rand_u64(&st) % 3));
+    c->scale_block = gemm_scales >= 2 ? 32 : (tt_rand_u64(&st) & 1) || gemm_scales ? 128 : 32;
+    c->H = c->scale_block * (1 + (int64_t)(tt_rand_u64(&st) % (gemm_scales >= 2 ? 6 : 3)));
   } else {
     c->H = Hs[tt_rand_u64(&st) % 10];
   }
@@ -212,6 +227,7 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
   cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
   cfg.scales_gemm_layout = c->gemm;
+  cfg.scales_mxfp8_swizzled = c->mxsw;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
   o->st = TW_ERR_INTERNAL;
@@ -227,6 +243,7 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   tw_tensor scl = c->scale_block ? put(&m, c->scl[r], sdt(c), 2, T, scols(c), 1) : none;
   tw_tensor recv = put(&m, o->recv, c->dt, 2, R, H, 0), rw = put(&m, o->rw, TW_F32, 1, R, 0, 0);
   tw_tensor rscl = !c->scale_block ? none
+                  : c->gemm && c->scale_block == 32 ? put(&m, o->rscl, sdt(c), 2, mxrows(c), mxcols(c), 0)
                   : c->gemm       ? put(&m, o->rscl, sdt(c), 2, scols(c), rpad(c), 0)
                                   : put(&m, o->rscl, sdt(c), 2, R, scols(c), 0);
   tw_tensor gs = put(&m, o->gs, TW_I32, 1, nle, 0, 0), dr = put(&m, o->dr, TW_I32, 1, nle, 0, 0);
@@ -278,7 +295,10 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
     return 0;
   }
   int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
-           cmp(g->rscl, f->rscl, rsclb(c), c->gemm ? "recv_scales (gemm layout)" : "recv_scales", name, r) &&
+           cmp(g->rscl, f->rscl, rsclb(c),
+               !c->gemm ? "recv_scales" : c->scale_block == 128 ? "recv_scales (gemm layout)"
+               : c->mxsw ? "recv_scales (MXFP8 gemm layout, swizzled)" : "recv_scales (MXFP8 gemm layout, compact)",
+               name, r) &&
            cmp(g->rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
            cmp(g->gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
            cmp(g->dr, f->dr, (size_t)nle * 4, "dropped", name, r);
@@ -397,8 +417,15 @@ static void random_1(const char *kernel, int N) {
     if (!ok) failed++;
     for (int l = 0; f.st == TW_OK && l < c.E; l++) drops += f.dr[l] > 0;
     fp8 += tw_dtype_is_fp8(c.dt);
-    tails += c.gemm && rpad(&c) != c.R; /* recv_scales has tail columns R .. roundup(R, 4)-1 */
-    small += c.gemm && c.R < 3;         /* more tail columns than rows */
+    if (c.scale_block == 32 && c.gemm) { /* MXFP8: rows past the last slab's block, swizzled cases */
+      int64_t tiles = 0;
+      for (int l = 0; f.st == TW_OK && l < c.E; l++) tiles += ((int64_t)f.gs[l] + 127) / 128;
+      tails += f.st == TW_OK && 128 * tiles < mxrows(&c);
+      small += c.mxsw;
+    } else {
+      tails += c.gemm && rpad(&c) != c.R; /* recv_scales has tail columns R .. roundup(R, 4)-1 */
+      small += c.gemm && c.R < 3;         /* more tail columns than rows */
+    }
     outs_free(&g);
     outs_free(&f);
     scen_free(&c);
@@ -406,12 +433,14 @@ static void random_1(const char *kernel, int N) {
   if (kernel) tw_ctx_destroy(kctx);
   cr_log_info("EP random ep_size 1 (%s%s): %d cases (%d capacity errors, %d experts with drops, %d fp8), %d differ",
               kernel ? kernel : "auto", gemm_scales ? ", scales_gemm_layout" : "", N, errors, drops, fp8, failed);
-  if (gemm_scales) cr_log_info("  scales_gemm_layout: %d cases with tail columns, %d with R < 3", tails, small);
+  if (gemm_scales == 1) cr_log_info("  scales_gemm_layout: %d cases with tail columns, %d with R < 3", tails, small);
+  if (gemm_scales >= 2)
+    cr_log_info("  MXFP8 scales_gemm_layout: %d cases with rows past the last slab's block, %d swizzled", tails, small);
   cr_assert_eq(failed, 0, "%d of %d random EP cases differ from ref", failed, N);
   if (N < 60) return; /* a short run (EP_MANY_N under a sanitizer) need not draw them */
   cr_assert_gt(errors, 0, "no capacity-error case was drawn");
   cr_assert_gt(drops, 0, "no drop case was drawn");
-  if (gemm_scales) cr_assert_gt(tails, 0, "no case with R %% 4 != 0 was drawn");
+  if (gemm_scales) cr_assert_gt(tails, 0, "no case with R %% 4 != 0 (1x128) / rows past the blocks (MXFP8) was drawn");
 }
 
 Test(ep_gpu, random_cases_ep_size_1_bit_for_bit) { random_1(NULL, 600); }
@@ -722,7 +751,9 @@ static void loop_24(const char *kernel, int N) {
     scen_free(&c);
   }
   cr_log_info("EP ep_size 2/4 on one GPU (loopback, %s%s): %d cases (%d capacity errors), %d rank results differ",
-              kernel ? kernel : "auto", gemm_scales ? ", scales_gemm_layout" : "", N, errors, failed);
+              kernel ? kernel : "auto",
+              gemm_scales == 1 ? ", scales_gemm_layout" : gemm_scales >= 2 ? ", MXFP8 scales_gemm_layout" : "", N, errors,
+              failed);
   cr_assert_eq(failed, 0, "%d rank results of %d loopback cases differ from ref", failed, N);
 }
 
@@ -754,6 +785,134 @@ Test(ep_gpu, random_cases_gemm_scales_layout_2_and_4_on_one_gpu_loopback) {
   loop_24(NULL, 60);
   loop_24("ep_nccl_lsa", 60);
   gemm_scales = 0;
+}
+
+/* MXFP8 with cfg.scales_gemm_layout = 1: recv_scales in the grouped GEMM's rowwise MXFP8 layout
+ * over the slabs ([128 * T_cap, roundup(H/32, 4)], T(l) from the device's group sizes), compact
+ * and swizzled, vs the oracle bit for bit (padding rows and columns, rows past the last block
+ * included): ep_size 1 (auto: direct path; ep_nccl_lsa forced) and 2 / 4 loopback ranks */
+static int mx_n(void) { return getenv("EP_MX_N") ? atoi(getenv("EP_MX_N")) : 60; } /* fewer under a sanitizer */
+Test(ep_gpu, random_cases_mxfp8_gemm_scales_ep_size_1) {
+  gemm_scales = 2;
+  random_1(NULL, mx_n());
+  gemm_scales = 3;
+  random_1(NULL, mx_n());
+  gemm_scales = 0;
+}
+Test(ep_gpu, random_cases_mxfp8_gemm_scales_ep_size_1_lsa_forced) {
+  gemm_scales = 4;
+  random_1("ep_nccl_lsa", mx_n());
+  gemm_scales = 0;
+}
+Test(ep_gpu, random_cases_mxfp8_gemm_scales_2_and_4_on_one_gpu_loopback) {
+  gemm_scales = 4;
+  loop_24(NULL, mx_n());
+  loop_24("ep_nccl_lsa", mx_n());
+  gemm_scales = 0;
+}
+
+/* MXFP8 dispatch with the swizzled GEMM layout captured once in a CUDA graph; each replay reads
+ * new routing, tokens and scales written into the same buffers (so the slab sizes and T(l)
+ * change between replays without the host seeing them) and must equal the oracle. */
+Test(ep_gpu, graph_capture_mxfp8_gemm_scales) {
+  cudaStream_t stream;
+  cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.stream = stream;
+  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK, "%s", tw_last_error());
+  int E = 16, k = 4;
+  int64_t T = 160, H = 96, sc = 3;
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = E; cfg.topk = k; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = TW_E4M3;
+  cfg.scale_block = 32; cfg.alignment = 8; cfg.scales_gemm_layout = 1; cfg.scales_mxfp8_swizzled = 1;
+  int64_t sh[2];
+  tw_dtype sdt;
+  cr_assert_eq(tw_ep_recv_scales_shape(&cfg, 1, sh, &sdt), TW_OK, "%s", tw_last_error());
+  tw_ep *ep;
+  tw_ep_layer *layer;
+  cr_assert_eq(tw_ep_create(ctx, gcomm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ep_layer_create(ep, &layer), TW_OK);
+  int64_t R = tw_ep_recv_capacity(ep), SB = sh[0] * sh[1];
+  dmem m = {ctx, {0}, 0};
+  tw_tensor none = tw_tensor_none();
+  tw_tensor tok = put(&m, NULL, TW_E4M3, 2, T, H, 0), scl = put(&m, NULL, TW_E8M0, 2, T, sc, 0);
+  tw_tensor idx = put(&m, NULL, TW_I32, 2, T, k, 0), w = put(&m, NULL, TW_F32, 2, T, k, 0);
+  tw_tensor recv = put(&m, NULL, TW_E4M3, 2, R, H, 0), rscl = put(&m, NULL, TW_E8M0, 2, sh[0], sh[1], 0);
+  tw_tensor rw = put(&m, NULL, TW_F32, 1, R, 0, 0), gs = put(&m, NULL, TW_I32, 1, E, 0, 0);
+  unsigned char *htok = malloc((size_t)(T * H)), *hscl = malloc((size_t)(T * sc));
+  unsigned char *grecv = malloc((size_t)(R * H)), *rrecv = malloc((size_t)(R * H));
+  unsigned char *gscl = malloc((size_t)SB), *rscl_h = malloc((size_t)SB);
+  int32_t *hidx = malloc((size_t)(T * k) * 4), ggs[16], rgs[16];
+  float *hw = malloc((size_t)(T * k) * 4), *rrw = malloc((size_t)R * 4);
+  uint64_t st = 4343;
+  for (int64_t i = 0; i < T * k; i++) hidx[i] = (int32_t)(i % k);
+  cr_assert_eq(tw_tensor_copy(ctx, &idx, &(tw_tensor){hidx, TW_I32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+  cr_assert_eq(tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &none), TW_OK, "%s",
+               tw_last_error());
+  cr_assert_eq(tw_ctx_check(ctx), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cr_assert_eq(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed), cudaSuccess);
+  tw_status s1 = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &none);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s1, TW_OK, "dispatch under capture: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "end capture: %s", cudaGetErrorString(ce));
+  cr_assert_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  int multi = 0;
+  for (int rep = 0; rep < 3; rep++) {
+    for (int64_t i = 0; i < T * H; i++) htok[i] = (unsigned char)(tt_rand_u64(&st) & 0x7e);
+    for (int64_t i = 0; i < T * sc; i++) hscl[i] = (unsigned char)(100 + tt_rand_u64(&st) % 50);
+    int lim = rep == 1 ? k : E; /* replay 1 sends every token to experts 0..k-1: slabs of 160 rows */
+    for (int64_t t = 0; t < T; t++) {
+      int perm[16];
+      for (int e = 0; e < E; e++) perm[e] = e;
+      for (int j = 0; j < k; j++) {
+        int mm = j + (int)(tt_rand_u64(&st) % (uint64_t)(lim - j));
+        int tmp = perm[j]; perm[j] = perm[mm]; perm[mm] = tmp;
+        hidx[t * k + j] = perm[j];
+        hw[t * k + j] = (float)tt_rand_uniform(&st, -1, 1);
+      }
+    }
+    cr_assert_eq(tw_tensor_copy(ctx, &tok, &(tw_tensor){htok, TW_E4M3, 2, {T, H}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &scl, &(tw_tensor){hscl, TW_E8M0, 2, {T, sc}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &idx, &(tw_tensor){hidx, TW_I32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &w, &(tw_tensor){hw, TW_F32, 2, {T, k}, TW_MEM_HOST}), TW_OK);
+    cr_assert_eq(tw_memset(ctx, rscl.data, 0xAB, (size_t)SB), TW_OK); /* poison: every byte must be rewritten */
+    cr_assert_eq(cudaGraphLaunch(exec, stream), cudaSuccess);
+    cr_assert_eq(tw_ctx_check(ctx), TW_OK, "replay %d: %s", rep, tw_last_error());
+    cr_assert_eq(tw_tensor_copy(ctx, &(tw_tensor){grecv, TW_E4M3, 2, {R, H}, TW_MEM_HOST}, &recv), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &(tw_tensor){gscl, TW_E8M0, 2, {sh[0], sh[1]}, TW_MEM_HOST}, &rscl), TW_OK);
+    cr_assert_eq(tw_tensor_copy(ctx, &(tw_tensor){ggs, TW_I32, 1, {E}, TW_MEM_HOST}, &gs), TW_OK);
+    tw_ep *rep_ep;
+    tw_ep_layer *rl;
+    cr_assert_eq(tw_ep_create(rctx, rcomm, &cfg, &rep_ep), TW_OK);
+    cr_assert_eq(tw_ep_layer_create(rep_ep, &rl), TW_OK);
+    tw_tensor a = {htok, TW_E4M3, 2, {T, H}, TW_MEM_HOST}, as = {hscl, TW_E8M0, 2, {T, sc}, TW_MEM_HOST};
+    tw_tensor b = {hidx, TW_I32, 2, {T, k}, TW_MEM_HOST}, cw = {hw, TW_F32, 2, {T, k}, TW_MEM_HOST};
+    tw_tensor d = {rrecv, TW_E4M3, 2, {R, H}, TW_MEM_HOST}, ds = {rscl_h, TW_E8M0, 2, {sh[0], sh[1]}, TW_MEM_HOST};
+    tw_tensor e = {rrw, TW_F32, 1, {R}, TW_MEM_HOST}, f = {rgs, TW_I32, 1, {E}, TW_MEM_HOST};
+    cr_assert_eq(tw_ep_dispatch(rctx, rl, &a, &as, &b, &cw, &d, &ds, &e, &f, &none), TW_OK, "%s", tw_last_error());
+    cr_assert_eq(memcmp(ggs, rgs, sizeof rgs), 0, "replay %d: group_sizes differ from the oracle", rep);
+    cr_assert_eq(memcmp(grecv, rrecv, (size_t)(R * H)), 0, "replay %d: recv_tokens differ from the oracle", rep);
+    cr_assert_eq(memcmp(gscl, rscl_h, (size_t)SB), 0, "replay %d: MXFP8 recv_scales (swizzled) differ from the oracle",
+                 rep);
+    for (int l = 0; l < E; l++) multi += rgs[l] > 128;
+    tw_ep_layer_destroy(rl);
+    tw_ep_destroy(rep_ep);
+  }
+  cr_assert_gt(multi, 0, "no slab of more than 128 rows was drawn");
+  cr_log_info("EP graph (MXFP8, swizzled GEMM scales): dispatch captured once, 3 replays with new routing equal the "
+              "oracle (%d slabs > 128 rows)", multi);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (int i = 0; i < m.nb; i++) tw_free(ctx, m.b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(stream);
+  free(htok); free(hscl); free(grecv); free(rrecv); free(gscl); free(rscl_h); free(hidx); free(hw); free(rrw);
 }
 
 Test(ep_gpu, random_cases_many_chunks) {

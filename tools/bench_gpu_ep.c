@@ -4,7 +4,8 @@
  *
  * Shapes (issue 13): H 7168, top-8, 256 experts spread over the EP ranks, tokens per rank from
  * --tokens (default 128, 4096, 16384); dispatch of bf16 rows and of fp8 e4m3 rows with 1x128
- * f32 scales, combine of bf16 expert outputs (weighted); uniform routing (8 distinct experts of
+ * f32 scales (TWIN_BENCH_EP_MXFP8=1 adds e4m3 with MXFP8 E8M0 scales in rows and in the grouped
+ * GEMM's layout, compact and swizzled), combine of bf16 expert outputs (weighted); uniform routing (8 distinct experts of
  * 256) and skewed routing (each pick from experts 0-31 with probability 1/2, else from all 256:
  * rank 0 owns the hot experts). recv_capacity = the rows this routing needs on its busiest rank,
  * rounded up to 128 (error policy: nothing drops); the no-drop bound (ep_size * T * k rows)
@@ -96,6 +97,7 @@ typedef struct {
   const routing *ro;
   const char *version; /* forced kernel name */
   tw_dtype dt;         /* TW_BF16 or TW_E4M3 */
+  int mx;              /* e4m3 only: 0 1x128 f32 scales; MXFP8 E8M0 scales: 1 rows, 2 GEMM layout compact, 3 swizzled */
   int combine, peers;  /* also time combine / the NCCL peers */
   int warmup, iters;
   pthread_barrier_t bar;
@@ -107,8 +109,8 @@ typedef struct {
 
 enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR };
 
-static size_t row_bytes(tw_dtype dt) {
-  return dt == TW_BF16 ? (size_t)HIDDEN * 2 : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
+static size_t row_bytes(tw_dtype dt, int mx) {
+  return dt == TW_BF16 ? (size_t)HIDDEN * 2 : mx ? (size_t)HIDDEN + (size_t)(HIDDEN / 32) : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
 }
 
 /* random bytes through a host chunk (bf16 in +-[2^-8, 1), fp8 codes without NaN, f32 scales) */
@@ -245,7 +247,9 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (!c->failed && tw_ctx_create(&j.ctx, &cc) != TW_OK) fail(c, r, "ctx_create");
   tw_ep_config cfg = TW_EP_CONFIG_INIT;
   cfg.num_experts = EXPERTS; cfg.topk = TOPK; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = c->dt;
-  cfg.scale_block = c->dt == TW_BF16 ? 0 : 128;
+  cfg.scale_block = c->dt == TW_BF16 ? 0 : c->mx ? 32 : 128;
+  cfg.scales_gemm_layout = c->mx >= 2;
+  cfg.scales_mxfp8_swizzled = c->mx == 3;
   int64_t need = 0;
   for (int q = 0; q < n; q++) {
     int64_t rows = 0;
@@ -263,11 +267,17 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
 #define A(bytes) (ok && tw_alloc(j.ctx, (bytes), &bufs[nb]) == TW_OK ? bufs[nb++] : (ok = 0, (void *)NULL))
   size_t tb = c->dt == TW_BF16 ? (size_t)H * 2 : (size_t)H;
   j.tok = tw_tensor_2d(A(tb * (size_t)T + 16), c->dt, T, H, D);
-  j.scl = c->dt == TW_BF16 ? tw_tensor_none() : tw_tensor_2d(A((size_t)(T * (H / 128)) * 4 + 16), TW_F32, T, H / 128, D);
+  const int64_t sc = c->mx ? H / 32 : H / 128; /* scale columns of a token */
+  const size_t sbytes = c->mx ? (size_t)(T * sc) : (size_t)(T * sc) * 4;
+  j.scl = c->dt == TW_BF16 ? tw_tensor_none() : tw_tensor_2d(A(sbytes + 16), c->mx ? TW_E8M0 : TW_F32, T, sc, D);
   j.idx = tw_tensor_2d(A((size_t)(T * TOPK) * 4 + 16), TW_I32, T, TOPK, D);
   j.w = tw_tensor_2d(A((size_t)(T * TOPK) * 4 + 16), TW_F32, T, TOPK, D);
   j.recv = tw_tensor_2d(A(tb * (size_t)R + 16), c->dt, R, H, D);
-  j.rscl = c->dt == TW_BF16 ? tw_tensor_none() : tw_tensor_2d(A((size_t)(R * (H / 128)) * 4 + 16), TW_F32, R, H / 128, D);
+  int64_t rsh[2] = {R, sc};
+  tw_dtype rsd = TW_F32;
+  if (c->dt != TW_BF16 && ep && tw_ep_recv_scales_shape(&cfg, n, rsh, &rsd) != TW_OK) fail(c, r, "recv_scales_shape");
+  j.rscl = c->dt == TW_BF16 ? tw_tensor_none()
+                            : tw_tensor_2d(A(tw_dtype_storage_bytes(rsd, rsh[0] * rsh[1]) + 16), rsd, rsh[0], rsh[1], D);
   j.rw = tw_tensor_1d(A((size_t)R * 4 + 16), TW_F32, R, D);
   j.gs = tw_tensor_1d(A((size_t)nle * 4 + 16), TW_I32, nle, D);
   if (c->combine) {
@@ -277,7 +287,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
 #undef A
   if (ok) {
     ok = !fill(j.tok.data, tb * (size_t)T, c->dt == TW_BF16 ? 0 : 1, 11 + (uint64_t)r) &&
-         (c->dt == TW_BF16 || !fill(j.scl.data, (size_t)(T * (H / 128)) * 4, 2, 12 + (uint64_t)r)) &&
+         (c->dt == TW_BF16 || !fill(j.scl.data, sbytes, c->mx ? 1 : 2, 12 + (uint64_t)r)) &&
          cudaMemcpy(j.idx.data, ro->idx[r], (size_t)(T * TOPK) * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
          cudaMemcpy(j.w.data, ro->w[r], (size_t)(T * TOPK) * 4, cudaMemcpyHostToDevice) == cudaSuccess &&
          (!c->combine || !fill(j.y.data, (size_t)(R * H) * 2, 0, 13 + (uint64_t)r));
@@ -290,7 +300,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   /* the peers: the same per-pair bytes through grouped ncclSend/ncclRecv */
   for (int p = 0; p < 3 && c->peers && n > 1; p++) {
     if (p == 1 && !c->combine) continue;
-    size_t rb = p != 1 ? row_bytes(c->dt) : (size_t)H * 2;
+    size_t rb = p != 1 ? row_bytes(c->dt, c->mx) : (size_t)H * 2;
     int64_t so = 0, ro_ = 0;
     for (int q = 0; q < n; q++) {
       /* dispatch: my token rows to rank q; combine: the rows of q's routes on my experts back to q */
@@ -457,9 +467,15 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
       if ((o->routing == 1 && skew) || (o->routing == 2 && !skew)) continue;
       routing ro;
       routing_make(&ro, n, toks[ti], skew);
-      for (int di = 0; di < 2; di++) {
+      /* TWIN_BENCH_EP_MXFP8=1 adds e4m3 with MXFP8 scales: in rows, and in the grouped GEMM's
+       * layout compact / swizzled (tw_ep.h scales_gemm_layout) */
+      const char *mxe = getenv("TWIN_BENCH_EP_MXFP8");
+      int ndt = mxe && atoi(mxe) ? 5 : 2;
+      for (int di = 0; di < ndt; di++) {
         tw_dtype dt = di == 0 ? TW_BF16 : TW_E4M3;
-        const char *dtname = di == 0 ? "bf16" : "e4m3";
+        static const char *names[5] = {"bf16", "e4m3", "e4m3 mx rows", "e4m3 mx gemm", "e4m3 mx gemm swz"};
+        const char *dtname = names[di];
+        const int mx = di >= 2 ? di - 1 : 0;
         double peer_d = -1, peer_c = -1, peer_dr = -1;
         for (int vi = 0; vi < nv; vi++) {
           if (o->version && strcmp(o->version, versions[vi])) continue;
@@ -467,6 +483,7 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
           c->ro = &ro;
           c->version = versions[vi];
           c->dt = dt;
+          c->mx = mx;
           c->combine = di == 0;
           c->peers = peer_d < 0 && n > 1;
           c->warmup = cfg->warmup > 1 ? cfg->warmup : 1;
@@ -492,8 +509,8 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
           }
           if (c->peers) peer_dr = slowest(c->ms[T_PEER_DR], n);
           double incl, excl, rincl, rexcl;
-          recv_bytes(&ro, 0, row_bytes(dt), &incl, &excl);
-          recv_bytes(&ro, 1, row_bytes(dt), &rincl, &rexcl);
+          recv_bytes(&ro, 0, row_bytes(dt, mx), &incl, &excl);
+          recv_bytes(&ro, 1, row_bytes(dt, mx), &rincl, &rexcl);
           emit(cfg, &ro, "dispatch", dtname, c->used[0], slowest(c->ms[T_DISPATCH], n), peer_d, incl, excl, nvl,
                peer_dr, rincl);
           if (c->combine) {

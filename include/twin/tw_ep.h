@@ -44,8 +44,24 @@
  *               the slabs and the tail columns R .. roundup(R, 4)-1 are 0. So the operand
  *               {data = recv_tokens, mode TW_SCALE_BLOCK_1x128, scale_inv = recv_scales,
  *               src_rows = R, src_cols = H} with group_sizes goes straight into the GEMM.
- *               MXFP8 with the option is TW_ERR_UNSUPPORTED (its GEMM layout is swizzled
- *               per group); a non-fp8 token_dtype with it is TW_ERR_INVALID_ARG.
+ *               MXFP8 (scale_block 32) with the option: recv_scales arrive in the layout
+ *               tw_grouped_gemm reads for a rowwise MXFP8_1D operand quantized by the groups
+ *               group_sizes = padded_l (tw_quantize.h "Scale layouts"): with
+ *               T(l) = sum_{l' < l} ceil(padded_l' / 128), slab l owns the E8M0 block
+ *               [128 * ceil(padded_l / 128), C] starting at row 128 * T(l), C = roundup(H/32, 4);
+ *               block row i < padded_l holds the scale row of recv row O_l + i (0x00 for a
+ *               padding row), rows padded_l .. and columns H/32 .. C-1 are 0x00. The bytes are
+ *               ordered compact (cfg.scales_mxfp8_swizzled = 0: each block row-major) or
+ *               swizzled (1: cuBLAS's 128x4 tiling per block, tw_quantize.h's formula).
+ *               recv_scales is [128 * T_cap, C] E8M0, T_cap = floor((R + 127 * min(NLE, R)) / 128)
+ *               (tw_ep_recv_scales_shape; tw_quantize_output_shapes' T_cap for M = R, G = NLE);
+ *               the rows past the last slab's block, 128 * T(NLE) .. 128 * T_cap - 1, are 0x00
+ *               (dispatch writes every byte, as every row of recv_tokens). So the operand
+ *               {data = recv_tokens, mode TW_SCALE_MXFP8_1D, scale_inv = recv_scales,
+ *               mxfp8_swizzled = cfg.scales_mxfp8_swizzled, src_rows = R, src_cols = H} with
+ *               group_sizes goes straight into the GEMM. The gpu derives T(l) on the device
+ *               (no host read: capturable). A non-fp8 token_dtype with the option, or
+ *               scales_mxfp8_swizzled = 1 without MXFP8 and the option, is TW_ERR_INVALID_ARG.
  * combine:      out[t] = sum_{j = 0..k-1, route kept} w[t, j] * y[slot(t, j)], accumulated in
  *               f32 in that order and rounded once to out's dtype; w = topk_weights [T, k], or
  *               unweighted (weights = none, w = 1: TE's form, where the caller weights y).
@@ -84,11 +100,14 @@ typedef struct {
   int64_t recv_capacity;  /* R rows per rank; 0 = tw_ep_capacity_no_drop(): nothing can drop */
   int64_t alignment;      /* A: per-expert slab alignment, power of two; 0 or 1 = none */
   tw_ep_overflow overflow;
-  int scales_gemm_layout; /* fp8 1x128: 0 = recv_scales [R, H/128] (rows); 1 = [H/128, roundup(R, 4)]
-                             (the grouped GEMM's rowwise 1x128 layout; see dispatch above) */
+  int scales_gemm_layout; /* fp8: 0 = recv_scales [R, H/block] (rows); 1 = the grouped GEMM's rowwise
+                             layout: 1x128 [H/128, roundup(R, 4)], MXFP8 [128*T_cap, roundup(H/32, 4)]
+                             per-slab blocks (see dispatch above) */
+  int scales_mxfp8_swizzled; /* MXFP8 with scales_gemm_layout = 1: 0 compact, 1 swizzled byte order
+                                (tw_operand.mxfp8_swizzled); else 0 */
 } tw_ep_config;
 
-#define TW_EP_CONFIG_INIT {sizeof(tw_ep_config), 0, 1, 0, 0, TW_BF16, 0, 0, 1, TW_EP_OVERFLOW_ERROR, 0}
+#define TW_EP_CONFIG_INIT {sizeof(tw_ep_config), 0, 1, 0, 0, TW_BF16, 0, 0, 1, TW_EP_OVERFLOW_ERROR, 0, 0}
 
 typedef struct tw_ep tw_ep;             /* one EP group on one rank */
 typedef struct tw_ep_layer tw_ep_layer; /* one layer's routing state */
@@ -96,6 +115,10 @@ typedef struct tw_ep_layer tw_ep_layer; /* one layer's routing state */
 /* The smallest R that never drops, for distinct ids per token:
  * roundup(ep_size * max_tokens * min(k, NLE) + NLE * (A - 1), A). */
 int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size);
+/* Shape and dtype of recv_scales for an fp8 cfg on ep_size ranks (recv_capacity 0 resolved as
+ * tw_ep_create does): [R, H/block], or with scales_gemm_layout = 1: [H/128, roundup(R, 4)] f32
+ * (1x128), [128 * T_cap, roundup(H/32, 4)] E8M0 (MXFP8). Non-fp8 tokens: TW_ERR_INVALID_ARG. */
+tw_status tw_ep_recv_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype);
 /* Bytes tw_ep_create allocates (workspace) and each tw_ep_layer_create allocates. */
 tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
                                 size_t *layer_state);
@@ -111,7 +134,7 @@ int tw_ep_local_experts(const tw_ep *ep);
 
 /* tokens [T, H], token_scales [T, H/block] (fp8) or none, topk_idx [T, k] i32,
  * topk_weights [T, k] f32 -> recv_tokens [R, H], recv_scales [R, H/block] (scales_gemm_layout:
- * [H/128, roundup(R, 4)]) or none,
+ * tw_ep_recv_scales_shape) or none,
  * recv_weights [R] f32, group_sizes [NLE] i32, dropped [NLE] i32 (required under DROP,
  * else optional; zeros when nothing was dropped). */
 tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
