@@ -696,12 +696,16 @@ Test(grouped_gemm_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
 }
 /* MXFP8 only (promoted every 32): random ragged groups (offsets at any row, zero groups), K
  * tails (K % 32 = 16, K % 128 != 0), e4m3/e5m2 pairs, f32/bf16/f16 out, accumulate, both scale
- * byte orders; 100 cases and 4 large ones. */
-Test(grouped_gemm_gpu, mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
+ * byte orders; 100 cases, and 4 large ones in their own test (the sanitizers run the first). */
+Test(grouped_gemm_gpu, mxfp8_gg_wgmma_fp8_version, .timeout = 600) {
   ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1;
   for (int s = 0; s < 100; ++s) fwd_case(18000 + s, 3, BUDGET);
-  for (int s = 0; s < 4; ++s) fwd_case(18500 + s, 3, (int64_t)1 << 30);
   fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8");
+}
+Test(grouped_gemm_gpu, large_mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1;
+  for (int s = 0; s < 4; ++s) fwd_case(18500 + s, 3, (int64_t)1 << 30);
+  fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8_large");
 }
 /* auto on fp8 operands gg_wgmma_fp8 takes (on sm_90 it runs them, MXFP8 included; elsewhere
  * gg_mma_wide/gg_mma) */
