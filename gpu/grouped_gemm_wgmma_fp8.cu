@@ -50,10 +50,10 @@
 // Measurement knobs (read on every call): TWIN_GG_WGMMA_FP8_SCALES=warps stages block scales
 // by warps 1-3 as before the TMA path; TWIN_GG_WGMMA_FP8_EPI=regs stores every tile from
 // registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
-// (default 0 per-tensor, 1 block scales). Same bits.
+// (default 0 per-tensor and MXFP8, 1 block scales). Same bits.
 //   - MXFP8 (kernel kind GGF_SC_MX): the k-block of 128 holds 4 scaling blocks; per block one
-//     wgmma k32 (scale_d 0: fresh partial), wait, promote, the two consumers taking turns per
-//     block (the tensor cores run one's k32 while the other promotes). Producer warps 1-3 read
+//     wgmma k32 (scale_d 0: fresh partial), wait, promote; the two consumers run free by
+//     default (turns per block, knob ORDER=1, measured 1.5-5% slower, run mx2). Producer warps 1-3 read
 //     the k-block's scale bytes (one 32-bit word per row / column: compact or swizzled order)
 //     and store them decoded to f32 in a 4 KiB scale slot per stage (lhs [4][128], rhs
 //     [4][128]); the consumers read them as the 1x128 path does (ggf_promote). Blocks wholly
@@ -343,13 +343,13 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             phase ^= 1;
           }
           if (!mine) continue;
+          wgc_bar_wait(&empty[st], ph ^ 1);
           uint32_t wa[4], wb[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             wa[i] = 32 * i < rows ? *(const uint32_t *)(a + i * ia + kt * ka) : 0u;
             wb[i] = 32 * i < cols ? *(const uint32_t *)(b + i * ib + kt * kb) : 0u;
           }
-          wgc_bar_wait(&empty[st], ph ^ 1);
           float *f = scales + st * SST + lane;
 #pragma unroll
           for (int i = 0; i < 4; ++i)
@@ -669,9 +669,12 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.b_transposed = rhs->colwise;
   const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
   // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
-  // faster with them (runs f5/f6, gpu/NOTES-gemm.md).
+  // faster with them (runs f5/f6, gpu/NOTES-gemm.md); MXFP8 (turns per 32-block) 1.5-5% faster
+  // without them (run mx2).
   const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
-  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : p.mode == GGF_TENSOR ? 0 : 1;
+  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0'
+            : p.mode == GGF_TENSOR || p.mode == GGF_MX                    ? 0
+                                                                          : 1;
   if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
       ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "regs"))) {
     cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
