@@ -595,12 +595,12 @@ static tw_status expect_alloc(arena *A, const fz_case *c, int ndim, const int64_
 }
 
 /* Fills expected/bound for out elements [i0, i0+cnt) given ref and abs_prod there. */
-/* promoted: the subject may run gg_wgmma_fp8 (tw_gemm.h: a grouped fp8 forward, or wgrad from the
- * colwise copies, with per-tensor or
- * 1x128 / 128x128 scales and rhs_op T on a gpu backend), whose model is promoted every 128 along
- * K with a 14-bit inner accumulator. */
+/* promoted: the subject may run gg_wgmma_fp8 (tw_gemm.h: a grouped fp8 forward or a dense fp8
+ * gemm (a op N, b op T) with per-tensor, 1x128 / 128x128 or MXFP8 scales and rhs_op T, or a
+ * wgrad from the colwise copies, on a gpu backend), whose model is promoted every `promoted`
+ * along K (128; 32 for MXFP8) with a 14-bit inner accumulator; 0: the exact model. */
 static void expect_fill(const fz_case *c, gemm_expect *ge, int64_t i0, int64_t cnt, double *ref,
-                        double *absp, const double *flush, int64_t K, int promoted) {
+                        double *absp, const double *flush, int64_t K, int64_t promoted) {
   double *e = ge->expected.data, *b = ge->bound.data;
   for (int64_t i = 0; i < cnt; i++) {
     double init = tw_load_as_f64(ge->init.data, c->out_dtype, i0 + i);
@@ -610,7 +610,7 @@ static void expect_fill(const fz_case *c, gemm_expect *ge, int64_t i0, int64_t c
   /* A scaled operand's product picks up two more f32 roundings, wherever the scales are
    * applied (ref: dequantized values; gpu: scales on partial sums). */
   int64_t extra = (c->accumulate ? 1 : 0) + (c->sa.mode != TW_SCALE_NONE ? 2 : 0);
-  if (promoted) tw_gemm_error_bound_promoted(absp, ref, cnt, K, 128, 0x1p-13, 0x1p-24, 2, c->out_dtype, b + i0);
+  if (promoted) tw_gemm_error_bound_promoted(absp, ref, cnt, K, promoted, 0x1p-13, 0x1p-24, 2, c->out_dtype, b + i0);
   else tw_gemm_error_bound(absp, ref, cnt, K + extra, 0x1p-24, c->out_dtype, b + i0);
   for (int64_t i = 0; i < cnt; i++)
     if (b[i0 + i] >= 0) b[i0 + i] += flush[i];
@@ -712,6 +712,18 @@ static void slices_agree(tw_ctx *subject, arena *A, fz_result *res, const fz_cas
   check_bound(res, name_vs, &dense_host, &gexp, &b2);
 }
 
+/* The promotion interval of gg_wgmma_fp8's forward model for this case, 0 where it cannot run
+ * it (tw_gemm.h: fp8 with rhs / b op T, K % 16 == 0; dense also a op N: lhs_ok). */
+static int64_t fwd_promoted(tw_ctx *subject, const fz_case *c, int64_t K, int lhs_ok) {
+  const tw_scaling qm = c->sa.mode;
+  if (tw_ctx_backend(subject) == TW_BACKEND_REF || c->op_b != TW_OP_T || K % 16 || !lhs_ok) return 0;
+  if (qm == TW_SCALE_MXFP8_1D) return 32;
+  return qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_TENSOR_DELAYED || qm == TW_SCALE_BLOCK_1x128 ||
+                 qm == TW_SCALE_BLOCK_128x128
+             ? 128
+             : 0;
+}
+
 static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *A, fz_result *res) {
   int64_t M = c->M, N = c->N, K = c->K;
   gemm_outside_domain = 0;
@@ -748,7 +760,7 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
       absp[m * N + n] = s_abs;
       flush[m * N + n] = s_fl;
     }
-  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, 0);
+  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, fwd_promoted(subject, c, K, c->op_a == TW_OP_N));
   gemm_compare(subject, oracle, A, res, call_gemm, "gemm", c, &ha, &hb, &ge, NULL);
 }
 
@@ -777,10 +789,7 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
-  const tw_scaling qm = c->sa.mode;
-  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_b == TW_OP_T && K % 16 == 0 &&
-                       (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_TENSOR_DELAYED || qm == TW_SCALE_BLOCK_1x128 ||
-                        qm == TW_SCALE_BLOCK_128x128);
+  const int64_t promoted = fwd_promoted(subject, c, K, 1);
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];
@@ -879,9 +888,11 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   const tw_scaling qm = c->sa.mode;
   const char *kn = tw_ctx_kernel(subject);
   const int forced_fp8 = kn && !strcmp(kn, "gg_wgmma_fp8");
-  const int promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_a == TW_OP_T && c->op_b == TW_OP_T &&
-                       (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_BLOCK_1x128 || qm == TW_SCALE_BLOCK_128x128 ||
-                        (forced_fp8 && qm == TW_SCALE_TENSOR_DELAYED));
+  const int64_t promoted = tw_ctx_backend(subject) != TW_BACKEND_REF && c->op_a == TW_OP_T && c->op_b == TW_OP_T &&
+                                   (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_BLOCK_1x128 ||
+                                    qm == TW_SCALE_BLOCK_128x128 || (forced_fp8 && qm == TW_SCALE_TENSOR_DELAYED))
+                               ? 128
+                               : 0;
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];

@@ -11,8 +11,8 @@
 //   fp8 in non-K-major layouts or with unaligned dims, 128x128 and MXFP8 blocks on Hopper,
 //   K = 0, and any cuBLASLt request for which the heuristic returns no algorithm.
 // version "gg_wgmma_fp8": the Hopper fp8 kernel (gpu/grouped_gemm_wgmma_fp8.cu) as one group:
-//   a [M, K] rowwise op N, b [N, K] op T, no batch; per-tensor, 1x128 or 128x128 scales;
-//   tw_gemm.h's "promoted every 128" model.
+//   a [M, K] rowwise op N, b [N, K] op T, no batch; per-tensor, 1x128, 128x128 or MXFP8 scales;
+//   tw_gemm.h's "promoted every 128" model (MXFP8: every 32).
 // Auto choice: cuBLASLt for plain operands of one dtype; plain operands of mixed dtypes (f32 x
 //   bf16/f16) widened to f32 first (exact) and then cuBLASLt in f32 (dense_lt_widened); fp8
 //   on gg_wgmma_fp8 where it takes the operands (sm_90, K-major, one matrix); else gg

@@ -11,10 +11,10 @@
 //               gg_mma_wide); what it declines runs gg_mma_wide (forced: TW_ERR_UNSUPPORTED
 //               naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
-//   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128 or 128x128
-//               scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8 wgmma
-//               promoted into f32 every 128 along K (tw_gemm.h's "gg_wgmma_fp8" model, not exact
-//               f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
+//   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128, 128x128 or
+//               MXFP8 scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8
+//               wgmma promoted into f32 every 128 along K, every 32 for MXFP8 (tw_gemm.h's
+//               "gg_wgmma_fp8" model, not exact f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
 //               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.
 //               Also the fp8 wgrad from the per-group transposed colwise copies (ops T), auto
 //               for current / 1x128 / 128x128 scales (H100: 1x128 3-5x gg_mma, MoE fp8 blocks
@@ -59,8 +59,9 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 // gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
 // it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
 #define GG_WGMMA_AUTO 1
-// gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128, promoted every 128 along K: the accumulation
-// model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it takes.
+// gg_wgmma_fp8 (fp8 per-tensor / 1x128 / 128x128 promoted every 128 along K, MXFP8 every 32: the
+// accumulation model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it
+// takes.
 #define GG_WGMMA_FP8_AUTO 1
 // Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads), same
 // model, is the automatic choice for the fp8 wgrad it takes whose scales are fitted to the data

@@ -12,6 +12,10 @@
 //                                 the scales of that k-block for the row and the column)
 //   TENSOR_*:                     total = total + partial; out = total * (sa[g] * sb[g])
 //                                 (the per-tensor epilogue of gg_mma / gg_mma_wide)
+//   MXFP8_1D:                     every 32 along K instead: each 32-deep scaling block is one
+//                                 wgmma k32 into fresh registers, then total = fmaf(partial,
+//                                 sa * sb, total) with its E8M0 scales decoded to f32 (as
+//                                 gg_scale_at decodes them; gg_mma_wide's promotion)
 // Design (written for twin, after gg_wgmma; no library code):
 //   - CTA tile 128 x 128 x 128 (k-block = one scaling block), 384 threads: warpgroup 0
 //     produces (thread 0 issues the TMA loads), warpgroups 1 and 2 consume, each owning 64
@@ -46,10 +50,19 @@
 // Measurement knobs (read on every call): TWIN_GG_WGMMA_FP8_SCALES=warps stages block scales
 // by warps 1-3 as before the TMA path; TWIN_GG_WGMMA_FP8_EPI=regs stores every tile from
 // registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
-// (default 0 per-tensor, 1 block scales). Same bits.
+// (default 0 per-tensor and MXFP8, 1 block scales). Same bits.
+//   - MXFP8 (kernel kind GGF_SC_MX): the k-block of 128 holds 4 scaling blocks; per block one
+//     wgmma k32 (scale_d 0: fresh partial), wait, promote; the two consumers run free by
+//     default (turns per block, knob ORDER=1, measured 1.5-5% slower, run mx2). Producer warps 1-3 read
+//     the k-block's scale bytes (one 32-bit word per row / column: compact or swizzled order)
+//     and store them decoded to f32 in a 4 KiB scale slot per stage (lhs [4][128], rhs
+//     [4][128]); the consumers read them as the 1x128 path does (ggf_promote). Blocks wholly
+//     past K are skipped, so padding scale bytes are never used.
 // Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
-// plain or MXFP8 operands, rhs_op N, K not a multiple of 16 (TMA row strides), K = 0,
-// unaligned bases, a device other than sm_90, sizes past int32 TMA coordinates.
+// plain operands, MXFP8 mixed with another mode, an MXFP8 rhs that is not the rowwise data of
+// its [G*N, K] source, MXFP8 scale_inv not 4-byte aligned, rhs_op N, K not a multiple of 16
+// (TMA row strides), K = 0, unaligned bases, a device other than sm_90, sizes past int32 TMA
+// coordinates.
 // The wgrad is gpu/grouped_gemm_wgmma_fp8_wgrad.cu; both share gpu/grouped_gemm_wgmma_fp8.cuh
 // (its GGF_STAGES / GGF_SMEM are the wgrad's ring; the forward's are GGF_F* below).
 #include <stdint.h>
@@ -67,14 +80,23 @@
 // Stages: a bf16/f16 out gives 32 KiB to the epilogue staging; f32 out keeps 6.
 #define GGF_FSTAGES(OUT) ((OUT) == TW_F32 ? 6 : 5)
 // ring + 1 KiB to align the base to the 1024-byte swizzle atom + staging + scales + barriers
-#define GGF_FSMEM(OUT)                                                                              \
+#define GGF_FSMEM(SC, OUT)                                                                          \
   (GGF_FSTAGES(OUT) * GGF_STAGE_BYTES + 1024 + ((OUT) == TW_F32 ? 0 : GGF_EPI_BYTES) +            \
-   GGF_FSTAGES(OUT) * GGF_SSTAGE * 4 + 2 * GGF_FSTAGES(OUT) * 8)
+   GGF_FSTAGES(OUT) * GGF_SST(SC) * 4 + 2 * GGF_FSTAGES(OUT) * 8)
 
 // How block scales reach the stage (kernel template SC): none (per-tensor); producer warps 1-3
 // from registers (any layout); TMA with per-column rhs scales (1x128 rhs); TMA with one rhs
 // scale per tile (128x128 rhs). lhs (1x128 or 128x128) goes by TMA in both TMA kinds.
-enum { GGF_SC_TENSOR = 0, GGF_SC_WARPS = 1, GGF_SC_TMA_V = 2, GGF_SC_TMA_S = 3 };
+// MXFP8 (GGF_SC_MX): producer warps 1-3 read each k-block's E8M0 bytes (both tw_quantize.h byte
+// orders, compact and swizzled) and write them decoded to f32 into a larger scale slot.
+enum { GGF_SC_TENSOR = 0, GGF_SC_WARPS = 1, GGF_SC_TMA_V = 2, GGF_SC_TMA_S = 3, GGF_SC_MX = 4 };
+// The forward's scale mode for MXFP8 operands (the .cuh's ggf_mode_of leaves it out: the wgrad
+// declines MXFP8 through it).
+#define GGF_MX 3
+// An MXFP8 stage's scales: lhs [4 sub-blocks of 32 along K][128 rows], rhs [4][128 columns], f32.
+#define GGF_MXSTAGE (2 * 4 * 128)
+#define GGF_SST(SC) ((SC) == GGF_SC_MX ? GGF_MXSTAGE : GGF_SSTAGE)
+static inline int ggf_fwd_mode_of(int m) { return m == TW_SCALE_MXFP8_1D ? GGF_MX : ggf_mode_of(m); }
 
 struct ggf_params {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
@@ -90,6 +112,7 @@ struct ggf_params {
   int tma_out;             // bf16/f16 out, no accumulate, N % 8 == 0: interior tiles leave by TMA store
   int scale_tx;            // TMA scale kinds: bytes of the two scale boxes per k-block
   int order;               // consumer turns (see the kernel): 0 none, 1 gate opened at issue, 2 at completion
+  int a_sw, b_sw;          // MXFP8: scale bytes in the swizzled (1) or compact (0) order
 };
 
 
@@ -180,6 +203,11 @@ __device__ __forceinline__ void ggf_named_sync(int id, int threads) {
 __device__ __forceinline__ void ggf_named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// E8M0 scale byte -> f32 as gg_scale_at (grouped_gemm_kernel.cu) decodes it: 2^(e-127), 0 gives
+// 2^-127 (subnormal), 0xFF NaN.
+__device__ __forceinline__ float ggf_e8m0(uint32_t e) {
+  return e == 255u ? __int_as_float(0x7fc00000) : e == 0u ? __int_as_float(0x00400000) : __int_as_float((int)(e << 23));
+}
 #endif  // WGC_DEVICE
 
 // SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype.
@@ -189,19 +217,19 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
                const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
                const __grid_constant__ CUtensorMap map_out, const ggf_params p) {
 #ifdef WGC_DEVICE
-  constexpr bool BL = SC != GGF_SC_TENSOR, STMA = SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S;
-  constexpr int ST = GGF_FSTAGES(OUT);
+  constexpr bool BL = SC != GGF_SC_TENSOR, STMA = SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S, MX = SC == GGF_SC_MX;
+  constexpr int ST = GGF_FSTAGES(OUT), SST = GGF_SST(SC);
   constexpr bool EPI = OUT != TW_F32;  // a staging buffer for the TMA-store epilogue
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
   unsigned char *epi = base + ST * GGF_STAGE_BYTES;               // [warpgroup][2 boxes of 64 x 64]
   float *scales = (float *)(epi + (EPI ? GGF_EPI_BYTES : 0));     // [stage][lhs slot, rhs slot]
-  uint64_t *full = (uint64_t *)(scales + ST * GGF_SSTAGE);
+  uint64_t *full = (uint64_t *)(scales + ST * SST);
   uint64_t *empty = full + ST;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
-      wgc_bar_init(&full[s], SC == GGF_SC_WARPS ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
+      wgc_bar_init(&full[s], SC == GGF_SC_WARPS || MX ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
       wgc_bar_init(&empty[s], 8);                               // one arrival per consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -236,7 +264,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
           wgc_tma_3d(sb, &map_b, &full[s], kt * GGF_BK, (int)q0, (int)g);
           if (STMA) {
-            float *f = scales + s * GGF_SSTAGE;
+            float *f = scales + s * SST;
             wgc_tma_2d(f, &map_sa, &full[s], (ca.i0 + ca.ik * kt) & ~3, ca.o0 + ca.ok * kt);
             wgc_tma_2d(f + GGF_SSLOT, &map_sb, &full[s], (cb.i0 + cb.ik * kt) & ~3, cb.o0 + cb.ok * kt);
           }
@@ -273,12 +301,63 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           if (!mine) continue;
           const float *a = sp.a + kt * sp.ak, *b = sp.b + kt * sp.bk;
           wgc_bar_wait(&empty[st], ph ^ 1);
-          float *f = scales + st * GGF_SSTAGE + lane;
+          float *f = scales + st * SST + lane;
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             f[32 * r] = 32 * r < rows ? a[r * sp.ar] : 0.f;
             f[GGF_SSLOT + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
           }
+          wgc_bar_arrive(&full[st]);
+        }
+      }
+    } else if (MX && tid >= 32) {
+      // ---- producer: an MXFP8 k-block's scales, decoded, into the stage --------------------
+      // The tile's 128 rows (columns) of one k-block have one 32-bit word of scale bytes each
+      // (the 4 sub-blocks of 32 along K, byte f = sub-block f). tw_quantize.h's rowwise layout:
+      // group g's block starts at byte 128*T(g)*W (W = scale_inv's last dimension, a multiple of
+      // 4), tile rows p0.. at (128*T(g) + p0)*W in both orders; row r of the tile, k-block kt:
+      //   compact:  r*W + 4*kt;   swizzled (r = 32b + d): d*16 + b*4 + 512*kt.
+      // rhs likewise with T = g*ceil(N/128) and q0. Warps 1-3 take turns as GGF_SC_WARPS's do.
+      const int w = tid / 32 - 1, lane = tid % 32;
+      const unsigned char *ea = (const unsigned char *)p.sa, *eb = (const unsigned char *)p.sb;
+      const int64_t ntn = (p.N + GGF_BN - 1) / GGF_BN, Wa = p.lda_s, Wb = p.ldb_s;
+      const int64_t la = p.a_sw ? 16 * lane : lane * Wa, ia = p.a_sw ? 4 : 32 * Wa, ka = p.a_sw ? 512 : 4;
+      const int64_t lb = p.b_sw ? 16 * lane : lane * Wb, ib = p.b_sw ? 4 : 32 * Wb, kb = p.b_sw ? 512 : 4;
+      int s = 0, turn = 0;
+      uint32_t phase = 0;
+      for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggf_locate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const unsigned char *a = ea + (128 * p.tiles[g] + p0) * Wa + la;
+        const unsigned char *b = eb + (128 * g * ntn + q0) * Wb + lb;
+        const int rows = (int)(mg - p0 < GGF_BM ? mg - p0 : GGF_BM) - lane;   // valid rows past lane
+        const int cols = (int)(p.N - q0 < GGF_BN ? p.N - q0 : GGF_BN) - lane;  // valid columns past lane
+        for (int kt = 0; kt < ktiles; ++kt) {
+          const bool mine = turn == w;
+          const int st = s;
+          const uint32_t ph = phase;
+          if (++turn == 3) turn = 0;
+          if (++s == ST) {
+            s = 0;
+            phase ^= 1;
+          }
+          if (!mine) continue;
+          wgc_bar_wait(&empty[st], ph ^ 1);
+          uint32_t wa[4], wb[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            wa[i] = 32 * i < rows ? *(const uint32_t *)(a + i * ia + kt * ka) : 0u;
+            wb[i] = 32 * i < cols ? *(const uint32_t *)(b + i * ib + kt * kb) : 0u;
+          }
+          float *f = scales + st * SST + lane;
+#pragma unroll
+          for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              f[128 * k + 32 * i] = 32 * i < rows ? ggf_e8m0((wa[i] >> (8 * k)) & 255u) : 0.f;
+              f[512 + 128 * k + 32 * i] = 32 * i < cols ? ggf_e8m0((wb[i] >> (8 * k)) & 255u) : 0.f;
+            }
           wgc_bar_arrive(&full[st]);
         }
       }
@@ -314,6 +393,37 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         wgc_bar_wait(&full[s], phase);
         const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
         const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        if (MX) {
+          // MXFP8: one wgmma k32 per scaling block, each into fresh registers (scale_d 0), then
+          // promoted: total = fmaf(partial, sa * sb, total) with that sub-block's scales. The
+          // turns go per sub-block. Sub-blocks wholly past K are skipped (their scale bytes are
+          // padding, never read, as gg_mma_wide never reads them).
+          const float *fs = scales + s * SST;
+          const int ra = 64 * c + 16 * warp + lane / 4;
+          const int64_t kleft = p.K - (int64_t)kt * GGF_BK;
+          const int nsub = kleft >= GGF_BK ? 4 : (int)((kleft + 31) / 32);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            if (k >= nsub) break;
+            if (order) ggf_named_sync(3 + c, 256);
+            wgc_fence();
+            ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), 0);
+            wgc_commit();
+            const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1 && k == nsub - 1);
+            if (open && at_issue) ggf_named_arrive(4 - c, 256);
+            wgc_wait<0>();
+            if (open && !at_issue) ggf_named_arrive(4 - c, 256);
+            wgc_touch<64>(d);
+            ggf_promote(d, tot, fs[128 * k + ra], fs[128 * k + ra + 8], fs + 512 + 128 * k, lane);
+          }
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+          if (++s == ST) {
+            s = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
         if (order) ggf_named_sync(3 + c, 256);
         wgc_fence();
 #pragma unroll
@@ -328,8 +438,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (BL) {
           // the scales are read from the stage before it is released (64 + 64 + 34 live
           // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
-          const float *fa = scales + s * GGF_SSTAGE + ((ca.i0 + ca.ik * kt) & 3);
-          const float *fb = scales + s * GGF_SSTAGE + GGF_SSLOT + ((cb.i0 + cb.ik * kt) & 3);
+          const float *fa = scales + s * SST + ((ca.i0 + ca.ik * kt) & 3);
+          const float *fb = scales + s * SST + GGF_SSLOT + ((cb.i0 + cb.ik * kt) & 3);
           const int ra = (64 * c + 16 * warp + lane / 4) * sa_row;
           const float fa0 = fa[ra], fa1 = fa[ra + 8 * sa_row];
           if (SC == GGF_SC_TMA_S) {  // one rhs scale for the tile's 128 columns
@@ -427,11 +537,13 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
                        const tw_tensor *out, const char **why) {
   gpu_state *st = gpu_of(ctx);
   const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  const int ma = ggf_fwd_mode_of(lhs->mode), mb = ggf_fwd_mode_of(rhs->mode);
+  const int mx = ma == GGF_MX || mb == GGF_MX;
   *why = NULL;
   if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma, TMA)";
-  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ggf_mode_of(lhs->mode) < 0 ||
-           ggf_mode_of(rhs->mode) < 0 || (ggf_mode_of(lhs->mode) == GGF_TENSOR) != (ggf_mode_of(rhs->mode) == GGF_TENSOR))
-    *why = "takes fp8 operands with per-tensor, 1x128 or 128x128 scales only";
+  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ma < 0 || mb < 0 ||
+           (mx ? ma != mb : (ma == GGF_TENSOR) != (mb == GGF_TENSOR)))
+    *why = "takes fp8 operands with per-tensor, 1x128, 128x128 or MXFP8 scales only";
   else if (rhs_op != TW_OP_T)
     *why = "needs rhs as [G, N, K] (rhs_op T): fp8 wgmma reads both operands K-major";
   else if (lhs->colwise || lhs->data.ndim != 2)
@@ -444,6 +556,12 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
     *why = "needs M, N and K below 2^31 (TMA coordinates)";
   else if (M * ((N + GGF_BN - 1) / GGF_BN) >= ((int64_t)1 << 31))  // row tiles <= M
     *why = "needs fewer than 2^31 128x128 output tiles (32-bit tile ids)";
+  else if (mx && rhs->colwise)
+    *why = "needs the MXFP8 rhs as the rowwise data of its [G*N, K] source (scale blocks along K)";
+  else if (mx && (lhs->scale_inv.ndim != 2 || rhs->scale_inv.ndim != 2 || (lhs->scale_inv.shape[1] & 3) ||
+                  (rhs->scale_inv.shape[1] & 3) || ((uintptr_t)lhs->scale_inv.data & 3) ||
+                  ((uintptr_t)rhs->scale_inv.data & 3)))
+    *why = "needs MXFP8 scale_inv in tw_quantize.h's rowwise layout, 4-byte aligned (rows of 4-byte multiples)";
   return *why == NULL;
 }
 
@@ -455,11 +573,11 @@ static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_param
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!set_for[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(OUT)),
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(SC, OUT)),
                  "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
     set_for[dev] = 1;
   }
-  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
+  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(SC, OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
 }
@@ -540,8 +658,10 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.G = G;
   p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
   p.accumulate = accumulate;
-  p.mode = ggf_mode_of(lhs->mode);
-  p.mode_b = ggf_mode_of(rhs->mode);
+  p.mode = ggf_fwd_mode_of(lhs->mode);
+  p.mode_b = ggf_fwd_mode_of(rhs->mode);
+  p.a_sw = lhs->mxfp8_swizzled;
+  p.b_sw = rhs->mxfp8_swizzled;
   p.sa = (const float *)lhs->scale_inv.data;
   p.sb = (const float *)rhs->scale_inv.data;
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
@@ -549,9 +669,12 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.b_transposed = rhs->colwise;
   const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
   // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
-  // faster with them (runs f5/f6, gpu/NOTES-gemm.md).
+  // faster with them (runs f5/f6, gpu/NOTES-gemm.md); MXFP8 (turns per 32-block) 1.5-5% faster
+  // without them (run mx2).
   const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
-  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : p.mode == GGF_TENSOR ? 0 : 1;
+  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0'
+            : p.mode == GGF_TENSOR || p.mode == GGF_MX                    ? 0
+                                                                          : 1;
   if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
       ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "regs"))) {
     cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};
@@ -562,6 +685,7 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, maps, &p, op);
+  if (p.mode == GGF_MX) return ggf_types<GGF_SC_MX>(ctx, at, bt, od, maps, &p, op);
   // Block scales by TMA where both scale arrays map. rhs 1x128 rowwise starts its columns at
   // g*N + q0: the consumers' paired (8-byte) reads need that even, so N even.
   const int box_a = p.mode == GGF_B1x128 ? 132 : 4, box_b = p.mode_b == GGF_B1x128 ? 132 : 4;

@@ -171,7 +171,8 @@ static void dense_case(uint64_t seed, int kind) {
   tw_tensor bufs[16];
   int nb = 0;
   char what[256];
-  int may_promote = 0; /* a case gg_wgmma_fp8 may run (auto on sm_90, or forced) */
+  int may_promote = 0; /* a case gg_wgmma_fp8 may run (auto on sm_90, or forced): its promotion
+                        * interval along K (tw_gemm.h: 32 for MXFP8, else 128), 0 if it cannot */
   if (!quant) {
     tw_dtype ta = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32, tb = ta;
     if (kind == 2 && unif() < 0.5) tb = (rnd() & 1) ? TW_BF16 : TW_F16;
@@ -246,7 +247,7 @@ static void dense_case(uint64_t seed, int kind) {
       free(x.data);
       free(gs.data);
     }
-    may_promote = mode != TW_SCALE_MXFP8_1D && oa == TW_OP_N && ob == TW_OP_T;
+    may_promote = oa == TW_OP_N && ob == TW_OP_T ? (mode == TW_SCALE_MXFP8_1D ? 32 : 128) : 0;
     snprintf(what, sizeof what, "dense seed %llu: fp8 %s %s x %s -> %s M=%lld N=%lld K=%lld op %c%c acc %d",
              (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(qa), tw_dtype_name(qb), tw_dtype_name(od),
              (long long)M, (long long)N, (long long)K, oa ? 'T' : 'N', ob ? 'T' : 'N', acc);
@@ -293,7 +294,7 @@ static void dense_case(uint64_t seed, int kind) {
     const char *kn = tw_ctx_kernel(gpu_ctx);
     double u_gpu = quant && kn && !strcmp(kn, "gemm_lt") ? ldexp(1.0, -13) : ldexp(1.0, -23);
     if (may_promote && (!kn || !strcmp(kn, "gg_wgmma_fp8")))
-      tw_gemm_error_bound_promoted(ab, ex, n, K, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bd);
+      tw_gemm_error_bound_promoted(ab, ex, n, K, may_promote, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bd);
     else
       tw_gemm_error_bound(ab, ex, n, K + 4, u_gpu, od, bd);
     tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), od, b2);

@@ -12,8 +12,8 @@
  *        on ref, sa*sb and the promotion FMA on gpu), each at most u relative to |a||b|.
  * fp8 forward on gg_wgmma_fp8 (forced, or auto on an sm_90 device, where auto picks it for the
  *   fp8 cases it takes): the gpu side's bound is its accumulation model instead (tw_gemm.h:
- *   128-deep blocks summed with 2^-13 per add, promoted in f32),
- *   tw_gemm_error_bound_promoted(.., K + 4, 128, 2^-13, 2^-24, 2, ..); the ref side as above.
+ *   blocks of L along K summed with 2^-13 per add, promoted in f32; L = 128, or 32 for MXFP8),
+ *   tw_gemm_error_bound_promoted(.., K, L, 2^-13, 2^-24, 2, ..); the ref side as above.
  *   gg_wgmma_fp8_bound_catches_planted_scales shows that bound is not vacuous.
  * Elements an operation must not write (rows past the groups) have bound -1: bit-equal.
  * Empty wgrad groups have bound -1 too: out[g] must be exactly 0 (or untouched). */
@@ -146,6 +146,8 @@ static void random_groups(int64_t G, int64_t M, int32_t *gs) {
 
 /* fp8_mode_count = 2: per-tensor scales only (the modes gg_mma_wide takes itself) */
 static int fp8_mode_count = 5;
+/* fp8_only_mxfp8: every fp8 forward case MXFP8 (the forced gg_wgmma_fp8 MXFP8 tails set) */
+static int fp8_only_mxfp8;
 static const tw_scaling fp8_modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
                                        TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
 
@@ -241,12 +243,15 @@ static void check_case(const char *what, const tw_tensor *got, const tw_tensor *
   note_case(what, rep.passed ? NULL : tw_check_format(&rep, buf, sizeof buf));
 }
 
+/* gg_wgmma_fp8's promotion interval along K for a scaling mode (tw_gemm.h): every MXFP8 block
+ * of 32, else every 128 */
+static int64_t promote_len(tw_scaling mode) { return mode == TW_SCALE_MXFP8_1D ? 32 : 128; }
 /* bound = gpu bound + ref bound for a block of `count` elements with contraction Kc; fast: the
- * gpu side is gg_wgmma_fp8's promoted model (tw_gemm.h). */
-static void add_bounds_m(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, int fast,
+ * gpu side is gg_wgmma_fp8's promoted model (tw_gemm.h), promoted every `fast` along K. */
+static void add_bounds_m(const double *absp, const double *exact, int64_t count, int64_t Kc, tw_dtype od, int64_t fast,
                          double *bound) {
   double *b2 = (double *)malloc((size_t)(count + 1) * sizeof(double));
-  if (fast) tw_gemm_error_bound_promoted(absp, exact, count, Kc, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bound);
+  if (fast) tw_gemm_error_bound_promoted(absp, exact, count, Kc, fast, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bound);
   else tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -23), od, bound);
   tw_gemm_error_bound(absp, exact, count, Kc + 4, ldexp(1.0, -24), od, b2);
   for (int64_t i = 0; i < count; ++i) bound[i] += b2[i];
@@ -358,6 +363,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
              (long long)M, (long long)N, (long long)K, rhs_op ? 'T' : 'N', accumulate);
   } else {
     mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
+    if (fp8_only_mxfp8) mode = TW_SCALE_MXFP8_1D;
     /* 1x128 activations with 128x128 weights half the time (DeepSeek-V3's pairing) */
     tw_scaling mode_r = mode == TW_SCALE_BLOCK_1x128 && (rnd() & 1) ? TW_SCALE_BLOCK_128x128 : mode;
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
@@ -372,6 +378,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     if (mode_r == TW_SCALE_BLOCK_1x128 || mode_r == TW_SCALE_MXFP8_1D) col = kn;
     else col = (int)(rnd() & 1);
     if (fp8_wgmma_dims && mode_r != TW_SCALE_MXFP8_1D) col = kn; /* storage [N, K] per group: op T */
+    if (fp8_wgmma_dims && mode_r == TW_SCALE_MXFP8_1D) kn = col = 0; /* MXFP8 [N, K]: the rowwise [G*N, K] */
     int64_t rsrc[2] = {G * (kn ? K : N), kn ? N : K};
     tw_tensor w = host_new(TW_F32, 2, rsrc);
     fill_random(&w, rsrc[0], rsrc[1]);
@@ -429,7 +436,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
         ab[i] = fabs(init[i]);
       }
     dref(m, N, K, av + o * K, K, 1, bv + g * b_gs, b_sk, b_sn, ex + o * N, ab + o * N, N);
-    add_bounds_m(ab + o * N, ex + o * N, m * N, K, od, quant && fp8_fast_bound, bound + o * N);
+    add_bounds_m(ab + o * N, ex + o * N, m * N, K, od, quant && fp8_fast_bound ? promote_len(mode) : 0, bound + o * N);
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
@@ -615,7 +622,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
       }
     /* out[g](k, n) = sum_r lhs[o+r][k] rhs[o+r][n] */
     dref(K, N, m, av + o * K, 1, K, bv + o * N, N, 1, ex + b, ab + b, N);
-    add_bounds_m(ab + b, ex + b, K * N, m, od, fast, bound + b);
+    add_bounds_m(ab + b, ex + b, K * N, m, od, fast ? 128 : 0, bound + b); /* the wgrad declines MXFP8 */
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
@@ -708,35 +715,51 @@ Test(grouped_gemm_gpu, epilogue_bits_gg_wgmma_version, .timeout = 300) {
   cr_assert(interior > 0, "no case had a 64-row block inside a group");
   ctx_done();
 }
-/* gg_wgmma_fp8 (Hopper fp8 wgmma, forward): per-tensor (current, delayed), 1x128 and 128x128
- * scales (fp8_mode_count = 4), e4m3/e5m2 pairs, K a multiple of 16 (K % 128 != 0 most of the
- * time), rhs [G, N, K]; random (G 1..256, zero and skewed groups, tail rows), aligned, large. */
+/* gg_wgmma_fp8 (Hopper fp8 wgmma, forward): per-tensor (current, delayed), 1x128, 128x128 and
+ * MXFP8 scales (all 5 modes; MXFP8 with compact and swizzled scale bytes), e4m3/e5m2 pairs, K a
+ * multiple of 16 (K % 128 != 0 most of the time, K % 32 = 16 in about half), rhs [G, N, K];
+ * random (G 1..256, zero and skewed groups, tail rows), aligned, large, and an MXFP8-only set. */
 Test(grouped_gemm_gpu, random_gg_wgmma_fp8_version, .timeout = 900) {
-  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1;
   for (int s = 0; s < 300; ++s) fwd_case(14000 + s, 3, BUDGET);
-  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8");
+  fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8");
 }
 Test(grouped_gemm_gpu, aligned_gg_wgmma_fp8_version, .timeout = 600) {
-  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4; aligned_dims = 1;
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; aligned_dims = 1;
   for (int s = 0; s < 100; ++s) fwd_case(15000 + s, 3, BUDGET);
-  aligned_dims = 0; fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_aligned");
+  aligned_dims = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_aligned");
 }
 Test(grouped_gemm_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
-  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1;
   for (int s = 0; s < 8; ++s) fwd_case(16000 + s, 3, (int64_t)1 << 30);
-  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_large");
+  fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_large");
 }
-/* auto on fp8 operands gg_wgmma_fp8 takes (on sm_90 it runs them; elsewhere gg_mma_wide/gg_mma) */
+/* MXFP8 only (promoted every 32): random ragged groups (offsets at any row, zero groups), K
+ * tails (K % 32 = 16, K % 128 != 0), e4m3/e5m2 pairs, f32/bf16/f16 out, accumulate, both scale
+ * byte orders; 100 cases, and 4 large ones in their own test (the sanitizers run the first). */
+Test(grouped_gemm_gpu, mxfp8_gg_wgmma_fp8_version, .timeout = 600) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1;
+  for (int s = 0; s < 100; ++s) fwd_case(18000 + s, 3, BUDGET);
+  fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8");
+}
+Test(grouped_gemm_gpu, large_mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1;
+  for (int s = 0; s < 4; ++s) fwd_case(18500 + s, 3, (int64_t)1 << 30);
+  fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8_large");
+}
+/* auto on fp8 operands gg_wgmma_fp8 takes (on sm_90 it runs them, MXFP8 included; elsewhere
+ * gg_mma_wide/gg_mma) */
 Test(grouped_gemm_gpu, random_fp8_auto_wgmma_shapes, .timeout = 900) {
-  ctx_for(NULL); fp8_wgmma_dims = 1; fp8_mode_count = 4;
+  ctx_for(NULL); fp8_wgmma_dims = 1;
   for (int s = 0; s < 150; ++s) fwd_case(17000 + s, 3, BUDGET);
-  fp8_mode_count = 5; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.fp8_auto_wgmma_shapes");
+  fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.fp8_auto_wgmma_shapes");
 }
 
 /* The promoted bound is not vacuous: positive data (sum |a||b| = |exact|, the bound is ~1.6% of
- * the value), one group, K = 1008 (8 k-blocks, the last one 112 deep). The true scales pass;
- * per-tensor: lhs scale_inv of the group times (1 + 2^-4) must fail; 1x128: one k-block's lhs
- * scale of every row times 2 (that block's share ~ 1/8 of the value) must fail. */
+ * the value, ~0.4% for MXFP8's blocks of 32), one group, K = 1008 (8 k-blocks, the last one 112
+ * deep). The true scales pass; per-tensor: lhs scale_inv of the group times (1 + 2^-4) must
+ * fail; 1x128: one k-block's lhs scale of every row times 2 (that block's share ~ 1/8 of the
+ * value) must fail; MXFP8: one 32-block's lhs scale of every row times 2 (share ~ 1/31). */
 static double planted_case(tw_scaling mode, int plant, int *passed) {
   ctx_for("gg_wgmma_fp8");
   rng_s = 424242;
@@ -753,10 +776,17 @@ static double planted_case(tw_scaling mode, int plant, int *passed) {
   tw_tensor ugs = tw_tensor_1d(&ng, TW_I32, 1, TW_MEM_HOST);
   qop_make(&qr, mode, TW_E4M3, &w, &ugs, 0);
   if (plant) { /* the device copy of lhs's scales only: ref keeps the true ones */
-    tw_tensor hs = host_new(TW_F32, ql.hq.row_scale_inv.ndim, ql.hq.row_scale_inv.shape);
+    tw_tensor hs = host_new(ql.hq.row_scale_inv.dtype, ql.hq.row_scale_inv.ndim, ql.hq.row_scale_inv.shape);
     memcpy(hs.data, ql.hq.row_scale_inv.data, tw_tensor_bytes(&hs));
     float *f = (float *)hs.data;
-    if (mode == TW_SCALE_BLOCK_1x128) {
+    if (mode == TW_SCALE_MXFP8_1D) { /* sub-block 3 (k 96..127) of every row: E8M0 exponent + 1 */
+      uint8_t *e = (uint8_t *)hs.data;
+      const int64_t W = hs.shape[1], cb = 3;
+      for (int64_t r = 0; r < M; ++r)
+        e[ql.hq.mxfp8_swizzled
+              ? (((r / 128) * (W / 4) + cb / 4) * 32 + r % 32) * 16 + ((r % 128) / 32) * 4 + cb % 4
+              : r * W + cb] += 1;
+    } else if (mode == TW_SCALE_BLOCK_1x128) {
       int64_t ld = hs.shape[1];
       for (int64_t r = 0; r < M; ++r) f[3 * ld + r] *= 2.f; /* k-block 3 of every row */
     } else {
@@ -774,7 +804,7 @@ static double planted_case(tw_scaling mode, int plant, int *passed) {
   double *ex = (double *)calloc((size_t)(M * N), sizeof(double)), *ab = (double *)calloc((size_t)(M * N), sizeof(double));
   double *bound = (double *)malloc((size_t)(M * N) * sizeof(double));
   dref(M, N, K, ql.vals, K, 1, qr.vals, 1, K, ex, ab, N);
-  add_bounds_m(ab, ex, M * N, K, TW_F32, 1, bound);
+  add_bounds_m(ab, ex, M * N, K, TW_F32, promote_len(mode), bound);
   tw_tensor bt = tw_tensor_1d(bound, TW_F64, M * N, TW_MEM_HOST);
   tw_tensor g1 = tw_tensor_1d(out_g.data, TW_F32, M * N, TW_MEM_HOST), e1 = tw_tensor_1d(out_r.data, TW_F32, M * N, TW_MEM_HOST);
   tw_check_report rep;
@@ -792,8 +822,8 @@ static double planted_case(tw_scaling mode, int plant, int *passed) {
   return ratio;
 }
 Test(grouped_gemm_gpu, gg_wgmma_fp8_bound_catches_planted_scales) {
-  const tw_scaling modes[2] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128};
-  for (int i = 0; i < 2; ++i) {
+  const tw_scaling modes[3] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_MXFP8_1D};
+  for (int i = 0; i < 3; ++i) {
     int ok = 0;
     double r = planted_case(modes[i], 0, &ok);
     cr_assert(ok, "%s: true scales out of the model's bound (worst ratio %g)", tw_scaling_name(modes[i]), r);
@@ -802,11 +832,14 @@ Test(grouped_gemm_gpu, gg_wgmma_fp8_bound_catches_planted_scales) {
   }
 }
 
-/* gg_wgmma_fp8 declines by name: rhs [G, K, N] (op N), and K not a multiple of 16. */
+/* gg_wgmma_fp8 declines by name: rhs [G, K, N] (op N), and K not a multiple of 16; per-tensor
+ * (c 0, 1) and MXFP8 (c 2, 3: the op N rhs is the colwise MXFP8 data of the [G*K, N] source). */
 Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
   ctx_for("gg_wgmma_fp8");
   const int64_t G = 1, M = 16;
-  for (int c = 0; c < 2; ++c) {
+  for (int cc = 0; cc < 4; ++cc) {
+    const int c = cc % 2;
+    const tw_scaling mode = cc < 2 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_MXFP8_1D;
     const int64_t K = c == 0 ? 64 : 24, N = 32;
     int64_t gsh[1] = {G}, ls[2] = {M, K}, ws[2] = {c == 0 ? G * K : G * N, c == 0 ? N : K}, os[2] = {M, N};
     tw_tensor gs = host_new(TW_I32, 1, gsh);
@@ -817,12 +850,12 @@ Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
     int32_t ng = (int32_t)(c == 0 ? K : N);
     tw_tensor ugs = tw_tensor_1d(&ng, TW_I32, 1, TW_MEM_HOST);
     qop ql, qr;
-    qop_make(&ql, TW_SCALE_TENSOR_CURRENT, TW_E4M3, &x, &gs, 0);
-    qop_make(&qr, TW_SCALE_TENSOR_CURRENT, TW_E4M3, &w, &ugs, 0);
+    qop_make(&ql, mode, TW_E4M3, &x, &gs, 0);
+    qop_make(&qr, mode, TW_E4M3, &w, &ugs, mode == TW_SCALE_MXFP8_1D && c == 0);
     tw_tensor out = host_new(TW_BF16, 2, os);
     tw_tensor od = dev_copy(&out), gd = dev_copy(&gs);
     tw_status st = tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, c == 0 ? TW_OP_N : TW_OP_T, &gd, &od, 0);
-    cr_assert_eq(st, TW_ERR_UNSUPPORTED, "case %d: %s", c, tw_last_error());
+    cr_assert_eq(st, TW_ERR_UNSUPPORTED, "case %d: %s", cc, tw_last_error());
     cr_assert(strstr(tw_last_error(), "gg_wgmma_fp8") != NULL, "message: %s", tw_last_error());
     dev_free(&od); dev_free(&gd);
     host_free(&out); host_free(&gs); host_free(&x); host_free(&w);

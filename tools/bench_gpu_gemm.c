@@ -7,13 +7,16 @@
  *     gg_wgmma_fp8 on sm_90) and its ratio to gemm_lt's time in the same call (target >= 0.9). The cuBLASLt rates are the floors
  *     ("% of dense peak") of the grouped rows below.
  *   grouped forward, the five shapes of gpu-machine.md (G, m per group, N, K; lhs [G*m, K],
- *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks; versions gg_mma
+ *     rhs [G, N, K] op T, bf16 out): bf16, fp8 per-tensor, fp8 1x128 blocks, fp8 MXFP8 (E8M0
+ *     scales every 32 along K, compact byte order); versions gg_mma
  *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
  *     (Hopper wgmma + TMA, bf16 rows), gg_wgmma_fp8 (Hopper fp8 wgmma, per-tensor and 1x128 rows;
  *     the fp8 auto choice on sm_90) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
- *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets).
+ *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets; so are the MXFP8
+ *     rows: torch has no MXFP8 grouped GEMM on Hopper). MXFP8 runs gg_mma_wide (its auto choice
+ *     before gg_wgmma_fp8 took MXFP8) and gg_wgmma_fp8.
  *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
  *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
  *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
@@ -301,6 +304,17 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     double flop = 2.0 * M * sh.N * sh.K;
     void *a, *b, *o, *gs, *sa, *sb;
     int64_t kb = (sh.K + 127) / 128, sa_n = kb * ((M + 3) / 4 * 4), sb_n = kb * ((sh.G * sh.N + 3) / 4 * 4);
+    /* MXFP8 rowwise E8M0 (tw_quantize.h): [128*T_cap, W] of the [M, K] source and of the
+     * [G*N, K] one, T_cap = (rows + 127*min(G, rows)) / 128, W = roundup(ceil(K/32), 4); byte
+     * 127 = 1.0 */
+    const int64_t mx_w = ((sh.K + 31) / 32 + 3) / 4 * 4, mx_ra = 128 * ((M + 127 * (sh.G < M ? sh.G : M)) / 128),
+                  mx_rb = 128 * ((sh.G * sh.N + 127 * sh.G) / 128);
+    void *xa = NULL, *xb = NULL;
+    if (tw_alloc(c_auto, (size_t)(mx_ra * mx_w), &xa) || tw_alloc(c_auto, (size_t)(mx_rb * mx_w), &xb) ||
+        cudaMemset(xa, 127, (size_t)(mx_ra * mx_w)) != cudaSuccess || cudaMemset(xb, 127, (size_t)(mx_rb * mx_w)) != cudaSuccess) {
+      fprintf(stderr, "bench gpu gemm: allocation failed (MXFP8 scales)\n");
+      return 1;
+    }
     if (tw_alloc(c_auto, (size_t)(M * sh.K * 2), &a) || tw_alloc(c_auto, (size_t)(sh.G * sh.N * sh.K * 2), &b) ||
         tw_alloc(c_auto, (size_t)(M * sh.N * 2), &o) || tw_alloc(c_auto, (size_t)sh.G * 4, &gs) ||
         tw_alloc(c_auto, (size_t)(sa_n * 4), &sa) || tw_alloc(c_auto, (size_t)(sb_n * 4), &sb) ||
@@ -315,8 +329,9 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     char key[96];
     snprintf(key, sizeof key, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
              (long long)sh.K);
-    double fwd_wgmma_tflops = -1, fwd_f8_tflops[3] = {-1, -1, -1};
-    for (int kind = 0; kind < 3; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128 */
+    double fwd_wgmma_tflops = -1, fwd_f8_tflops[4] = {-1, -1, -1, -1};
+    for (int kind = 0; kind < 4; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128, fp8 MXFP8 */
+      if (kind == 3 && wgrad_only) continue;
       int fp8 = kind > 0;
       if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
       call c;
@@ -334,10 +349,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         tw_tensor B = tw_tensor_2d(b, TW_E4M3, sh.G * sh.N, sh.K, TW_MEM_DEVICE);
         c.a = tw_operand_plain(&A);
         c.b = tw_operand_plain(&B);
-        c.a.mode = c.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_BLOCK_1x128;
+        c.a.mode = c.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : kind == 2 ? TW_SCALE_BLOCK_1x128 : TW_SCALE_MXFP8_1D;
         if (kind == 1) {
           c.a.scale_inv = tw_tensor_1d(sa, TW_F32, sh.G, TW_MEM_DEVICE);
           c.b.scale_inv = tw_tensor_1d(sb, TW_F32, sh.G, TW_MEM_DEVICE);
+        } else if (kind == 3) {
+          c.a.scale_inv = tw_tensor_2d(xa, TW_E8M0, mx_ra, mx_w, TW_MEM_DEVICE);
+          c.b.scale_inv = tw_tensor_2d(xb, TW_E8M0, mx_rb, mx_w, TW_MEM_DEVICE);
         } else {
           c.a.scale_inv = tw_tensor_2d(sa, TW_F32, kb, (M + 3) / 4 * 4, TW_MEM_DEVICE);
           c.b.scale_inv = tw_tensor_2d(sb, TW_F32, kb, (sh.G * sh.N + 3) / 4 * 4, TW_MEM_DEVICE);
@@ -347,18 +365,21 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       }
       char shape[96];
       snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
-               (long long)sh.N, (long long)sh.K, kind == 0 ? "bf16" : kind == 1 ? "e4m3" : "e4m3 1x128");
+               (long long)sh.N, (long long)sh.K,
+               kind == 0 ? "bf16" : kind == 1 ? "e4m3" : kind == 2 ? "e4m3 1x128" : "e4m3 mxfp8");
       const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
       cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
       double pms = peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
       /* bf16: gg_mma, gg_lt_loop, gg_mma_wide, gg_wgmma; per-tensor fp8: gg_mma, gg_lt_loop,
-       * gg_mma_wide, gg_wgmma_fp8; 1x128: gg_mma, gg_wgmma_fp8 */
-      tw_ctx *ctxs[3][4] = {{c_mma, c_loop, c_wide, c_wg}, {c_mma, c_loop, c_wide, c_wf8}, {c_mma, c_wf8, NULL, NULL}};
-      const char *names[3][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
+       * gg_mma_wide, gg_wgmma_fp8; 1x128: gg_mma, gg_wgmma_fp8; MXFP8: gg_mma_wide, gg_wgmma_fp8 */
+      tw_ctx *ctxs[4][4] = {{c_mma, c_loop, c_wide, c_wg}, {c_mma, c_loop, c_wide, c_wf8}, {c_mma, c_wf8, NULL, NULL},
+                            {c_wide, c_wf8, NULL, NULL}};
+      const char *names[4][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
                                  {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma_fp8"},
-                                 {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
-      for (int v = wgrad_only ? (kind == 2 ? 1 : 3) : 0; v < (kind == 2 ? 2 : 4); ++v) {
+                                 {"gg_mma", "gg_wgmma_fp8", NULL, NULL},
+                                 {"gg_mma_wide", "gg_wgmma_fp8", NULL, NULL}};
+      for (int v = wgrad_only ? (kind == 2 ? 1 : 3) : 0; v < (kind >= 2 ? 2 : 4); ++v) {
         c.ctx = ctxs[kind][v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[kind][v], tw_last_error()); rc = 1; }
@@ -366,6 +387,9 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
         if (kind > 0 && !strcmp(names[kind][v], "gg_wgmma_fp8") && ms > 0) fwd_f8_tflops[kind] = flop / (ms * 1e-3) / 1e12;
       }
+      if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)
+        printf("# %s: gg_wgmma_fp8 MXFP8 / 1x128 rate = %.3f, / per-tensor = %.3f\n", shape,
+               fwd_f8_tflops[3] / fwd_f8_tflops[2], fwd_f8_tflops[3] / fwd_f8_tflops[1]);
     }
     tw_free(c_auto, o);
     o = NULL;
@@ -515,7 +539,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       tw_free(c_auto, o2);
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, gs); tw_free(c_auto, sa);
-    tw_free(c_auto, sb);
+    tw_free(c_auto, sb); tw_free(c_auto, xa); tw_free(c_auto, xb);
   }
   tw_ctx_destroy(c_auto); tw_ctx_destroy(c_mma); tw_ctx_destroy(c_loop); tw_ctx_destroy(c_lt);
   tw_ctx_destroy(c_wide); tw_ctx_destroy(c_wg); tw_ctx_destroy(c_wf8);

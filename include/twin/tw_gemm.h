@@ -80,9 +80,10 @@
  *     first, exactly, so the products are the same; accumulating into a 16-bit output then
  *     takes the f32 product and one f32 add of the old value before the one rounding.
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
- *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs; rhs [G, N, K];
- *     and for dense fp8 tw_gemm with a [M, K] rowwise op N, b [N, K] op T, no batch):
- *     promoted every 128 along K. The tensor core sums the exact fp8 x fp8 products of one
+ *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs, and MXFP8 (lhs
+ *     rowwise, rhs the rowwise data of the [G*N, K] source, compact or swizzled scale bytes);
+ *     rhs [G, N, K]; and for dense fp8 tw_gemm with a [M, K] rowwise op N, b [N, K] op T, no
+ *     batch): promoted every 128 along K (MXFP8: every 32, below). The tensor core sums the exact fp8 x fp8 products of one
  *     128-deep k-block (the last one may be shorter) into a fresh accumulator that keeps
  *     about 14 significant bits (DeepSeek-V3 report; measured ~2^-13 relative on cuBLASLt,
  *     gpu/NOTES-gemm.md): u_in = 2^-13 per add,
@@ -96,6 +97,13 @@
  *     (tw_gemm_error_bound_promoted(.., K, 128, 0x1p-13, 0x1p-24, 2, ..) in tw_check.h).
  *     At K >= 128 that is about 1.6% of sum|a||b|, independent of K. Forcing gg_mma_wide or
  *     gg_mma gives the exact-f32 model above for the same operands.
+ *     MXFP8 on gg_wgmma_fp8, the same model with blocks of 32: each 32-deep scaling block is one
+ *     wgmma k32 into a fresh accumulator (u_in = 2^-13 per add over its <= 32 products; a block
+ *     at the end of K may be 16 deep, the rest zeros), then total = fmaf(partial, sa * sb,
+ *     total) with the block's decoded E8M0 scales (2^(e-127); 0 gives 2^-127, 0xFF NaN; the
+ *     product sa * sb in f32, as gg_mma's promotion), RNE, u = 2^-24; nb = ceil(K/32):
+ *     tw_gemm_error_bound_promoted(.., K, 32, 0x1p-13, 0x1p-24, 2, ..), about 0.4% of
+ *     sum|a||b| at K >= 32. Its wgrad declines MXFP8 (gg_mma_wide / gg_mma run it, exact model).
  *     Its wgrad (lhs and rhs as the per-group transposed colwise copies, lhs_op = rhs_op = T;
  *     per-tensor, 1x128 or 128x128 scales; the auto choice on sm_90 for current per-tensor,
  *     1x128 and 128x128 scales, the MoE block's fp8 wgrads; delayed scales only when forced)
