@@ -272,6 +272,14 @@ Test(ep_gemm_scales, random_cases_transpose_of_row_layout_and_same_grouped_gemm)
 }
 
 /* one rank, fixed shapes: the option's argument checks */
+/* one thread rank and its ref context, for the error cases */
+static void one_rank(tw_comm **comm, tw_ctx **ctx) {
+  cr_assert_eq(tw_comm_init_threads(1, comm), TW_OK);
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = *comm;
+  cr_assert_eq(tw_ctx_create(ctx, &cc), TW_OK);
+}
+
 static tw_ep_config small_cfg(void) {
   tw_ep_config cfg = TW_EP_CONFIG_INIT;
   cfg.num_experts = 4; cfg.topk = 2; cfg.max_tokens = 3; cfg.hidden = 256; cfg.token_dtype = TW_E4M3;
@@ -281,11 +289,8 @@ static tw_ep_config small_cfg(void) {
 
 Test(ep_gemm_scales, wrong_recv_scales_shape_is_rejected) {
   tw_comm *comm;
-  cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
   tw_ctx *ctx;
-  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.comm = comm;
-  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK);
+  one_rank(&comm, &ctx);
   tw_ep_config cfg = small_cfg();
   tw_ep *ep;
   tw_ep_layer *layer;
@@ -333,11 +338,8 @@ Test(ep_gemm_scales, wrong_recv_scales_shape_is_rejected) {
 
 Test(ep_gemm_scales, option_needs_fp8) {
   tw_comm *comm;
-  cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
   tw_ctx *ctx;
-  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.comm = comm;
-  cr_assert_eq(tw_ctx_create(&ctx, &cc), TW_OK);
+  one_rank(&comm, &ctx);
   tw_ep *ep = NULL;
   size_t ws, ls;
   tw_ep_config cfg = small_cfg();
