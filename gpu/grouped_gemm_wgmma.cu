@@ -189,6 +189,33 @@ __device__ __forceinline__ void ggw_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ void ggw_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// The TMA-store epilogues (forward and wgrad): chunk ch (64 rows x 128 bytes, CW columns) of
+// warpgroup c's accumulators d into staging buffer buf, 128-byte swizzle (16-byte chunk q of row
+// r at q ^ (r % 8), conflict-free), RNE of the f32 value as the register stores. Waits until the
+// store issued from buf two chunks ago has read it; on return buf is ready for the TMA store.
+template <int OUT>
+__device__ __forceinline__ void ggw_stage_chunk(const float *d, int ch, unsigned char *buf, int c, int warp, int lane,
+                                                int tid) {
+  constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8;
+  if (tid == 0) ggw_store_wait_read<1>();
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rl = 16 * warp + lane / 4 + 8 * h;
+#pragma unroll
+    for (int jj = 0; jj < JPC; ++jj) {
+      const int j = ch * JPC + jj;
+      const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+      const int b = (8 * jj + 2 * (lane % 4)) * ES;
+      unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
+      if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
+      else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+      else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+    }
+  }
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+}
 // Linear tile id -> group (last g with tile_start[g] <= t), row tile start p0, column start q0.
 // CL = 2: a tile id names 256 rows (both CTAs of the cluster), this CTA takes rows rank*128..
 template <int CL>
@@ -349,24 +376,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         for (int ch = 0; ch < NCH; ++ch) {
           if (q0 + ch * CW >= p.N) break;  // uniform
           unsigned char *buf = ebuf + eb * 8192;
-          if (tid == 0) ggw_store_wait_read<1>();
-          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int rl = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-            for (int jj = 0; jj < JPC; ++jj) {
-              const int j = ch * JPC + jj;
-              const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-              const int b = (8 * jj + 2 * (lane % 4)) * ES;
-              unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
-              if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
-              else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-              else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-            }
-          }
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+          ggw_stage_chunk<OUT>(d, ch, buf, c, warp, lane, tid);
           if (tid == 0) ggw_tma_store_2d(&map_o, buf, (int)(q0 + ch * CW), row);
           eb ^= 1;
         }
@@ -814,24 +824,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         for (int ch = 0; ch < NCH; ++ch) {
           if (q0 + ch * CW >= p.N) break;  // uniform
           unsigned char *buf = ebuf + eb * 8192;
-          if (tid == 0) ggw_store_wait_read<1>();
-          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int rl = 16 * warp + lane / 4 + 8 * h;
-#pragma unroll
-            for (int jj = 0; jj < JPC; ++jj) {
-              const int j = ch * JPC + jj;
-              const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-              const int b = (8 * jj + 2 * (lane % 4)) * ES;
-              unsigned char *a = buf + rl * 128 + ((((b >> 4) ^ (rl & 7)) << 4) | (b & 15));
-              if (OUT == TW_F32) *(float2 *)a = make_float2(v0, v1);
-              else if (OUT == TW_BF16) *(__nv_bfloat162 *)a = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-              else *(__half2 *)a = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-            }
-          }
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");
+          ggw_stage_chunk<OUT>(d, ch, buf, c, warp, lane, tid);
           if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)(p0 + 64 * c), (int)g);
           eb ^= 1;
         }
