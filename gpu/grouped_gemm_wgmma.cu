@@ -97,31 +97,7 @@ struct ggw_params {
 #ifdef GGW_DEVICE
 // ---- PTX wrappers (sm_90a) ---------------------------------------------------------------
 // mbarriers, TMA loads, descriptors, wgmma fence/commit/wait, epilogue stores: gpu/wgmma_common.cuh
-// Clusters (CL = 2): rank in the cluster, cluster-wide barrier, arrive on a peer's mbarrier,
-// TMA load multicast into the same shared-memory offset of every CTA in mask.
-__device__ __forceinline__ uint32_t ggw_cta_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void ggw_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-__device__ __forceinline__ void ggw_bar_arrive_at(uint64_t *b, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(wgc_smem(b)),
-      "r"(cta)
-      : "memory");
-}
-__device__ __forceinline__ void ggw_tma_3d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
-                                              int c2, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4, %5}], [%2], %6;\n" ::"r"(wgc_smem(dst)),
-      "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
-      : "memory");
-}
+// Clusters (CL = 2): wgc_cta_rank, wgc_cluster_sync, wgc_bar_arrive_at, wgc_tma_3d_mc (wgmma_common.cuh).
 // d (+)= A(64x16, desc da) * B(16x256, desc db); scale_d = 0 overwrites d. TB / TA: B / A
 // stored MN-major (wgmma's transpose bits; TA only in the wgrad kernel). The 128 f32
 // accumulators of one thread, in wgmma's fragment order (see ggw_epilogue).
@@ -251,7 +227,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + GGW_STAGES;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const uint32_t rank = CL > 1 ? ggw_cta_rank() : 0;
+  const uint32_t rank = CL > 1 ? wgc_cta_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
       wgc_bar_init(&full[s], 1);
@@ -259,7 +235,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  if (CL > 1) ggw_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  if (CL > 1) wgc_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
   else __syncthreads();
   const int64_t total = p.tile_start[p.G];
   const int ktiles = (int)((p.K + GGW_BK - 1) / GGW_BK);
@@ -292,11 +268,11 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           } else {  // this CTA's half of the rhs tile (columns rank*128..), to both CTAs
             const int h = (int)rank * (GGW_BN / CL);
             if (TB == 0) {
-              ggw_tma_3d_mc(sb + h * 128, &map_b, &full[s], kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
+              wgc_tma_3d_mc(sb + h * 128, &map_b, &full[s], kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
             } else {
 #pragma unroll
               for (int j = 0; j < GGW_BN / 64 / CL; ++j)
-                ggw_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + h + 64 * j,
+                wgc_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + h + 64 * j,
                               kt * GGW_BK, (int)g, (uint16_t)3);
             }
           }
@@ -342,7 +318,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           if (lane == 0) {
             if (CL == 1) wgc_bar_arrive(&empty[prev]);
             else
-              for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+              for (int r = 0; r < CL; ++r) wgc_bar_arrive_at(&empty[prev], r);
           }
         }
         prev = s;
@@ -358,7 +334,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         if (lane == 0) {
           if (CL == 1) wgc_bar_arrive(&empty[prev]);
           else
-            for (int r = 0; r < CL; ++r) ggw_bar_arrive_at(&empty[prev], r);
+            for (int r = 0; r < CL; ++r) wgc_bar_arrive_at(&empty[prev], r);
         }
       }
       if (p.tma_out && p0 + 64 * c + 64 <= mg) {
@@ -409,7 +385,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   // no CTA leaves while its peer may still arrive on its barriers
   if (CL > 1) {
     __syncwarp();
-    ggw_cluster_sync();
+    wgc_cluster_sync();
   }
 #endif
 }

@@ -203,6 +203,13 @@ __device__ __forceinline__ void ggf_named_sync(int id, int threads) {
 __device__ __forceinline__ void ggf_named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// A consumer warp releases a stage: in every CTA of the cluster (each one's producer writes it).
+template <int CL>
+__device__ __forceinline__ void ggf_release(uint64_t *empty) {
+  if (CL == 1) wgc_bar_arrive(empty);
+  else
+    for (int r = 0; r < CL; ++r) wgc_bar_arrive_at(empty, (uint32_t)r);
+}
 // E8M0 scale byte -> f32 as gg_scale_at (grouped_gemm_kernel.cu) decodes it: 2^(e-127), 0 gives
 // 2^-127 (subnormal), 0xFF NaN.
 __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
@@ -210,8 +217,11 @@ __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
 }
 #endif  // WGC_DEVICE
 
-// SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype.
-template <int SC, int AT, int BT, int OUT>
+// SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype. CL: CTAs
+// per cluster (2: a pair takes column tiles 2u and 2u + 1 of one row tile, tilesQ even; each CTA
+// loads 64 of the tile's 128 lhs rows and multicasts them to both, so lhs traffic out of L2
+// halves; a stage is free once the consumers of both CTAs released it).
+template <int SC, int AT, int BT, int OUT, int CL>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
@@ -230,11 +240,14 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < ST; ++s) {
       wgc_bar_init(&full[s], SC == GGF_SC_WARPS || MX ? 1 + 32 : 1);  // TMA thread (+ bytes), scale warp
-      wgc_bar_init(&empty[s], 8);                               // one arrival per consumer warp
+      wgc_bar_init(&empty[s], 8 * CL);                          // one arrival per consumer warp of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if (CL > 1) wgc_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  else __syncthreads();
+  // CL = 2: blockIdx.x = 2 * cluster + rank and gridDim.x is even, so the pair walks tiles 2u and
+  // 2u + 1 together; tilesQ is even, so both lie in one row tile (same group, same lhs rows).
   const int total = (int)(p.tiles[p.G] * p.tilesQ);
   const int ktiles = (int)((p.K + GGF_BK - 1) / GGF_BK);
 
@@ -261,7 +274,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
           wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (STMA ? p.scale_tx : 0));
-          wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
+          if (CL == 1) wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
+          else  // this CTA's 64 of the 128 lhs rows (map_a's box is 64 rows), to both CTAs
+            wgc_tma_2d_mc(sa + (t & 1) * (64 * GGF_BK), &map_a, &full[s], kt * GGF_BK, row0 + 64 * (t & 1), (uint16_t)3);
           wgc_tma_3d(sb, &map_b, &full[s], kt * GGF_BK, (int)q0, (int)g);
           if (STMA) {
             float *f = scales + s * SST;
@@ -417,7 +432,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             ggf_promote(d, tot, fs[128 * k + ra], fs[128 * k + ra + 8], fs + 512 + 128 * k, lane);
           }
           __syncwarp();
-          if (lane == 0) wgc_bar_arrive(&empty[s]);
+          if (lane == 0) ggf_release<CL>(&empty[s]);
           if (++s == ST) {
             s = 0;
             phase ^= 1;
@@ -455,10 +470,10 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             ggf_promote(d, tot, fa0, fa1, fb, lane);
           }
           __syncwarp();
-          if (lane == 0) wgc_bar_arrive(&empty[s]);
+          if (lane == 0) ggf_release<CL>(&empty[s]);
         } else {
           __syncwarp();
-          if (lane == 0) wgc_bar_arrive(&empty[s]);
+          if (lane == 0) ggf_release<CL>(&empty[s]);
 #pragma unroll
           for (int i = 0; i < 64; ++i) tot[i] += d[i];
         }
@@ -528,6 +543,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     }
     if (EPI && p.tma_out && tid == 0) ggf_bulk_wait0();  // the staging stays valid until read
   }
+  // no CTA leaves while its peer may still multicast into it or arrive on its barriers
+  if (CL > 1) {
+    __syncwarp();
+    wgc_cluster_sync();
+  }
 #endif
 }
 
@@ -565,38 +585,68 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
   return *why == NULL;
 }
 
-template <int SC, int AT, int BT, int OUT>
+// Persistent grid: one CTA per SM (CL = 1: a plain launch; a cluster-dimension attribute of 1
+// cost gg_wgmma 30%, run g3/g4), or as many pairs as are resident at once (asked once per device).
+template <int SC, int AT, int BT, int OUT, int CL>
 static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_params *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
   void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-             const ggf_params) = ggf_kernel<SC, AT, BT, OUT>;
-  static int set_for[64];
+             const ggf_params) = ggf_kernel<SC, AT, BT, OUT, CL>;
+  static int set_for[64], grid_of[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!set_for[dev]) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(SC, OUT)),
                  "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
     set_for[dev] = 1;
   }
-  fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(SC, OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
-  GPU_TRY_CUDA(cudaGetLastError(), op);
+  if (CL == 1) {
+    fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(SC, OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
+    GPU_TRY_CUDA(cudaGetLastError(), op);
+    return TW_OK;
+  }
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = CL;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(GGF_THREADS);
+  cfg.dynamicSmemBytes = GGF_FSMEM(SC, OUT);
+  cfg.stream = st->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  if (!grid_of[dev]) {
+    int clusters = 0;
+    cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
+    GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg), "grouped_gemm (gg_wgmma_fp8): cluster occupancy");
+    grid_of[dev] = clusters > 0 ? clusters * CL : st->num_sms / CL * CL;
+  }
+  cfg.gridDim = dim3((unsigned)grid_of[dev]);
+  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, m[0], m[1], m[2], m[3], m[4], *p), op);
   return TW_OK;
 }
 
 template <int SC, int AT, int BT>
-static tw_status ggf_out(tw_ctx *ctx, int od, const CUtensorMap *m, const ggf_params *p, const char *op) {
+static tw_status ggf_out(tw_ctx *ctx, int od, int cl, const CUtensorMap *m, const ggf_params *p, const char *op) {
+  if (cl == 2) switch (od) {
+      case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 2>(ctx, m, p, op);
+      case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 2>(ctx, m, p, op);
+      default: return ggf_launch_t<SC, AT, BT, TW_F16, 2>(ctx, m, p, op);
+    }
   switch (od) {
-    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32>(ctx, m, p, op);
-    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16>(ctx, m, p, op);
-    default: return ggf_launch_t<SC, AT, BT, TW_F16>(ctx, m, p, op);
+    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 1>(ctx, m, p, op);
+    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 1>(ctx, m, p, op);
+    default: return ggf_launch_t<SC, AT, BT, TW_F16, 1>(ctx, m, p, op);
   }
 }
 template <int SC>
-static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, const CUtensorMap *m, const ggf_params *p,
+static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, int cl, const CUtensorMap *m, const ggf_params *p,
                            const char *op) {
   // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
-  if (at) return ggf_out<SC, 1, 0>(ctx, od, m, p, op);
-  if (bt) return ggf_out<SC, 0, 1>(ctx, od, m, p, op);
-  return ggf_out<SC, 0, 0>(ctx, od, m, p, op);
+  if (at) return ggf_out<SC, 1, 0>(ctx, od, cl, m, p, op);
+  if (bt) return ggf_out<SC, 0, 1>(ctx, od, cl, m, p, op);
+  return ggf_out<SC, 0, 0>(ctx, od, cl, m, p, op);
 }
 
 // A 2-D f32 tensor map over a scale_inv array [rows, ld], box `box` x 1 (132: a 1x128 k-block's
@@ -625,11 +675,16 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
+  // Clusters of 2 (lhs rows multicast to a pair of column tiles) need an even tilesQ; the
+  // measurement knob TWIN_GG_WGMMA_FP8_CLUSTER=1|2 forces one (2 only where tilesQ is even).
+  const int64_t tilesQ = (N + GGF_BN - 1) / GGF_BN;
+  const char *cv = getenv("TWIN_GG_WGMMA_FP8_CLUSTER");
+  const int cl = tilesQ % 2 ? 1 : cv && !strcmp(cv, "1") ? 1 : 2;
   CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
   memset(maps, 0, sizeof maps);
   {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
-    cuuint32_t box[2] = {GGF_BK, GGF_BM}, es[2] = {1, 1};
+    cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(GGF_BM / cl)}, es[2] = {1, 1};
     CUresult r = enc(&maps[0], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, lhs->data.data, dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -656,7 +711,7 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   p.N = N;
   p.K = K;
   p.G = G;
-  p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
+  p.tilesQ = tilesQ;
   p.accumulate = accumulate;
   p.mode = ggf_fwd_mode_of(lhs->mode);
   p.mode_b = ggf_fwd_mode_of(rhs->mode);
@@ -684,16 +739,16 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
-  if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, maps, &p, op);
-  if (p.mode == GGF_MX) return ggf_types<GGF_SC_MX>(ctx, at, bt, od, maps, &p, op);
+  if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, cl, maps, &p, op);
+  if (p.mode == GGF_MX) return ggf_types<GGF_SC_MX>(ctx, at, bt, od, cl, maps, &p, op);
   // Block scales by TMA where both scale arrays map. rhs 1x128 rowwise starts its columns at
   // g*N + q0: the consumers' paired (8-byte) reads need that even, so N even.
   const int box_a = p.mode == GGF_B1x128 ? 132 : 4, box_b = p.mode_b == GGF_B1x128 ? 132 : 4;
   if (!(sv && !strcmp(sv, "warps")) && !(p.mode_b == GGF_B1x128 && !p.b_transposed && (N & 1)) &&
       ggf_scale_map(enc, &maps[2], &lhs->scale_inv, box_a) && ggf_scale_map(enc, &maps[3], &rhs->scale_inv, box_b)) {
     p.scale_tx = 4 * (box_a + box_b);
-    if (p.mode_b == GGF_B1x128) return ggf_types<GGF_SC_TMA_V>(ctx, at, bt, od, maps, &p, op);
-    return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, maps, &p, op);
+    if (p.mode_b == GGF_B1x128) return ggf_types<GGF_SC_TMA_V>(ctx, at, bt, od, cl, maps, &p, op);
+    return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, cl, maps, &p, op);
   }
-  return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, maps, &p, op);
+  return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, cl, maps, &p, op);
 }

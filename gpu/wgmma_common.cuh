@@ -52,6 +52,42 @@ __device__ __forceinline__ void wgc_tma_3d(void *dst, const CUtensorMap *map, ui
       "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+// Clusters: rank in the cluster, cluster-wide barrier (every thread of every CTA), arrive on
+// the mbarrier at the same shared-memory offset in CTA `cta` (cta-scope release: a cluster-scope
+// release there serialized gg_wgmma's pairs, gpu/NOTES-gemm.md run g6), and TMA loads
+// multicast into the same shared-memory offset of every CTA in `mask`, completing on each one's
+// mbarrier at the offset of `bar`.
+__device__ __forceinline__ uint32_t wgc_cta_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void wgc_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgc_bar_arrive_at(uint64_t *b, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(wgc_smem(b)),
+      "r"(cta)
+      : "memory");
+}
+__device__ __forceinline__ void wgc_tma_2d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                              uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4}], [%2], %5;\n" ::"r"(wgc_smem(dst)),
+      "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "h"(mask)
+      : "memory");
+}
+__device__ __forceinline__ void wgc_tma_3d_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                              int c2, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
+      "%4, %5}], [%2], %6;\n" ::"r"(wgc_smem(dst)),
+      "l"((uint64_t)map), "r"(wgc_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+      : "memory");
+}
 // Shared-memory matrix descriptor, 128-byte swizzle (bits 62-63 = 1), addresses in 16 B units.
 __device__ __forceinline__ uint64_t wgc_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |

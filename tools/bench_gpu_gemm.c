@@ -283,6 +283,11 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         row_out(shape, "auto", ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
         if (ms > 0 && !cfg->csv)
           printf("# %s: default / gemm_lt (cuBLASLt, same call) = %.3f (target >= 0.9)\n", shape, lt_ms / ms);
+        setenv("TWIN_GG_WGMMA_FP8_CLUSTER", "1", 1);  /* the default without the cluster pair */
+        ms = time_it(run_call, &c, warmup, iters, c_auto);
+        unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
+        if (ms < 0) { fprintf(stderr, "dense fp8 auto, one CTA per tile: %s\n", tw_last_error()); rc = 1; }
+        row_out(shape, "auto, one CTA per tile", ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
       }
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);
@@ -329,9 +334,11 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     char key[96];
     snprintf(key, sizeof key, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,
              (long long)sh.K);
-    double fwd_wgmma_tflops = -1, fwd_f8_tflops[4] = {-1, -1, -1, -1};
-    for (int kind = 0; kind < 4; ++kind) { /* bf16, fp8 per-tensor, fp8 1x128, fp8 MXFP8 */
-      if (kind == 3 && wgrad_only) continue;
+    double fwd_wgmma_tflops = -1, fwd_f8_tflops[5] = {-1, -1, -1, -1, -1};
+    /* bf16, fp8 per-tensor, fp8 1x128 x 1x128, fp8 MXFP8, fp8 1x128 x 128x128 (DeepSeek-V3's
+     * pairing: activations 1x128, weights 128x128; issue 16's blockwise target) */
+    for (int kind = 0; kind < 5; ++kind) {
+      if (kind >= 3 && wgrad_only) continue;
       int fp8 = kind > 0;
       if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
       call c;
@@ -349,7 +356,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         tw_tensor B = tw_tensor_2d(b, TW_E4M3, sh.G * sh.N, sh.K, TW_MEM_DEVICE);
         c.a = tw_operand_plain(&A);
         c.b = tw_operand_plain(&B);
-        c.a.mode = c.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : kind == 2 ? TW_SCALE_BLOCK_1x128 : TW_SCALE_MXFP8_1D;
+        c.a.mode = c.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : kind == 3 ? TW_SCALE_MXFP8_1D : TW_SCALE_BLOCK_1x128;
+        if (kind == 4) c.b.mode = TW_SCALE_BLOCK_128x128;
         if (kind == 1) {
           c.a.scale_inv = tw_tensor_1d(sa, TW_F32, sh.G, TW_MEM_DEVICE);
           c.b.scale_inv = tw_tensor_1d(sb, TW_F32, sh.G, TW_MEM_DEVICE);
@@ -359,6 +367,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         } else {
           c.a.scale_inv = tw_tensor_2d(sa, TW_F32, kb, (M + 3) / 4 * 4, TW_MEM_DEVICE);
           c.b.scale_inv = tw_tensor_2d(sb, TW_F32, kb, (sh.G * sh.N + 3) / 4 * 4, TW_MEM_DEVICE);
+          if (kind == 4) /* [G * ceil(N/128), ceil(K/128)] (fits in sb: N >= 128 here) */
+            c.b.scale_inv = tw_tensor_2d(sb, TW_F32, sh.G * ((sh.N + 127) / 128), kb, TW_MEM_DEVICE);
         }
         c.a.src_rows = M; c.a.src_cols = sh.K;
         c.b.src_rows = sh.G * sh.N; c.b.src_cols = sh.K;
@@ -366,19 +376,21 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       char shape[96];
       snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
                (long long)sh.N, (long long)sh.K,
-               kind == 0 ? "bf16" : kind == 1 ? "e4m3" : kind == 2 ? "e4m3 1x128" : "e4m3 mxfp8");
+               kind == 0 ? "bf16" : kind == 1 ? "e4m3" : kind == 2 ? "e4m3 1x128" : kind == 3 ? "e4m3 mxfp8"
+                                                                                   : "e4m3 1x128 x 128x128");
       const char *peer = kind == 0 ? "torch._grouped_mm" : "torch._scaled_grouped_mm";
       cur_bytes = (double)(M * sh.K + sh.G * sh.N * sh.K) * (fp8 ? 1 : 2) + (double)M * sh.N * 2;
       double pms = peer_ms(key, peer);
       double floor = fp8 ? peak_fp8 : peak_bf16;
       /* bf16: gg_mma, gg_lt_loop, gg_mma_wide, gg_wgmma; per-tensor fp8: gg_mma, gg_lt_loop,
        * gg_mma_wide, gg_wgmma_fp8; 1x128: gg_mma, gg_wgmma_fp8; MXFP8: gg_mma_wide, gg_wgmma_fp8 */
-      tw_ctx *ctxs[4][4] = {{c_mma, c_loop, c_wide, c_wg}, {c_mma, c_loop, c_wide, c_wf8}, {c_mma, c_wf8, NULL, NULL},
-                            {c_wide, c_wf8, NULL, NULL}};
-      const char *names[4][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
+      tw_ctx *ctxs[5][4] = {{c_mma, c_loop, c_wide, c_wg}, {c_mma, c_loop, c_wide, c_wf8}, {c_mma, c_wf8, NULL, NULL},
+                            {c_wide, c_wf8, NULL, NULL}, {c_mma, c_wf8, NULL, NULL}};
+      const char *names[5][4] = {{"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma"},
                                  {"gg_mma", "gg_lt_loop", "gg_mma_wide", "gg_wgmma_fp8"},
                                  {"gg_mma", "gg_wgmma_fp8", NULL, NULL},
-                                 {"gg_mma_wide", "gg_wgmma_fp8", NULL, NULL}};
+                                 {"gg_mma_wide", "gg_wgmma_fp8", NULL, NULL},
+                                 {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
       for (int v = wgrad_only ? (kind == 2 ? 1 : 3) : 0; v < (kind >= 2 ? 2 : 4); ++v) {
         c.ctx = ctxs[kind][v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
@@ -386,6 +398,14 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         row_out(shape, names[kind][v], ms, flop, floor, peer, pms, cfg->csv);
         if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
         if (kind > 0 && !strcmp(names[kind][v], "gg_wgmma_fp8") && ms > 0) fwd_f8_tflops[kind] = flop / (ms * 1e-3) / 1e12;
+        if (kind > 0 && !wgrad_only && !strcmp(names[kind][v], "gg_wgmma_fp8") && (sh.N / 128) % 2 == 0) {
+          /* the same kernel without the cluster pair (lhs multicast), same call */
+          setenv("TWIN_GG_WGMMA_FP8_CLUSTER", "1", 1);
+          ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
+          unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
+          if (ms < 0) { fprintf(stderr, "%s gg_wgmma_fp8, one CTA per tile: %s\n", shape, tw_last_error()); rc = 1; }
+          row_out(shape, "gg_wgmma_fp8, one CTA per tile", ms, flop, floor, peer, pms, cfg->csv);
+        }
       }
       if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)
         printf("# %s: gg_wgmma_fp8 MXFP8 / 1x128 rate = %.3f, / per-tensor = %.3f\n", shape,
