@@ -675,11 +675,14 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
-  // Clusters of 2 (lhs rows multicast to a pair of column tiles) need an even tilesQ; the
+  // Clusters of 2 (lhs rows multicast to a pair of column tiles) need an even tilesQ. Taken by
+  // default for per-tensor scales only: run cl1 (H200, gpu/NOTES-gemm.md) measured +3.5% / +7%
+  // on G4 / G8 K7168 per-tensor and -1..-3% on every 1x128 shape, MXFP8 unchanged. The
   // measurement knob TWIN_GG_WGMMA_FP8_CLUSTER=1|2 forces one (2 only where tilesQ is even).
   const int64_t tilesQ = (N + GGF_BN - 1) / GGF_BN;
   const char *cv = getenv("TWIN_GG_WGMMA_FP8_CLUSTER");
-  const int cl = tilesQ % 2 ? 1 : cv && !strcmp(cv, "1") ? 1 : 2;
+  const int cl_auto = ggf_fwd_mode_of(lhs->mode) == GGF_TENSOR ? 2 : 1;
+  const int cl = tilesQ % 2 ? 1 : cv && !strcmp(cv, "1") ? 1 : cv && !strcmp(cv, "2") ? 2 : cl_auto;
   CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
   memset(maps, 0, sizeof maps);
   {

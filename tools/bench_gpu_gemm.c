@@ -367,8 +367,9 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         } else {
           c.a.scale_inv = tw_tensor_2d(sa, TW_F32, kb, (M + 3) / 4 * 4, TW_MEM_DEVICE);
           c.b.scale_inv = tw_tensor_2d(sb, TW_F32, kb, (sh.G * sh.N + 3) / 4 * 4, TW_MEM_DEVICE);
-          if (kind == 4) /* [G * ceil(N/128), ceil(K/128)] (fits in sb: N >= 128 here) */
-            c.b.scale_inv = tw_tensor_2d(sb, TW_F32, sh.G * ((sh.N + 127) / 128), kb, TW_MEM_DEVICE);
+          if (kind == 4) /* tw_quantize.h's 128x128 layout of the [G*N, K] source: [T_cap, ceil(K/128)],
+                          * T_cap = (G*N + 127*G) / 128 (fits in sb) */
+            c.b.scale_inv = tw_tensor_2d(sb, TW_F32, (sh.G * sh.N + 127 * sh.G) / 128, kb, TW_MEM_DEVICE);
         }
         c.a.src_rows = M; c.a.src_cols = sh.K;
         c.b.src_rows = sh.G * sh.N; c.b.src_cols = sh.K;
@@ -399,12 +400,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         if (kind == 0 && v == 3 && ms > 0) fwd_wgmma_tflops = flop / (ms * 1e-3) / 1e12;
         if (kind > 0 && !strcmp(names[kind][v], "gg_wgmma_fp8") && ms > 0) fwd_f8_tflops[kind] = flop / (ms * 1e-3) / 1e12;
         if (kind > 0 && !wgrad_only && !strcmp(names[kind][v], "gg_wgmma_fp8") && (sh.N / 128) % 2 == 0) {
-          /* the same kernel without the cluster pair (lhs multicast), same call */
-          setenv("TWIN_GG_WGMMA_FP8_CLUSTER", "1", 1);
+          /* the same kernel with the other cluster choice (default: pairs for per-tensor only), same call */
+          const char *other = kind == 1 ? "gg_wgmma_fp8, one CTA per tile" : "gg_wgmma_fp8, cluster pair";
+          setenv("TWIN_GG_WGMMA_FP8_CLUSTER", kind == 1 ? "1" : "2", 1);
           ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
           unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
-          if (ms < 0) { fprintf(stderr, "%s gg_wgmma_fp8, one CTA per tile: %s\n", shape, tw_last_error()); rc = 1; }
-          row_out(shape, "gg_wgmma_fp8, one CTA per tile", ms, flop, floor, peer, pms, cfg->csv);
+          if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, other, tw_last_error()); rc = 1; }
+          row_out(shape, other, ms, flop, floor, peer, pms, cfg->csv);
         }
       }
       if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)

@@ -92,6 +92,9 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, con
   snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d %s", E, (long long)T, (long long)H, (long long)F, K,
            tw_moe_recipe_name(recipe));
   snprintf(key, sizeof key, "moe_E%d_T%lld", E, (long long)T);
+  /* profiling (ncu): TWIN_BENCH_ONLY=<part of the shape> runs only the shapes holding it */
+  const char *only = getenv("TWIN_BENCH_ONLY");
+  if (only && !strstr(shape, only)) return;
   job j;
   memset(&j, 0, sizeof j);
   int ok = 1;
