@@ -166,6 +166,65 @@ __device__ __forceinline__ void store_bytes4(uint8_t *o, uint32_t w) {
   }
 }
 
+// One transposed row's run of this tile: L (<= 128) bytes at `base`, lane s (of the 8 lanes
+// of the column, consecutive) holding bytes 16s..16s+15 in v. Where base is 16-byte aligned
+// each lane stores its own 16 bytes. Otherwise (group offsets o_g and sizes m_g not multiples
+// of 16: the colwise rows of group g start at o_g*K + k*m_g) lane s stores the aligned chunk
+// at offsets [16s - d, 16s - d + 16), d = base % 16: bytes 16-d.. of lane s-1's 16 (taken by
+// shuffle) then bytes ..15-d of its own; lane 7 also stores the chunk after it. Full chunks
+// go out as one 16-byte store, the (at most two) partial ones byte by byte, only the bytes
+// of [0, L): the same bytes as storing each lane's 16 directly, 16 store instructions fewer
+// per lane (run q1, gpu/NOTES-quantize.md). All 32 lanes must call it (shuffles); `live`
+// says whether this lane's column is in the tile.
+__device__ __forceinline__ uint4 bytes_from(const uint32_t (&w)[8], int b0) {  // bytes b0..b0+15 of w
+  const int q = b0 >> 2, r = 8 * (b0 & 3);
+  uint32_t x[5];
+#pragma unroll
+  for (int i = 0; i < 5; i++) {
+    uint32_t v = w[i];
+#pragma unroll
+    for (int j = 1; j < 4; j++)
+      if (q == j) v = w[i + j];
+    x[i] = v;
+  }
+  return make_uint4(__funnelshift_r(x[0], x[1], r), __funnelshift_r(x[1], x[2], r), __funnelshift_r(x[2], x[3], r),
+                    __funnelshift_r(x[3], x[4], r));
+}
+__device__ __forceinline__ void store_chunk(uint8_t *o, uint4 v, int lo, int L) {  // run offsets lo..lo+15
+  if (lo >= 0 && lo + 16 <= L) {
+    *(uint4 *)o = v;
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const uint32_t word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+    if (lo + j >= 0 && lo + j < L) o[j] = (uint8_t)(word >> (8 * (j & 3)));
+  }
+}
+__device__ __forceinline__ void store_col_run(uint8_t *base, uint4 v, int s, int L, bool live) {
+  uint4 pv;
+  pv.x = __shfl_up_sync(0xffffffffu, v.x, 1, 8);
+  pv.y = __shfl_up_sync(0xffffffffu, v.y, 1, 8);
+  pv.z = __shfl_up_sync(0xffffffffu, v.z, 1, 8);
+  pv.w = __shfl_up_sync(0xffffffffu, v.w, 1, 8);
+  if (!live) return;
+  const int d = (int)((uintptr_t)base & 15);
+  if (d == 0) {
+    const int n = min(16, L - 16 * s);
+    if (n > 0) store_col16(base + 16 * s, v, n);
+    return;
+  }
+  const int lo = 16 * s - d;
+  if (lo < L) {
+    const uint32_t w[8] = {pv.x, pv.y, pv.z, pv.w, v.x, v.y, v.z, v.w};
+    store_chunk(base + lo, bytes_from(w, 16 - d), lo, L);
+  }
+  if (s == 7 && 128 - d < L) {
+    const uint32_t w[8] = {v.x, v.y, v.z, v.w, 0u, 0u, 0u, 0u};
+    store_chunk(base + 128 - d, bytes_from(w, 16 - d), 128 - d, L);
+  }
+}
+
 __device__ __forceinline__ uint32_t warp_umax(uint32_t v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, d));
@@ -399,13 +458,12 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
       __syncthreads();
       uint8_t *colg = p.col_data + og * p.K;
 #pragma unroll
-      for (int u = 0; u < 2; u++) {
-        const int it = tid + u * TS_THREADS, col = it >> 3, s = it & 7, n = min(16, rows - 16 * s);
-        if (col >= cols || n <= 0) continue;
+      for (int u = 0; u < 2; u++) {  // every lane (store_col_run shuffles); col < 128 always
+        const int it = tid + u * TS_THREADS, col = it >> 3, s = it & 7;
         const int cgc = col >> 3;
         uint4 v = *(const uint4 *)&stage[col * 32 + 4 * (s ^ (cgc >> 1))];
         if (cgc & 1) v = make_uint4(v.z, v.w, v.x, v.y);
-        store_col16(colg + (k0 + col) * mg + lr0 + 16 * s, v, n);
+        store_col_run(colg + (k0 + col) * mg + lr0, v, s, rows, col < cols);
       }
     }
 

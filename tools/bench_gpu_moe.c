@@ -8,7 +8,8 @@
  * The fp8 recipes (fp8_current, fp8_block: bf16 tensors, e4m3 expert GEMMs) run the same
  * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
- * later microbatches of one optimizer step). */
+ * later microbatches of one optimizer step); then again with the experts' slabs padded to 16 rows
+ * ("A=16", tw_moe_config.alignment, as TransformerEngine pads fp8 expert counts). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,15 +83,17 @@ static void *dalloc(tw_ctx *ctx, size_t bytes, int *ok) {
   return p;
 }
 
-static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, const char *peers, const tw_bench_cfg *cfg) {
+static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int64_t align, const char *peers,
+                        const tw_bench_cfg *cfg) {
   const int64_t H = 7168, F = 2048;
   const int K = 8;
   tw_moe_config c = TW_MOE_CONFIG_INIT;
   c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K; c.recipe = recipe;
-  c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T;
-  char shape[96], key[64];
-  snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d %s", E, (long long)T, (long long)H, (long long)F, K,
-           tw_moe_recipe_name(recipe));
+  c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T; c.alignment = align;
+  char shape[96], key[64], at[16] = "";
+  if (align > 1) snprintf(at, sizeof at, " A=%lld", (long long)align);
+  snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d %s%s", E, (long long)T, (long long)H, (long long)F, K,
+           tw_moe_recipe_name(recipe), at);
   snprintf(key, sizeof key, "moe_E%d_T%lld", E, (long long)T);
   /* profiling (ncu): TWIN_BENCH_ONLY=<part of the shape> runs only the shapes holding it */
   const char *only = getenv("TWIN_BENCH_ONLY");
@@ -203,11 +206,16 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
   const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK};
-  for (int i = 0; i < 3; i++) {
-    bench_shape(ctx, 32, 4096, recipes[i], peers, cfg);
-    bench_shape(ctx, 32, 16384, recipes[i], peers, cfg);
-    bench_shape(ctx, 256, 4096, recipes[i], peers, cfg);
-  }
+  /* the fp8 recipes also with the experts' slabs padded to 16 rows (tw_moe_config.alignment):
+   * TransformerEngine pads fp8 expert token counts to 16 for its GEMMs; here it also makes every
+   * group's transposed (colwise) rows 16-byte aligned, so the grouped quantize stores them 16
+   * bytes at a time instead of byte by byte */
+  for (int i = 0; i < 3; i++)
+    for (int64_t align = 1; align <= (recipes[i] == TW_MOE_BF16 ? 1 : 16); align *= 16) {
+      bench_shape(ctx, 32, 4096, recipes[i], align, peers, cfg);
+      bench_shape(ctx, 32, 16384, recipes[i], align, peers, cfg);
+      bench_shape(ctx, 256, 4096, recipes[i], align, peers, cfg);
+    }
   free(peers);
   tw_ctx_destroy(ctx);
   tw_comm_destroy(comm);

@@ -150,10 +150,12 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
   static const tw_scaling modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_MXFP8_1D,
                                      TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128};
   /* bf16 x at G = 1, 8, 128 (every version at G = 8), then f32 x at G = 8 (auto only: the
-   * versions for 32-bit x are tile_vec and rows) */
-  for (int gi = 0; gi < 4; gi++) {
-    const int f32 = gi == 3;
-    int64_t G = f32 ? 8 : Gs[gi];
+   * versions for 32-bit x are tile_vec and rows), then bf16 at G = 32 ragged (auto only: sizes
+   * M/32 -+ 7 alternating, as routed tokens fall: no group starts on a 16-row bound, so the
+   * transposed colwise rows are unaligned) */
+  for (int gi = 0; gi < 5; gi++) {
+    const int f32 = gi == 3, ragged = gi == 4;
+    int64_t G = f32 ? 8 : ragged ? 32 : Gs[gi];
     if (f32) {
       float *h32 = malloc((size_t)n * 4);
       int ok = h32 && cuda_ok(cudaMalloc(&dx32, (size_t)n * 4), "malloc f32 x");
@@ -168,7 +170,7 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
     int32_t sizes[128];
     float ones[128];
     for (int64_t g = 0; g < G; g++) {
-      sizes[g] = (int32_t)(M / G);
+      sizes[g] = (int32_t)(M / G) + (ragged ? (g % 2 ? 7 : -7) : 0);
       ones[g] = 1.0f;
     }
     cudaMemcpy(dgs, sizes, sizeof(int32_t) * (size_t)G, cudaMemcpyHostToDevice);
@@ -214,8 +216,9 @@ int tw_bench_gpu_quantize(const tw_bench_cfg *cfg) {
         double bytes = (double)n * (f32 ? 4 : 2) + (double)written;
         tw_bench_row r = {0};
         r.op = "quantize";
-        snprintf(r.shape, sizeof r.shape, "%s %s G=%lld %lldx%lld %s", tw_scaling_name(o.mode),
-                 lay == TW_ROWWISE ? "row" : "row+col", (long long)G, (long long)M, (long long)K, f32 ? "f32" : "bf16");
+        snprintf(r.shape, sizeof r.shape, "%s %s G=%lld%s %lldx%lld %s", tw_scaling_name(o.mode),
+                 lay == TW_ROWWISE ? "row" : "row+col", (long long)G, ragged ? " ragged" : "", (long long)M, (long long)K,
+                 f32 ? "f32" : "bf16");
         r.backend = "gpu";
         snprintf(r.version, sizeof r.version, "%s", vnames[ver]);
         r.ms = ms;
