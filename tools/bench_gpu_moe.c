@@ -5,8 +5,8 @@
  * Peer: the same block in PyTorch (tools/peers/torch_moe.py: torch.topk router, experts by
  * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
  * each row, the breakdown by step (CUDA events between the block's steps, one extra run).
- * The fp8 recipes (fp8_current, fp8_block: bf16 tensors, e4m3 expert GEMMs) run the same
- * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
+ * The fp8 recipes (fp8_current, fp8_block, fp8_mxfp8: bf16 tensors, e4m3 expert GEMMs) run the
+ * same shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
  * later microbatches of one optimizer step). */
 #include <cuda_runtime.h>
@@ -199,8 +199,11 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   }
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
-  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK};
-  for (int i = 0; i < 3; i++) {
+  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
+  /* TWIN_BENCH_MOE_RECIPE=name: only that recipe (e.g. a second call under a kernel knob) */
+  const char *only = getenv("TWIN_BENCH_MOE_RECIPE");
+  for (int i = 0; i < 4; i++) {
+    if (only && strcmp(only, tw_moe_recipe_name(recipes[i]))) continue;
     bench_shape(ctx, 32, 4096, recipes[i], peers, cfg);
     bench_shape(ctx, 32, 16384, recipes[i], peers, cfg);
     bench_shape(ctx, 256, 4096, recipes[i], peers, cfg);
