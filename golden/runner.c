@@ -120,7 +120,8 @@ static tw_status compare_exact(const char *dir, const tw_tensor_set *outs, const
  * did: run mx1, bf16 out, err 0.25 > 0.231).
  * So may a grouped fp8 wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T;
  * auto for current, 1x128 and 128x128 scales, forced for delayed too): the same model over each group's tokens,
- * bound_k (the largest group) for K. */
+ * bound_k (the largest group) for K; and an MXFP8 wgrad from the colwise [M, K] / [M, N] data
+ * (lhs_op = rhs_op = N, auto): promoted every 32 tokens. */
 static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
   const int dense = tw_case_get(k, "op") && !strcmp(tw_case_get(k, "op"), "gemm");
   const char *op = tw_case_get(k, "op"), *m = tw_case_get(k, dense ? "a_mode" : "lhs_mode"),
@@ -136,9 +137,10 @@ static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
   }
   const int mode_ok =
       !strcmp(m, "current") || !strcmp(m, "delayed") || !strcmp(m, "block1x128") || !strcmp(m, "block128x128");
-  if (!strcmp(op, "grouped_gemm_wgrad")) { /* auto: current, 1x128, 128x128; forced: delayed too */
+  if (!strcmp(op, "grouped_gemm_wgrad")) { /* auto: current, 1x128, 128x128, MXFP8; forced: delayed too */
     const char *l = tw_case_get(k, "lhs_op"), *kn = tw_ctx_kernel(ctx);
     const int fitted = strcmp(m, "delayed") != 0;
+    if (!strcmp(m, "mxfp8")) return l && !strcmp(l, "N") && !strcmp(r, "N") ? 32 : 0; /* colwise [M, K] data */
     return mode_ok && l && !strcmp(l, "T") && !strcmp(r, "T") && (fitted || (kn && !strcmp(kn, "gg_wgmma_fp8"))) ? 128 : 0;
   }
   if (strcmp(op, "grouped_gemm")) return 0;

@@ -18,7 +18,8 @@
 //               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.
 //               Also the fp8 wgrad from the per-group transposed colwise copies (ops T), auto
 //               for current / 1x128 / 128x128 scales (H100: 1x128 3-5x gg_mma, MoE fp8 blocks
-//               2.3-4.3x faster end to end; 0.15-0.27x its forward's rate).
+//               2.3-4.3x faster end to end; 0.15-0.27x its forward's rate), and the MXFP8 wgrad
+//               from the colwise [M, K] / [M, N] data (ops N), auto too.
 //   gg_mma_wide (auto for bf16, f16 and fp8 operands where the device grants its shared
 //               memory): the tensor-core kernel of gpu/grouped_gemm_kernel.cu with 128x256x64
 //               tiles, 3 stages, a hoisted loader for interior tiles; bf16, f16, and fp8 with
@@ -63,10 +64,11 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 // accumulation model "gg_wgmma_fp8" of tw_gemm.h) is the automatic choice for the fp8 forward it
 // takes.
 #define GG_WGMMA_FP8_AUTO 1
-// Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads), same
-// model, is the automatic choice for the fp8 wgrad it takes whose scales are fitted to the data
-// (current per-tensor, 1x128, 128x128): 3x gg_mma for 1x128, 1.05x gg_mma_wide per-tensor on
-// large groups and 1.6-3.7x on small / ragged ones (H100, run fw1 in gpu/NOTES-gemm.md).
+// Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads; MXFP8 from
+// the colwise [M, K] / [M, N] data, ops N, promoted every 32 tokens), same model, is the automatic
+// choice for the fp8 wgrad it takes whose scales are fitted to the data (current per-tensor,
+// 1x128, 128x128, MXFP8): 3x gg_mma for 1x128, 1.05x gg_mma_wide per-tensor on large groups and
+// 1.6-3.7x on small / ragged ones (H100, run fw1 in gpu/NOTES-gemm.md); MXFP8: run mxw1 there.
 // Delayed per-tensor scales stay on gg_mma_wide (exact): with them run fw1 found the promoted
 // model exceeded (codes left in e4m3's subnormal range along the token dim).
 // Measurement knob (read on every call, so the bench times both in one process):
@@ -77,7 +79,8 @@ static int fp8_wgrad_auto_on(void) {
   return !(e && *e == '0');
 }
 static int fp8_fitted_scales(const tw_operand *a) {
-  return a->mode == TW_SCALE_TENSOR_CURRENT || a->mode == TW_SCALE_BLOCK_1x128 || a->mode == TW_SCALE_BLOCK_128x128;
+  return a->mode == TW_SCALE_TENSOR_CURRENT || a->mode == TW_SCALE_BLOCK_1x128 || a->mode == TW_SCALE_BLOCK_128x128 ||
+         a->mode == TW_SCALE_MXFP8_1D;
 }
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {

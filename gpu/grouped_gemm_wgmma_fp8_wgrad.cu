@@ -31,6 +31,18 @@
 //     by the consumers (accumulate: untouched), no loads.
 //   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
 //     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
+// MXFP8 (kernel template MX; issue 16 item 1): the colwise MXFP8 data is not transposed
+// (tw_quantize.h: [M, K] and [M, N], ops N; E8M0 scales per 32 tokens of a group and column), so
+// the pad pass transposes it (ggf_pad_mx) into the same token-padded [K, Mp] / [N, Mp] matrices,
+// and the tma loader runs as for the other modes. Per 128-token k-block the consumers run the
+// forward's GGF_SC_MX scheme: one wgmma k32 per 32-token scaling block into fresh registers, then
+//   total = fmaf(partial, sa * sb, total)
+// with that block's scales decoded to f32 (2^(e-127); 0 -> 2^-127, 0xFF -> NaN), sa * sb in f32;
+// blocks wholly past m_g are skipped. Since group g's tokens sit at padded column 128*T(g), the
+// 32-blocks are the colwise quantizer's (counted from the group's first token). Producer warps
+// 1-3 take the k-blocks in turn and decode the scale bytes into a 4 KiB slot per stage (lhs
+// [4][128 rows k], rhs [4][128 columns n]): compact or swizzled colwise layout (see the MX
+// producer). Declines: scale_inv not 4-byte aligned, sizes past the TMA coordinates, no encoder.
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,6 +67,7 @@ struct ggf_wparams {
   int scale_tma;  // tma loader, 1x128 x 1x128: the k-block's scales come by TMA with the data
   int tma_out;    // tma loader, no accumulate: tiles leave by TMA store (maps.out)
   int epi_bytes;  // the epilogue's staging (ggf_wepi_bytes)
+  int a_sw, b_sw;  // MXFP8: scale bytes in the swizzled (1) or compact (0) order
 };
 // The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
 // the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
@@ -105,9 +118,16 @@ static int ggf_wepi_bytes(int loader, int tma_out, int f32) {
   const int t = tma_out ? GGF_WEPI_TMA_BYTES(f32) : 0;
   return t > GGF_EPI_BYTES ? t : GGF_EPI_BYTES;
 }
-static size_t ggf_wsmem(int loader, int nst, int epi_bytes) {
+// MXFP8 (kernel template MX): a stage's scales are lhs [4 sub-blocks of 32 tokens][128 rows k]
+// and rhs [4][128 columns n], decoded to f32 (4 KiB; the forward's GGF_MXSTAGE layout), so that
+// the consumers promote with the forward's ggf_promote.
+#define GGF_WMX 3  // the wgrad's scale mode for MXFP8 (the .cuh's ggf_mode_of has no MXFP8)
+#define GGF_WMXSTAGE (2 * 4 * 128)
+#define GGF_WSST(MX) ((MX) ? GGF_WMXSTAGE : GGF_SCALE_FLOATS)
+static inline int ggf_wmode_of(int m) { return m == TW_SCALE_MXFP8_1D ? GGF_WMX : ggf_mode_of(m); }
+static size_t ggf_wsmem(int loader, int nst, int epi_bytes, int mx) {
   return (size_t)nst * GGF_STAGE_BYTES + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
-         (size_t)epi_bytes + (size_t)nst * GGF_SCALE_FLOATS * 4 + 2 * (size_t)nst * 8;
+         (size_t)epi_bytes + (size_t)nst * GGF_WSST(mx) * 4 + 2 * (size_t)nst * 8;
 }
 
 #ifdef WGC_DEVICE
@@ -353,6 +373,82 @@ __global__ void ggf_pad_colwise(const ggf_wparams p, unsigned char *pa, unsigned
   }
 #endif
 }
+// MXFP8's colwise data is not transposed (tw_quantize.h: [M, K] like the source, only the
+// scales run along the tokens), and fp8 wgmma reads both operands token-major, so the pad pass
+// transposes: dst[r, 128*t + j] = src[o_g + 128*(t - T(g)) + j, r] for the 128-token tile t of
+// group g (tokens past m_g: 0), the same token-padded matrices lhs [K, Mp], rhs [N, Mp] as
+// ggf_pad_colwise writes, so the TMA producer and the k-blocks are the other modes'.
+// One CTA per (token tile, 128 columns r, side): 128 x 128 bytes through shared memory.
+//   load:  thread (row j = tid/8 + 32i, 16-byte word w = tid%8) reads tokens' rows (coalesced:
+//          a warp reads 4 rows x 128 bytes) and stores 4 words into row j at word column
+//          (4w + e) ^ 2*(j/16) (33 words a row: conflict-free stores, and the reads below)
+//   store: thread (chunk c = tid%8 of 16 tokens, word column q = tid/8) reads the 16 words
+//          (tokens 16c.., columns 4q..4q+3), transposes them 4x4 bytes at a time (byte_perm) and
+//          writes 16 tokens of the 4 rows 4q..4q+3 (a warp writes 16 whole 128-byte rows).
+// Rows of src that are not 16-byte multiples (or an unaligned base) are read byte by byte.
+#define GGF_PMX_PITCH 33
+__global__ void __launch_bounds__(256) ggf_pad_mx(const ggf_wparams p, unsigned char *pa, unsigned char *pb) {
+#ifdef WGC_DEVICE
+  __shared__ uint32_t tw[128 * GGF_PMX_PITCH];
+  const int side = blockIdx.z, tid = threadIdx.x;
+  const int64_t R = side ? p.N : p.K, r0 = (int64_t)blockIdx.y * 128, t = blockIdx.x;
+  if (t >= p.tiles[p.G] || r0 >= R) return;
+  int64_t lo = 0, hi = p.G - 1;
+  while (lo < hi) {  // last g with T(g) <= t: the non-empty group holding token tile t
+    const int64_t mid = (lo + hi + 1) >> 1;
+    if (p.tiles[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  const int64_t og = p.offsets[lo], mg = p.offsets[lo + 1] - og, j0 = (t - p.tiles[lo]) * 128;
+  const int nt = (int)(mg - j0 < 128 ? mg - j0 : 128), nc = (int)(R - r0 < 128 ? R - r0 : 128);
+  const unsigned char *src = (side ? p.b : p.a) + (og + j0) * R + r0;
+  const bool vec = (((uintptr_t)src | (uintptr_t)R) & 15) == 0;
+  const int w = tid & 7;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int j = (tid >> 3) + 32 * i;
+    uint32_t v[4] = {0u, 0u, 0u, 0u};
+    if (j < nt) {
+      const unsigned char *q = src + (int64_t)j * R + 16 * w;
+      if (vec && 16 * w + 16 <= nc) {
+        const uint4 x = __ldg((const uint4 *)q);
+        v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+      } else {
+        uint64_t lo = 0, hi = 0;
+#pragma unroll 1
+        for (int b = 0; b < 16 && 16 * w + b < nc; ++b) {
+          const uint64_t x = q[b];
+          if (b < 8) lo |= x << (8 * b);
+          else hi |= x << (8 * (b - 8));
+        }
+        v[0] = (uint32_t)lo, v[1] = (uint32_t)(lo >> 32), v[2] = (uint32_t)hi, v[3] = (uint32_t)(hi >> 32);
+      }
+    }
+    const int f = 2 * (j >> 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) tw[j * GGF_PMX_PITCH + ((4 * w + e) ^ f)] = v[e];
+  }
+  __syncthreads();
+  const int c = tid & 7, q = tid >> 3, f = 2 * c;  // rows 16c + i all have j / 16 = c
+  uint32_t x[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) x[i] = tw[(16 * c + i) * GGF_PMX_PITCH + (q ^ f)];
+  uint32_t o[4][4];  // o[e][m]: row 4q + e, tokens 16c + 4m .. + 3
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t lab = __byte_perm(x[4 * m], x[4 * m + 1], 0x5140), hab = __byte_perm(x[4 * m], x[4 * m + 1], 0x7362);
+    const uint32_t lcd = __byte_perm(x[4 * m + 2], x[4 * m + 3], 0x5140), hcd = __byte_perm(x[4 * m + 2], x[4 * m + 3], 0x7362);
+    o[0][m] = __byte_perm(lab, lcd, 0x5410);
+    o[1][m] = __byte_perm(lab, lcd, 0x7632);
+    o[2][m] = __byte_perm(hab, hcd, 0x5410);
+    o[3][m] = __byte_perm(hab, hcd, 0x7632);
+  }
+  unsigned char *dst = (side ? pb : pa) + r0 * p.Mp + 128 * t + 16 * c;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    if (4 * q + e < nc) *(uint4 *)(dst + (int64_t)(4 * q + e) * p.Mp) = make_uint4(o[e][0], o[e][1], o[e][2], o[e][3]);
+#endif
+}
 #ifdef WGC_DEVICE
 
 template <bool BL>
@@ -558,18 +654,49 @@ __device__ __forceinline__ void ggf_epilogue_tma(const ggf_wparams &p, const CUt
 }
 #endif  // WGC_DEVICE
 
-template <bool BL, int AT, int BT, int OUT>
-// maps: the tma loader's (unused by the other loaders).
+#ifdef WGC_DEVICE
+// E8M0 scale byte -> f32 as gg_scale_at (grouped_gemm_kernel.cu) and the forward's ggf_e8m0
+// decode it: 2^(e-127), 0 gives 2^-127 (subnormal), 0xFF NaN.
+__device__ __forceinline__ float ggf_wmx_e8m0(uint32_t e) {
+  return e == 255u ? __int_as_float(0x7fc00000) : e == 0u ? __int_as_float(0x00400000) : __int_as_float((int)(e << 23));
+}
+// One operand's MXFP8 scales of a k-block into the stage slot f [4 sub-blocks][128 rows], from
+// this lane's 4 words x[i] (see the MX producer): compact, word i = sub-block i of rows
+// 4*lane..+3 (one float4 store each); swizzled, word i = rows 32i + lane, byte e = sub-block e.
+// Rows r0 + r at or past `ext` (K or N) get 0.
+__device__ __forceinline__ void ggf_wmx_store(float *f, const uint32_t (&x)[4], int sw, int64_t r0, int64_t ext,
+                                              int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = sw ? 32 * i + lane : 4 * lane + e;
+      v[e] = r0 + r < ext ? ggf_wmx_e8m0((x[i] >> (8 * e)) & 255u) : 0.f;
+    }
+    if (sw) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) f[128 * e + 32 * i + lane] = v[e];
+    } else {
+      *(float4 *)(f + 128 * i + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+    }
+  }
+}
+#endif  // WGC_DEVICE
+
+// maps: the tma loader's (unused by the other loaders). MX: MXFP8 (BL true too; tma loader only).
+template <bool BL, int AT, int BT, int OUT, bool MX = false>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_wgrad_kernel(const __grid_constant__ ggf_wmaps maps, const ggf_wparams p) {
 #ifdef WGC_DEVICE
+  constexpr int SST = GGF_WSST(MX);  // scale floats per stage
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
   const int nst = p.nst;
   unsigned char *rawbuf = base + nst * GGF_STAGE_BYTES;  // staged loader: GGF_WRAW raw buffers
   float *epi = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // tma: GGF_EPI_BYTES
   float *scales = (float *)((unsigned char *)epi + p.epi_bytes);  // [stage][256]
-  uint64_t *full = (uint64_t *)(scales + nst * GGF_SCALE_FLOATS);
+  uint64_t *full = (uint64_t *)(scales + nst * SST);
   uint64_t *empty = full + nst;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) {
@@ -603,7 +730,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           wgc_tma_2d(sa, &maps.a, &full[s], col, (int)w.p0);
           wgc_tma_2d(sb, &maps.b, &full[s], col, (int)w.q0);
           if (stma) {
-            float *f = scales + s * GGF_SCALE_FLOATS;
+            float *f = scales + s * SST;
             wgc_tma_2d(f, &maps.sa, &full[s], (int)w.p0, (int)(w.tg + kb));
             wgc_tma_2d(f + GGF_BM, &maps.sb, &full[s], (int)w.q0, (int)(w.tg + kb));
           }
@@ -613,7 +740,51 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
         }
       }
-    } else if (BL && !p.scale_tma && tid >= 32) {
+    } else if (MX && tid >= 32) {
+      // ---- producer (tma, MXFP8): warps 1-3 in turn decode a k-block's E8M0 scales into the
+      // stage: lhs rows k = p0.., rhs columns n = q0.., 4 sub-blocks of 32 tokens each. The
+      // colwise scales of tw_quantize.h: group g's block starts at byte 4*T(g)*W (W = scale_inv's
+      // last dimension = roundup(K or N, 128)); sub-block f of k-block kb, row r (< 128) of the tile:
+      //   compact:  (4*kb + f)*W + p0 + r      (a tile's 128 rows: 128 contiguous bytes)
+      //   swizzled: ((p0/128)*kts + kb)*512 + (r%32)*16 + (r/32)*4 + f   (kts = ceil(m_g/128))
+      // Every byte read is inside the group's block (p0 + 127 < W); rows past K / N get 0.
+      const int sw = tid / 32 - 1, lane = tid % 32;
+      const unsigned char *ea = (const unsigned char *)p.sa, *eb = (const unsigned char *)p.sb;
+      int s = 0, turn = 0;
+      uint32_t phase = 0;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        const ggf_wtile w = ggf_wlocate(p, t);
+        const unsigned char *ga = ea + 4 * w.tg * p.lda_s, *gb = eb + 4 * w.tg * p.ldb_s;
+        for (int kb = 0; kb < w.kts; ++kb) {
+          const bool mine = turn == sw;
+          const int st = s;
+          const uint32_t ph = phase;
+          if (++turn == 3) turn = 0;
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+          if (!mine) continue;
+          uint32_t wa[4], wb[4];
+          // compact: word i = sub-block i's rows 4*lane..+3; swizzled: word i = rows 32i + lane, f = byte
+          const unsigned char *a = p.a_sw ? ga + ((w.p0 / 128) * w.kts + kb) * 512 + 16 * lane
+                                          : ga + 4 * kb * p.lda_s + w.p0 + 4 * lane;
+          const unsigned char *b = p.b_sw ? gb + ((w.q0 / 128) * w.kts + kb) * 512 + 16 * lane
+                                          : gb + 4 * kb * p.ldb_s + w.q0 + 4 * lane;
+          const int64_t sa_i = p.a_sw ? 4 : p.lda_s, sb_i = p.b_sw ? 4 : p.ldb_s;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            wa[i] = __ldg((const uint32_t *)(a + i * sa_i));
+            wb[i] = __ldg((const uint32_t *)(b + i * sb_i));
+          }
+          wgc_bar_wait(&empty[st], ph ^ 1);
+          float *f = scales + st * SST;
+          ggf_wmx_store(f, wa, p.a_sw, w.p0, p.K, lane);
+          ggf_wmx_store(f + 512, wb, p.b_sw, w.q0, p.N, lane);
+          wgc_bar_arrive(&full[st]);
+        }
+      }
+    } else if (BL && !MX && !p.scale_tma && tid >= 32) {
       // ---- producer (tma): warps 1-3 in turn stage a k-block's 128 row and 128 column scales
       // (the forward's scheme: three global-load latencies in flight)
       const int sw = tid / 32 - 1, lane = tid % 32;
@@ -633,7 +804,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           if (!mine) continue;
           const int64_t tb = w.tg + kb;
           wgc_bar_wait(&empty[st], ph ^ 1);
-          float *f = scales + st * GGF_SCALE_FLOATS + lane;
+          float *f = scales + st * SST + lane;
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const int64_t k = w.p0 + lane + 32 * r, n = w.q0 + lane + 32 * r;
@@ -644,8 +815,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
-  } else if (wg == 0 && p.loader == GGF_WLOAD_STAGED) {
-    ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);
+  } else if (wg == 0 && (MX || p.loader == GGF_WLOAD_STAGED)) {
+    if (!MX) ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);  // MX: tma loader only
   } else if (wg == 0) {
     // ---- producer (rows): thread tid fills row tid of the A and B tiles of every stage -----
     int s = 0;
@@ -705,7 +876,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
       if (next && nj.rb) ggf_row_load(nj.rb, nj.nv, p.b_end, wb);
       if (BL) {
-        float *f = scales + s * GGF_SCALE_FLOATS;
+        float *f = scales + s * SST;
         f[tid] = done.fa;
         f[GGF_BM + tid] = done.fb;
       }
@@ -753,6 +924,33 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         wgc_bar_wait(&full[s], phase);
         const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
         const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        if (MX) {
+          // MXFP8 (the forward's GGF_SC_MX consumer): one wgmma k32 per 32-token scaling block
+          // into fresh registers (scale_d 0), then total = fmaf(partial, sa * sb, total) with
+          // that block's decoded scales. Blocks wholly past m_g are skipped (tokens past m_g are
+          // zeros and their scale bytes padding: never used).
+          const float *fs = scales + s * SST;
+          const int ra = 64 * c + 16 * warp + lane / 4;
+          const int64_t left = w.mg - (int64_t)kt * GGF_BK;
+          const int nsub = left >= GGF_BK ? 4 : (int)((left + 31) / 32);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            if (k >= nsub) break;
+            wgc_fence();
+            ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), 0);
+            wgc_commit();
+            wgc_wait<0>();
+            wgc_touch<64>(d);
+            ggf_promote(d, tot, fs[128 * k + ra], fs[128 * k + ra + 8], fs + 512 + 128 * k, lane);
+          }
+          __syncwarp();
+          if (lane == 0) wgc_bar_arrive(&empty[s]);
+          if (++s == nst) {
+            s = 0;
+            phase ^= 1;
+          }
+          continue;
+        }
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
@@ -761,7 +959,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         wgc_wait<0>();
         wgc_touch<64>(d);
         if (BL) {
-          const float *f = scales + s * GGF_SCALE_FLOATS;
+          const float *f = scales + s * SST;
           const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
           ggf_promote(d, tot, fa0, fa1, f + GGF_BM, lane);
           __syncwarp();
@@ -816,12 +1014,35 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                              const tw_tensor *out, const char **why) {
   gpu_state *st = gpu_of(ctx);
+  const int ma = ggf_wmode_of(lhs->mode), mb = ggf_wmode_of(rhs->mode);
+  const int mx = ma == GGF_WMX || mb == GGF_WMX;
   *why = NULL;
   if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma)";
-  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ggf_mode_of(lhs->mode) < 0 ||
-           ggf_mode_of(rhs->mode) < 0 || (ggf_mode_of(lhs->mode) == GGF_TENSOR) != (ggf_mode_of(rhs->mode) == GGF_TENSOR))
-    *why = "takes fp8 operands with per-tensor, 1x128 or 128x128 scales only";
-  else if (lhs_op != TW_OP_T || rhs_op != TW_OP_T || !lhs->colwise || !rhs->colwise || lhs->data.ndim != 2 ||
+  else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ma < 0 || mb < 0 ||
+           (mx ? ma != mb : (ma == GGF_TENSOR) != (mb == GGF_TENSOR)))
+    *why = "takes fp8 operands with per-tensor, 1x128, 128x128 or MXFP8 (both) scales only";
+  else if (mx) {
+    // MXFP8: the colwise data [M, K] / [M, N] (not transposed, ops N), scales in 32-token blocks
+    const int64_t M = lhs->src_rows, G = out->shape[0];
+    if (lhs_op != TW_OP_N || rhs_op != TW_OP_N || !lhs->colwise || !rhs->colwise || lhs->data.ndim != 2 ||
+        rhs->data.ndim != 2 || out->ndim != 3)
+      *why = "takes the MXFP8 wgrad from the colwise data [M, K] and [M, N] (lhs_op = rhs_op = N: scale blocks "
+             "along the tokens)";
+    else if (lhs->scale_inv.ndim != 2 || rhs->scale_inv.ndim != 2 || ((uintptr_t)lhs->scale_inv.data & 3) ||
+             ((uintptr_t)rhs->scale_inv.data & 3))
+      *why = "needs MXFP8 scale_inv in tw_quantize.h's colwise layout, 4-byte aligned (its scale warps read 32-bit "
+             "words)";
+    else if (M >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31) || out->shape[1] >= ((int64_t)1 << 31) ||
+             out->shape[2] >= ((int64_t)1 << 31) || ((M + 127) / 128 + G) * 128 >= ((int64_t)1 << 31))
+      *why = "needs M, N, K, G and the token-padded width 128 * (ceil(M/128) + G) below 2^31 (TMA coordinates)";
+    else if ((out->shape[1] + 127) / 128 >= 65536 || (out->shape[2] + 127) / 128 >= 65536)
+      *why = "needs K and N below 2^23 (the transposing pad pass's grid)";
+    else if (out->shape[0] * ((out->shape[1] + GGF_BM - 1) / GGF_BM) * ((out->shape[2] + GGF_BN - 1) / GGF_BN) >=
+             ((int64_t)1 << 31))
+      *why = "needs fewer than 2^31 128x128 output tiles (32-bit tile ids)";
+    else if (!wgc_encode_fn())
+      *why = "needs cuTensorMapEncodeTiled in the driver (the MXFP8 wgrad runs the TMA loader only)";
+  } else if (lhs_op != TW_OP_T || rhs_op != TW_OP_T || !lhs->colwise || !rhs->colwise || lhs->data.ndim != 2 ||
            rhs->data.ndim != 2 || out->ndim != 3)
     *why = "takes the wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T): fp8 wgmma reads "
            "both operands token-major";
@@ -859,13 +1080,13 @@ static tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, 
   return TW_OK;
 }
 
-template <bool BL, int AT, int BT, int OUT>
+template <bool BL, int AT, int BT, int OUT, bool MX>
 static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT>;
+  void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT, MX>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
-  const size_t smem = ggf_wsmem(p->loader, p->nst, p->epi_bytes);
+  const size_t smem = ggf_wsmem(p->loader, p->nst, p->epi_bytes, MX);
   if (set_for[dev] < (int)smem) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFuncSetAttribute");
@@ -878,12 +1099,12 @@ static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_w
   return TW_OK;
 }
 
-template <bool BL, int AT, int BT>
+template <bool BL, int AT, int BT, bool MX = false>
 static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   switch (od) {
-    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32>(ctx, m, p, op);
-    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16>(ctx, m, p, op);
-    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16>(ctx, m, p, op);
+    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32, MX>(ctx, m, p, op);
+    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16, MX>(ctx, m, p, op);
+    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16, MX>(ctx, m, p, op);
   }
 }
 
@@ -910,8 +1131,11 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   p.tilesP = (K + GGF_BM - 1) / GGF_BM;
   p.tilesQ = (N + GGF_BN - 1) / GGF_BN;
   p.accumulate = accumulate;
-  p.mode = ggf_mode_of(lhs->mode);
-  p.mode_b = ggf_mode_of(rhs->mode);
+  p.mode = ggf_wmode_of(lhs->mode);
+  p.mode_b = ggf_wmode_of(rhs->mode);
+  const int mx = p.mode == GGF_WMX;
+  p.a_sw = lhs->mxfp8_swizzled;
+  p.b_sw = rhs->mxfp8_swizzled;
   p.sa = (const float *)lhs->scale_inv.data;
   p.sb = (const float *)rhs->scale_inv.data;
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
@@ -921,6 +1145,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
              : lv && !strcmp(lv, "staged") ? GGF_WLOAD_STAGED
              : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
                                            : GGF_WLOAD_DEFAULT;
+  if (mx) p.loader = GGF_WLOAD_TMA;  // MXFP8: the transposing pad pass + TMA only (takes checked the encoder)
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
   ggf_wmaps maps;
   memset(&maps, 0, sizeof maps);
@@ -931,15 +1156,20 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
     const int64_t M = lhs->src_rows;
     p.Mp = ((M + 127) / 128 + G) * 128;
     PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
-    if (p.Mp >= ((int64_t)1 << 31) || !enc) {
+    if (!mx && (p.Mp >= ((int64_t)1 << 31) || !enc)) {
       p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
     } else {
       TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph));
       unsigned char *pa = pad, *pb = pad + K * p.Mp;
-      const int64_t chunks = 8 * (p.Mp / 128);
       const int64_t rows = K > N ? K : N;
-      dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), 2);
-      ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+      if (mx) {  // transposes [M, K] / [M, N] into the same padded [K, Mp] / [N, Mp]
+        dim3 pg((unsigned)(p.Mp / 128), (unsigned)((rows + 127) / 128), 2);
+        ggf_pad_mx<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+      } else {
+        const int64_t chunks = 8 * (p.Mp / 128);
+        dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), 2);
+        ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+      }
       GPU_TRY_CUDA(cudaGetLastError(), op);
       const unsigned char *src[2] = {pa, pb};
       const int64_t ext[2] = {K, N};
@@ -993,7 +1223,10 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   p.epi_bytes = ggf_wepi_bytes(p.loader, p.tma_out, out->dtype == TW_F32);
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;
-  if (p.mode != GGF_TENSOR)
+  if (mx)
+    s = at ? ggf_wgrad_out<true, 1, 0, true>(ctx, od, &maps, &p, op)
+           : bt ? ggf_wgrad_out<true, 0, 1, true>(ctx, od, &maps, &p, op) : ggf_wgrad_out<true, 0, 0, true>(ctx, od, &maps, &p, op);
+  else if (p.mode != GGF_TENSOR)
     s = at ? ggf_wgrad_out<true, 1, 0>(ctx, od, &maps, &p, op)
            : bt ? ggf_wgrad_out<true, 0, 1>(ctx, od, &maps, &p, op) : ggf_wgrad_out<true, 0, 0>(ctx, od, &maps, &p, op);
   else

@@ -480,6 +480,8 @@ static int fp8w_forced;
  * scales (codes in e4m3's subnormal range along the token dim) out of the promoted model's bound
  * on small groups (gpu/NOTES-gemm.md, an open question for the model, forward included) */
 static int fp8w_no_delayed;
+/* every fp8 wgrad case MXFP8 (colwise [M, K] / [M, N] data, ops N: the forced MXFP8 wgrad sets) */
+static int fp8w_only_mxfp8;
 /* gg_wgmma wgrad: rows past the sizes' sum set to NaN in both operands (they must never be
  * read: a group's last k-tile must not take them into the contraction). */
 static int nan_rest;
@@ -530,6 +532,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   tw_tensor ls_h = tw_tensor_none(), rs_h = tw_tensor_none(), ls_d = tw_tensor_none(), rs_d = tw_tensor_none();
   qop ql, qr;
   int quant = kind == 3, fast = 0;
+  int64_t plen = 128; /* gg_wgmma_fp8's promotion interval along the tokens (32: MXFP8) */
   int64_t lsh[2] = {M, K}, rsh[2] = {M, N};
   if (!quant) {
     tw_dtype dl = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32;
@@ -564,6 +567,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   } else {
     tw_scaling mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
     if (fp8w_no_delayed && mode == TW_SCALE_TENSOR_DELAYED) mode = TW_SCALE_TENSOR_CURRENT;
+    if (fp8w_only_mxfp8) mode = TW_SCALE_MXFP8_1D;
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
     /* contraction over rows: 1x128 and MXFP8 need the colwise orientation */
@@ -580,10 +584,14 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     lop = (lc && mode != TW_SCALE_MXFP8_1D) ? TW_OP_T : TW_OP_N;
     rop = (rc && mode != TW_SCALE_MXFP8_1D) ? TW_OP_T : TW_OP_N;
     lh = ql.h; ldv = ql.d; rh = qr.h; rdv = qr.d;
-    /* gg_wgmma_fp8 may run it (forced, or auto on sm_90): its promoted model */
-    fast = fp8_fast_bound && lop == TW_OP_T && rop == TW_OP_T &&
-           (mode == TW_SCALE_TENSOR_CURRENT || mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_BLOCK_128x128 ||
-            (fp8w_forced && mode == TW_SCALE_TENSOR_DELAYED));
+    /* gg_wgmma_fp8 may run it (forced, or auto on sm_90): its promoted model. MXFP8 (the colwise
+     * [M, K] / [M, N] data, ops N; always colwise here) is promoted every 32 tokens. */
+    fast = fp8_fast_bound &&
+           ((lop == TW_OP_T && rop == TW_OP_T &&
+             (mode == TW_SCALE_TENSOR_CURRENT || mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_BLOCK_128x128 ||
+              (fp8w_forced && mode == TW_SCALE_TENSOR_DELAYED))) ||
+            (mode == TW_SCALE_MXFP8_1D && lc && rc));
+    plen = promote_len(mode);
     av = ql.vals;
     bv = qr.vals;
     snprintf(what, sizeof what, "wgrad seed %llu: fp8 %s %s x %s -> %s G=%lld M=%lld N=%lld K=%lld ops %c%c acc %d",
@@ -622,7 +630,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
       }
     /* out[g](k, n) = sum_r lhs[o+r][k] rhs[o+r][n] */
     dref(K, N, m, av + o * K, 1, K, bv + o * N, N, 1, ex + b, ab + b, N);
-    add_bounds_m(ab + b, ex + b, K * N, m, od, fast ? 128 : 0, bound + b); /* the wgrad declines MXFP8 */
+    add_bounds_m(ab + b, ex + b, K * N, m, od, fast ? plen : 0, bound + b);
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
@@ -1008,6 +1016,165 @@ Test(grouped_gemm_wgrad_gpu, wgmma_fp8_version_declines_rowwise) {
   host_free(&out); host_free(&gs); host_free(&x); host_free(&y);
   qop_free(&ql); qop_free(&qr);
   ctx_done();
+}
+
+/* gg_wgmma_fp8 MXFP8 wgrad (colwise [M, K] / [M, N] data, ops N, E8M0 scales every 32 tokens of
+ * a group, compact or swizzled at random; promoted every 32: tw_gemm_error_bound_promoted(..,
+ * m_g, 32, ..)): random ragged groups (zero groups, sizes not multiples of 32, skewed), any K and
+ * N (rows not 16-byte multiples: the pad pass's byte path), e4m3/e5m2 pairs, f32/bf16/f16 out,
+ * accumulate; aligned shapes (its 16-byte path), large ones, then fixed tail patterns. */
+Test(grouped_gemm_wgrad_gpu, mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8w_only_mxfp8 = 1;
+  for (int s = 0; s < 200; ++s) wgrad_case(27000 + s, 3, BUDGET);
+  fp8w_only_mxfp8 = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_mxfp8");
+}
+Test(grouped_gemm_wgrad_gpu, aligned_mxfp8_gg_wgmma_fp8_version, .timeout = 600) {
+  ctx_for("gg_wgmma_fp8"); fp8w_only_mxfp8 = 1; aligned_dims = 1;
+  for (int s = 0; s < 60; ++s) wgrad_case(27500 + s, 3, BUDGET);
+  aligned_dims = 0; fp8w_only_mxfp8 = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_mxfp8_aligned");
+}
+Test(grouped_gemm_wgrad_gpu, large_mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8w_only_mxfp8 = 1;
+  for (int s = 0; s < 4; ++s) wgrad_case(27800 + s, 3, (int64_t)1 << 30);
+  fp8w_only_mxfp8 = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_mxfp8_large");
+}
+/* 32-token blocks inside and across groups: m_g = 1, 31, 32, 33, 0, 127, 128, 129 and 257, 3,
+ * 65, 0, 96, 1, 0, 160 (a group's blocks end at multiples of 32 of the group, never of the tensor),
+ * K = 136 and N = 264 (tails of 8), then K = 128 and N = 512 (the 16-byte pad path and the TMA
+ * store without tails), every output dtype, with and without accumulate (sanitizers run this). */
+Test(grouped_gemm_wgrad_gpu, tails_mxfp8_gg_wgmma_fp8_version, .timeout = 600) {
+  static const int32_t sizes[2][8] = {{1, 31, 32, 33, 0, 127, 128, 129}, {257, 3, 65, 0, 96, 1, 0, 160}};
+  static const int64_t kn[2][2] = {{136, 264}, {128, 512}};
+  ctx_for("gg_wgmma_fp8"); fp8w_only_mxfp8 = 1;
+  for (int v = 0; v < 2; ++v)
+    for (int d = 0; d < 2; ++d)
+      for (int o = 0; o < 3; ++o)
+        for (int acc = 0; acc < 2; ++acc) {
+          fixed_gs = sizes[v]; fixed_G = 8; fixed_M = 700; fixed_K = kn[d][0]; fixed_N = kn[d][1];
+          fixed_od = out_types[o]; fixed_acc = acc;
+          wgrad_case(28000 + 16 * v + 8 * d + 2 * o + acc, 3, BUDGET);
+        }
+  fixed_gs = NULL; fp8w_only_mxfp8 = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_mxfp8_tails");
+}
+/* auto runs the MXFP8 wgrad on gg_wgmma_fp8 on sm_90: its output is bit-identical to the forced
+ * gg_wgmma_fp8's on each case, and differs from the exact gg_mma_wide's on at least one (so the
+ * comparison can tell them apart). Elsewhere auto must not take it: then it matches gg_mma_wide. */
+Test(grouped_gemm_wgrad_gpu, auto_takes_mxfp8, .timeout = 300) {
+  ctx_for(NULL);
+  const int sm90 = device_is_sm90();
+  const char *names[2] = {"gg_wgmma_fp8", "gg_mma_wide"};
+  tw_ctx *forced_ctx[2];
+  for (int i = 0; i < 2; ++i) {
+    tw_ctx_config c = TW_CTX_CONFIG_INIT;
+    c.backend = TW_BACKEND_GPU;
+    c.kernel = names[i];
+    cr_assert_eq(tw_ctx_create(&forced_ctx[i], &c), TW_OK, "%s", tw_last_error());
+  }
+  int differs_from_exact = 0;
+  for (int s = 0; s < 8; ++s) {
+    rng_s = (uint64_t)(29000 + s) * 7919 + 11;
+    const int64_t G = irange(1, 9), M = irange(64, 900), K = irange(1, 300), N = irange(1, 300);
+    const tw_dtype od = out_types[s % 3];
+    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    random_groups(G, M, (int32_t *)gs.data);
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop ql, qr;
+    qop_make(&ql, TW_SCALE_MXFP8_1D, TW_E4M3, &x, &gs, 1);
+    qop_make(&qr, TW_SCALE_MXFP8_1D, (s & 1) ? TW_E5M2 : TW_E4M3, &y, &gs, 1);
+    tw_tensor o[3], d[3];
+    tw_tensor gs_d = dev_copy(&gs);
+    tw_ctx *cx[3] = {gpu_ctx, forced_ctx[0], forced_ctx[1]};
+    for (int i = 0; i < 3; ++i) {
+      o[i] = host_new(od, 3, os);
+      d[i] = dev_copy(&o[i]); /* poisoned alike */
+      cr_assert_eq(tw_grouped_gemm_wgrad(cx[i], &ql.d, TW_OP_N, &qr.d, TW_OP_N, &gs_d, &d[i], 0), TW_OK,
+                   "case %d (%s): %s", s, i ? names[i - 1] : "auto", tw_last_error());
+      cr_assert_eq(tw_ctx_check(cx[i]), TW_OK, "case %d: %s", s, tw_last_error());
+      to_host(&o[i], &d[i]);
+    }
+    const size_t nb = tw_tensor_bytes(&o[0]);
+    const int same_fast = memcmp(o[0].data, o[1].data, nb) == 0, same_exact = memcmp(o[0].data, o[2].data, nb) == 0;
+    if (sm90) cr_assert(same_fast, "case %d (G=%lld M=%lld K=%lld N=%lld -> %s): auto differs from forced gg_wgmma_fp8", s,
+                        (long long)G, (long long)M, (long long)K, (long long)N, tw_dtype_name(od));
+    else cr_assert(same_exact, "case %d: auto off sm_90 differs from gg_mma_wide", s);
+    differs_from_exact += memcmp(o[1].data, o[2].data, nb) != 0;
+    for (int i = 0; i < 3; ++i) { dev_free(&d[i]); host_free(&o[i]); }
+    qop_free(&ql); qop_free(&qr);
+    dev_free(&gs_d); host_free(&gs); host_free(&x); host_free(&y);
+  }
+  if (sm90) cr_assert(differs_from_exact > 0, "gg_wgmma_fp8 and gg_mma_wide agreed bit for bit on every case");
+  for (int i = 0; i < 2; ++i) tw_ctx_destroy(forced_ctx[i]);
+  ctx_done();
+}
+/* What the MXFP8 wgrad still declines by name (TW_ERR_UNSUPPORTED naming gg_wgmma_fp8 and why):
+ * an lhs or rhs scale_inv that is not 4-byte aligned (its scale warps read 32-bit words); auto
+ * then runs gg_mma_wide and is right. Data at an odd address is taken (the transposing pad pass
+ * reads such rows byte by byte) and is checked against ref with the promoted bound. */
+Test(grouped_gemm_wgrad_gpu, mxfp8_wgmma_fp8_declines_and_odd_data) {
+  const int64_t G = 3, M = 150, K = 72, N = 40;
+  int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
+  for (int c = 0; c < 3; ++c) { /* 0: lhs scales odd, 1: rhs scales odd, 2: both data odd (taken) */
+    ctx_for(c < 2 && (c & 1) ? NULL : "gg_wgmma_fp8");
+    rng_s = 30000 + (uint64_t)c;
+    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    ((int32_t *)gs.data)[0] = 37; ((int32_t *)gs.data)[1] = 0; ((int32_t *)gs.data)[2] = 100;
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop ql, qr;
+    qop_make(&ql, TW_SCALE_MXFP8_1D, TW_E4M3, &x, &gs, 1);
+    qop_make(&qr, TW_SCALE_MXFP8_1D, TW_E4M3, &y, &gs, 1);
+    /* the moved tensor: a copy one byte past a 16-byte aligned allocation */
+    tw_tensor *mv = c == 0 ? &ql.d.scale_inv : c == 1 ? &qr.d.scale_inv : &ql.d.data;
+    tw_tensor *mv2 = c == 2 ? &qr.d.data : NULL;
+    void *keep[2] = {NULL, NULL};
+    tw_tensor *mvs[2] = {mv, mv2};
+    for (int i = 0; i < 2; ++i) {
+      if (!mvs[i]) continue;
+      const size_t b = tw_tensor_bytes(mvs[i]);
+      cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &keep[i]), TW_OK, "%s", tw_last_error());
+      cr_assert_eq(cudaMemcpy((char *)keep[i] + 1, mvs[i]->data, b, cudaMemcpyDeviceToDevice), cudaSuccess);
+      mvs[i]->data = (char *)keep[i] + 1;
+    }
+    tw_tensor out = host_new(TW_F32, 3, os), ref = host_new(TW_F32, 3, os);
+    tw_tensor od = dev_copy(&out), gd = dev_copy(&gs);
+    tw_status st = tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_N, &qr.d, TW_OP_N, &gd, &od, 0);
+    if (c == 0) {
+      cr_assert_eq(st, TW_ERR_UNSUPPORTED, "%s", tw_last_error());
+      cr_assert(strstr(tw_last_error(), "gg_wgmma_fp8") && strstr(tw_last_error(), "4-byte aligned"), "message: %s",
+                tw_last_error());
+    } else {
+      cr_assert_eq(st, TW_OK, "case %d: %s", c, tw_last_error()); /* c 1: auto falls back; c 2: taken */
+      cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s", tw_last_error());
+      to_host(&out, &od);
+      cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &ql.h, TW_OP_N, &qr.h, TW_OP_N, &gs, &ref, 0), TW_OK, "%s",
+                   tw_last_error());
+      const int64_t n = G * K * N;
+      double *ex = (double *)calloc((size_t)n, sizeof(double)), *ab = (double *)calloc((size_t)n, sizeof(double));
+      double *bound = (double *)malloc((size_t)n * sizeof(double));
+      for (int64_t g = 0, o = 0; g < G; o += ((int32_t *)gs.data)[g], ++g) {
+        const int64_t m = ((int32_t *)gs.data)[g], b = g * K * N;
+        if (m == 0) { for (int64_t i = 0; i < K * N; ++i) bound[b + i] = -1; continue; }
+        dref(K, N, m, ql.vals + o * K, 1, K, qr.vals + o * N, N, 1, ex + b, ab + b, N);
+        add_bounds_m(ab + b, ex + b, K * N, m, TW_F32, c == 2 ? 32 : 0, bound + b); /* c 1: gg_mma_wide, exact */
+      }
+      check_case(c == 1 ? "mxfp8 wgrad, rhs scales odd (auto)" : "mxfp8 wgrad, odd data", &out, &ref, bound);
+      free(ex); free(ab); free(bound);
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (mvs[i]) mvs[i]->data = NULL; /* not ours to free twice: the qop frees its own */
+      if (keep[i]) tw_free(gpu_ctx, keep[i]);
+    }
+    /* restore the qop's own device pointers for qop_free: rebuild from dq */
+    ql.d = tw_operand_colwise(&ql.dq);
+    qr.d = tw_operand_colwise(&qr.dq);
+    dev_free(&od); dev_free(&gd);
+    host_free(&out); host_free(&ref); host_free(&gs); host_free(&x); host_free(&y);
+    qop_free(&ql); qop_free(&qr);
+    ctx_done();
+    cases_done("grouped_gemm_wgrad_gpu.mxfp8_declines_and_odd_data");
+  }
 }
 
 /* ---- device error word ------------------------------------------------------------------ */

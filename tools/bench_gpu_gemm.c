@@ -25,9 +25,12 @@
  *     timed with and without the tail-row zeroing.
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
- *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; G32 / G128 ragged sizes too.
+ *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; G32 / G128 ragged sizes too. MXFP8
+ *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
+ *     next to gg_mma_wide, with its rate over the 1x128 and per-tensor wgrads and over the MXFP8
+ *     forward.
  * `--op grouped_gemm_wgrad` (alias wgrad) runs only the dense floors (bf16, fp8), the gg_wgmma and
- * gg_wgmma_fp8 forward rows and the wgrad rows.
+ * gg_wgmma_fp8 forward rows (MXFP8 included) and the wgrad rows.
  * Data is random (random bits inflate power less than constants; DeepGEMM PR #116). */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -338,7 +341,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
     /* bf16, fp8 per-tensor, fp8 1x128 x 1x128, fp8 MXFP8, fp8 1x128 x 128x128 (DeepSeek-V3's
      * pairing: activations 1x128, weights 128x128; issue 16's blockwise target) */
     for (int kind = 0; kind < 5; ++kind) {
-      if (kind >= 3 && wgrad_only) continue;
+      if (kind == 4 && wgrad_only) continue;
       int fp8 = kind > 0;
       if (fill(a, M * sh.K, fp8 ? 1 : 2) || fill(b, sh.G * sh.N * sh.K, fp8 ? 1 : 2)) return 1;
       call c;
@@ -392,7 +395,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
                                  {"gg_mma", "gg_wgmma_fp8", NULL, NULL},
                                  {"gg_mma_wide", "gg_wgmma_fp8", NULL, NULL},
                                  {"gg_mma", "gg_wgmma_fp8", NULL, NULL}};
-      for (int v = wgrad_only ? (kind == 2 ? 1 : 3) : 0; v < (kind >= 2 ? 2 : 4); ++v) {
+      for (int v = wgrad_only ? (kind >= 2 ? 1 : 3) : 0; v < (kind >= 2 ? 2 : 4); ++v) {
         c.ctx = ctxs[kind][v];
         double ms = time_it(run_call, &c, warmup, iters, ctxs[kind][v]);
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[kind][v], tw_last_error()); rc = 1; }
@@ -491,58 +494,73 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       {
         const int64_t T_cap = (M + 127 * (sh.G < M ? sh.G : M)) / 128;
         const int64_t lda = (sh.K + 3) / 4 * 4, ldb = (sh.N + 3) / 4 * 4;
-        void *sa2 = NULL, *sb2 = NULL;
+        /* MXFP8 colwise E8M0 (tw_quantize.h): [4*T_cap, roundup(K or N, 128)], byte 127 = 1.0 */
+        const int64_t mxa = 4 * T_cap * ((sh.K + 127) / 128 * 128), mxb = 4 * T_cap * ((sh.N + 127) / 128 * 128);
+        void *sa2 = NULL, *sb2 = NULL, *xa2 = NULL, *xb2 = NULL;
         if (tw_alloc(c_auto, (size_t)(T_cap * lda * 4 + 16), &sa2) || tw_alloc(c_auto, (size_t)(T_cap * ldb * 4 + 16), &sb2) ||
+            tw_alloc(c_auto, (size_t)mxa, &xa2) || tw_alloc(c_auto, (size_t)mxb, &xb2) ||
+            cudaMemset(xa2, 127, (size_t)mxa) != cudaSuccess || cudaMemset(xb2, 127, (size_t)mxb) != cudaSuccess ||
             fill_f32(sa2, T_cap * lda, 1.f) || fill_f32(sb2, T_cap * ldb, 1.f) || fill(a, M * sh.K, 1) || fill(r2, M * sh.N, 1)) {
           fprintf(stderr, "bench gpu gemm: allocation failed (fp8 wgrad)\n");
           return 1;
         }
-        for (int kind = 1; kind <= 2; ++kind) {
+        double wgrad_f8_tflops[4] = {-1, -1, -1, -1};
+        for (int kind = 1; kind <= 3; ++kind) { /* per-tensor, 1x128 (ops T), MXFP8 (colwise [M, K] / [M, N], ops N) */
           call c8;
           memset(&c8, 0, sizeof c8);
-          c8.grouped = 3;
+          c8.grouped = kind == 3 ? 2 : 3;
           c8.gs = tw_tensor_1d(gs, TW_I32, sh.G, TW_MEM_DEVICE);
           c8.out = tw_tensor_3d(o2, TW_BF16, sh.G, sh.K, sh.N, TW_MEM_DEVICE);
-          tw_tensor A8 = tw_tensor_2d(a, TW_E4M3, sh.K, M, TW_MEM_DEVICE);
-          tw_tensor B8 = tw_tensor_2d(r2, TW_E4M3, sh.N, M, TW_MEM_DEVICE);
+          tw_tensor A8 = kind == 3 ? tw_tensor_2d(a, TW_E4M3, M, sh.K, TW_MEM_DEVICE) : tw_tensor_2d(a, TW_E4M3, sh.K, M, TW_MEM_DEVICE);
+          tw_tensor B8 = kind == 3 ? tw_tensor_2d(r2, TW_E4M3, M, sh.N, TW_MEM_DEVICE) : tw_tensor_2d(r2, TW_E4M3, sh.N, M, TW_MEM_DEVICE);
           c8.a = tw_operand_plain(&A8);
           c8.b = tw_operand_plain(&B8);
-          c8.a.mode = c8.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_BLOCK_1x128;
+          c8.a.mode = c8.b.mode = kind == 1 ? TW_SCALE_TENSOR_CURRENT : kind == 2 ? TW_SCALE_BLOCK_1x128 : TW_SCALE_MXFP8_1D;
           c8.a.colwise = c8.b.colwise = 1;
           c8.a.src_rows = M; c8.a.src_cols = sh.K;
           c8.b.src_rows = M; c8.b.src_cols = sh.N;
           if (kind == 1) {
             c8.a.scale_inv = tw_tensor_1d(sa2, TW_F32, sh.G, TW_MEM_DEVICE);
             c8.b.scale_inv = tw_tensor_1d(sb2, TW_F32, sh.G, TW_MEM_DEVICE);
-          } else {
+          } else if (kind == 2) {
             c8.a.scale_inv = tw_tensor_2d(sa2, TW_F32, T_cap, lda, TW_MEM_DEVICE);
             c8.b.scale_inv = tw_tensor_2d(sb2, TW_F32, T_cap, ldb, TW_MEM_DEVICE);
+          } else {
+            c8.a.scale_inv = tw_tensor_2d(xa2, TW_E8M0, 4 * T_cap, (sh.K + 127) / 128 * 128, TW_MEM_DEVICE);
+            c8.b.scale_inv = tw_tensor_2d(xb2, TW_E8M0, 4 * T_cap, (sh.N + 127) / 128 * 128, TW_MEM_DEVICE);
           }
+          const char *kn = kind == 1 ? "e4m3" : kind == 2 ? "e4m3 1x128" : "e4m3 mxfp8";
           char s8[112];
           snprintf(s8, sizeof s8, "wgrad G=%lld m=%lld N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m,
-                   (long long)sh.N, (long long)sh.K, kind == 1 ? "e4m3" : "e4m3 1x128");
+                   (long long)sh.N, (long long)sh.K, kn);
           cur_bytes = (double)(M * sh.K + M * sh.N) + (double)sh.G * sh.K * sh.N * 2;
-          /* v = 2: gg_wgmma_fp8 with the register producer (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows) */
-          tw_ctx *c8s[3] = {kind == 1 ? c_wide : c_mma, c_wf8, c_wf8};
-          const char *n8[3] = {kind == 1 ? "gg_mma_wide" : "gg_mma", "gg_wgmma_fp8", "gg_wgmma_fp8, rows loader"};
-          for (int v = 0; v < 3; ++v) {
+          /* v = 2: gg_wgmma_fp8 with the register producer (TWIN_GG_WGMMA_FP8_WGRAD_LOADER=rows;
+           * not for MXFP8, which runs the transposing pad pass + TMA only). MXFP8's exact kernel:
+           * gg_mma_wide (auto before gg_wgmma_fp8 took the MXFP8 wgrad) */
+          tw_ctx *c8s[3] = {kind == 2 ? c_mma : c_wide, c_wf8, c_wf8};
+          const char *n8[3] = {kind == 2 ? "gg_mma" : "gg_mma_wide", "gg_wgmma_fp8", "gg_wgmma_fp8, rows loader"};
+          for (int v = 0; v < (kind == 3 ? 2 : 3); ++v) {
             c8.ctx = c8s[v];
             if (v == 2) setenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER", "rows", 1);
             double ms = time_it(run_call, &c8, warmup, iters, c8s[v]);
             if (v == 2) unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER");
             if (ms < 0) { fprintf(stderr, "%s %s: %s\n", s8, n8[v], tw_last_error()); rc = 1; }
             row_out(s8, n8[v], ms, flop, peak_fp8, "", -1, cfg->csv);
+            if (v == 1 && ms > 0) wgrad_f8_tflops[kind] = flop / (ms * 1e-3) / 1e12;
             if (v == 1 && ms > 0 && fwd_f8_tflops[kind] > 0)
               printf("# %s: gg_wgmma_fp8 wgrad / gg_wgmma_fp8 forward rate = %.3f (target >= 0.9)\n", s8,
                      flop / (ms * 1e-3) / 1e12 / fwd_f8_tflops[kind]);
           }
+          if (kind == 3 && wgrad_f8_tflops[3] > 0 && wgrad_f8_tflops[2] > 0 && wgrad_f8_tflops[1] > 0)
+            printf("# %s: gg_wgmma_fp8 MXFP8 wgrad / 1x128 wgrad rate = %.3f, / per-tensor wgrad = %.3f\n", s8,
+                   wgrad_f8_tflops[3] / wgrad_f8_tflops[2], wgrad_f8_tflops[3] / wgrad_f8_tflops[1]);
           if (sh.m <= 512) { /* ragged: m -+ d alternating, so group starts and rows sit at odd byte offsets */
             const int32_t d = sh.m == 512 ? 13 : 29;
             int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
             for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
             cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
             snprintf(s8, sizeof s8, "wgrad G=%lld m=%lld-+%d N=%lld K=%lld %s", (long long)sh.G, (long long)sh.m, (int)d,
-                     (long long)sh.N, (long long)sh.K, kind == 1 ? "e4m3" : "e4m3 1x128");
+                     (long long)sh.N, (long long)sh.K, kn);
             for (int v = 0; v < 2; ++v) {
               c8.ctx = c8s[v];
               double ms = time_it(run_call, &c8, warmup, iters, c8s[v]);
@@ -556,6 +574,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         }
         tw_free(c_auto, sa2);
         tw_free(c_auto, sb2);
+        tw_free(c_auto, xa2);
+        tw_free(c_auto, xb2);
       }
       tw_free(c_auto, r2);
       tw_free(c_auto, o2);

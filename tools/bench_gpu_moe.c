@@ -5,11 +5,12 @@
  * Peer: the same block in PyTorch (tools/peers/torch_moe.py: torch.topk router, experts by
  * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
  * each row, the breakdown by step (CUDA events between the block's steps, one extra run).
- * The fp8 recipes (fp8_current, fp8_block: bf16 tensors, e4m3 expert GEMMs) run the same
- * shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
+ * The fp8 recipes (fp8_current, fp8_block, fp8_mxfp8: bf16 tensors, e4m3 expert GEMMs) run the
+ * same shapes; their peer is the same bf16 torch block (issue 14's target: 1.3x it in fp8), and a
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
- * later microbatches of one optimizer step); then again with the experts' slabs padded to 16 rows
- * ("A=16", tw_moe_config.alignment, as TransformerEngine pads fp8 expert counts). */
+ * later microbatches of one optimizer step); fp8_current and fp8_block then again with the
+ * experts' slabs padded to 16 rows ("A=16", tw_moe_config.alignment, as TransformerEngine pads
+ * fp8 expert counts). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,17 +206,22 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   }
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
-  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK};
-  /* the fp8 recipes also with the experts' slabs padded to 16 rows (tw_moe_config.alignment):
-   * TransformerEngine pads fp8 expert token counts to 16 for its GEMMs; here it also makes every
-   * group's transposed (colwise) rows 16-byte aligned, so the grouped quantize stores them 16
-   * bytes at a time instead of byte by byte */
-  for (int i = 0; i < 3; i++)
-    for (int64_t align = 1; align <= (recipes[i] == TW_MOE_BF16 ? 1 : 16); align *= 16) {
+  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
+  /* TWIN_BENCH_MOE_RECIPE=name: only that recipe (e.g. a second call under a kernel knob) */
+  const char *only = getenv("TWIN_BENCH_MOE_RECIPE");
+  /* fp8_current and fp8_block also with the experts' slabs padded to 16 rows
+   * (tw_moe_config.alignment): TransformerEngine pads fp8 expert token counts to 16 for its
+   * GEMMs; here it also makes every group's transposed (colwise) rows 16-byte aligned, so the
+   * grouped quantize stores them whole */
+  for (int i = 0; i < 4; i++) {
+    if (only && strcmp(only, tw_moe_recipe_name(recipes[i]))) continue;
+    const int64_t max_align = recipes[i] == TW_MOE_FP8_CURRENT || recipes[i] == TW_MOE_FP8_BLOCK ? 16 : 1;
+    for (int64_t align = 1; align <= max_align; align *= 16) {
       bench_shape(ctx, 32, 4096, recipes[i], align, peers, cfg);
       bench_shape(ctx, 32, 16384, recipes[i], align, peers, cfg);
       bench_shape(ctx, 256, 4096, recipes[i], align, peers, cfg);
     }
+  }
   free(peers);
   tw_ctx_destroy(ctx);
   tw_comm_destroy(comm);

@@ -103,18 +103,25 @@
  *     total) with the block's decoded E8M0 scales (2^(e-127); 0 gives 2^-127, 0xFF NaN; the
  *     product sa * sb in f32, as gg_mma's promotion), RNE, u = 2^-24; nb = ceil(K/32):
  *     tw_gemm_error_bound_promoted(.., K, 32, 0x1p-13, 0x1p-24, 2, ..), about 0.4% of
- *     sum|a||b| at K >= 32. Its wgrad declines MXFP8 (gg_mma_wide / gg_mma run it, exact model).
+ *     sum|a||b| at K >= 32.
  *     Its wgrad (lhs and rhs as the per-group transposed colwise copies, lhs_op = rhs_op = T;
- *     per-tensor, 1x128 or 128x128 scales; the auto choice on sm_90 for current per-tensor,
- *     1x128 and 128x128 scales, the MoE block's fp8 wgrads; delayed scales only when forced)
- *     has the same model with the
+ *     per-tensor, 1x128 or 128x128 scales; or MXFP8 from the colwise data [M, K] and [M, N],
+ *     lhs_op = rhs_op = N, compact or swizzled scale bytes; the auto choice on sm_90 for current
+ *     per-tensor, 1x128, 128x128 and MXFP8 scales, the MoE block's fp8 wgrads; delayed scales
+ *     only when forced) has the same model with the
  *     contraction over the group's m_g tokens: the k-blocks are the group's tokens
  *     128b..128b+127 counted from the group's first row (the colwise quantizer's blocks,
  *     wherever the group starts), the last one m_g % 128 deep, tokens past m_g adding exact
  *     zeros; per element of out[g] the bound is tw_gemm_error_bound_promoted(.., m_g, 128,
  *     0x1p-13, 0x1p-24, 2, ..). An empty group is +0 exactly, as in every version.
- *     Memory: it first copies both operands into token-padded matrices, (K + N) * 128 *
- *     (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
+ *     MXFP8 wgrad: the same with blocks of 32 tokens: each of the colwise quantizer's 32-token
+ *     blocks of the group (counted from its first row; the last one m_g % 32 deep, tokens past
+ *     m_g adding exact zeros; blocks wholly past m_g skipped) is one wgmma k32 into a fresh
+ *     accumulator (u_in = 2^-13 per add), then total = fmaf(partial, sa * sb, total) with the
+ *     block's decoded E8M0 scales of row k and column n (as the forward), RNE, u = 2^-24:
+ *     tw_gemm_error_bound_promoted(.., m_g, 32, 0x1p-13, 0x1p-24, 2, ..) per element of out[g].
+ *     Memory: it first copies both operands (MXFP8: transposed) into token-padded matrices,
+ *     (K + N) * 128 * (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
  *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
  *     Known gap (gpu/NOTES-gemm.md, run fw1): with delayed per-tensor scales that leave codes
  *     in e4m3's subnormal range and operand magnitudes that vary along the contraction (2-token
