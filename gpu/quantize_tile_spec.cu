@@ -172,9 +172,9 @@ __device__ __forceinline__ void store_bytes4(uint8_t *o, uint32_t w) {
 // of 16: the colwise rows of group g start at o_g*K + k*m_g) lane s stores the aligned chunk
 // at offsets [16s - d, 16s - d + 16), d = base % 16: bytes 16-d.. of lane s-1's 16 (taken by
 // shuffle) then bytes ..15-d of its own; lane 7 also stores the chunk after it. Full chunks
-// go out as one 16-byte store, the (at most two) partial ones byte by byte, only the bytes
-// of [0, L): the same bytes as storing each lane's 16 directly, 16 store instructions fewer
-// per lane (run q1, gpu/NOTES-quantize.md). All 32 lanes must call it (shuffles); `live`
+// go out as one 16-byte store, the (at most two) partial ones in aligned pieces, only the
+// bytes of [0, L): the same bytes as storing each lane's 16 directly (run q1,
+// gpu/NOTES-quantize.md). All 32 lanes must call it (shuffles); `live`
 // says whether this lane's column is in the tile.
 __device__ __forceinline__ uint4 bytes_from(const uint32_t (&w)[8], int b0) {  // bytes b0..b0+15 of w
   const int q = b0 >> 2, r = 8 * (b0 & 3);
@@ -190,15 +190,33 @@ __device__ __forceinline__ uint4 bytes_from(const uint32_t (&w)[8], int b0) {  /
   return make_uint4(__funnelshift_r(x[0], x[1], r), __funnelshift_r(x[1], x[2], r), __funnelshift_r(x[2], x[3], r),
                     __funnelshift_r(x[3], x[4], r));
 }
+// o is 16-byte aligned; only the bytes of run offsets [0, L) among lo..lo+15 are written, as
+// naturally aligned 8/4/2/1-byte pieces (a piece never crosses the chunk's 8-byte halves)
 __device__ __forceinline__ void store_chunk(uint8_t *o, uint4 v, int lo, int L) {  // run offsets lo..lo+15
   if (lo >= 0 && lo + 16 <= L) {
     *(uint4 *)o = v;
     return;
   }
+  const uint64_t h0 = ((uint64_t)v.y << 32) | v.x, h1 = ((uint64_t)v.w << 32) | v.z;
+  int x = max(0, -lo);
+  const int e = min(16, L - lo);
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
-    const uint32_t word = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
-    if (lo + j >= 0 && lo + j < L) o[j] = (uint8_t)(word >> (8 * (j & 3)));
+  for (int it = 0; it < 8; it++) {  // at most 4 pieces for a head or a tail, 7 for both
+    if (x >= e) break;
+    const uint64_t w = (x < 8 ? h0 : h1) >> (8 * (x & 7));
+    if ((x & 7) == 0 && x + 8 <= e) {
+      *(uint64_t *)(o + x) = w;
+      x += 8;
+    } else if ((x & 3) == 0 && x + 4 <= e) {
+      *(uint32_t *)(o + x) = (uint32_t)w;
+      x += 4;
+    } else if ((x & 1) == 0 && x + 2 <= e) {
+      *(uint16_t *)(o + x) = (uint16_t)w;
+      x += 2;
+    } else {
+      o[x] = (uint8_t)w;
+      x += 1;
+    }
   }
 }
 __device__ __forceinline__ void store_col_run(uint8_t *base, uint4 v, int s, int L, bool live) {
@@ -210,8 +228,7 @@ __device__ __forceinline__ void store_col_run(uint8_t *base, uint4 v, int s, int
   if (!live) return;
   const int d = (int)((uintptr_t)base & 15);
   if (d == 0) {
-    const int n = min(16, L - 16 * s);
-    if (n > 0) store_col16(base + 16 * s, v, n);
+    if (16 * s < L) store_chunk(base + 16 * s, v, 16 * s, L);
     return;
   }
   const int lo = 16 * s - d;
