@@ -50,7 +50,9 @@
 // Measurement knobs (read on every call): TWIN_GG_WGMMA_FP8_SCALES=warps stages block scales
 // by warps 1-3 as before the TMA path; TWIN_GG_WGMMA_FP8_EPI=regs stores every tile from
 // registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
-// (default 0 per-tensor and MXFP8, 1 block scales). Same bits.
+// (default 0 per-tensor and MXFP8, 1 block scales); TWIN_GG_WGMMA_FP8_CLUSTER=2 runs clusters of
+// two CTAs sharing the lhs tile by multicast (CL = 2, even tilesQ; no consistent gain measured,
+// gpu/NOTES-gemm.md runs cl1/cl2). Same bits.
 //   - MXFP8 (kernel kind GGF_SC_MX): the k-block of 128 holds 4 scaling blocks; per block one
 //     wgmma k32 (scale_d 0: fresh partial), wait, promote; the two consumers run free by
 //     default (turns per block, knob ORDER=1, measured 1.5-5% slower, run mx2). Producer warps 1-3 read
@@ -90,8 +92,8 @@
 // MXFP8 (GGF_SC_MX): producer warps 1-3 read each k-block's E8M0 bytes (both tw_quantize.h byte
 // orders, compact and swizzled) and write them decoded to f32 into a larger scale slot.
 enum { GGF_SC_TENSOR = 0, GGF_SC_WARPS = 1, GGF_SC_TMA_V = 2, GGF_SC_TMA_S = 3, GGF_SC_MX = 4 };
-// The forward's scale mode for MXFP8 operands (the .cuh's ggf_mode_of leaves it out: the wgrad
-// declines MXFP8 through it).
+// The forward's scale mode for MXFP8 operands (the .cuh's ggf_mode_of leaves it out; the wgrad
+// maps MXFP8 in its own file).
 #define GGF_MX 3
 // An MXFP8 stage's scales: lhs [4 sub-blocks of 32 along K][128 rows], rhs [4][128 columns], f32.
 #define GGF_MXSTAGE (2 * 4 * 128)
@@ -218,7 +220,8 @@ __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
 #endif  // WGC_DEVICE
 
 // SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype. CL: CTAs
-// per cluster (2: a pair takes column tiles 2u and 2u + 1 of one row tile, tilesQ even; each CTA
+// per cluster (1 by default; 2 on request, see the host side: a pair takes column tiles 2u and
+// 2u + 1 of one row tile, tilesQ even; each CTA
 // loads 64 of the tile's 128 lhs rows and multicasts them to both, so lhs traffic out of L2
 // halves; a stage is free once the consumers of both CTAs released it).
 template <int SC, int AT, int BT, int OUT, int CL>
@@ -675,14 +678,12 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
-  // Clusters of 2 (lhs rows multicast to a pair of column tiles) need an even tilesQ. Taken by
-  // default for per-tensor scales only: run cl1 (H200, gpu/NOTES-gemm.md) measured +3.5% / +7%
-  // on G4 / G8 K7168 per-tensor and -1..-3% on every 1x128 shape, MXFP8 unchanged. The
-  // measurement knob TWIN_GG_WGMMA_FP8_CLUSTER=1|2 forces one (2 only where tilesQ is even).
+  // Clusters of 2 (lhs rows multicast to a pair of column tiles; an even tilesQ) only on request:
+  // TWIN_GG_WGMMA_FP8_CLUSTER=2. Runs cl1/cl2 (H200, gpu/NOTES-gemm.md) found no consistent gain:
+  // per-tensor G8 K7168 +7% / +4%, other shapes -2..+3.5%, block scales -1..-12%, MXFP8 flat.
   const int64_t tilesQ = (N + GGF_BN - 1) / GGF_BN;
   const char *cv = getenv("TWIN_GG_WGMMA_FP8_CLUSTER");
-  const int cl_auto = ggf_fwd_mode_of(lhs->mode) == GGF_TENSOR ? 2 : 1;
-  const int cl = tilesQ % 2 ? 1 : cv && !strcmp(cv, "1") ? 1 : cv && !strcmp(cv, "2") ? 2 : cl_auto;
+  const int cl = tilesQ % 2 == 0 && cv && !strcmp(cv, "2") ? 2 : 1;
   CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
   memset(maps, 0, sizeof maps);
   {
