@@ -222,7 +222,7 @@ static tw_status alloc_fp8(tw_moe *m) {
   TW_TRY(alloc_q(m, m->qbuf[0], m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
   TW_TRY(alloc_q(m, m->qbuf[1], m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
   TW_TRY(alloc_q(m, m->qbuf[2], m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
-  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 0, &m->q_a));
+  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 1, &m->q_a));  /* colwise kept for d_wo */
   TW_TRY(alloc_q(m, m->qbuf[4], m->act_mode, R, H, G, 0, 0, &m->q_deo));
   TW_TRY(alloc_q(m, m->qbuf[5], m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
   return TW_OK;
@@ -829,12 +829,12 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor gwo = m->fs > 1 ? tw_tensor_3d(m->dwo_full, TW_F32, m->nle, F, H, mem) : grads->wo;
 
   TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
-  /* a again from h (not saved), as the forward made it */
-  TW_TRY(step((mark(m, "activation (recompute)"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation (recompute)"));
+  /* f32/bf16: a again from h (not saved), as the forward made it. FP8_*: the forward's colwise
+   * fp8 copy of a is kept instead (the same bits a recompute and a second quantization gave) */
+  if (!m->fp8)
+    TW_TRY(step((mark(m, "activation (recompute)"), tw_moe_act_fwd(ctx, m->cfg.act, m->h, &gs, late ? NULL : m->recv_w, F, m->a, m->dt)), op, "activation (recompute)"));
   if (m->fp8) {
-    tw_tensor a = t2(m, m->a, m->dt, R, F);
     TW_TRY(step((mark(m, "quantize"), quantize(m, &d_eo, m->gs, &m->q_deo)), op, "quantize d_eo"));
-    TW_TRY(step(quantize(m, &a, m->gs, &m->q_a), op, "quantize a"));
     TW_TRY(step((mark(m, "dgrad wo"), gg_q(m, &m->q_deo, tw_operand_rowwise(&m->q_wo), TW_OP_T, t2(m, m->d_a, TW_F32, R, F))), op, "dgrad wo"));
     TW_TRY(step((mark(m, "wgrad wo"), wgrad_q(m, &m->q_a, &m->q_deo, &gwo)), op, "wgrad wo"));
   } else {

@@ -364,8 +364,8 @@ Test(moe_layers, saved_bytes_are_the_headers_sum) {
   close_rank(r);
 }
 
-/* FP8_*: recv is kept as its colwise fp8 copy (data + scales) instead of bf16, and the fp8
- * copies of wi and wo (both orientations) join the saved state. */
+/* FP8_*: recv is kept as its colwise fp8 copy (data + scales) instead of bf16, a's colwise fp8
+ * copy (for d_wo) and the fp8 copies of wi and wo (both orientations) join the saved state. */
 static size_t q_bytes(tw_scaling mode, int64_t M, int64_t K, int64_t G, int row, int col) {
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
@@ -396,7 +396,7 @@ Test(moe_layers, fp8_saved_bytes_are_the_headers_sum) {
     size_t ws, layer;
     cr_assert_eq(tw_ep_workspace_bytes(&ec, 1, &ws, &layer), TW_OK);
     size_t want = 4 * T * E + 8 * T * K + 4 * E + layer + 4 * (size_t)R + 4 * E + 4 * (size_t)R * 2 * F +
-                  2 * (size_t)R * H /* eo, late */ + q_bytes(act[i], R, H, E, 0, 1) +
+                  2 * (size_t)R * H /* eo, late */ + q_bytes(act[i], R, H, E, 0, 1) + q_bytes(act[i], R, F, E, 0, 1) +
                   q_bytes(wts[i], E * H, 2 * F, E, 1, 1) + q_bytes(wts[i], E * F, H, E, 1, 1);
     cr_expect_eq(tw_moe_saved_bytes(m), want, "%s: saved %zu bytes, header says %zu", tw_moe_recipe_name(c.recipe),
                  tw_moe_saved_bytes(m), want);

@@ -25,7 +25,7 @@
  *         tokens and the counts are all-reduced over the token ranks.
  * Backward, given d_out [T_r, H] and d_aux (scalar), by hand (moe/block.c):
  *   d_eo, d_w(late) = combine_bwd(d_out, w, eo)        eo saved (late weighting only)
- *   a is recomputed from h (not saved);  d_bo = sum over the group's rows of d_eo
+ *   a is recomputed from h (FP8_*: its colwise fp8 copy is saved);  d_bo = sum of d_eo's rows
  *   d_a = d_eo @ wo[g]^T;  d_wo = a^T d_eo (per group; an expert with no rows: exact 0)
  *   EARLY: d_recv_w[row] = sum_f d_a * a_unweighted;  d_a *= recv_w
  *   d_h = act_bwd(h, d_a);  d_bi = sum of d_h rows;  d_wi = recv^T d_h
@@ -75,8 +75,9 @@
  * takes it again), with T = max_tokens, s = 2 (BF16) or 4 (F32) bytes:
  *   logits 4*T*E, idx + w 8*T*k, counts 4*E, the EP layer state (tw_ep_workspace_bytes),
  *   recv s*R*H, recv_w 4*R, group sizes 4*NLE, h 4*R*2F, eo s*R*H (LATE weighting only).
- *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, plus the fp8 copies of wi
- *   and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
+ *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, a's colwise fp8 copy with its
+ *   scales (for d_wo, instead of recomputing a and quantizing it again), plus the fp8 copies of
+ *   wi and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
  *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
  *   same sizes and one f32 staging buffer of the larger). With fp8_gather they are not kept:
  *   the fp8 copies above are the gathered weights (scratch: the shard's fp8 copies too).
