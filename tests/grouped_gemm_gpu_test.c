@@ -429,8 +429,12 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
   if (!tw_tensor_is_none(&mx_src) && seed % 4 == 0) {
     const size_t b = tw_tensor_bytes(&rd.data);
     cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &odd_keep), TW_OK, "%s", tw_last_error());
-    cr_assert_eq(cudaMemcpy((char *)odd_keep + 1, rd.data.data, b, cudaMemcpyDeviceToDevice), cudaSuccess);
-    rd.data.data = (char *)odd_keep + 1;
+    /* on the context's stream (non-blocking): a cudaMemcpy D2D on the legacy stream is not
+     * ordered with it, and the GEMM read the copy half-done (run mxf1) */
+    tw_tensor moved = rd.data;
+    moved.data = (char *)odd_keep + 1;
+    cr_assert_eq(tw_tensor_copy(gpu_ctx, &moved, &rd.data), TW_OK, "%s", tw_last_error());
+    rd.data.data = moved.data;
     strncat(what, " (rhs codes at an odd address)", sizeof what - strlen(what) - 1);
   }
 
@@ -943,8 +947,10 @@ Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
     if (cc == 4) { /* a copy of the rhs scales one byte past an aligned allocation */
       const size_t b = tw_tensor_bytes(&sc);
       cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &keep), TW_OK, "%s", tw_last_error());
-      cr_assert_eq(cudaMemcpy((char *)keep + 1, sc.data, b, cudaMemcpyDeviceToDevice), cudaSuccess);
-      qr.d.scale_inv.data = (char *)keep + 1;
+      tw_tensor moved = sc;
+      moved.data = (char *)keep + 1;
+      cr_assert_eq(tw_tensor_copy(gpu_ctx, &moved, &sc), TW_OK, "%s", tw_last_error());
+      qr.d.scale_inv.data = moved.data;
     }
     tw_status st = tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, c == 0 ? TW_OP_N : TW_OP_T, &gd, &od, 0);
     cr_assert_eq(st, TW_ERR_UNSUPPORTED, "case %d: %s", cc, tw_last_error());
