@@ -12,7 +12,9 @@
 //               naming it).
 //               Measured ~2.5x gg_mma_wide on an H100, 0.94-1.10x torch._grouped_mm (NOTES-gemm.md).
 //   gg_wgmma_fp8 (auto on sm_90 for the fp8 forward it takes: per-tensor, 1x128, 128x128 or
-//               MXFP8 scales, rhs [G, N, K], K % 16 == 0): gpu/grouped_gemm_wgmma_fp8.cu, fp8
+//               MXFP8 scales, rhs [G, N, K], K % 16 == 0; MXFP8 also with rhs the colwise data
+//               of its [G*K, N] source, op N, through a transposing pad pass: the MoE
+//               fp8_mxfp8 forward GEMMs): gpu/grouped_gemm_wgmma_fp8.cu, fp8
 //               wgmma promoted into f32 every 128 along K, every 32 for MXFP8 (tw_gemm.h's
 //               "gg_wgmma_fp8" model, not exact f32: force gg_mma_wide / gg_mma for that). H200: 1.07-1.26x torch rowwise
 //               per-tensor on four of five shapes (0.98x at K = 2048), 1x128 0.63-0.83x.

@@ -60,11 +60,17 @@
 //     and store them decoded to f32 in a 4 KiB scale slot per stage (lhs [4][128], rhs
 //     [4][128]); the consumers read them as the 1x128 path does (ggf_promote). Blocks wholly
 //     past K are skipped, so padding scale bytes are never used.
+//   - MXFP8 rhs given as the colwise data of its [G*K, N] source with rhs_op N (the MoE block's
+//     fp8_mxfp8 weights): a transposing pad pass (ggf_pad_mxt, before the host side) writes the
+//     K-major copy [G, N, K] and its scales into the context's pad buffer, then the kernel above
+//     runs unchanged: bit-identical to the call with the rowwise operand of the transposed source.
+//     Cost: G*K*N bytes read and written per call (not cached across calls).
 // Declines (forced: TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide / gg_mma):
-// plain operands, MXFP8 mixed with another mode, an MXFP8 rhs that is not the rowwise data of
-// its [G*N, K] source, MXFP8 scale_inv not 4-byte aligned, rhs_op N, K not a multiple of 16
-// (TMA row strides), K = 0, unaligned bases, a device other than sm_90, sizes past int32 TMA
-// coordinates.
+// plain operands, MXFP8 mixed with another mode, an MXFP8 rhs other than the rowwise data of its
+// [G*N, K] source (op T) or the colwise data of its [G*K, N] source (op N), MXFP8 scale_inv not
+// 4-byte aligned, rhs_op N (other modes), K not a multiple of 16 (TMA row strides), K = 0,
+// unaligned bases (rhs data excepted for the MXFP8 colwise rhs), a device other than sm_90, sizes
+// past int32 TMA coordinates.
 // The wgrad is gpu/grouped_gemm_wgmma_fp8_wgrad.cu; both share gpu/grouped_gemm_wgmma_fp8.cuh
 // (its GGF_STAGES / GGF_SMEM are the wgrad's ring; the forward's are GGF_F* below).
 #include <stdint.h>
@@ -554,6 +560,105 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 #endif
 }
 
+// ---- MXFP8 rhs given as colwise data, op N: the transposing pad pass ---------------------------
+// The MoE block's fp8_mxfp8 recipe passes its expert weights as the colwise MXFP8 operand of the
+// [G*K, N] source (tw_quantize.h: colwise MXFP8 data is not transposed, [G*K, N] like the source,
+// E8M0 scales per 32 rows k of a group, rhs_op N). fp8 wgmma reads both operands K-major, so a
+// pad pass writes the K-major copy the kernel already reads for a rowwise MXFP8 rhs, into the
+// context's pad buffer (ggf_fwd_pad_buffer, below), and the unchanged kernel runs on that:
+//   codes:  dst[g][n][k] = src[g*K + k][n]                ([G, N, K], rows K bytes apart)
+//   scales: the rowwise MXFP8 of the transposed source [G*N, K] has the same 32-element blocks
+//           (32 consecutive k of one column n of one group), so the same E8M0 bytes. Swizzled
+//           colwise scales are byte for byte the swizzled rowwise scales of the transposed
+//           source (tw_quantize.h swizzles a colwise block as its transpose; both group blocks
+//           are [128*ceil(N/128), 4*ceil(K/128)] bytes from byte 512*g*ceil(N/128)*ceil(K/128)),
+//           so they are read in place. Compact colwise scales ([4*ceil(K/128), roundup(N, 128)]
+//           per group, row = 32-block of k) are transposed into the swizzled rowwise order: the
+//           4 bytes of column n, k-block kt are the word at 512*((g*ntn + n/128)*ktn + kt) +
+//           16*(n%32) + 4*((n%128)/32), so one tile's 128 words are 512 contiguous bytes.
+// Same bytes moved, so the forward's result is bit-identical to the one it gives for the
+// rowwise operand of the transposed source (tests/grouped_gemm_gpu_test.c checks it).
+// One CTA per 128 k x 128 n tile of a group (grid-stride): 128 rows of 128 bytes in through
+// a 33-word-pitch shared tile with an XOR on the word column (ggf_pad_mx's scheme, conflict-free
+// both ways), 4x4 byte transposes by byte_perm, 16-byte stores (K % 16 == 0: a k chunk of 16 is
+// whole or past K). Rows of src that are not 16-byte multiples (N % 16, or an unaligned base)
+// are read byte by byte. Threads 0-127 also move the tile's scale words (compact input only).
+struct ggf_tparams {
+  const unsigned char *src;   // colwise data [G*K, N]
+  unsigned char *dst;         // [G, N, K]
+  const unsigned char *ssrc;  // compact colwise E8M0 [4*T_cap, lds], or NULL (swizzled: read in place)
+  unsigned char *sdst;        // swizzled rowwise E8M0 of [G*N, K]: [128*G*ntn, 4*ktn]
+  int64_t K, N, G, ktn, ntn, lds;
+};
+#define GGF_PT_PITCH 33
+__global__ void __launch_bounds__(256) ggf_pad_mxt(const ggf_tparams p) {
+#ifdef WGC_DEVICE
+  __shared__ uint32_t tw[128 * GGF_PT_PITCH];
+  const int tid = threadIdx.x;
+  const int64_t per_g = p.ktn * p.ntn, total = p.G * per_g;
+  for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    const int64_t g = t / per_g, kt = (t - g * per_g) / p.ntn, nt = t - g * per_g - kt * p.ntn;
+    const int64_t k0 = 128 * kt, n0 = 128 * nt;
+    const int nk = (int)(p.K - k0 < 128 ? p.K - k0 : 128), nn = (int)(p.N - n0 < 128 ? p.N - n0 : 128);
+    const unsigned char *src = p.src + (g * p.K + k0) * p.N + n0;
+    const bool vec = (((uintptr_t)src | (uintptr_t)p.N) & 15) == 0;
+    const int w = tid & 7;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = (tid >> 3) + 32 * i;  // row k0 + j, bytes n0 + 16w ..
+      uint32_t v[4] = {0u, 0u, 0u, 0u};
+      if (j < nk) {
+        const unsigned char *q = src + (int64_t)j * p.N + 16 * w;
+        if (vec && 16 * w + 16 <= nn) {
+          const uint4 x = __ldg((const uint4 *)q);
+          v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+        } else {
+          uint64_t lo = 0, hi = 0;
+#pragma unroll 1
+          for (int b = 0; b < 16 && 16 * w + b < nn; ++b) {
+            const uint64_t x = q[b];
+            if (b < 8) lo |= x << (8 * b);
+            else hi |= x << (8 * (b - 8));
+          }
+          v[0] = (uint32_t)lo, v[1] = (uint32_t)(lo >> 32), v[2] = (uint32_t)hi, v[3] = (uint32_t)(hi >> 32);
+        }
+      }
+      const int f = 2 * (j >> 4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) tw[j * GGF_PT_PITCH + ((4 * w + e) ^ f)] = v[e];
+    }
+    if (p.ssrc && tid < 128) {  // compact scales: column n0 + tid, k-block kt -> its swizzled word
+      const unsigned char *s = p.ssrc + 4 * (g * p.ktn + kt) * p.lds + n0 + tid;
+      const uint32_t word = (uint32_t)s[0] | (uint32_t)s[p.lds] << 8 | (uint32_t)s[2 * p.lds] << 16 |
+                            (uint32_t)s[3 * p.lds] << 24;
+      *(uint32_t *)(p.sdst + 512 * ((g * p.ntn + nt) * p.ktn + kt) + 16 * (tid & 31) + 4 * (tid >> 5)) = word;
+    }
+    __syncthreads();
+    const int c = tid & 7, q = tid >> 3, f = 2 * c;  // rows 16c + i all have j / 16 = c
+    uint32_t x[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] = tw[(16 * c + i) * GGF_PT_PITCH + (q ^ f)];
+    uint32_t o[4][4];  // o[e][m]: column n0 + 4q + e, k0 + 16c + 4m .. + 3
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t lab = __byte_perm(x[4 * m], x[4 * m + 1], 0x5140), hab = __byte_perm(x[4 * m], x[4 * m + 1], 0x7362);
+      const uint32_t lcd = __byte_perm(x[4 * m + 2], x[4 * m + 3], 0x5140),
+                     hcd = __byte_perm(x[4 * m + 2], x[4 * m + 3], 0x7362);
+      o[0][m] = __byte_perm(lab, lcd, 0x5410);
+      o[1][m] = __byte_perm(lab, lcd, 0x7632);
+      o[2][m] = __byte_perm(hab, hcd, 0x5410);
+      o[3][m] = __byte_perm(hab, hcd, 0x7632);
+    }
+    unsigned char *dst = p.dst + (g * p.N + n0) * p.K + k0 + 16 * c;
+    if (16 * c < nk)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (4 * q + e < nn) *(uint4 *)(dst + (int64_t)(4 * q + e) * p.K) = make_uint4(o[e][0], o[e][1], o[e][2], o[e][3]);
+    __syncthreads();  // the next tile's loads overwrite tw
+  }
+#endif
+}
+
 // ---- host side ---------------------------------------------------------------------------------
 
 int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
@@ -562,25 +667,33 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
   const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
   const int ma = ggf_fwd_mode_of(lhs->mode), mb = ggf_fwd_mode_of(rhs->mode);
   const int mx = ma == GGF_MX || mb == GGF_MX;
+  // an MXFP8 rhs given as the colwise data of its [G*K, N] source (op N): transposed by
+  // ggf_pad_mxt into the rowwise form first (its data may sit at any byte address)
+  // (measurement knob, read on every call: TWIN_GG_WGMMA_FP8_MXT=0 declines it, so auto runs
+  // gg_mma_wide as before; the benches time both in one process)
+  const char *xv = getenv("TWIN_GG_WGMMA_FP8_MXT");
+  const int mxt = mx && rhs->colwise && rhs_op == TW_OP_N && !(xv && xv[0] == '0');
   *why = NULL;
   if (st->sm != 90) *why = "needs an sm_90 device (fp8 wgmma, TMA)";
   else if (!ggf_fp8(lhs->data.dtype) || !ggf_fp8(rhs->data.dtype) || ma < 0 || mb < 0 ||
            (mx ? ma != mb : (ma == GGF_TENSOR) != (mb == GGF_TENSOR)))
     *why = "takes fp8 operands with per-tensor, 1x128, 128x128 or MXFP8 scales only";
-  else if (rhs_op != TW_OP_T)
-    *why = "needs rhs as [G, N, K] (rhs_op T): fp8 wgmma reads both operands K-major";
+  else if (rhs_op != TW_OP_T && !mxt)
+    *why = "needs rhs as [G, N, K] (rhs_op T; MXFP8 also as the colwise data of its [G*K, N] source, op N): fp8 "
+           "wgmma reads both operands K-major";
   else if (lhs->colwise || lhs->data.ndim != 2)
     *why = "needs the rowwise lhs [M, K]";
   else if (K == 0 || K % 16)
     *why = "needs K a non-zero multiple of 16 (TMA: 16-byte row strides)";
-  else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
+  else if (((uintptr_t)lhs->data.data & 15) || (!mxt && ((uintptr_t)rhs->data.data & 15)))
     *why = "needs 16-byte aligned lhs and rhs";
   else if (M >= ((int64_t)1 << 31) || K >= ((int64_t)1 << 31) || N >= ((int64_t)1 << 31))
     *why = "needs M, N and K below 2^31 (TMA coordinates)";
   else if (M * ((N + GGF_BN - 1) / GGF_BN) >= ((int64_t)1 << 31))  // row tiles <= M
     *why = "needs fewer than 2^31 128x128 output tiles (32-bit tile ids)";
-  else if (mx && rhs->colwise)
-    *why = "needs the MXFP8 rhs as the rowwise data of its [G*N, K] source (scale blocks along K)";
+  else if (mx && rhs->colwise && !mxt)
+    *why = "needs the MXFP8 rhs as the rowwise data of its [G*N, K] source (op T) or the colwise data of its "
+           "[G*K, N] source (op N)";
   else if (mx && (lhs->scale_inv.ndim != 2 || rhs->scale_inv.ndim != 2 || (lhs->scale_inv.shape[1] & 3) ||
                   (rhs->scale_inv.shape[1] & 3) || ((uintptr_t)lhs->scale_inv.data & 3) ||
                   ((uintptr_t)rhs->scale_inv.data & 3)))
@@ -666,9 +779,11 @@ static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, 
          CUDA_SUCCESS;
 }
 
-tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
-                               const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
-                               int accumulate, const char *op) {
+// The forward on a K-major rhs [G, N, K] (rhs_op T; for MXFP8 the rowwise data of the [G*N, K]
+// source, or ggf_pad_mxt's copy of the colwise data).
+static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                                   const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
+                                   int accumulate, const char *op) {
   const char *why;
   if (!gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why))
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
@@ -755,4 +870,88 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
     return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, cl, maps, &p, op);
   }
   return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, cl, maps, &p, op);
+}
+
+// The pad buffer of ggf_pad_mxt: the context's grow-only fp8 pad buffer, the one the wgrad's
+// token-padded copies use (gpu_state.wgrad_pad; ggf_pad_buffer in grouped_gemm_wgmma_fp8_wgrad.cu
+// does the same): stream-ordered cudaMallocAsync / cudaFreeAsync, so a forward and a wgrad
+// sharing it on the context's one stream never overlap; inside a graph capture the call allocates
+// and frees its own (alloc and free nodes of the graph), so a graph never holds the context's
+// buffer. Internal scratch like the workspace: not in the tw_ctx_memory ledger.
+static tw_status ggf_fwd_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph) {
+  gpu_state *st = gpu_of(ctx);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), "grouped_gemm (gg_wgmma_fp8): cudaStreamIsCapturing");
+  *in_graph = cs != cudaStreamCaptureStatusNone;
+  if (*in_graph) {
+    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaMallocAsync");
+    return TW_OK;
+  }
+  if (st->wgrad_pad_bytes < bytes) {
+    if (st->wgrad_pad) GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaFreeAsync");
+    st->wgrad_pad = NULL;
+    st->wgrad_pad_bytes = 0;
+    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaMallocAsync");
+    st->wgrad_pad_bytes = bytes;
+  }
+  *out = (unsigned char *)st->wgrad_pad;
+  return TW_OK;
+}
+
+// rhs_op T: the kernel as is. MXFP8 colwise rhs, op N: ggf_pad_mxt writes the K-major copy (and,
+// for compact scales, the swizzled rowwise scale bytes) into the pad buffer, then the same kernel
+// runs on it as on a rowwise MXFP8 rhs. Sizes from shapes only (no host sync, capturable). Cost
+// per call: G*K*N code bytes read and as many written (+ 2*G*ceil(K/128)*ceil(N/128)*512 scale
+// bytes with compact scales), and as many bytes of pad buffer. The MoE bench's E32 block (H 7168,
+// F 2048): wi G*K*N = 940 MB (~0.55 ms at ~3.5 TB/s), wo 470 MB (~0.27 ms); E256: 8x that.
+// A caller that reuses its weights (tw_moe_set_weight_reuse) still pays it on every call: the
+// copy is not cached (future work: keep it with the quantized weights).
+tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                               const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out,
+                               int accumulate, const char *op) {
+  const char *why;
+  if (!gg_wgmma_fp8_takes(ctx, lhs, rhs, rhs_op, out, &why))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA_FP8, why);
+  if (!(rhs->colwise && rhs_op == TW_OP_N))
+    return ggf_forward_kmajor(ctx, lhs, rhs, rhs_op, offsets, tiles, G, out, accumulate, op);
+  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  if (M == 0 || N == 0 || G == 0) return TW_OK;
+  const int64_t ktn = (K + 127) / 128, ntn = (N + 127) / 128;
+  const size_t code_bytes = ((size_t)(G * N * K) + 255) & ~(size_t)255;
+  const size_t scale_bytes = rhs->mxfp8_swizzled ? 0 : (size_t)(G * ntn * ktn) * 512;
+  unsigned char *pad = NULL;
+  int in_graph = 0;
+  TW_TRY(ggf_fwd_pad_buffer(ctx, code_bytes + scale_bytes, &pad, &in_graph));
+  ggf_tparams tp;
+  tp.src = (const unsigned char *)rhs->data.data;
+  tp.dst = pad;
+  tp.ssrc = rhs->mxfp8_swizzled ? NULL : (const unsigned char *)rhs->scale_inv.data;
+  tp.sdst = pad + code_bytes;
+  tp.K = K;
+  tp.N = N;
+  tp.G = G;
+  tp.ktn = ktn;
+  tp.ntn = ntn;
+  tp.lds = rhs->scale_inv.shape[1];
+  gpu_state *st = gpu_of(ctx);
+  const int64_t tiles_t = G * ktn * ntn, cap = 8 * (int64_t)st->num_sms;
+  ggf_pad_mxt<<<(unsigned)(tiles_t < cap ? tiles_t : cap), 256, 0, st->stream>>>(tp);
+  tw_status s = gpu_cuda_status(cudaGetLastError(), op);
+  if (s == TW_OK) {
+    tw_operand rw = *rhs;  // the rowwise MXFP8 operand of the transposed source [G*N, K]
+    rw.data = tw_tensor_2d(pad, rhs->data.dtype, G * N, K, TW_MEM_DEVICE);
+    rw.colwise = 0;
+    rw.mxfp8_swizzled = 1;
+    rw.src_rows = G * N;
+    rw.src_cols = K;
+    rw.scale_inv = tw_tensor_2d(rhs->mxfp8_swizzled ? rhs->scale_inv.data : (void *)(pad + code_bytes), TW_E8M0,
+                                128 * G * ntn, 4 * ktn, TW_MEM_DEVICE);
+    s = ggf_forward_kmajor(ctx, lhs, &rw, TW_OP_T, offsets, tiles, G, out, accumulate, op);
+  }
+  // a buffer allocated inside a capture is freed inside it too (alloc and free nodes of the graph)
+  if (in_graph) {
+    cudaError_t e = cudaFreeAsync(pad, st->stream);
+    if (s == TW_OK && e != cudaSuccess) s = gpu_cuda_status(e, "grouped_gemm (gg_wgmma_fp8): cudaFreeAsync");
+  }
+  return s;
 }

@@ -513,3 +513,104 @@ static void graph_replay_fp8_wgrad(tw_scaling mode, const char *kernel) {
 Test(graph_gpu, gg_wgmma_fp8_wgrad_tensor_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_TENSOR_CURRENT, "gg_wgmma_fp8"); }
 Test(graph_gpu, gg_wgmma_fp8_wgrad_1x128_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_BLOCK_1x128, "gg_wgmma_fp8"); }
 Test(graph_gpu, fp8_auto_wgrad_1x128_replays, .timeout = 300) { graph_replay_fp8_wgrad(TW_SCALE_BLOCK_1x128, NULL); }
+
+/* ---- MXFP8 forward with the rhs as colwise data, op N (gg_wgmma_fp8's pad pass) ------------ */
+/* The MoE fp8_mxfp8 forward GEMM: lhs the rowwise MXFP8 of x [M, K], rhs the colwise MXFP8 of
+ * w [G*K, N] (op N). gg_wgmma_fp8 first transposes the rhs into a pad buffer that, inside a
+ * capture, the call allocates and frees as graph nodes. Each replay (new sizes, the lhs quantized
+ * for them) must give the same bits as an eager call with those sizes, rows past the groups
+ * untouched (both outputs poisoned alike). */
+static void graph_replay_mx_colwise(const char *kernel) {
+  cudaStream_t stream;
+  CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  tw_ctx *ref, *gpu;
+  tw_ctx_config c = TW_CTX_CONFIG_INIT;
+  cr_assert_eq(tw_ctx_create(&ref, &c), TW_OK, "%s", tw_last_error());
+  c.backend = TW_BACKEND_GPU;
+  c.stream = stream;
+  c.kernel = kernel;
+  cr_assert_eq(tw_ctx_create(&gpu, &c), TW_OK, "%s", tw_last_error());
+  /* K = 208: two k-blocks, the second 80 deep; N = 264: column tiles with a ragged one, N % 16 != 0 */
+  const int64_t G = 8, M = 1000, K = 208, N = 264;
+  int64_t xs[2] = {M, K}, ws[2] = {G * K, N}, gsh[1] = {G}, os[2] = {M, N};
+  tw_tensor x = host_new(TW_F32, 2, xs), w = host_new(TW_F32, 2, ws), gs = host_new(TW_I32, 1, gsh);
+  for (int64_t i = 0; i < M * K; ++i) ((float *)x.data)[i] = (float)((2 * unif() - 1) * ldexp(1.0, (int)(i / K % 7) - 3));
+  for (int64_t i = 0; i < G * K * N; ++i) ((float *)w.data)[i] = (float)((2 * unif() - 1) * ldexp(1.0, (int)(i % 5) - 2));
+  int32_t uk[8];
+  for (int g = 0; g < 8; ++g) uk[g] = (int32_t)K;
+  tw_tensor ugs = tw_tensor_1d(uk, TW_I32, G, TW_MEM_HOST);
+  tw_qtensor lq, rq;
+  q_alloc(&lq, TW_SCALE_MXFP8_1D, M, K, G);
+  qc_alloc(&rq, TW_SCALE_MXFP8_1D, G * K, N, G);
+  qc_run(ref, &rq, &w, &ugs);
+  tw_qtensor dlq = lq, drq = rq;
+  dlq.row_data = dev_of(gpu, &lq.row_data);
+  dlq.row_scale_inv = dev_of(gpu, &lq.row_scale_inv);
+  dlq.amax = tw_tensor_none();
+  drq.col_data = dev_of(gpu, &rq.col_data);
+  drq.col_scale_inv = dev_of(gpu, &rq.col_scale_inv);
+  drq.amax = tw_tensor_none();
+  cr_assert_eq(tw_tensor_copy(gpu, &drq.col_data, &rq.col_data), TW_OK);
+  cr_assert_eq(tw_tensor_copy(gpu, &drq.col_scale_inv, &rq.col_scale_inv), TW_OK);
+  tw_tensor dg = dev_of(gpu, &gs);
+  tw_tensor out_e = host_new(TW_F32, 2, os), out_g = host_new(TW_F32, 2, os);
+  tw_tensor dout = dev_of(gpu, &out_g), dout_e = dev_of(gpu, &out_e);
+  tw_operand a = tw_operand_rowwise(&dlq), b = tw_operand_colwise(&drq);
+#define LOAD_SIZES(sz)                                                                   \
+  do {                                                                                   \
+    memcpy(gs.data, (sz), (size_t)G * 4);                                                \
+    q_run(ref, &lq, &x, &gs);                                                            \
+    cr_assert_eq(tw_tensor_copy(gpu, &dg, &gs), TW_OK);                                  \
+    cr_assert_eq(tw_tensor_copy(gpu, &dlq.row_data, &lq.row_data), TW_OK);               \
+    cr_assert_eq(tw_tensor_copy(gpu, &dlq.row_scale_inv, &lq.row_scale_inv), TW_OK);     \
+  } while (0)
+  const int32_t first[8] = {125, 125, 125, 125, 125, 125, 125, 125};
+  LOAD_SIZES(first);
+  cr_assert_eq(tw_grouped_gemm(gpu, &a, &b, TW_OP_N, &dg, &dout, 0), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_check(gpu), TW_OK, "%s", tw_last_error());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  tw_status s = tw_grouped_gemm(gpu, &a, &b, TW_OP_N, &dg, &dout, 0);
+  cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+  cr_assert_eq(s, TW_OK, "captured call: %s", tw_last_error());
+  cr_assert_eq(ce, cudaSuccess, "capture failed (a host sync inside the call?): %s", cudaGetErrorString(ce));
+  CU(cudaGraphInstantiate(&exec, graph, 0));
+  const int32_t replays[4][8] = {
+      {125, 125, 125, 125, 125, 125, 125, 125},
+      {0, 0, 700, 0, 3, 0, 1, 0},
+      {1, 2, 3, 4, 5, 6, 7, 8},
+      {0, 0, 0, 0, 0, 0, 0, 1000},
+  };
+  for (int rep = 0; rep < 4; ++rep) {
+    LOAD_SIZES(replays[rep]);
+    CU(cudaStreamSynchronize(stream));
+    CU(cudaMemsetAsync(dout.data, TW_POISON_BYTE, tw_tensor_bytes(&out_g), stream));
+    CU(cudaMemsetAsync(dout_e.data, TW_POISON_BYTE, tw_tensor_bytes(&out_e), stream));
+    CU(cudaGraphLaunch(exec, stream));
+    cr_assert_eq(tw_grouped_gemm(gpu, &a, &b, TW_OP_N, &dg, &dout_e, 0), TW_OK, "eager: %s", tw_last_error());
+    CU(cudaStreamSynchronize(stream));
+    cr_assert_eq(tw_ctx_check(gpu), TW_OK, "replay %d: %s", rep, tw_last_error());
+    cr_assert_eq(tw_tensor_copy(gpu, &out_g, &dout), TW_OK);
+    cr_assert_eq(tw_tensor_copy(gpu, &out_e, &dout_e), TW_OK);
+    cr_assert(memcmp(out_g.data, out_e.data, tw_tensor_bytes(&out_g)) == 0,
+              "mxfp8 colwise rhs replay %d (%s): the graph's output differs from the eager call's", rep,
+              kernel ? kernel : "auto");
+  }
+#undef LOAD_SIZES
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  tw_free(gpu, dlq.row_data.data); tw_free(gpu, dlq.row_scale_inv.data); tw_free(gpu, drq.col_data.data);
+  tw_free(gpu, drq.col_scale_inv.data); tw_free(gpu, dg.data); tw_free(gpu, dout.data); tw_free(gpu, dout_e.data);
+  free(lq.row_data.data); free(lq.row_scale_inv.data); if (!tw_tensor_is_none(&lq.amax)) free(lq.amax.data);
+  tw_tensor *rp[5] = {&rq.row_data, &rq.row_scale_inv, &rq.col_data, &rq.col_scale_inv, &rq.amax};
+  for (int i = 0; i < 5; ++i)
+    if (!tw_tensor_is_none(rp[i])) free(rp[i]->data);
+  free(x.data); free(w.data); free(gs.data); free(out_e.data); free(out_g.data);
+  tw_ctx_destroy(gpu);
+  tw_ctx_destroy(ref);
+  cudaStreamDestroy(stream);
+}
+
+Test(graph_gpu, gg_wgmma_fp8_mxfp8_colwise_rhs_replays, .timeout = 300) { graph_replay_mx_colwise("gg_wgmma_fp8"); }
+Test(graph_gpu, fp8_auto_mxfp8_colwise_rhs_replays, .timeout = 300) { graph_replay_mx_colwise(NULL); }

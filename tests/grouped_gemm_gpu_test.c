@@ -148,6 +148,11 @@ static void random_groups(int64_t G, int64_t M, int32_t *gs) {
 static int fp8_mode_count = 5;
 /* fp8_only_mxfp8: every fp8 forward case MXFP8 (the forced gg_wgmma_fp8 MXFP8 tails set) */
 static int fp8_only_mxfp8;
+/* fp8_mx_colwise (with fp8_wgmma_dims): the MXFP8 rhs is the colwise data of its [G*K, N] source,
+ * op N (the MoE fp8_mxfp8 weights); where gg_wgmma_fp8 runs it (fp8_fast_bound) the output must
+ * also be bit-identical to the call with the rowwise operand of the transposed source [G*N, K],
+ * op T; every 4th case passes the rhs codes at an odd address (the pad pass reads them bytewise). */
+static int fp8_mx_colwise;
 static const tw_scaling fp8_modes[] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
                                        TW_SCALE_BLOCK_128x128, TW_SCALE_MXFP8_1D};
 
@@ -337,6 +342,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
   qop ql, qr;
   int quant = kind == 3;
   tw_scaling mode = TW_SCALE_NONE;
+  tw_tensor mx_src = tw_tensor_none(); /* fp8_mx_colwise: the rhs source [G*K, N] */
+  tw_dtype mx_qt = TW_E4M3;
   if (!quant) {
     tw_dtype dl = kind == 0 ? TW_BF16 : kind == 1 ? TW_F16 : TW_F32;
     tw_dtype dr = dl;
@@ -378,7 +385,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     if (mode_r == TW_SCALE_BLOCK_1x128 || mode_r == TW_SCALE_MXFP8_1D) col = kn;
     else col = (int)(rnd() & 1);
     if (fp8_wgmma_dims && mode_r != TW_SCALE_MXFP8_1D) col = kn; /* storage [N, K] per group: op T */
-    if (fp8_wgmma_dims && mode_r == TW_SCALE_MXFP8_1D) kn = col = 0; /* MXFP8 [N, K]: the rowwise [G*N, K] */
+    if (fp8_wgmma_dims && mode_r == TW_SCALE_MXFP8_1D) kn = col = fp8_mx_colwise; /* rowwise [G*N, K] or colwise [G*K, N] */
     int64_t rsrc[2] = {G * (kn ? K : N), kn ? N : K};
     tw_tensor w = host_new(TW_F32, 2, rsrc);
     fill_random(&w, rsrc[0], rsrc[1]);
@@ -386,7 +393,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     tw_tensor ugs = host_new(TW_I32, 1, ush);
     for (int64_t g = 0; g < G; ++g) ((int32_t *)ugs.data)[g] = (int32_t)(kn ? K : N);
     qop_make(&qr, mode_r, qr_t, &w, &ugs, col);
-    host_free(&w);
+    if (fp8_mx_colwise && fp8_wgmma_dims && mode_r == TW_SCALE_MXFP8_1D) mx_src = w; /* for the rowwise twin */
+    else host_free(&w);
     host_free(&ugs);
     /* stored per group: kn rowwise [K,N] (N); kn colwise: transposed [N,K] (T), MXFP8 [K,N] (N);
      * nk rowwise [N,K] (T); nk colwise transposed [K,N] (N) */
@@ -396,6 +404,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     ld = ql.d;
     rh = qr.h;
     rd = qr.d;
+    mx_qt = qr_t;
     av = ql.vals;
     bv = qr.vals;
     b_gs = K * N;
@@ -415,12 +424,57 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
   double *init = values_of(&out_r);
   tw_tensor out_d = dev_copy(&out_g);
   tw_tensor gs_d = dev_copy(&gs);
+  /* the colwise MXFP8 rhs codes at an odd address on every 4th case (a copy; rd points at it) */
+  void *odd_keep = NULL;
+  if (!tw_tensor_is_none(&mx_src) && seed % 4 == 0) {
+    const size_t b = tw_tensor_bytes(&rd.data);
+    cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &odd_keep), TW_OK, "%s", tw_last_error());
+    /* on the context's stream (non-blocking): a cudaMemcpy D2D on the legacy stream is not
+     * ordered with it, and the GEMM read the copy half-done (run mxf1) */
+    tw_tensor moved = rd.data;
+    moved.data = (char *)odd_keep + 1;
+    cr_assert_eq(tw_tensor_copy(gpu_ctx, &moved, &rd.data), TW_OK, "%s", tw_last_error());
+    rd.data.data = moved.data;
+    strncat(what, " (rhs codes at an odd address)", sizeof what - strlen(what) - 1);
+  }
 
   cr_assert_eq(tw_grouped_gemm(ref_ctx, &lh, &rh, rhs_op, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s", what,
                tw_last_error());
   tw_status gs_st = tw_grouped_gemm(gpu_ctx, &ld, &rd, rhs_op, &gs_d, &out_d, accumulate);
   if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
   if (gs_st == TW_OK) to_host(&out_g, &out_d);
+  /* fp8_mx_colwise on gg_wgmma_fp8: the same problem given as the rowwise MXFP8 operand of the
+   * transposed source [G*N, K] (op T) must give the same bits (same codes, same E8M0 bytes) */
+  const char *bit_failure = NULL;
+  if (!tw_tensor_is_none(&mx_src) && fp8_fast_bound && gs_st == TW_OK) {
+    int64_t tsh[2] = {G * N, K}, tgs[1] = {G};
+    tw_tensor wt = host_new(TW_F32, 2, tsh), ugs = host_new(TW_I32, 1, tgs);
+    for (int64_t g = 0; g < G; ++g) {
+      ((int32_t *)ugs.data)[g] = (int32_t)N;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n)
+          ((float *)wt.data)[(g * N + n) * K + k] = ((const float *)mx_src.data)[(g * K + k) * N + n];
+    }
+    qop qt;
+    qop_make(&qt, TW_SCALE_MXFP8_1D, mx_qt, &wt, &ugs, 0);
+    tw_tensor out_t = host_new(od, 2, os);
+    for (int64_t i = 0; i < M * N; ++i) tw_store_from_f64(out_t.data, od, i, init[i], 1); /* the same init */
+    if (!accumulate) memset(out_t.data, TW_POISON_BYTE, tw_tensor_bytes(&out_t));
+    tw_tensor out_td = dev_copy(&out_t);
+    tw_status st2 = tw_grouped_gemm(gpu_ctx, &ld, &qt.d, TW_OP_T, &gs_d, &out_td, accumulate);
+    if (st2 == TW_OK) st2 = tw_ctx_check(gpu_ctx);
+    if (st2 != TW_OK) bit_failure = "the rowwise twin (transposed source, op T) failed to run";
+    else {
+      to_host(&out_t, &out_td);
+      if (memcmp(out_t.data, out_g.data, tw_tensor_bytes(&out_g)) != 0)
+        bit_failure = "colwise op N and the rowwise operand of the transposed source give different bits";
+    }
+    dev_free(&out_td);
+    host_free(&out_t); host_free(&wt); host_free(&ugs);
+    qop_free(&qt);
+  }
+  if (odd_keep) tw_free(gpu_ctx, odd_keep);
+  host_free(&mx_src);
 
   /* exact f64 result and bound */
   double *ex = (double *)calloc((size_t)(M * N + 1), sizeof(double));
@@ -440,6 +494,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
+  if (bit_failure) note_case(what, bit_failure);
 
   free(ex); free(ab); free(bound); free(init); free(off);
   dev_free(&out_d); dev_free(&gs_d);
@@ -755,6 +810,29 @@ Test(grouped_gemm_gpu, large_mxfp8_gg_wgmma_fp8_version, .timeout = 900) {
   for (int s = 0; s < 4; ++s) fwd_case(18500 + s, 3, (int64_t)1 << 30);
   fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8_large");
 }
+/* MXFP8 rhs given as the colwise data of its [G*K, N] source, op N (the MoE fp8_mxfp8 weights):
+ * gg_wgmma_fp8 transposes it (pad pass) and runs the MXFP8 kernel. Random ragged groups (zero
+ * groups, offsets anywhere), K % 16 == 0 with K % 128 != 0 most of the time, any N (tails, N % 16
+ * != 0: the pad pass's byte path), compact and swizzled scales, e4m3/e5m2 pairs, f32/bf16/f16
+ * out, accumulate; against ref with the block-32 bound, and bit for bit against the rowwise
+ * operand of the transposed source (fp8_mx_colwise); every 4th case with the rhs codes at an odd
+ * address. 100 cases (the sanitizers run these), 3 large ones, and the same under auto: on sm_90
+ * the bit-identity shows auto took gg_wgmma_fp8 (else gg_mma_wide's exact sums would differ). */
+Test(grouped_gemm_gpu, mxfp8_colwise_rhs_gg_wgmma_fp8_version, .timeout = 600) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1; fp8_mx_colwise = 1;
+  for (int s = 0; s < 100; ++s) fwd_case(31000 + s, 3, BUDGET);
+  fp8_mx_colwise = 0; fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8_colwise");
+}
+Test(grouped_gemm_gpu, large_mxfp8_colwise_rhs_gg_wgmma_fp8_version, .timeout = 900) {
+  ctx_for("gg_wgmma_fp8"); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1; fp8_mx_colwise = 1;
+  for (int s = 0; s < 3; ++s) fwd_case(31500 + s, 3, (int64_t)1 << 30);
+  fp8_mx_colwise = 0; fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_mxfp8_colwise_large");
+}
+Test(grouped_gemm_gpu, auto_takes_mxfp8_colwise_rhs, .timeout = 600) {
+  ctx_for(NULL); fp8_wgmma_dims = 1; fp8_only_mxfp8 = 1; fp8_mx_colwise = 1;
+  for (int s = 0; s < 40; ++s) fwd_case(32000 + s, 3, BUDGET);
+  fp8_mx_colwise = 0; fp8_only_mxfp8 = 0; fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.auto_mxfp8_colwise");
+}
 /* auto on fp8 operands gg_wgmma_fp8 takes (on sm_90 it runs them, MXFP8 included; elsewhere
  * gg_mma_wide/gg_mma) */
 Test(grouped_gemm_gpu, random_fp8_auto_wgmma_shapes, .timeout = 900) {
@@ -840,15 +918,17 @@ Test(grouped_gemm_gpu, gg_wgmma_fp8_bound_catches_planted_scales) {
   }
 }
 
-/* gg_wgmma_fp8 declines by name: rhs [G, K, N] (op N), and K not a multiple of 16; per-tensor
- * (c 0, 1) and MXFP8 (c 2, 3: the op N rhs is the colwise MXFP8 data of the [G*K, N] source). */
+/* gg_wgmma_fp8 declines by name: per-tensor rhs [G, K, N] (op N, c 0), and K not a multiple of
+ * 16 (c 1); MXFP8 (cc 2, 3) with K = 24 as the colwise data of the [G*K, N] source (op N, which
+ * it takes at K % 16 == 0) and as the rowwise [G*N, K] one (op T); then the MXFP8 colwise op N
+ * rhs with its scale_inv at an odd address (cc 4: its scale warps read 32-bit words). */
 Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
   ctx_for("gg_wgmma_fp8");
   const int64_t G = 1, M = 16;
-  for (int cc = 0; cc < 4; ++cc) {
-    const int c = cc % 2;
+  for (int cc = 0; cc < 5; ++cc) {
+    const int c = cc == 4 ? 0 : cc % 2;
     const tw_scaling mode = cc < 2 ? TW_SCALE_TENSOR_CURRENT : TW_SCALE_MXFP8_1D;
-    const int64_t K = c == 0 ? 64 : 24, N = 32;
+    const int64_t K = cc == 0 || cc == 4 ? 64 : 24, N = 32;
     int64_t gsh[1] = {G}, ls[2] = {M, K}, ws[2] = {c == 0 ? G * K : G * N, c == 0 ? N : K}, os[2] = {M, N};
     tw_tensor gs = host_new(TW_I32, 1, gsh);
     ((int32_t *)gs.data)[0] = (int32_t)M;
@@ -862,9 +942,22 @@ Test(grouped_gemm_gpu, wgmma_fp8_version_declines_by_name) {
     qop_make(&qr, mode, TW_E4M3, &w, &ugs, mode == TW_SCALE_MXFP8_1D && c == 0);
     tw_tensor out = host_new(TW_BF16, 2, os);
     tw_tensor od = dev_copy(&out), gd = dev_copy(&gs);
+    void *keep = NULL;
+    tw_tensor sc = qr.d.scale_inv;
+    if (cc == 4) { /* a copy of the rhs scales one byte past an aligned allocation */
+      const size_t b = tw_tensor_bytes(&sc);
+      cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &keep), TW_OK, "%s", tw_last_error());
+      tw_tensor moved = sc;
+      moved.data = (char *)keep + 1;
+      cr_assert_eq(tw_tensor_copy(gpu_ctx, &moved, &sc), TW_OK, "%s", tw_last_error());
+      qr.d.scale_inv.data = moved.data;
+    }
     tw_status st = tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, c == 0 ? TW_OP_N : TW_OP_T, &gd, &od, 0);
     cr_assert_eq(st, TW_ERR_UNSUPPORTED, "case %d: %s", cc, tw_last_error());
     cr_assert(strstr(tw_last_error(), "gg_wgmma_fp8") != NULL, "message: %s", tw_last_error());
+    if (cc == 4) cr_assert(strstr(tw_last_error(), "4-byte aligned") != NULL, "message: %s", tw_last_error());
+    qr.d.scale_inv = sc;
+    if (keep) tw_free(gpu_ctx, keep);
     dev_free(&od); dev_free(&gd);
     host_free(&out); host_free(&gs); host_free(&x); host_free(&w);
     qop_free(&ql); qop_free(&qr);

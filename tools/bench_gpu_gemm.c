@@ -16,7 +16,9 @@
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
  *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets; so are the MXFP8
  *     rows: torch has no MXFP8 grouped GEMM on Hopper). MXFP8 runs gg_mma_wide (its auto choice
- *     before gg_wgmma_fp8 took MXFP8) and gg_wgmma_fp8.
+ *     before gg_wgmma_fp8 took MXFP8) and gg_wgmma_fp8; then MXFP8 with rhs the colwise data of
+ *     its [G*K, N] source, op N (the MoE fp8_mxfp8 weights: gg_wgmma_fp8's transposing pad pass
+ *     included in the time), compact and swizzled scales, with its rate over the rowwise row.
  *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
  *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
  *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
@@ -415,6 +417,55 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)
         printf("# %s: gg_wgmma_fp8 MXFP8 / 1x128 rate = %.3f, / per-tensor = %.3f\n", shape,
                fwd_f8_tflops[3] / fwd_f8_tflops[2], fwd_f8_tflops[3] / fwd_f8_tflops[1]);
+    }
+    /* MXFP8 with the rhs as the colwise data of its [G*K, N] source, op N (the MoE fp8_mxfp8
+     * weights): gg_wgmma_fp8 transposes it (pad pass, in the time) and runs the MXFP8 kernel; its
+     * rate over the rowwise MXFP8 row above. Colwise E8M0 (tw_quantize.h): [4*T_cap, roundup(N, 128)],
+     * T_cap = (G*K + 127*G) / 128, byte 127 = 1.0; compact (the scale bytes transposed too) and
+     * swizzled (read in place) */
+    if (!wgrad_only && fwd_f8_tflops[3] > 0) {
+      const int64_t cw = (sh.N + 127) / 128 * 128, cr = 4 * ((sh.G * sh.K + 127 * sh.G) / 128);
+      void *xc = NULL;
+      if (tw_alloc(c_auto, (size_t)(cr * cw), &xc) || cudaMemset(xc, 127, (size_t)(cr * cw)) != cudaSuccess ||
+          fill(a, M * sh.K, 1) || fill(b, sh.G * sh.N * sh.K, 1)) {
+        fprintf(stderr, "bench gpu gemm: allocation failed (MXFP8 colwise scales)\n");
+        return 1;
+      }
+      call c;
+      memset(&c, 0, sizeof c);
+      c.grouped = 1;
+      c.op_b = TW_OP_N;
+      c.gs = tw_tensor_1d(gs, TW_I32, sh.G, TW_MEM_DEVICE);
+      c.out = tw_tensor_2d(o, TW_BF16, M, sh.N, TW_MEM_DEVICE);
+      tw_tensor A = tw_tensor_2d(a, TW_E4M3, M, sh.K, TW_MEM_DEVICE), B = tw_tensor_2d(b, TW_E4M3, sh.G * sh.K, sh.N, TW_MEM_DEVICE);
+      c.a = tw_operand_plain(&A);
+      c.b = tw_operand_plain(&B);
+      c.a.mode = c.b.mode = TW_SCALE_MXFP8_1D;
+      c.a.scale_inv = tw_tensor_2d(xa, TW_E8M0, mx_ra, mx_w, TW_MEM_DEVICE);
+      c.b.scale_inv = tw_tensor_2d(xc, TW_E8M0, cr, cw, TW_MEM_DEVICE);
+      c.b.colwise = 1;
+      c.a.src_rows = M; c.a.src_cols = sh.K;
+      c.b.src_rows = sh.G * sh.K; c.b.src_cols = sh.N;
+      char shape[112];
+      snprintf(shape, sizeof shape, "G=%lld m=%lld N=%lld K=%lld e4m3 mxfp8, rhs colwise op N", (long long)sh.G,
+               (long long)sh.m, (long long)sh.N, (long long)sh.K);
+      const char *peer = "torch._scaled_grouped_mm";
+      cur_bytes = (double)(M * sh.K + 3 * sh.G * sh.N * sh.K) + (double)M * sh.N * 2;  /* rhs: the copy reads and writes it, the GEMM reads it */
+      const double pms = peer_ms(key, peer);
+      double t_cw[2] = {-1, -1};
+      for (int sw = 0; sw < 2; ++sw) {
+        c.b.mxfp8_swizzled = sw;
+        c.ctx = c_wf8;
+        const double ms = time_it(run_call, &c, warmup, iters, c_wf8);
+        const char *nm = sw ? "gg_wgmma_fp8, swizzled scales" : "gg_wgmma_fp8";
+        if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, nm, tw_last_error()); rc = 1; }
+        row_out(shape, nm, ms, flop, peak_fp8, peer, pms, cfg->csv);
+        if (ms > 0) t_cw[sw] = flop / (ms * 1e-3) / 1e12;
+      }
+      if (t_cw[0] > 0 && !cfg->csv)
+        printf("# %s: gg_wgmma_fp8 MXFP8 rhs colwise op N / rowwise op T rate = %.3f (compact scales), %.3f (swizzled)\n",
+               shape, t_cw[0] / fwd_f8_tflops[3], t_cw[1] > 0 ? t_cw[1] / fwd_f8_tflops[3] : -1.0);
+      tw_free(c_auto, xc);
     }
     tw_free(c_auto, o);
     o = NULL;

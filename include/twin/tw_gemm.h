@@ -81,9 +81,13 @@
  *     takes the f32 product and one f32 add of the old value before the one rounding.
  *   gg_wgmma_fp8 (Hopper fp8 wgmma, the auto choice for the fp8 forward it takes on sm_90:
  *     per-tensor, 1x128 and 128x128 scales, and 1x128 lhs with 128x128 rhs, and MXFP8 (lhs
- *     rowwise, rhs the rowwise data of the [G*N, K] source, compact or swizzled scale bytes);
- *     rhs [G, N, K]; and for dense fp8 tw_gemm with a [M, K] rowwise op N, b [N, K] op T, no
- *     batch): promoted every 128 along K (MXFP8: every 32, below). The tensor core sums the exact fp8 x fp8 products of one
+ *     rowwise, rhs the rowwise data of the [G*N, K] source, compact or swizzled scale bytes;
+ *     or rhs the colwise data of the [G*K, N] source with rhs_op N, the MoE block's fp8_mxfp8
+ *     weights: first transposed into [G, N, K] with the same codes and E8M0 bytes, so the same
+ *     bits as its rowwise form, at the cost of G*K*N bytes read and written per call and as
+ *     many bytes of the context's pad buffer, below); rhs [G, N, K]; and for dense fp8
+ *     tw_gemm with a [M, K] rowwise op N, b [N, K] op T, no batch): promoted every 128 along K
+ *     (MXFP8: every 32, below). The tensor core sums the exact fp8 x fp8 products of one
  *     128-deep k-block (the last one may be shorter) into a fresh accumulator that keeps
  *     about 14 significant bits (DeepSeek-V3 report; measured ~2^-13 relative on cuBLASLt,
  *     gpu/NOTES-gemm.md): u_in = 2^-13 per add,
@@ -123,6 +127,7 @@
  *     Memory: it first copies both operands (MXFP8: transposed) into token-padded matrices,
  *     (K + N) * 128 * (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
  *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
+ *     The forward's MXFP8 colwise rhs copy (above) uses the same buffer, the same way.
  *     Known gap (gpu/NOTES-gemm.md, run fw1): with delayed per-tensor scales that leave codes
  *     in e4m3's subnormal range and operand magnitudes that vary along the contraction (2-token
  *     groups), errors up to ~7 * 2^-13 of sum|a||b| were seen, ~2.3x this bound: the 14-bit
