@@ -1227,6 +1227,8 @@ Test(grouped_gemm_wgrad_gpu, mxfp8_wgmma_fp8_declines_and_odd_data) {
       if (!mvs[i]) continue;
       const size_t b = tw_tensor_bytes(mvs[i]);
       cr_assert_eq(tw_alloc(gpu_ctx, b + 16, &keep[i]), TW_OK, "%s", tw_last_error());
+      /* the quantization ran on the context's non-blocking stream: finish it before the copy */
+      cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
       cr_assert_eq(cudaMemcpy((char *)keep[i] + 1, mvs[i]->data, b, cudaMemcpyDeviceToDevice), cudaSuccess);
       mvs[i]->data = (char *)keep[i] + 1;
     }
