@@ -713,10 +713,13 @@ static void slices_agree(tw_ctx *subject, arena *A, fz_result *res, const fz_cas
 }
 
 /* The promotion interval of gg_wgmma_fp8's forward model for this case, 0 where it cannot run
- * it (tw_gemm.h: fp8 with rhs / b op T, K % 16 == 0; dense also a op N: lhs_ok). */
-static int64_t fwd_promoted(tw_ctx *subject, const fz_case *c, int64_t K, int lhs_ok) {
+ * it (tw_gemm.h: fp8 with rhs / b op T, K % 16 == 0; dense also a op N: lhs_ok; grouped MXFP8
+ * also with rhs as the colwise [G*K, N] data, op N, which it transposes into the K-major copy). */
+static int64_t fwd_promoted(tw_ctx *subject, const fz_case *c, int64_t K, int lhs_ok, int grouped) {
   const tw_scaling qm = c->sa.mode;
-  if (tw_ctx_backend(subject) == TW_BACKEND_REF || c->op_b != TW_OP_T || K % 16 || !lhs_ok) return 0;
+  const int mx_colwise_n = grouped && qm == TW_SCALE_MXFP8_1D && c->op_b == TW_OP_N && c->sb.colwise;
+  if (tw_ctx_backend(subject) == TW_BACKEND_REF || (c->op_b != TW_OP_T && !mx_colwise_n) || K % 16 || !lhs_ok)
+    return 0;
   if (qm == TW_SCALE_MXFP8_1D) return 32;
   return qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_TENSOR_DELAYED || qm == TW_SCALE_BLOCK_1x128 ||
                  qm == TW_SCALE_BLOCK_128x128
@@ -760,7 +763,7 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
       absp[m * N + n] = s_abs;
       flush[m * N + n] = s_fl;
     }
-  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, fwd_promoted(subject, c, K, c->op_a == TW_OP_N));
+  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, fwd_promoted(subject, c, K, c->op_a == TW_OP_N, 0));
   gemm_compare(subject, oracle, A, res, call_gemm, "gemm", c, &ha, &hb, &ge, NULL);
 }
 
@@ -789,7 +792,7 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
-  const int64_t promoted = fwd_promoted(subject, c, K, 1);
+  const int64_t promoted = fwd_promoted(subject, c, K, 1, 1);
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];

@@ -121,7 +121,8 @@ static tw_status compare_exact(const char *dir, const tw_tensor_set *outs, const
  * So may a grouped fp8 wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T;
  * auto for current, 1x128 and 128x128 scales, forced for delayed too): the same model over each group's tokens,
  * bound_k (the largest group) for K; and an MXFP8 wgrad from the colwise [M, K] / [M, N] data
- * (lhs_op = rhs_op = N, auto): promoted every 32 tokens. */
+ * (lhs_op = rhs_op = N, auto): promoted every 32 tokens. A grouped MXFP8 forward whose rhs is the
+ * colwise [G*K, N] data (rhs_op N) runs it too, through a K-major copy: promoted every 32. */
 static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
   const int dense = tw_case_get(k, "op") && !strcmp(tw_case_get(k, "op"), "gemm");
   const char *op = tw_case_get(k, "op"), *m = tw_case_get(k, dense ? "a_mode" : "lhs_mode"),
@@ -144,9 +145,11 @@ static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
     return mode_ok && l && !strcmp(l, "T") && !strcmp(r, "T") && (fitted || (kn && !strcmp(kn, "gg_wgmma_fp8"))) ? 128 : 0;
   }
   if (strcmp(op, "grouped_gemm")) return 0;
-  const char *K = tw_case_get(k, "K");
-  if (strcmp(r, "T") || !K || atoll(K) % 16) return 0; /* what gg_wgmma_fp8_takes declines keeps the exact model */
-  if (!strcmp(m, "mxfp8")) return 32;
+  const char *K = tw_case_get(k, "K"), *rc = tw_case_get(k, "rhs_colwise");
+  if (!K || atoll(K) % 16) return 0; /* what gg_wgmma_fp8_takes declines keeps the exact model */
+  /* MXFP8 rhs as the colwise [G*K, N] data, op N: transposed into the K-major copy, same model */
+  if (!strcmp(m, "mxfp8")) return !strcmp(r, "T") || (!strcmp(r, "N") && rc && atoi(rc) == 1) ? 32 : 0;
+  if (strcmp(r, "T")) return 0;
   return mode_ok ? 128 : 0;
 }
 
