@@ -27,8 +27,10 @@ typedef struct gpu_state {
 #define GPU_SCRATCH_EXTRA 8
   void *extra[GPU_SCRATCH_EXTRA];  // overflow buffers of the current operation (stream-ordered)
   int n_extra;
-  // The fp8 wgrad's token-padded operand copies (gpu/grouped_gemm_wgmma_fp8.cu): grow-only,
-  // stream-ordered (cudaMallocAsync / cudaFreeAsync), never grown during a graph capture.
+  // gg_wgmma_fp8's operand copies: the wgrad's token-padded ones (gpu/grouped_gemm_wgmma_fp8_wgrad.cu)
+  // and the MXFP8 forward's K-major copy of a colwise rhs (gpu/grouped_gemm_wgmma_fp8.cu): grow-only,
+  // stream-ordered (cudaMallocAsync / cudaFreeAsync), never grown during a graph capture (a call
+  // inside a capture allocates and frees its own).
   void *wgrad_pad;
   size_t wgrad_pad_bytes;
 } gpu_state;
