@@ -128,11 +128,14 @@
  *     (K + N) * 128 * (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
  *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
  *     The forward's MXFP8 colwise rhs copy (above) uses the same buffer, the same way.
- *     Known gap (gpu/NOTES-gemm.md, run fw1): with delayed per-tensor scales that leave codes
- *     in e4m3's subnormal range and operand magnitudes that vary along the contraction (2-token
- *     groups), errors up to ~7 * 2^-13 of sum|a||b| were seen, ~2.3x this bound: the 14-bit
- *     model (aligned to the largest product) does not cover that data; the forward's tests
- *     never draw it (magnitudes are uniform along K there).
+ *     Known gap (gpu/NOTES-gemm.md, run fw1 and the session-5 fuzz): when a block holds fp8
+ *     codes in the subnormal range next to magnitudes that vary along the contraction, a small
+ *     product can vanish entirely; `twin fuzz --backend gpu --op wgrad --seconds 40 --seed 57`
+ *     (H200) found 5 of 8,330 cases at 1.06-2.87x this bound (per-tensor, 1x128 and MXFP8 wgrads;
+ *     shrunk to 2-4 products). The data fits an accumulator aligned to the exponent field of a
+ *     subnormal-code product (up to 2^3 above its magnitude in e4m3): the 14-bit model does not
+ *     cover it yet; a device probe and a code-aware term are the next step. The forward's
+ *     tests and 8,362 forward fuzz cases never hit it.
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
  *     ~2^-13 relative) with no documented promotion interval: no model, so auto never picks it
  *     for fp8.
