@@ -565,7 +565,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 // [G*K, N] source (tw_quantize.h: colwise MXFP8 data is not transposed, [G*K, N] like the source,
 // E8M0 scales per 32 rows k of a group, rhs_op N). fp8 wgmma reads both operands K-major, so a
 // pad pass writes the K-major copy the kernel already reads for a rowwise MXFP8 rhs, into the
-// context's pad buffer (ggf_fwd_pad_buffer, below), and the unchanged kernel runs on that:
+// context's pad buffer (ggf_pad_buffer, grouped_gemm_wgmma_fp8.cuh), and the unchanged kernel
+// runs on that:
 //   codes:  dst[g][n][k] = src[g*K + k][n]                ([G, N, K], rows K bytes apart)
 //   scales: the rowwise MXFP8 of the transposed source [G*N, K] has the same 32-element blocks
 //           (32 consecutive k of one column n of one group), so the same E8M0 bytes. Swizzled
@@ -872,32 +873,6 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, cl, maps, &p, op);
 }
 
-// The pad buffer of ggf_pad_mxt: the context's grow-only fp8 pad buffer, the one the wgrad's
-// token-padded copies use (gpu_state.wgrad_pad; ggf_pad_buffer in grouped_gemm_wgmma_fp8_wgrad.cu
-// does the same): stream-ordered cudaMallocAsync / cudaFreeAsync, so a forward and a wgrad
-// sharing it on the context's one stream never overlap; inside a graph capture the call allocates
-// and frees its own (alloc and free nodes of the graph), so a graph never holds the context's
-// buffer. Internal scratch like the workspace: not in the tw_ctx_memory ledger.
-static tw_status ggf_fwd_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph) {
-  gpu_state *st = gpu_of(ctx);
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), "grouped_gemm (gg_wgmma_fp8): cudaStreamIsCapturing");
-  *in_graph = cs != cudaStreamCaptureStatusNone;
-  if (*in_graph) {
-    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaMallocAsync");
-    return TW_OK;
-  }
-  if (st->wgrad_pad_bytes < bytes) {
-    if (st->wgrad_pad) GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaFreeAsync");
-    st->wgrad_pad = NULL;
-    st->wgrad_pad_bytes = 0;
-    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), "grouped_gemm (gg_wgmma_fp8): cudaMallocAsync");
-    st->wgrad_pad_bytes = bytes;
-  }
-  *out = (unsigned char *)st->wgrad_pad;
-  return TW_OK;
-}
-
 // rhs_op T: the kernel as is. MXFP8 colwise rhs, op N: ggf_pad_mxt writes the K-major copy (and,
 // for compact scales, the swizzled rowwise scale bytes) into the pad buffer, then the same kernel
 // runs on it as on a rowwise MXFP8 rhs. Sizes from shapes only (no host sync, capturable). Cost
@@ -921,7 +896,7 @@ tw_status gg_wgmma_fp8_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_oper
   const size_t scale_bytes = rhs->mxfp8_swizzled ? 0 : (size_t)(G * ntn * ktn) * 512;
   unsigned char *pad = NULL;
   int in_graph = 0;
-  TW_TRY(ggf_fwd_pad_buffer(ctx, code_bytes + scale_bytes, &pad, &in_graph));
+  TW_TRY(ggf_pad_buffer(ctx, code_bytes + scale_bytes, &pad, &in_graph, "grouped_gemm"));
   ggf_tparams tp;
   tp.src = (const unsigned char *)rhs->data.data;
   tp.dst = pad;

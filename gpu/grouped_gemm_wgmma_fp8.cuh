@@ -101,4 +101,38 @@ static inline int ggf_mode_of(int m) {
 }
 static inline int ggf_fp8(int dt) { return dt == TW_E4M3 || dt == TW_E5M2; }
 
+// The context's grow-only buffer for gg_wgmma_fp8's operand copies (gpu_state.wgrad_pad): the
+// wgrad's token-padded copies and the forward's K-major copy of an MXFP8 colwise rhs. Stream-
+// ordered (cudaMallocAsync / cudaFreeAsync: the old buffer is freed behind the work already
+// queued, and users on the context's one stream never overlap). Inside a graph capture the call
+// gets an allocation of the graph instead (*in_graph = 1; the caller frees it in the graph), so a
+// graph never holds the context's buffer. Internal scratch like the workspace: not in the
+// tw_ctx_memory ledger. op names the caller in error messages ("grouped_gemm", ...).
+static inline tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph, const char *op) {
+  gpu_state *st = gpu_of(ctx);
+  char what[96];
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  snprintf(what, sizeof what, "%s (gg_wgmma_fp8): cudaStreamIsCapturing", op);
+  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), what);
+  *in_graph = cs != cudaStreamCaptureStatusNone;
+  snprintf(what, sizeof what, "%s (gg_wgmma_fp8): cudaMallocAsync", op);
+  if (*in_graph) {
+    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), what);
+    return TW_OK;
+  }
+  if (st->wgrad_pad_bytes < bytes) {
+    if (st->wgrad_pad) {
+      char fwhat[96];
+      snprintf(fwhat, sizeof fwhat, "%s (gg_wgmma_fp8): cudaFreeAsync", op);
+      GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), fwhat);
+    }
+    st->wgrad_pad = NULL;
+    st->wgrad_pad_bytes = 0;
+    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), what);
+    st->wgrad_pad_bytes = bytes;
+  }
+  *out = (unsigned char *)st->wgrad_pad;
+  return TW_OK;
+}
+
 #endif

@@ -1057,28 +1057,6 @@ int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   return *why == NULL;
 }
 
-// The padded copies' memory: the context's grow-only buffer (stream-ordered: the old one is
-// freed behind the work already queued), or, inside a graph capture, an allocation of the graph
-// that the caller frees in it (*in_graph = 1), so a graph never holds the context's buffer.
-static tw_status ggf_pad_buffer(tw_ctx *ctx, size_t bytes, unsigned char **out, int *in_graph) {
-  gpu_state *st = gpu_of(ctx);
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  GPU_TRY_CUDA(cudaStreamIsCapturing(st->stream, &cs), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaStreamIsCapturing");
-  *in_graph = cs != cudaStreamCaptureStatusNone;
-  if (*in_graph) {
-    GPU_TRY_CUDA(cudaMallocAsync((void **)out, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
-    return TW_OK;
-  }
-  if (st->wgrad_pad_bytes < bytes) {
-    if (st->wgrad_pad) GPU_TRY_CUDA(cudaFreeAsync(st->wgrad_pad, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFreeAsync");
-    st->wgrad_pad = NULL;
-    st->wgrad_pad_bytes = 0;
-    GPU_TRY_CUDA(cudaMallocAsync(&st->wgrad_pad, bytes, st->stream), "grouped_gemm_wgrad (gg_wgmma_fp8): cudaMallocAsync");
-    st->wgrad_pad_bytes = bytes;
-  }
-  *out = (unsigned char *)st->wgrad_pad;
-  return TW_OK;
-}
 
 template <bool BL, int AT, int BT, int OUT, bool MX>
 static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
@@ -1159,7 +1137,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
     if (!mx && (p.Mp >= ((int64_t)1 << 31) || !enc)) {
       p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
     } else {
-      TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph));
+      TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph, "grouped_gemm_wgrad"));
       unsigned char *pa = pad, *pb = pad + K * p.Mp;
       const int64_t rows = K > N ? K : N;
       if (mx) {  // transposes [M, K] / [M, N] into the same padded [K, Mp] / [N, Mp]
