@@ -276,6 +276,17 @@ void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int
   bound_with_gamma(abs_prod, ref, count, g_in + g_out * (1 + g_in), out_dtype, bound);
 }
 
+void tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out) {
+  /* exponent field mask and the smallest normal code (exponent field 1, mantissa 0) */
+  uint8_t emask = qdtype == TW_E4M3 ? 0x78 : qdtype == TW_E5M2 ? 0x7C : 0;
+  uint8_t min_normal = qdtype == TW_E4M3 ? 0x08 : 0x04;
+  for (int64_t i = 0; i < n; i++) {
+    uint8_t c = codes[i];
+    int subnormal = emask && (c & emask) == 0 && (c & 0x7F) != 0;
+    out[i] = subnormal ? (uint8_t)((c & 0x80) | min_normal) : c;
+  }
+}
+
 static void bound_with_gamma(const double *abs_prod, const double *ref, int64_t count, double gamma,
                              tw_dtype out_dtype, double *bound) {
   double u_out = out_unit_roundoff(out_dtype);

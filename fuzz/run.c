@@ -509,11 +509,13 @@ static double flushable(double av, double bv, const fz_case *c) {
   return subnormal16(av, &c->sa) || subnormal16(bv, &c->sb) ? fabs(av) * fabs(bv) : 0;
 }
 
-/* Quantizes `src` [R, C] (groups gs) on the oracle with spec and returns the operand (host)
- * and the dequantized source [R, C] the GEMM will effectively see. */
+/* Quantizes `src` [R, C] (groups gs) on the oracle with spec and returns the operand (host),
+ * the dequantized source [R, C] the GEMM will effectively see, and (mag) the lifted magnitudes
+ * of the promoted model's abs_prod (tw_fp8_lift_subnormal_codes: subnormal codes dequantized
+ * as the smallest normal). */
 static tw_status quantized_operand(tw_ctx *oracle, arena *A, const float *src, int64_t R, int64_t C,
                                    const int32_t *gs, int64_t G, const fz_operand_spec *sp,
-                                   tw_operand *op, float **deq) {
+                                   tw_operand *op, float **deq, float **mag) {
   int64_t shape[2] = {R, C};
   tw_tensor x = tw_tensor_of((void *)src, TW_F32, 2, shape, TW_MEM_HOST);
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
@@ -530,27 +532,35 @@ static tw_status quantized_operand(tw_ctx *oracle, arena *A, const float *src, i
   *deq = d.data;
   for (int64_t i = 0; i < R * C; i++)
     if (isinf((*deq)[i])) gemm_outside_domain = 1;
+  tw_qtensor lifted = q;
+  tw_tensor *ld = sp->colwise ? &lifted.col_data : &lifted.row_data;
+  const tw_tensor *qd = sp->colwise ? &q.col_data : &q.row_data;
+  TW_TRY(host_like(A, qd, ld));
+  tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data);
+  TW_TRY(dequantize_host(oracle, A, &lifted, gs, G, sp->colwise, &d));
+  *mag = d.data;
   return TW_OK;
 }
 
 /* Host operand for storage values [r, c] (per group for the grouped rhs: `groups` slabs of
- * [r, c] stacked), plain or quantized; *eff gets the effective storage values. */
+ * [r, c] stacked), plain or quantized; *eff gets the effective storage values, *mag their
+ * lifted magnitudes for the promoted model (plain: eff). */
 static tw_status make_operand(tw_ctx *oracle, arena *A, const float *storage, int64_t groups,
                               int64_t r, int64_t c, const fz_operand_spec *sp, int ndim3,
-                              tw_operand *op, float **eff) {
+                              tw_operand *op, float **eff, float **mag) {
   int64_t n = groups * r * c;
   if (sp->mode == TW_SCALE_NONE) {
     tw_tensor t;
     int64_t shape3[3] = {groups, r, c}, shape2[2] = {groups * r, c};
     TW_TRY(host_from_f32(A, sp->dtype, ndim3 ? 3 : 2, ndim3 ? shape3 : shape2, storage, &t));
     *op = tw_operand_plain(&t);
-    *eff = (float *)storage;
+    *eff = *mag = (float *)storage;
     return TW_OK;
   }
   /* uniform groups over the quantization source */
   int32_t *gs;
   TW_TRY(arena_alloc(A, NULL, sizeof(int32_t) * (size_t)groups, (void **)&gs));
-  float *src, *deq;
+  float *src, *deq, *lifted;
   TW_TRY(arena_alloc(A, NULL, sizeof(float) * (size_t)n, (void **)&src));
   int tr = sp->colwise && transposed_colwise(sp->mode);
   for (int64_t g = 0; g < groups; g++) {
@@ -558,14 +568,22 @@ static tw_status make_operand(tw_ctx *oracle, arena *A, const float *storage, in
     if (tr) transpose(storage + g * r * c, r, c, src + g * r * c);
     else memcpy(src + g * r * c, storage + g * r * c, sizeof(float) * (size_t)(r * c));
   }
-  TW_TRY(quantized_operand(oracle, A, src, groups * (tr ? c : r), tr ? r : c, gs, groups, sp, op, &deq));
-  float *e;
+  TW_TRY(quantized_operand(oracle, A, src, groups * (tr ? c : r), tr ? r : c, gs, groups, sp, op, &deq,
+                           &lifted));
+  float *e, *l;
   TW_TRY(arena_alloc(A, NULL, sizeof(float) * (size_t)n, (void **)&e));
+  TW_TRY(arena_alloc(A, NULL, sizeof(float) * (size_t)n, (void **)&l));
   for (int64_t g = 0; g < groups; g++) {
-    if (tr) transpose(deq + g * r * c, c, r, e + g * r * c);
-    else memcpy(e + g * r * c, deq + g * r * c, sizeof(float) * (size_t)(r * c));
+    if (tr) {
+      transpose(deq + g * r * c, c, r, e + g * r * c);
+      transpose(lifted + g * r * c, c, r, l + g * r * c);
+    } else {
+      memcpy(e + g * r * c, deq + g * r * c, sizeof(float) * (size_t)(r * c));
+      memcpy(l + g * r * c, lifted + g * r * c, sizeof(float) * (size_t)(r * c));
+    }
   }
   *eff = e;
+  *mag = l;
   return TW_OK;
 }
 
@@ -731,7 +749,7 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   int64_t M = c->M, N = c->N, K = c->K;
   gemm_outside_domain = 0;
   /* storage: a is [M,K] (N) or [K,M] (T); b is [K,N] (N) or [N,K] (T) */
-  float *sa, *sb, *ea, *eb;
+  float *sa, *sb, *ea, *eb, *la, *lb;
   tw_operand ha, hb;
   if (arena_alloc(A, NULL, sizeof(float) * (size_t)(M * K), (void **)&sa) ||
       arena_alloc(A, NULL, sizeof(float) * (size_t)(K * N), (void **)&sb)) return;
@@ -739,8 +757,8 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   if (c->op_b == TW_OP_T) transpose(c->b, K, N, sb); else memcpy(sb, c->b, sizeof(float) * (size_t)(K * N));
   int64_t ar = c->op_a == TW_OP_T ? K : M, ac = c->op_a == TW_OP_T ? M : K;
   int64_t br = c->op_b == TW_OP_T ? N : K, bc = c->op_b == TW_OP_T ? K : N;
-  if (make_operand(oracle, A, sa, 1, ar, ac, &c->sa, 0, &ha, &ea) != TW_OK ||
-      make_operand(oracle, A, sb, 1, br, bc, &c->sb, 0, &hb, &eb) != TW_OK) {
+  if (make_operand(oracle, A, sa, 1, ar, ac, &c->sa, 0, &ha, &ea, &la) != TW_OK ||
+      make_operand(oracle, A, sb, 1, br, bc, &c->sb, 0, &hb, &eb, &lb) != TW_OK) {
     fail(res, FZ_ERROR, "oracle", tw_last_error());
     return;
   }
@@ -749,28 +767,30 @@ static void run_dense(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
+  const int64_t promoted = fwd_promoted(subject, c, K, c->op_a == TW_OP_N, 0);
+  const float *ma = promoted ? la : ea, *mb = promoted ? lb : eb; /* the model's magnitudes */
   for (int64_t m = 0; m < M; m++)
     for (int64_t n = 0; n < N; n++) {
       double s = 0, s_abs = 0, s_fl = 0;
       for (int64_t k = 0; k < K; k++) {
-        double av = c->op_a == TW_OP_T ? ea[k * M + m] : ea[m * K + k];
-        double bv = c->op_b == TW_OP_T ? eb[n * K + k] : eb[k * N + n];
+        int64_t ia = c->op_a == TW_OP_T ? k * M + m : m * K + k, ib = c->op_b == TW_OP_T ? n * K + k : k * N + n;
+        double av = ea[ia], bv = eb[ib];
         s += av * bv;
-        s_abs += fabs(av) * fabs(bv);
+        s_abs += fabs(ma[ia]) * fabs(mb[ib]);
         s_fl += flushable(av, bv, c);
       }
       ref[m * N + n] = s;
       absp[m * N + n] = s_abs;
       flush[m * N + n] = s_fl;
     }
-  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, fwd_promoted(subject, c, K, c->op_a == TW_OP_N, 0));
+  expect_fill(c, &ge, 0, M * N, ref, absp, flush, K, promoted);
   gemm_compare(subject, oracle, A, res, call_gemm, "gemm", c, &ha, &hb, &ge, NULL);
 }
 
 static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *A, fz_result *res) {
   int64_t M = c->M, N = c->N, K = c->K, G = c->G;
   gemm_outside_domain = 0;
-  float *sb, *ea, *eb;
+  float *sb, *ea, *eb, *la, *lb;
   tw_operand ha, hb;
   /* rhs storage per group: [K,N] (N) or [N,K] (T) */
   if (arena_alloc(A, NULL, sizeof(float) * (size_t)(G * K * N), (void **)&sb)) return;
@@ -781,11 +801,12 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   int64_t br = c->op_b == TW_OP_T ? N : K, bc = c->op_b == TW_OP_T ? K : N;
   tw_status s;
   if (c->sa.mode == TW_SCALE_NONE) {
-    s = make_operand(oracle, A, c->a, 1, M, K, &c->sa, 0, &ha, &ea);
+    s = make_operand(oracle, A, c->a, 1, M, K, &c->sa, 0, &ha, &ea, &la);
   } else {
-    s = quantized_operand(oracle, A, c->a, M, K, c->group_sizes, G, &c->sa, &ha, &ea);
+    s = quantized_operand(oracle, A, c->a, M, K, c->group_sizes, G, &c->sa, &ha, &ea, &la);
   }
-  if (s == TW_OK) s = make_operand(oracle, A, sb, G, br, bc, &c->sb, c->sb.mode == TW_SCALE_NONE, &hb, &eb);
+  if (s == TW_OK)
+    s = make_operand(oracle, A, sb, G, br, bc, &c->sb, c->sb.mode == TW_SCALE_NONE, &hb, &eb, &lb);
   if (s != TW_OK) { fail(res, FZ_ERROR, "oracle", tw_last_error()); return; }
   int64_t oshape[2] = {M, N};
   gemm_expect ge;
@@ -793,18 +814,19 @@ static void run_grouped(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena
   if (expect_alloc(A, c, 2, oshape, &ge) || scratch_f64(A, M * N, &ref) || scratch_f64(A, M * N, &absp) ||
       scratch_f64(A, M * N, &flush)) return;
   const int64_t promoted = fwd_promoted(subject, c, K, 1, 1);
+  const float *ma = promoted ? la : ea, *mb = promoted ? lb : eb; /* the model's magnitudes */
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];
-    const float *bg = eb + g * K * N;
+    const float *bg = eb + g * K * N, *mbg = mb + g * K * N;
     for (int64_t m = o; m < o + mg; m++)
       for (int64_t n = 0; n < N; n++) {
         double acc = 0, acc_abs = 0, acc_fl = 0;
         for (int64_t k = 0; k < K; k++) {
-          double av = ea[m * K + k];
-          double bv = c->op_b == TW_OP_T ? bg[n * K + k] : bg[k * N + n];
+          int64_t ib = c->op_b == TW_OP_T ? n * K + k : k * N + n;
+          double av = ea[m * K + k], bv = bg[ib];
           acc += av * bv;
-          acc_abs += fabs(av) * fabs(bv);
+          acc_abs += fabs(ma[m * K + k]) * fabs(mbg[ib]);
           acc_fl += flushable(av, bv, c);
         }
         ref[(m - o) * N + n] = acc;
@@ -855,7 +877,7 @@ static void per_group_transpose(const float *in, const int32_t *gs, int64_t G, i
 static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *A, fz_result *res) {
   int64_t M = c->M, N = c->N, K = c->K, G = c->G;
   gemm_outside_domain = 0;
-  float *ea, *eb;
+  float *ea, *eb, *la, *lb;
   tw_operand ha, hb;
   tw_status s = TW_OK;
   const fz_operand_spec *sp[2] = {&c->sa, &c->sb};
@@ -863,10 +885,10 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   int64_t cols[2] = {K, N};
   tw_op ops[2] = {c->op_a, c->op_b};
   tw_operand *hs[2] = {&ha, &hb};
-  float **es[2] = {&ea, &eb};
+  float **es[2] = {&ea, &eb}, **ls[2] = {&la, &lb};
   for (int i = 0; i < 2 && s == TW_OK; i++) {
     if (sp[i]->mode != TW_SCALE_NONE) {
-      s = quantized_operand(oracle, A, val[i], M, cols[i], c->group_sizes, G, sp[i], hs[i], es[i]);
+      s = quantized_operand(oracle, A, val[i], M, cols[i], c->group_sizes, G, sp[i], hs[i], es[i], ls[i]);
       continue;
     }
     float *st;
@@ -878,7 +900,7 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
     tw_tensor t;
     s = host_from_f32(A, sp[i]->dtype, 2, shape, st, &t);
     *hs[i] = tw_operand_plain(&t);
-    *es[i] = (float *)val[i];
+    *es[i] = *ls[i] = (float *)val[i];
   }
   if (s != TW_OK) { fail(res, FZ_ERROR, "oracle", tw_last_error()); return; }
   int64_t oshape[3] = {G, K, N};
@@ -899,6 +921,7 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
                                     qm == TW_SCALE_BLOCK_128x128 || (forced_fp8 && qm == TW_SCALE_TENSOR_DELAYED))
                                ? 128
                                : 0;
+  const float *ma = promoted ? la : ea, *mb = promoted ? lb : eb; /* the model's magnitudes */
   int64_t o = 0;
   for (int64_t g = 0; g < G; g++) {
     int64_t mg = c->group_sizes[g];
@@ -907,11 +930,11 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
     memset(flush, 0, sizeof(double) * (size_t)(K * N));
     for (int64_t m = o; m < o + mg; m++)
       for (int64_t k = 0; k < K; k++) {
-        double av = ea[m * K + k];
+        double av = ea[m * K + k], am = fabs(ma[m * K + k]);
         for (int64_t n = 0; n < N; n++) {
           double bv = eb[m * N + n];
           ref[k * N + n] += av * bv;
-          absp[k * N + n] += fabs(av) * fabs(bv);
+          absp[k * N + n] += am * fabs(mb[m * N + n]);
           flush[k * N + n] += flushable(av, bv, c);
         }
       }

@@ -167,17 +167,20 @@ static tw_status compare_gemm(const char *dir, const tw_case_keys *k, const tw_t
   tw_tensor exp = tw_tensor_none(), absp = tw_tensor_none();
   snprintf(path, sizeof path, "%s/expected.npy", dir);
   TW_TRY(tw_npy_load(path, &exp));
-  snprintf(path, sizeof path, "%s/abs_prod.npy", dir);
+  /* the promoted model takes the lifted magnitudes (subnormal codes at the smallest normal,
+   * tw_check.h): abs_prod_lifted.npy, written for every quantized case */
+  snprintf(path, sizeof path, "%s/%s.npy", dir, promoted ? "abs_prod_lifted" : "abs_prod");
   tw_status s = tw_npy_load(path, &absp);
   double *bound = NULL;
   int64_t n = tw_tensor_numel(got);
   char a[96], b[96];
   if (s == TW_OK && (exp.dtype != TW_F64 || absp.dtype != TW_F64))
-    s = tw_error(TW_ERR_IO, "expected.npy (%s) and abs_prod.npy (%s) must be f64",
-                 tw_dtype_name(exp.dtype), tw_dtype_name(absp.dtype));
+    s = tw_error(TW_ERR_IO, "expected.npy (%s) and %s.npy (%s) must be f64", tw_dtype_name(exp.dtype),
+                 promoted ? "abs_prod_lifted" : "abs_prod", tw_dtype_name(absp.dtype));
   if (s == TW_OK && (tw_tensor_numel(&exp) != n || tw_tensor_numel(&absp) != n))
-    s = tw_error(TW_ERR_IO, "expected.npy is %s and abs_prod.npy has %lld elements, the output is %s",
-                 tw_tensor_str(&exp, a, sizeof a), (long long)tw_tensor_numel(&absp),
+    s = tw_error(TW_ERR_IO, "expected.npy is %s and %s.npy has %lld elements, the output is %s",
+                 tw_tensor_str(&exp, a, sizeof a), promoted ? "abs_prod_lifted" : "abs_prod",
+                 (long long)tw_tensor_numel(&absp),
                  tw_tensor_str(got, b, sizeof b));
   if (s == TW_OK && n > 0 && !(bound = (double *)malloc((size_t)n * sizeof(double))))
     s = tw_error(TW_ERR_MEMORY, "out of memory for %lld bounds", (long long)n);

@@ -267,6 +267,25 @@ Test(check, gemm_error_bound_promoted_formula) {
   cr_assert_float_eq(b[0], g * 10 + u * (3 + g * 10) + FLT_MIN, 1e-18);
 }
 
+/* Subnormal codes (exponent field 0, mantissa != 0) become the smallest normal of their sign;
+ * zeros, normals, NaN and inf stay; in place works. */
+Test(check, fp8_lift_subnormal_codes) {
+  const uint8_t e4[] = {0x00, 0x80, 0x01, 0x07, 0x81, 0x87, 0x08, 0x09, 0x38, 0x7E, 0x7F, 0xFF};
+  const uint8_t w4[] = {0x00, 0x80, 0x08, 0x08, 0x88, 0x88, 0x08, 0x09, 0x38, 0x7E, 0x7F, 0xFF};
+  const uint8_t e5[] = {0x00, 0x80, 0x01, 0x03, 0x83, 0x04, 0x05, 0x3C, 0x7B, 0x7C, 0x7F, 0xFE};
+  const uint8_t w5[] = {0x00, 0x80, 0x04, 0x04, 0x84, 0x04, 0x05, 0x3C, 0x7B, 0x7C, 0x7F, 0xFE};
+  uint8_t out[12];
+  tw_fp8_lift_subnormal_codes(e4, 12, TW_E4M3, out);
+  cr_assert_arr_eq(out, w4, 12);
+  tw_fp8_lift_subnormal_codes(e5, 12, TW_E5M2, out);
+  cr_assert_arr_eq(out, w5, 12);
+  memcpy(out, e4, 12);
+  tw_fp8_lift_subnormal_codes(out, 12, TW_E4M3, out);
+  cr_assert_arr_eq(out, w4, 12);
+  tw_fp8_lift_subnormal_codes(e4, 12, TW_BF16, out);
+  cr_assert_arr_eq(out, e4, 12);
+}
+
 /* The bound is not vacuous: an f32 dot product accumulated in order stays inside it, and an
  * off-by-one in the index (a typical kernel bug) does not. */
 Test(check, gemm_error_bound_holds_for_f32_dot_and_catches_a_bug) {

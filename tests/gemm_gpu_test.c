@@ -168,6 +168,7 @@ static void dense_case(uint64_t seed, int kind) {
   int64_t Bn = B ? B : 1;
   tw_operand ha, hb, da, db;
   double *av, *bv;
+  double *am = NULL, *bm = NULL; /* fp8: lifted magnitudes (tw_fp8_lift_subnormal_codes), stored order */
   tw_tensor bufs[16];
   int nb = 0;
   char what[256];
@@ -199,7 +200,7 @@ static void dense_case(uint64_t seed, int kind) {
     tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
     /* each operand: pick the source [rows, cols] and orientation so that blocks lie on K */
     tw_operand *hs[2] = {&ha, &hb}, *ds[2] = {&da, &db};
-    double **vs[2] = {&av, &bv};
+    double **vs[2] = {&av, &bv}, **ms[2] = {&am, &bm};
     for (int w = 0; w < 2; ++w) {
       tw_op op = w == 0 ? oa : ob;
       int64_t sr = w == 0 ? ar : br, sc = w == 0 ? ac : bc;  /* stored shape wanted */
@@ -237,6 +238,19 @@ static void dense_case(uint64_t seed, int kind) {
         for (int64_t j = 0; j < sc; ++j)
           v[i * sc + j] = ((float *)deq.data)[transposed ? j * src_c + i : i * src_c + j];
       *vs[w] = v;
+      /* the lifted magnitudes: the codes with subnormals as the smallest normal, dequantized */
+      tw_qtensor lq = q;
+      tw_tensor *lqd = col ? &lq.col_data : &lq.row_data;
+      const tw_tensor *qd = col ? &q.col_data : &q.row_data;
+      *lqd = host_new(qd->dtype, qd->ndim, qd->shape);
+      tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, lqd->data);
+      cr_assert_eq(tw_grouped_dequantize(ref_ctx, &lq, &gs, col, &deq), TW_OK, "%s", tw_last_error());
+      free(lqd->data);
+      double *mv = (double *)malloc((size_t)(sr * sc + 1) * 8);
+      for (int64_t i = 0; i < sr; ++i)
+        for (int64_t j = 0; j < sc; ++j)
+          mv[i * sc + j] = ((float *)deq.data)[transposed ? j * src_c + i : i * src_c + j];
+      *ms[w] = mv;
       dq = q;
       tw_tensor *dparts[5] = {&dq.row_data, &dq.row_scale_inv, &dq.col_data, &dq.col_scale_inv, &dq.amax};
       for (int i = 0; i < 5; ++i)
@@ -277,35 +291,40 @@ static void dense_case(uint64_t seed, int kind) {
   } else if (s == TW_OK) {
     double *ex = (double *)malloc((size_t)(n + 1) * 8), *ab = (double *)malloc((size_t)(n + 1) * 8);
     double *bd = (double *)malloc((size_t)(n + 1) * 8), *b2 = (double *)malloc((size_t)(n + 1) * 8);
+    double *abl = (double *)malloc((size_t)(n + 1) * 8); /* sum of lifted magnitudes (fp8) */
     for (int64_t b = 0; b < Bn; ++b)
       for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) {
-          double sx = init[(b * M + i) * N + j], sa = fabs(sx);
+          double sx = init[(b * M + i) * N + j], sa = fabs(sx), sl = sa;
           for (int64_t k = 0; k < K; ++k) {
             double p = at(av, a3, b, oa, M, K, i, k) * at(bv, b3, b, ob, K, N, k, j);
             sx += p;
             sa += fabs(p);
+            if (quant) sl += fabs(at(am, a3, b, oa, M, K, i, k) * at(bm, b3, b, ob, K, N, k, j));
           }
           ex[(b * M + i) * N + j] = sx;
           ab[(b * M + i) * N + j] = sa;
+          abl[(b * M + i) * N + j] = quant ? sl : sa;
         }
     /* cuBLASLt's fp8 (forced gemm_lt) accumulates with ~14 mantissa bits: u_acc = 2^-13;
-     * gg_wgmma_fp8 (auto on sm_90 where it takes the case, or forced): tw_gemm.h's promoted model */
+     * gg_wgmma_fp8 (auto on sm_90 where it takes the case, or forced): tw_gemm.h's promoted model.
+     * Both on the fp8 tensor core: the lifted magnitudes (tw_check.h). */
     const char *kn = tw_ctx_kernel(gpu_ctx);
-    double u_gpu = quant && kn && !strcmp(kn, "gemm_lt") ? ldexp(1.0, -13) : ldexp(1.0, -23);
+    int lt_fp8 = quant && kn && !strcmp(kn, "gemm_lt");
+    double u_gpu = lt_fp8 ? ldexp(1.0, -13) : ldexp(1.0, -23);
     if (may_promote && (!kn || !strcmp(kn, "gg_wgmma_fp8")))
-      tw_gemm_error_bound_promoted(ab, ex, n, K, may_promote, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bd);
+      tw_gemm_error_bound_promoted(abl, ex, n, K, may_promote, ldexp(1.0, -13), ldexp(1.0, -24), 2, od, bd);
     else
-      tw_gemm_error_bound(ab, ex, n, K + 4, u_gpu, od, bd);
+      tw_gemm_error_bound(lt_fp8 ? abl : ab, ex, n, K + 4, u_gpu, od, bd);
     tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), od, b2);
     for (int64_t i = 0; i < n; ++i) bd[i] += b2[i];
     check(what, &outg, &outr, bd);
-    free(ex); free(ab); free(bd); free(b2);
+    free(ex); free(ab); free(abl); free(bd); free(b2);
   }
   free(init);
   tw_free(gpu_ctx, outd.data);
   free(outr.data); free(outg.data);
-  free(av); free(bv);
+  free(av); free(bv); free(am); free(bm);
   for (int i = 0; i < nb; ++i) {
     if (bufs[i].mem == TW_MEM_DEVICE) tw_free(gpu_ctx, bufs[i].data);
     else free(bufs[i].data);

@@ -208,11 +208,21 @@ static void q_run(tw_ctx *ref, tw_qtensor *q, const tw_tensor *x, const tw_tenso
   o.layout = TW_ROWWISE;
   cr_assert_eq(tw_grouped_quantize(ref, x, gs, &o, q), TW_OK, "%s", tw_last_error());
 }
-static double *q_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs) {
+/* Dequantized values [rows, cols] of one orientation; lifted: of the codes with subnormals as
+ * the smallest normal (tw_fp8_lift_subnormal_codes), the magnitudes of the promoted model. */
+static double *q_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs, int colwise, int lifted) {
   int64_t sh[2] = {q->rows, q->cols};
   tw_tensor d = host_new(TW_F32, 2, sh);
   memset(d.data, 0, tw_tensor_bytes(&d));
-  cr_assert_eq(tw_grouped_dequantize(ref, q, gs, 0, &d), TW_OK, "%s", tw_last_error());
+  tw_qtensor l = *q;
+  tw_tensor *ld = colwise ? &l.col_data : &l.row_data;
+  if (lifted) {
+    const tw_tensor *qd = colwise ? &q->col_data : &q->row_data;
+    *ld = host_new(qd->dtype, qd->ndim, qd->shape);
+    tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data);
+  }
+  cr_assert_eq(tw_grouped_dequantize(ref, &l, gs, colwise, &d), TW_OK, "%s", tw_last_error());
+  if (lifted) free(ld->data);
   double *v = (double *)malloc((size_t)(q->rows * q->cols) * sizeof(double));
   for (int64_t i = 0; i < q->rows * q->cols; ++i) v[i] = ((float *)d.data)[i];
   free(d.data);
@@ -249,7 +259,7 @@ static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
   q_alloc(&lq, mode, M, K, G);
   q_alloc(&rq, mode, G * N, K, G);
   q_run(ref, &rq, &w, &ugs);
-  double *bv = q_values(ref, &rq, &ugs);
+  double *bv = q_values(ref, &rq, &ugs, 0, 0), *bm = q_values(ref, &rq, &ugs, 0, 1);
   tw_qtensor dlq = lq, drq = rq;
   dlq.row_data = dev_of(gpu, &lq.row_data);
   dlq.row_scale_inv = dev_of(gpu, &lq.row_scale_inv);
@@ -302,29 +312,32 @@ static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
     cr_assert_eq(tw_tensor_copy(gpu, &out_g, &dout), TW_OK);
     memset(out_r.data, TW_POISON_BYTE, tw_tensor_bytes(&out_r));
     cr_assert_eq(tw_grouped_gemm(ref, &ha, &hb, TW_OP_T, &gs, &out_r, 0), TW_OK, "ref: %s", tw_last_error());
-    double *av = q_values(ref, &lq, &gs);
+    double *av = q_values(ref, &lq, &gs, 0, 0), *am = q_values(ref, &lq, &gs, 0, 1);
     int64_t n = M * N;
     double *ex = (double *)calloc((size_t)n, 8), *ab = (double *)calloc((size_t)n, 8);
+    double *abl = (double *)calloc((size_t)n, 8); /* lifted: the promoted model's magnitudes */
     double *bd = (double *)malloc((size_t)n * 8), *b2 = (double *)malloc((size_t)n * 8);
     int64_t o = 0;
-    for (int64_t i = 0; i < n; ++i) ab[i] = -1; /* rows past the groups: untouched */
+    for (int64_t i = 0; i < n; ++i) ab[i] = abl[i] = -1; /* rows past the groups: untouched */
     for (int64_t g = 0; g < G; ++g) {
       for (int64_t i = o; i < o + replays[rep][g]; ++i)
         for (int64_t j = 0; j < N; ++j) {
-          double sx = 0, sa = 0;
+          double sx = 0, sa = 0, sl = 0;
           for (int64_t k = 0; k < K; ++k) {
             double p = av[i * K + k] * bv[(g * N + j) * K + k];
             sx += p;
             sa += fabs(p);
+            sl += fabs(am[i * K + k] * bm[(g * N + j) * K + k]);
           }
           ex[i * N + j] = sx;
           ab[i * N + j] = sa;
+          abl[i * N + j] = sl;
         }
       o += replays[rep][g];
     }
     /* gpu: gg_wgmma_fp8's promoted model (auto on sm_90 runs it; elsewhere the exact model is
      * tighter than this one), ref: f32 (K + 4, 2^-24) */
-    tw_gemm_error_bound_promoted(ab, ex, n, K, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32, bd);
+    tw_gemm_error_bound_promoted(abl, ex, n, K, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32, bd);
     tw_gemm_error_bound(ab, ex, n, K + 4, ldexp(1.0, -24), TW_F32, b2);
     for (int64_t i = 0; i < n; ++i) bd[i] = ab[i] < 0 ? -1 : bd[i] + b2[i];
     tw_tensor bt = tw_tensor_1d(bd, TW_F64, n, TW_MEM_HOST);
@@ -334,7 +347,7 @@ static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
     char buf[512];
     cr_assert(r.passed, "fp8 %s replay %d (%s): %s", tw_scaling_name(mode), rep, kernel ? kernel : "auto",
               tw_check_format(&r, buf, sizeof buf));
-    free(av); free(ex); free(ab); free(bd); free(b2);
+    free(av); free(am); free(ex); free(ab); free(abl); free(bd); free(b2);
   }
 #undef LOAD_SIZES
   cudaGraphExecDestroy(exec);
@@ -343,7 +356,7 @@ static void graph_replay_fp8(tw_scaling mode, const char *kernel) {
   tw_free(gpu, drq.row_scale_inv.data); tw_free(gpu, dg.data); tw_free(gpu, dout.data);
   free(lq.row_data.data); free(lq.row_scale_inv.data); if (!tw_tensor_is_none(&lq.amax)) free(lq.amax.data);
   free(rq.row_data.data); free(rq.row_scale_inv.data); if (!tw_tensor_is_none(&rq.amax)) free(rq.amax.data);
-  free(bv); free(x.data); free(w.data); free(gs.data); free(out_r.data); free(out_g.data);
+  free(bv); free(bm); free(x.data); free(w.data); free(gs.data); free(out_r.data); free(out_g.data);
   tw_ctx_destroy(gpu);
   tw_ctx_destroy(ref);
   cudaStreamDestroy(stream);
@@ -369,17 +382,6 @@ static void qc_run(tw_ctx *ref, tw_qtensor *q, const tw_tensor *x, const tw_tens
   o.layout = TW_COLWISE;
   cr_assert_eq(tw_grouped_quantize(ref, x, gs, &o, q), TW_OK, "%s", tw_last_error());
 }
-static double *qc_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs) {
-  int64_t sh[2] = {q->rows, q->cols};
-  tw_tensor d = host_new(TW_F32, 2, sh);
-  memset(d.data, 0, tw_tensor_bytes(&d));
-  cr_assert_eq(tw_grouped_dequantize(ref, q, gs, 1, &d), TW_OK, "%s", tw_last_error());
-  double *v = (double *)malloc((size_t)(q->rows * q->cols) * sizeof(double));
-  for (int64_t i = 0; i < q->rows * q->cols; ++i) v[i] = ((float *)d.data)[i];
-  free(d.data);
-  return v;
-}
-
 static void graph_replay_fp8_wgrad(tw_scaling mode, const char *kernel) {
   cudaStream_t stream;
   CU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -458,26 +460,30 @@ static void graph_replay_fp8_wgrad(tw_scaling mode, const char *kernel) {
     memset(out_r.data, TW_POISON_BYTE, tw_tensor_bytes(&out_r));
     cr_assert_eq(tw_grouped_gemm_wgrad(ref, &ha, TW_OP_T, &hb, TW_OP_T, &gs, &out_r, 0), TW_OK, "ref: %s",
                  tw_last_error());
-    double *av = qc_values(ref, &lq, &gs), *bv = qc_values(ref, &rq, &gs);
+    double *av = q_values(ref, &lq, &gs, 1, 0), *bv = q_values(ref, &rq, &gs, 1, 0);
+    double *am = q_values(ref, &lq, &gs, 1, 1), *bm = q_values(ref, &rq, &gs, 1, 1);
     int64_t n = G * K * N;
     double *ex = (double *)calloc((size_t)n, 8), *ab = (double *)calloc((size_t)n, 8);
+    double *abl = (double *)calloc((size_t)n, 8); /* lifted: the promoted model's magnitudes */
     double *bd = (double *)malloc((size_t)n * 8), *b2 = (double *)malloc((size_t)n * 8);
     int64_t o = 0;
     for (int64_t g = 0; g < G; ++g) {
       const int64_t m = replays[rep][g], base = g * K * N;
       for (int64_t k = 0; k < K; ++k)
         for (int64_t j = 0; j < N; ++j) {
-          double sx = 0, sa = 0;
+          double sx = 0, sa = 0, sl = 0;
           for (int64_t r = o; r < o + m; ++r) {
             double p = av[r * K + k] * bv[r * N + j];
             sx += p;
             sa += fabs(p);
+            sl += fabs(am[r * K + k] * bm[r * N + j]);
           }
           ex[base + k * N + j] = sx;
           ab[base + k * N + j] = sa;
+          abl[base + k * N + j] = sl;
         }
       /* gpu: the promoted model over the group's m tokens; ref: f32; empty groups exactly +0 */
-      tw_gemm_error_bound_promoted(ab + base, ex + base, K * N, m, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32,
+      tw_gemm_error_bound_promoted(abl + base, ex + base, K * N, m, 128, ldexp(1.0, -13), ldexp(1.0, -24), 2, TW_F32,
                                    bd + base);
       tw_gemm_error_bound(ab + base, ex + base, K * N, m + 4, ldexp(1.0, -24), TW_F32, b2 + base);
       for (int64_t i = base; i < base + K * N; ++i) bd[i] = m == 0 ? -1 : bd[i] + b2[i];
@@ -490,7 +496,7 @@ static void graph_replay_fp8_wgrad(tw_scaling mode, const char *kernel) {
     char buf[512];
     cr_assert(r.passed, "fp8 wgrad %s replay %d (%s): %s", tw_scaling_name(mode), rep, kernel ? kernel : "auto",
               tw_check_format(&r, buf, sizeof buf));
-    free(av); free(bv); free(ex); free(ab); free(bd); free(b2);
+    free(av); free(bv); free(am); free(bm); free(ex); free(ab); free(abl); free(bd); free(b2);
   }
 #undef LOAD_SIZES
 #undef COPY_IF

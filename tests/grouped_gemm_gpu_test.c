@@ -13,7 +13,9 @@
  * fp8 forward on gg_wgmma_fp8 (forced, or auto on an sm_90 device, where auto picks it for the
  *   fp8 cases it takes): the gpu side's bound is its accumulation model instead (tw_gemm.h:
  *   blocks of L along K summed with 2^-13 per add, promoted in f32; L = 128, or 32 for MXFP8),
- *   tw_gemm_error_bound_promoted(.., K, L, 2^-13, 2^-24, 2, ..); the ref side as above.
+ *   tw_gemm_error_bound_promoted(.., K, L, 2^-13, 2^-24, 2, ..) over the lifted magnitudes
+ *   (subnormal codes at the smallest normal, tw_fp8_lift_subnormal_codes; both sides take them
+ *   there); the ref side as above.
  *   gg_wgmma_fp8_bound_catches_planted_scales shows that bound is not vacuous.
  * Elements an operation must not write (rows past the groups) have bound -1: bit-equal.
  * Empty wgrad groups have bound -1 too: out[g] must be exactly 0 (or untouched). */
@@ -162,6 +164,7 @@ typedef struct {
   tw_qtensor hq, dq;
   tw_operand h, d;
   double *vals;
+  double *mags; /* lifted magnitudes (tw_fp8_lift_subnormal_codes): gg_wgmma_fp8's abs_prod */
   int colwise;
 } qop;
 
@@ -194,6 +197,17 @@ static void qop_make(qop *o, tw_scaling mode, tw_dtype qd, const tw_tensor *x, c
   cr_assert_eq(tw_grouped_dequantize(ref_ctx, &o->hq, gs, colwise, &deq), TW_OK, "dequantize: %s", tw_last_error());
   o->vals = (double *)malloc((size_t)(R * C + 1) * sizeof(double));
   for (int64_t i = 0; i < R * C; ++i) o->vals[i] = ((float *)deq.data)[i];
+  /* the same with subnormal codes dequantized as the smallest normal */
+  tw_qtensor lifted = o->hq;
+  tw_tensor *ld = colwise ? &lifted.col_data : &lifted.row_data;
+  const tw_tensor *qdata = colwise ? &o->hq.col_data : &o->hq.row_data;
+  *ld = host_new(qdata->dtype, qdata->ndim, qdata->shape);
+  tw_fp8_lift_subnormal_codes(qdata->data, tw_tensor_numel(qdata), qdata->dtype, ld->data);
+  memset(deq.data, 0, tw_tensor_bytes(&deq));
+  cr_assert_eq(tw_grouped_dequantize(ref_ctx, &lifted, gs, colwise, &deq), TW_OK, "dequantize: %s", tw_last_error());
+  host_free(ld);
+  o->mags = (double *)malloc((size_t)(R * C + 1) * sizeof(double));
+  for (int64_t i = 0; i < R * C; ++i) o->mags[i] = ((float *)deq.data)[i];
   host_free(&deq);
   host_free(&scale);
   o->dq = o->hq;
@@ -211,6 +225,7 @@ static void qop_free(qop *o) {
     dev_free(d[i]);
   }
   free(o->vals);
+  free(o->mags);
 }
 
 /* Output init (accumulate) or poison, same on both sides. */
@@ -263,16 +278,16 @@ static void add_bounds_m(const double *absp, const double *exact, int64_t count,
   free(b2);
 }
 
-/* f64 product C[m, n] (+)= A[m, k] B[k, n] given strides; abs too. */
-static void dref(int64_t m, int64_t n, int64_t k, const double *A, int64_t as_m, int64_t as_k, const double *B,
-                 int64_t bs_k, int64_t bs_n, double *C, double *Cabs, int64_t ldc) {
+/* f64 product C[m, n] (+)= A[m, k] B[k, n] given strides; Cabs (+)= sum |Am||Bm|, the
+ * magnitudes the bound's model takes (A and B, or the lifted ones: same strides). */
+static void dref(int64_t m, int64_t n, int64_t k, const double *A, const double *Am, int64_t as_m, int64_t as_k,
+                 const double *B, const double *Bm, int64_t bs_k, int64_t bs_n, double *C, double *Cabs, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double s = 0, sa = 0;
       for (int64_t p = 0; p < k; ++p) {
-        double v = A[i * as_m + p * as_k] * B[p * bs_k + j * bs_n];
-        s += v;
-        sa += fabs(v);
+        s += A[i * as_m + p * as_k] * B[p * bs_k + j * bs_n];
+        sa += fabs(Am[i * as_m + p * as_k] * Bm[p * bs_k + j * bs_n]);
       }
       C[i * ldc + j] += s;
       Cabs[i * ldc + j] += sa;
@@ -337,6 +352,7 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
   char what[256];
   tw_operand lh, rh, ld, rd;
   double *av = NULL, *bv = NULL; /* lhs [M, K]; rhs values and their strides below */
+  double *am = NULL, *bm = NULL; /* their lifted magnitudes (quantized; else the values) */
   int64_t b_gs, b_sk, b_sn;      /* rhs[g](k, n) = bv[g*b_gs + k*b_sk + n*b_sn] */
   tw_tensor lhs_h = tw_tensor_none(), rhs_h = tw_tensor_none(), lhs_d = tw_tensor_none(), rhs_d = tw_tensor_none();
   qop ql, qr;
@@ -360,8 +376,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     rh = tw_operand_plain(&rhs_h);
     ld = tw_operand_plain(&lhs_d);
     rd = tw_operand_plain(&rhs_d);
-    av = values_of(&lhs_h);
-    bv = values_of(&rhs_h);
+    am = av = values_of(&lhs_h);
+    bm = bv = values_of(&rhs_h);
     b_gs = K * N;
     b_sk = rhs_op == TW_OP_N ? N : 1;
     b_sn = rhs_op == TW_OP_N ? 1 : K;
@@ -407,6 +423,8 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
     mx_qt = qr_t;
     av = ql.vals;
     bv = qr.vals;
+    am = ql.mags;
+    bm = qr.mags;
     b_gs = K * N;
     b_sk = kn ? N : 1;
     b_sn = kn ? 1 : K;
@@ -489,8 +507,10 @@ static void fwd_case(uint64_t seed, int kind, int64_t budget) {
         ex[i] = init[i];
         ab[i] = fabs(init[i]);
       }
-    dref(m, N, K, av + o * K, K, 1, bv + g * b_gs, b_sk, b_sn, ex + o * N, ab + o * N, N);
-    add_bounds_m(ab + o * N, ex + o * N, m * N, K, od, quant && fp8_fast_bound ? promote_len(mode) : 0, bound + o * N);
+    const int64_t fast = quant && fp8_fast_bound ? promote_len(mode) : 0;
+    dref(m, N, K, av + o * K, (fast ? am : av) + o * K, K, 1, bv + g * b_gs, (fast ? bm : bv) + g * b_gs, b_sk, b_sn,
+         ex + o * N, ab + o * N, N);
+    add_bounds_m(ab + o * N, ex + o * N, m * N, K, od, fast, bound + o * N);
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
   else note_case(what, tw_last_error());
@@ -584,6 +604,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   tw_operand lh, rh, ldv, rdv;
   tw_op lop, rop;
   double *av, *bv; /* source values lhs [M, K], rhs [M, N] */
+  double *am, *bm; /* their lifted magnitudes (quantized; else the values) */
   tw_tensor ls_h = tw_tensor_none(), rs_h = tw_tensor_none(), ls_d = tw_tensor_none(), rs_d = tw_tensor_none();
   qop ql, qr;
   int quant = kind == 3, fast = 0;
@@ -604,8 +625,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
       memset((char *)x.data + off[G] * K * es, 0xFF, (size_t)((M - off[G]) * K * es));
       memset((char *)y.data + off[G] * N * er, 0xFF, (size_t)((M - off[G]) * N * er));
     }
-    av = values_of(&x);
-    bv = values_of(&y);
+    am = av = values_of(&x);
+    bm = bv = values_of(&y);
     ls_h = store_grouped(&x, lop, off, G);
     rs_h = store_grouped(&y, rop, off, G);
     host_free(&x);
@@ -649,6 +670,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     plen = promote_len(mode);
     av = ql.vals;
     bv = qr.vals;
+    am = ql.mags;
+    bm = qr.mags;
     snprintf(what, sizeof what, "wgrad seed %llu: fp8 %s %s x %s -> %s G=%lld M=%lld N=%lld K=%lld ops %c%c acc %d",
              (unsigned long long)seed, tw_scaling_name(mode), tw_dtype_name(ql_t), tw_dtype_name(qr_t),
              tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, lop ? 'T' : 'N',
@@ -684,7 +707,8 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
         ab[b + i] = fabs(init[b + i]);
       }
     /* out[g](k, n) = sum_r lhs[o+r][k] rhs[o+r][n] */
-    dref(K, N, m, av + o * K, 1, K, bv + o * N, N, 1, ex + b, ab + b, N);
+    dref(K, N, m, av + o * K, (fast ? am : av) + o * K, 1, K, bv + o * N, (fast ? bm : bv) + o * N, N, 1, ex + b,
+         ab + b, N);
     add_bounds_m(ab + b, ex + b, K * N, m, od, fast ? plen : 0, bound + b);
   }
   if (gs_st == TW_OK) check_case(what, &out_g, &out_r, bound);
@@ -889,7 +913,7 @@ static double planted_case(tw_scaling mode, int plant, int *passed) {
   to_host(&out_g, &out_d);
   double *ex = (double *)calloc((size_t)(M * N), sizeof(double)), *ab = (double *)calloc((size_t)(M * N), sizeof(double));
   double *bound = (double *)malloc((size_t)(M * N) * sizeof(double));
-  dref(M, N, K, ql.vals, K, 1, qr.vals, 1, K, ex, ab, N);
+  dref(M, N, K, ql.vals, ql.mags, K, 1, qr.vals, qr.mags, 1, K, ex, ab, N);
   add_bounds_m(ab, ex, M * N, K, TW_F32, promote_len(mode), bound);
   tw_tensor bt = tw_tensor_1d(bound, TW_F64, M * N, TW_MEM_HOST);
   tw_tensor g1 = tw_tensor_1d(out_g.data, TW_F32, M * N, TW_MEM_HOST), e1 = tw_tensor_1d(out_r.data, TW_F32, M * N, TW_MEM_HOST);
@@ -1251,7 +1275,8 @@ Test(grouped_gemm_wgrad_gpu, mxfp8_wgmma_fp8_declines_and_odd_data) {
       for (int64_t g = 0, o = 0; g < G; o += ((int32_t *)gs.data)[g], ++g) {
         const int64_t m = ((int32_t *)gs.data)[g], b = g * K * N;
         if (m == 0) { for (int64_t i = 0; i < K * N; ++i) bound[b + i] = -1; continue; }
-        dref(K, N, m, ql.vals + o * K, 1, K, qr.vals + o * N, N, 1, ex + b, ab + b, N);
+        dref(K, N, m, ql.vals + o * K, (c == 2 ? ql.mags : ql.vals) + o * K, 1, K, qr.vals + o * N,
+             (c == 2 ? qr.mags : qr.vals) + o * N, N, 1, ex + b, ab + b, N);
         add_bounds_m(ab + b, ex + b, K * N, m, TW_F32, c == 2 ? 32 : 0, bound + b); /* c 1: gg_mma_wide, exact */
       }
       check_case(c == 1 ? "mxfp8 wgrad, rhs scales odd (auto)" : "mxfp8 wgrad, odd data", &out, &ref, bound);

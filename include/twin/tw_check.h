@@ -63,10 +63,23 @@ void tw_gemm_error_bound(const double *abs_prod, const double *ref, int64_t coun
  * f32 roundings (scale products, the final scale multiply, the accumulate add):
  *   g_in  = gamma(n_in + ceil(n_in/32), u_chunk),  g_out = gamma(ceil(K/chunk) + extra, u_acc)
  *   e_acc = (g_in + g_out * (1 + g_in)) * sum_k |a_ik||b_kj|
- * and bound[i] as in tw_gemm_error_bound with that e_acc. */
+ * and bound[i] as in tw_gemm_error_bound with that e_acc. For quantized operands, abs_prod
+ * must be the sum of the products' lifted magnitudes (tw_fp8_lift_subnormal_codes below). */
 void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int64_t count, int64_t K,
                                   int64_t chunk, double u_chunk, double u_acc, int64_t extra,
                                   tw_dtype out_dtype, double *bound);
+
+/* Hopper's fp8 tensor core aligns the products of one 32-deep instruction (and the running
+ * partial) to the largest product's exponent fields, and in that alignment a subnormal code
+ * counts at the smallest normal exponent (probe: tests/fp8_accum_gpu_test.c; zero codes do not
+ * count). So the promoted model's rounding unit scales with each product's lifted magnitude
+ * |a|^ |b|^, where |x|^ = max(|x|, 2^emin * scale) for a nonzero code (emin = -6 e4m3, -14
+ * e5m2) and 0 for a zero code: abs_prod = sum |a|^ |b|^. Equal to sum |a||b| unless a code is
+ * subnormal. This writes codes[0..n) with every nonzero subnormal code replaced by the smallest
+ * normal code of its sign (zero, normal, inf and NaN codes unchanged; in place allowed):
+ * dequantizing the copy with the operand's scales gives the lifted magnitudes. qdtype is
+ * TW_E4M3 or TW_E5M2 (anything else copies unchanged). */
+void tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out);
 
 /* One line: "PASS 4096 elems, worst 1.2e-06 <= 3.1e-05 (ratio 0.04) at [3, 17]" or
  * "FAIL 12/4096 out of bound, 2 NaN, 0 inf, 5 unwritten; worst got=.. exp=.. at [..]". */

@@ -128,17 +128,22 @@
  *     (K + N) * 128 * (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
  *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
  *     The forward's MXFP8 colwise rhs copy (above) uses the same buffer, the same way.
- *     Known gap (gpu/NOTES-gemm.md, run fw1 and the session-5 fuzz): when a block holds fp8
- *     codes in the subnormal range next to magnitudes that vary along the contraction, a small
- *     product can vanish entirely; `twin fuzz --backend gpu --op wgrad --seconds 40 --seed 57`
- *     (H200) found 5 of 8,330 cases at 1.06-2.87x this bound (per-tensor, 1x128 and MXFP8 wgrads;
- *     shrunk to 2-4 products). The data fits an accumulator aligned to the exponent field of a
- *     subnormal-code product (up to 2^3 above its magnitude in e4m3): the 14-bit model does not
- *     cover it yet; a device probe and a code-aware term are the next step. The forward's
- *     tests and 8,362 forward fuzz cases never hit it.
+ *     Subnormal codes (probe: tests/fp8_accum_gpu_test.c, gpu/NOTES-gemm.md "fp8 accumulator
+ *     probe"): inside one 32-deep instruction the tensor core aligns the products (and the
+ *     running partial) to the largest product's exponent fields, where a subnormal code counts
+ *     at the smallest normal exponent (2^-6 e4m3, 2^-14 e5m2) although its value may be 8x (e4m3)
+ *     or 4x (e5m2) smaller, and zero codes do not count. So in every sum|a||b| of this model
+ *     each quantized operand's magnitude is lifted: |x|^ = max(|x|, 2^emin * scale) for a
+ *     nonzero code, 0 for a zero code (tw_fp8_lift_subnormal_codes in tw_check.h; goldens store
+ *     it as abs_prod_lifted.npy). It equals sum|a||b| when no code is subnormal. Measured: a
+ *     product of 2^-9 x 448 (e4m3 codes 0x01 x 0x7E) next to others loses 2^-10.8 of the
+ *     largest product, where the unlifted model allows about 2^-11.4; 2^-13 of the largest
+ *     lifted product at most in every probe grid. (This was the gap the session-5 fuzz found:
+ *     `twin fuzz --backend gpu --op wgrad --seconds 40 --seed 57`, 5 of 8,330 cases.)
  *   gemm_lt (cuBLASLt) with fp8 on Hopper: ~14 mantissa bits between promotions (measured
  *     ~2^-13 relative) with no documented promotion interval: no model, so auto never picks it
- *     for fp8.
+ *     for fp8 (the tests, forcing it, give it u_acc = 2^-13 over all of K with the lifted
+ *     magnitudes).
  *
  * Alignment: the ref backend accepts any shape and any element-aligned pointer. A backend
  * that needs more (gpu: fp8 cuBLASLt paths want 16-byte leading dimensions) states it in
