@@ -908,17 +908,15 @@ static void run_wgrad(tw_ctx *subject, tw_ctx *oracle, const fz_case *c, arena *
   double *ref, *absp, *flush;
   if (expect_alloc(A, c, 3, oshape, &ge) || scratch_f64(A, K * N, &ref) || scratch_f64(A, K * N, &absp) ||
       scratch_f64(A, K * N, &flush)) return;
-  /* gg_wgmma_fp8's wgrad (tw_gemm.h) may run fp8 from the colwise copies (ops T; auto for block
-   * scales and current per-tensor, forced for delayed too): promoted model; MXFP8 from the
-   * colwise [M, K] / [M, N] data (ops N, auto): promoted every 32 tokens */
+  /* gg_wgmma_fp8's wgrad (tw_gemm.h) may run fp8 from the colwise copies (ops T; auto for every
+   * per-tensor and block mode): promoted model; MXFP8 from the colwise [M, K] / [M, N] data (ops
+   * N, auto): promoted every 32 tokens */
   const tw_scaling qm = c->sa.mode;
-  const char *kn = tw_ctx_kernel(subject);
-  const int forced_fp8 = kn && !strcmp(kn, "gg_wgmma_fp8");
   const int on_gpu = tw_ctx_backend(subject) != TW_BACKEND_REF;
   const int64_t promoted = on_gpu && qm == TW_SCALE_MXFP8_1D && c->op_a == TW_OP_N && c->op_b == TW_OP_N ? 32
                            : on_gpu && c->op_a == TW_OP_T && c->op_b == TW_OP_T &&
                                    (qm == TW_SCALE_TENSOR_CURRENT || qm == TW_SCALE_BLOCK_1x128 ||
-                                    qm == TW_SCALE_BLOCK_128x128 || (forced_fp8 && qm == TW_SCALE_TENSOR_DELAYED))
+                                    qm == TW_SCALE_BLOCK_128x128 || qm == TW_SCALE_TENSOR_DELAYED)
                                ? 128
                                : 0;
   const float *ma = promoted ? la : ea, *mb = promoted ? lb : eb; /* the model's magnitudes */

@@ -119,7 +119,7 @@ static tw_status compare_exact(const char *dir, const tw_tensor_set *outs, const
  * before MXFP8 never reached it with a bound the exact model missed, qgemm_mxfp8_NT_e4m3xe5m2
  * did: run mx1, bf16 out, err 0.25 > 0.231).
  * So may a grouped fp8 wgrad from the per-group transposed colwise copies (lhs_op = rhs_op = T;
- * auto for current, 1x128 and 128x128 scales, forced for delayed too): the same model over each group's tokens,
+ * auto for every per-tensor and block mode): the same model over each group's tokens,
  * bound_k (the largest group) for K; and an MXFP8 wgrad from the colwise [M, K] / [M, N] data
  * (lhs_op = rhs_op = N, auto): promoted every 32 tokens. A grouped MXFP8 forward whose rhs is the
  * colwise [G*K, N] data (rhs_op N) runs it too, through a K-major copy: promoted every 32. */
@@ -138,11 +138,10 @@ static int fp8_promoted_model(const tw_ctx *ctx, const tw_case_keys *k) {
   }
   const int mode_ok =
       !strcmp(m, "current") || !strcmp(m, "delayed") || !strcmp(m, "block1x128") || !strcmp(m, "block128x128");
-  if (!strcmp(op, "grouped_gemm_wgrad")) { /* auto: current, 1x128, 128x128, MXFP8; forced: delayed too */
-    const char *l = tw_case_get(k, "lhs_op"), *kn = tw_ctx_kernel(ctx);
-    const int fitted = strcmp(m, "delayed") != 0;
+  if (!strcmp(op, "grouped_gemm_wgrad")) { /* auto: every fp8 mode */
+    const char *l = tw_case_get(k, "lhs_op");
     if (!strcmp(m, "mxfp8")) return l && !strcmp(l, "N") && !strcmp(r, "N") ? 32 : 0; /* colwise [M, K] data */
-    return mode_ok && l && !strcmp(l, "T") && !strcmp(r, "T") && (fitted || (kn && !strcmp(kn, "gg_wgmma_fp8"))) ? 128 : 0;
+    return mode_ok && l && !strcmp(l, "T") && !strcmp(r, "T") ? 128 : 0;
   }
   if (strcmp(op, "grouped_gemm")) return 0;
   const char *K = tw_case_get(k, "K"), *rc = tw_case_get(k, "rhs_colwise");

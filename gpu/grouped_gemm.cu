@@ -68,11 +68,12 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
 #define GG_WGMMA_FP8_AUTO 1
 // Its wgrad (from the per-group transposed colwise copies, the MoE block's fp8 wgrads; MXFP8 from
 // the colwise [M, K] / [M, N] data, ops N, promoted every 32 tokens), same model, is the automatic
-// choice for the fp8 wgrad it takes whose scales are fitted to the data (current per-tensor,
-// 1x128, 128x128, MXFP8): 3x gg_mma for 1x128, 1.05x gg_mma_wide per-tensor on large groups and
-// 1.6-3.7x on small / ragged ones (H100, run fw1 in gpu/NOTES-gemm.md); MXFP8: run mxw1 there.
-// Delayed per-tensor scales stay on gg_mma_wide (exact): with them run fw1 found the promoted
-// model exceeded (codes left in e4m3's subnormal range along the token dim).
+// choice for every fp8 wgrad it takes (per-tensor current or delayed, 1x128, 128x128, MXFP8):
+// 3x gg_mma for 1x128, 1.05x gg_mma_wide per-tensor on large groups and 1.6-3.7x on small /
+// ragged ones (H100, run fw1 in gpu/NOTES-gemm.md); MXFP8: run mxw1 there. Delayed scales were
+// kept on gg_mma_wide until the model's magnitudes were lifted for subnormal codes (session 6,
+// "fp8 accumulator probe" in gpu/NOTES-gemm.md): they leave codes in the subnormal range, which
+// the tensor core aligns at the smallest normal exponent.
 // Measurement knob (read on every call, so the bench times both in one process):
 // TWIN_GG_WGMMA_FP8_WGRAD=0 turns the auto choice off.
 #define GG_WGMMA_FP8_WGRAD_AUTO 1
@@ -80,10 +81,7 @@ static int fp8_wgrad_auto_on(void) {
   const char *e = getenv("TWIN_GG_WGMMA_FP8_WGRAD");
   return !(e && *e == '0');
 }
-static int fp8_fitted_scales(const tw_operand *a) {
-  return a->mode == TW_SCALE_TENSOR_CURRENT || a->mode == TW_SCALE_BLOCK_1x128 || a->mode == TW_SCALE_BLOCK_128x128 ||
-         a->mode == TW_SCALE_MXFP8_1D;
-}
+static int fp8_scaled(const tw_operand *a) { return a->mode != TW_SCALE_NONE; }
 
 static int has_f32(const tw_operand *a, const tw_operand *b) {
   return a->mode == TW_SCALE_NONE && (a->data.dtype == TW_F32 || b->data.dtype == TW_F32);
@@ -327,7 +325,7 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   gpu_scratch_reset(ctx);
   if (v == VER_LT_LOOP) return wgrad_loop(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate);
   const char *why;
-  if (GG_WGMMA_FP8_WGRAD_AUTO && !forced(ctx) && fp8_wgrad_auto_on() && fp8_fitted_scales(lhs) &&
+  if (GG_WGMMA_FP8_WGRAD_AUTO && !forced(ctx) && fp8_wgrad_auto_on() && fp8_scaled(lhs) &&
       gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
     v = VER_WGMMA_FP8;
   if (v == VER_WGMMA_FP8 && !gg_wgmma_fp8_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))  // before any work

@@ -549,12 +549,6 @@ static tw_tensor store_grouped(const tw_tensor *x, tw_op op, const int64_t *off,
 /* gg_wgmma_fp8 wgrad: both operands as the per-group transposed colwise copies (ops T), the
  * layout it takes, in every scaling mode it takes (tensor and block). */
 static int fp8w_colwise;
-/* forced gg_wgmma_fp8 (it runs delayed scales too); auto picks it for current, 1x128, 128x128 */
-static int fp8w_forced;
-/* the forced tests draw current, 1x128 and 128x128 scales, not delayed: run fw1 found delayed
- * scales (codes in e4m3's subnormal range along the token dim) out of the promoted model's bound
- * on small groups (gpu/NOTES-gemm.md, an open question for the model, forward included) */
-static int fp8w_no_delayed;
 /* every fp8 wgrad case MXFP8 (colwise [M, K] / [M, N] data, ops N: the forced MXFP8 wgrad sets) */
 static int fp8w_only_mxfp8;
 /* gg_wgmma wgrad: rows past the sizes' sum set to NaN in both operands (they must never be
@@ -642,7 +636,6 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
              (long long)M, (long long)N, (long long)K, lop ? 'T' : 'N', rop ? 'T' : 'N', accumulate);
   } else {
     tw_scaling mode = fp8_modes[rnd() % (uint64_t)fp8_mode_count];
-    if (fp8w_no_delayed && mode == TW_SCALE_TENSOR_DELAYED) mode = TW_SCALE_TENSOR_CURRENT;
     if (fp8w_only_mxfp8) mode = TW_SCALE_MXFP8_1D;
     tw_dtype ql_t = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     tw_dtype qr_t = ql_t == TW_E5M2 ? TW_E4M3 : ((rnd() & 1) ? TW_E4M3 : TW_E5M2);
@@ -665,7 +658,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     fast = fp8_fast_bound &&
            ((lop == TW_OP_T && rop == TW_OP_T &&
              (mode == TW_SCALE_TENSOR_CURRENT || mode == TW_SCALE_BLOCK_1x128 || mode == TW_SCALE_BLOCK_128x128 ||
-              (fp8w_forced && mode == TW_SCALE_TENSOR_DELAYED))) ||
+              mode == TW_SCALE_TENSOR_DELAYED)) ||
             (mode == TW_SCALE_MXFP8_1D && lc && rc));
     plen = promote_len(mode);
     av = ql.vals;
@@ -1032,26 +1025,26 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
  * K and N, group starts anywhere (so the token rows sit at any byte alignment), zero and skewed
  * groups, rows past the sum poisoned; random, aligned, large, then fixed tail patterns. */
 Test(grouped_gemm_wgrad_gpu, random_gg_wgmma_fp8_version, .timeout = 900) {
-  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8w_forced = 1; fp8w_no_delayed = 1; fp8_mode_count = 4;
+  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8_mode_count = 4;
   for (int s = 0; s < 300; ++s) wgrad_case(21000 + s, 3, BUDGET);
-  fp8_mode_count = 5; fp8w_colwise = 0; fp8w_forced = 0; fp8w_no_delayed = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8");
+  fp8_mode_count = 5; fp8w_colwise = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8");
 }
 Test(grouped_gemm_wgrad_gpu, aligned_gg_wgmma_fp8_version, .timeout = 600) {
-  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8w_forced = 1; fp8w_no_delayed = 1; fp8_mode_count = 4; aligned_dims = 1;
+  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8_mode_count = 4; aligned_dims = 1;
   for (int s = 0; s < 100; ++s) wgrad_case(22000 + s, 3, BUDGET);
-  aligned_dims = 0; fp8_mode_count = 5; fp8w_colwise = 0; fp8w_forced = 0; fp8w_no_delayed = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_aligned");
+  aligned_dims = 0; fp8_mode_count = 5; fp8w_colwise = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_aligned");
 }
 Test(grouped_gemm_wgrad_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
-  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8w_forced = 1; fp8w_no_delayed = 1; fp8_mode_count = 4;
+  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8_mode_count = 4;
   for (int s = 0; s < 8; ++s) wgrad_case(23000 + s, 3, (int64_t)1 << 30);
-  fp8_mode_count = 5; fp8w_colwise = 0; fp8w_forced = 0; fp8w_no_delayed = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_large");
+  fp8_mode_count = 5; fp8w_colwise = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_large");
 }
 /* Token blocks inside and across groups: m_g = 1, 127, 128, 129, 0, 257, 3, 1 (block ends at
  * 128 within each group, never at a multiple of 128 of the whole tensor), K = 136, N = 264,
  * every output dtype, with and without accumulate, per mode. */
 Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_fp8_version, .timeout = 600) {
   static const int32_t sizes[2][8] = {{1, 127, 128, 129, 0, 257, 3, 1}, {0, 0, 300, 0, 17, 0, 0, 1}};
-  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8w_forced = 1; fp8w_no_delayed = 1; fp8_mode_count = 4;
+  ctx_for("gg_wgmma_fp8"); fp8w_colwise = 1; fp8_mode_count = 4;
   for (int v = 0; v < 2; ++v)
     for (int o = 0; o < 3; ++o)
       for (int acc = 0; acc < 2; ++acc)
@@ -1060,7 +1053,7 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_fp8_version, .timeout = 600) {
           fixed_od = out_types[o]; fixed_acc = acc;
           wgrad_case(24000 + 16 * v + 4 * o + m, 3, BUDGET);
         }
-  fixed_gs = NULL; fp8_mode_count = 5; fp8w_colwise = 0; fp8w_forced = 0; fp8w_no_delayed = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_tails");
+  fixed_gs = NULL; fp8_mode_count = 5; fp8w_colwise = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_fp8_tails");
 }
 /* gg_wgmma_fp8's wgrad: tiles leaving by TMA store (the default without accumulate, rows of N a
  * 16-byte multiple) against the staged epilogue (TWIN_GG_WGMMA_FP8_WGRAD_EPI=staged, read on

@@ -110,9 +110,9 @@
  *     sum|a||b| at K >= 32.
  *     Its wgrad (lhs and rhs as the per-group transposed colwise copies, lhs_op = rhs_op = T;
  *     per-tensor, 1x128 or 128x128 scales; or MXFP8 from the colwise data [M, K] and [M, N],
- *     lhs_op = rhs_op = N, compact or swizzled scale bytes; the auto choice on sm_90 for current
- *     per-tensor, 1x128, 128x128 and MXFP8 scales, the MoE block's fp8 wgrads; delayed scales
- *     only when forced) has the same model with the
+ *     lhs_op = rhs_op = N, compact or swizzled scale bytes; the auto choice on sm_90 for every fp8
+ *     scaling mode: current and delayed per-tensor, 1x128, 128x128 and MXFP8, the MoE block's
+ *     fp8 wgrads) has the same model with the
  *     contraction over the group's m_g tokens: the k-blocks are the group's tokens
  *     128b..128b+127 counted from the group's first row (the colwise quantizer's blocks,
  *     wherever the group starts), the last one m_g % 128 deep, tokens past m_g adding exact
