@@ -11,7 +11,8 @@
  *     scales every 32 along K, compact byte order); versions gg_mma
  *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
  *     (Hopper wgmma + TMA, bf16 rows), gg_wgmma_fp8 (Hopper fp8 wgmma, per-tensor and 1x128 rows;
- *     the fp8 auto choice on sm_90) and
+ *     the fp8 auto choice on sm_90; also with its column tile forced to 128 and to 192, rows "BN
+ *     128" / "BN 192", knob TWIN_GG_WGMMA_FP8_BN, as the dense fp8 default) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
  *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets; so are the MXFP8
@@ -95,6 +96,20 @@ static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *
   double med = tw_bench_gpu_time(stream, warmup, iters, fn, arg);
   if (ctx && tw_ctx_check(ctx) != TW_OK) return -1;
   return med;
+}
+
+/* time_it of a call with gg_wgmma_fp8's column tile forced to bn (TWIN_GG_WGMMA_FP8_BN, read on
+ * every call), the knob's previous value restored after */
+static int run_call(void *p);
+static double time_bn(const char *bn, void *arg, int warmup, int iters, tw_ctx *ctx) {
+  const char *prev = getenv("TWIN_GG_WGMMA_FP8_BN");
+  char keep[16] = "";
+  if (prev) snprintf(keep, sizeof keep, "%s", prev);
+  setenv("TWIN_GG_WGMMA_FP8_BN", bn, 1);
+  const double ms = time_it(run_call, arg, warmup, iters, ctx);
+  if (prev) setenv("TWIN_GG_WGMMA_FP8_BN", keep, 1);
+  else unsetenv("TWIN_GG_WGMMA_FP8_BN");
+  return ms;
 }
 
 /* ---- peers ----------------------------------------------------------------------------- */
@@ -293,6 +308,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
         if (ms < 0) { fprintf(stderr, "dense fp8 auto, cluster pair: %s\n", tw_last_error()); rc = 1; }
         row_out(shape, "auto, cluster pair", ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
+        for (int w = 0; w < 2; ++w) {  /* gg_wgmma_fp8's column tile forced (TWIN_GG_WGMMA_FP8_BN), same call */
+          const char *bn = w ? "192" : "128", *name = w ? "auto, BN 192" : "auto, BN 128";
+          ms = time_bn(bn, &c, warmup, iters, c_auto);
+          if (ms < 0) { fprintf(stderr, "dense fp8 %s: %s\n", name, tw_last_error()); rc = 1; }
+          row_out(shape, name, ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
+          if (ms > 0 && !cfg->csv) printf("# %s: %s / gemm_lt = %.3f\n", shape, name, lt_ms / ms);
+        }
       }
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);
@@ -413,6 +435,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
           if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, other, tw_last_error()); rc = 1; }
           row_out(shape, other, ms, flop, floor, peer, pms, cfg->csv);
         }
+        if (kind > 0 && kind != 3 && !wgrad_only && !strcmp(names[kind][v], "gg_wgmma_fp8"))
+          for (int w = 0; w < 2; ++w) {  /* the column tile forced (TWIN_GG_WGMMA_FP8_BN), same call */
+            const char *other = w ? "gg_wgmma_fp8, BN 192" : "gg_wgmma_fp8, BN 128";
+            ms = time_bn(w ? "192" : "128", &c, warmup, iters, ctxs[kind][v]);
+            if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, other, tw_last_error()); rc = 1; }
+            row_out(shape, other, ms, flop, floor, peer, pms, cfg->csv);
+          }
       }
       if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)
         printf("# %s: gg_wgmma_fp8 MXFP8 / 1x128 rate = %.3f, / per-tensor = %.3f\n", shape,
