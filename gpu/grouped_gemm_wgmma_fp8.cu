@@ -21,9 +21,10 @@
 //     produces (thread 0 issues the TMA loads), warpgroups 1 and 2 consume, each owning 64
 //     rows x 128 columns: 64 partial + 64 total f32 registers per thread. setmaxnreg 40 / 232.
 //     N = 128 because the promotion needs two accumulator sets. 128 x 192 tiles (BN = 192: 96 +
-//     96 registers, wgmma m64n192k32, 40 KiB stages) on request or by default per mode
-//     (ggf_default_bn; knob TWIN_GG_WGMMA_FP8_BN, gpu/NOTES-gemm.md "128 x 192 tiles"): per-tensor
-//     and TMA block scales only, CL = 1; the same bits as 128.
+//     96 registers, wgmma m64n192k32, 40 KiB stages; per-tensor and TMA block scales, CL = 1; the
+//     same bits as 128): the default for per-tensor and 1x128 x 1x128 where N pads little
+//     (ggf_default_bn: +8..12.5% on H200), 128 with a 128x128 rhs (no gain); knob
+//     TWIN_GG_WGMMA_FP8_BN=128|192, gpu/NOTES-gemm.md "128 x 192 tiles".
 //   - Ring of 32 KiB stages (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle; 5
 //     stages with a bf16/f16 out, 6 with f32 out, which has no staging buffer) plus 1280 bytes
 //     of scales per stage; "full" mbarrier (TMA bytes, + the scale warp's 32 arrivals when
@@ -55,7 +56,8 @@
 // registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
 // (default 0 per-tensor and MXFP8, 1 block scales); TWIN_GG_WGMMA_FP8_CLUSTER=2 runs clusters of
 // two CTAs sharing the lhs tile by multicast (CL = 2, even tilesQ; no consistent gain measured,
-// gpu/NOTES-gemm.md runs cl1/cl2). Same bits.
+// gpu/NOTES-gemm.md runs cl1/cl2; BN = 128 then); TWIN_GG_WGMMA_FP8_BN=128|192 forces the column
+// tile (see ggf_default_bn). Same bits.
 //   - MXFP8 (kernel kind GGF_SC_MX): the k-block of 128 holds 4 scaling blocks; per block one
 //     wgmma k32 (scale_d 0: fresh partial), wait, promote; the two consumers run free by
 //     default (turns per block, knob ORDER=1, measured 1.5-5% slower, run mx2). Producer warps 1-3 read
@@ -886,12 +888,16 @@ static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, 
          CUDA_SUCCESS;
 }
 
-// The forward's default column tile per scaling mode (lhs, rhs GGF_*), when the knob
-// TWIN_GG_WGMMA_FP8_BN does not set one.
-static int ggf_default_bn(int mode, int mode_b) {
-  (void)mode;
-  (void)mode_b;
-  return 128;
+// The forward's default column tile per scaling mode (lhs, rhs GGF_*) and N, when the knob
+// TWIN_GG_WGMMA_FP8_BN does not set one. Runs n192-b2 (H200, gpu/NOTES-gemm.md "128 x 192
+// tiles"): 192 was faster on all five shapes per-tensor (+9..12% on the four large ones, dense
+// 8192^3 +8%) and 1x128 x 1x128 (+9..12.5%), not with a 128x128 rhs (0.86..1.02): those stay 128.
+// Only where 192 pads N by at most 1/16 more than 128 does (the measured N 2048, 4096, 7168, 8192
+// pad 1.8-3%; N = 256 would compute 384 columns, 1024 1152): other N run 128, unmeasured.
+static int ggf_default_bn(int mode, int mode_b, int64_t N) {
+  const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && mode_b == GGF_B1x128);
+  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
+  return wide && w192 * 16 <= w128 * 17 ? 192 : 128;
 }
 
 // The forward on a K-major rhs [G, N, K] (rhs_op T; for MXFP8 the rowwise data of the [G*N, K]
@@ -910,10 +916,10 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
                     GG_KERNEL_WGMMA_FP8);
   const int mode = ggf_fwd_mode_of(lhs->mode), mode_b = ggf_fwd_mode_of(rhs->mode);
   // Column tile (knob TWIN_GG_WGMMA_FP8_BN=128|192, read on every call; default ggf_default_bn):
-  // 192 for per-tensor and the TMA block-scale kinds; MXFP8, warp-staged block scales and
+  // 192 runs per-tensor and the TMA block-scale kinds; MXFP8, warp-staged block scales and
   // clusters stay at 128 (asked for 192, they run 128: same bits, the model is per column).
   const char *bv = getenv("TWIN_GG_WGMMA_FP8_BN");
-  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_default_bn(mode, mode_b);
+  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_default_bn(mode, mode_b, N);
   if (mode == GGF_MX) bn = 128;
   // Clusters of 2 (lhs rows multicast to a pair of column tiles; an even tilesQ) only on request:
   // TWIN_GG_WGMMA_FP8_CLUSTER=2 (then BN = 128). Runs cl1/cl2 (H200, gpu/NOTES-gemm.md) found no
