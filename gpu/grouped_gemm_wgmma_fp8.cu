@@ -20,7 +20,11 @@
 //   - CTA tile 128 x 128 x 128 (k-block = one scaling block), 384 threads: warpgroup 0
 //     produces (thread 0 issues the TMA loads), warpgroups 1 and 2 consume, each owning 64
 //     rows x 128 columns: 64 partial + 64 total f32 registers per thread. setmaxnreg 40 / 232.
-//     N = 128 because the promotion needs two accumulator sets.
+//     N = 128 because the promotion needs two accumulator sets. 128 x 192 tiles (BN = 192: 96 +
+//     96 registers, wgmma m64n192k32, 40 KiB stages; per-tensor and TMA block scales, CL = 1; the
+//     same bits as 128): the default for per-tensor and 1x128 x 1x128 where N pads little
+//     (ggf_default_bn: +8..12.5% on H200), 128 with a 128x128 rhs (no gain); knob
+//     TWIN_GG_WGMMA_FP8_BN=128|192, gpu/NOTES-gemm.md "128 x 192 tiles".
 //   - Ring of 32 KiB stages (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle; 5
 //     stages with a bf16/f16 out, 6 with f32 out, which has no staging buffer) plus 1280 bytes
 //     of scales per stage; "full" mbarrier (TMA bytes, + the scale warp's 32 arrivals when
@@ -52,7 +56,8 @@
 // registers; TWIN_GG_WGMMA_FP8_ORDER=0|1|2 no turns / gate opened at issue / at completion
 // (default 0 per-tensor and MXFP8, 1 block scales); TWIN_GG_WGMMA_FP8_CLUSTER=2 runs clusters of
 // two CTAs sharing the lhs tile by multicast (CL = 2, even tilesQ; no consistent gain measured,
-// gpu/NOTES-gemm.md runs cl1/cl2). Same bits.
+// gpu/NOTES-gemm.md runs cl1/cl2; BN = 128 then); TWIN_GG_WGMMA_FP8_BN=128|192 forces the column
+// tile (see ggf_default_bn). Same bits.
 //   - MXFP8 (kernel kind GGF_SC_MX): the k-block of 128 holds 4 scaling blocks; per block one
 //     wgmma k32 (scale_d 0: fresh partial), wait, promote; the two consumers run free by
 //     default (turns per block, knob ORDER=1, measured 1.5-5% slower, run mx2). Producer warps 1-3 read
@@ -80,17 +85,23 @@
 #include "gpu/grouped_gemm_wgmma_fp8.cuh"
 
 // Forward layout (the .cuh's GGF_STAGES / GGF_SMEM size the wgrad's ring, not this one).
-// Per stage, scales: lhs slot at float 0, rhs slot at float GGF_SSLOT (640 bytes: the slots stay
-// 128-byte aligned for the TMA); a TMA box fills 132 (or 4) floats of a slot.
-#define GGF_SSLOT 160
-#define GGF_SSTAGE (2 * GGF_SSLOT)
-#define GGF_EPI_BYTES (2 * 2 * 64 * 64 * 2)  // per consumer warpgroup two 64 x 64 16-bit boxes
-// Stages: a bf16/f16 out gives 32 KiB to the epilogue staging; f32 out keeps 6.
-#define GGF_FSTAGES(OUT) ((OUT) == TW_F32 ? 6 : 5)
+// BN (kernel template): the CTA tile's columns, 128 or 192 (knob TWIN_GG_WGMMA_FP8_BN, see the
+// host side); a stage holds A 128 x 128 and B BN x 128 fp8.
+// Per stage, scales: lhs slot at float 0, rhs slot at float GGF_SSLOT(BN) (640 / 896 bytes: the
+// slots stay 128-byte aligned for the TMA); a TMA box fills 132 (BN = 192: 196) floats of a slot,
+// or 4 (128x128 rhs at BN = 192: 4 x 2, the tile's two 128-column scale blocks).
+#define GGF_SSLOT(BN) ((BN) == 128 ? 160 : 224)
+#define GGF_SSTAGE(BN) (2 * GGF_SSLOT(BN))
+#define GGF_EPI_BYTES(BN) (2 * ((BN) / 64) * 64 * 64 * 2)  // per consumer warpgroup BN/64 64 x 64 16-bit boxes
+#define GGF_FB_BYTES(BN) ((BN) * GGF_BK)
+#define GGF_FSTAGE_BYTES(BN) (GGF_A_BYTES + GGF_FB_BYTES(BN))
+// Stages: a bf16/f16 out gives 32 KiB to the epilogue staging; f32 out keeps 6. BN = 192 (40 KiB
+// stages, 48 KiB of staging): 4, f32 out 5 (the same 160 / 200 KiB in flight as BN = 128).
+#define GGF_FSTAGES(OUT, BN) ((BN) == 128 ? ((OUT) == TW_F32 ? 6 : 5) : ((OUT) == TW_F32 ? 5 : 4))
 // ring + 1 KiB to align the base to the 1024-byte swizzle atom + staging + scales + barriers
-#define GGF_FSMEM(SC, OUT)                                                                          \
-  (GGF_FSTAGES(OUT) * GGF_STAGE_BYTES + 1024 + ((OUT) == TW_F32 ? 0 : GGF_EPI_BYTES) +            \
-   GGF_FSTAGES(OUT) * GGF_SST(SC) * 4 + 2 * GGF_FSTAGES(OUT) * 8)
+#define GGF_FSMEM(SC, OUT, BN)                                                                               \
+  (GGF_FSTAGES(OUT, BN) * GGF_FSTAGE_BYTES(BN) + 1024 + ((OUT) == TW_F32 ? 0 : GGF_EPI_BYTES(BN)) +          \
+   GGF_FSTAGES(OUT, BN) * GGF_SST(SC, BN) * 4 + 2 * GGF_FSTAGES(OUT, BN) * 8)
 
 // How block scales reach the stage (kernel template SC): none (per-tensor); producer warps 1-3
 // from registers (any layout); TMA with per-column rhs scales (1x128 rhs); TMA with one rhs
@@ -103,7 +114,11 @@ enum { GGF_SC_TENSOR = 0, GGF_SC_WARPS = 1, GGF_SC_TMA_V = 2, GGF_SC_TMA_S = 3, 
 #define GGF_MX 3
 // An MXFP8 stage's scales: lhs [4 sub-blocks of 32 along K][128 rows], rhs [4][128 columns], f32.
 #define GGF_MXSTAGE (2 * 4 * 128)
-#define GGF_SST(SC) ((SC) == GGF_SC_MX ? GGF_MXSTAGE : GGF_SSTAGE)
+#define GGF_SST(SC, BN) ((SC) == GGF_SC_MX ? GGF_MXSTAGE : GGF_SSTAGE(BN))
+// 227 KiB of dynamic shared memory per block on sm_90 (the largest configurations)
+static_assert(GGF_FSMEM(GGF_SC_TMA_V, TW_BF16, 192) <= 232448 && GGF_FSMEM(GGF_SC_TMA_V, TW_F32, 192) <= 232448 &&
+                  GGF_FSMEM(GGF_SC_MX, TW_F32, 128) <= 232448 && GGF_FSMEM(GGF_SC_TMA_V, TW_BF16, 128) <= 232448,
+              "gg_wgmma_fp8 forward: shared memory past 227 KiB");
 static inline int ggf_fwd_mode_of(int m) { return m == TW_SCALE_MXFP8_1D ? GGF_MX : ggf_mode_of(m); }
 
 struct ggf_params {
@@ -128,6 +143,7 @@ struct ggf_params {
 // Tile id -> group g, row start p0 (within the group), column start q0. 32-bit division (the
 // host declines problems with 2^31 tiles or more): a 64-bit one is a call whose saved registers
 // spilled the accumulators.
+template <int BN>
 __device__ __forceinline__ void ggf_locate(const ggf_params &p, int t, int64_t &g, int64_t &p0, int64_t &q0) {
   const int tq = (int)p.tilesQ, tp = t / tq;
   int64_t lo = 0, hi = p.G - 1;
@@ -138,7 +154,7 @@ __device__ __forceinline__ void ggf_locate(const ggf_params &p, int t, int64_t &
   }
   g = lo;
   p0 = (int64_t)(tp - (int)p.tiles[g]) * GGF_BM;
-  q0 = (int64_t)(t - tp * tq) * GGF_BN;
+  q0 = (int64_t)(t - tp * tq) * BN;
 }
 
 // Where the scales of one tile start (k-block 0, this lane's first row / column) and how they
@@ -223,6 +239,64 @@ __device__ __forceinline__ void ggf_release(uint64_t *empty) {
 __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
   return e == 255u ? __int_as_float(0x7fc00000) : e == 0u ? __int_as_float(0x00400000) : __int_as_float((int)(e << 23));
 }
+
+#define GGF_D96(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+
+// The m64n192k32 twin of ggf_mma (.cuh): d[4j + 2h + e] is row 16*warp + lane/4 + 8h, column
+// 8j + 2*(lane%4) + e of the warpgroup's 64 x 192 block (j < 24).
+#define GGF_MMA192(TA, TB)                                                                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                                                    \
+               "wgmma.mma_async.sync.aligned.m64n192k32.f32." TA "." TB " {" GGF_R96 "}, %96, %97, p, 1, 1;\n}\n" \
+               : GGF_D96(d)                                                                               \
+               : "l"(da), "l"(db), "r"(scale_d))
+#define GGF_R96 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+
+template <int AT, int BT>
+__device__ __forceinline__ void ggf_mma192(float *d, uint64_t da, uint64_t db, int scale_d) {
+  if (AT == 0 && BT == 0) GGF_MMA192("e4m3", "e4m3");
+  if (AT == 0 && BT == 1) GGF_MMA192("e4m3", "e5m2");
+  if (AT == 1 && BT == 0) GGF_MMA192("e5m2", "e4m3");
+  if (AT == 1 && BT == 1) GGF_MMA192("e5m2", "e5m2");
+}
+// One k32 step over the warpgroup's BN columns.
+template <int BN, int AT, int BT>
+__device__ __forceinline__ void ggf_mma_bn(float *d, uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (BN == 128) ggf_mma<AT, BT>(d, da, db, scale_d);
+  else ggf_mma192<AT, BT>(d, da, db, scale_d);
+}
+// ggf_promote (.cuh) over NJ groups of 8 columns (16: BN = 128, 24: BN = 192); the same formula
+// and order per element, so a column's total is the same bits at either BN.
+template <int NJ>
+__device__ __forceinline__ void ggf_promote_n(const float *d, float *tot, float fa0, float fa1, const float *fb,
+                                              int lane) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(wgc_smem(fb + 8 * j + 2 * (lane % 4))));
+    tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * v.x, tot[4 * j + 0]);
+    tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * v.y, tot[4 * j + 1]);
+    tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * v.x, tot[4 * j + 2]);
+    tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * v.y, tot[4 * j + 3]);
+  }
+}
 #endif  // WGC_DEVICE
 
 // SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype. CL: CTAs
@@ -230,19 +304,21 @@ __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
 // 2u + 1 of one row tile, tilesQ even; each CTA
 // loads 64 of the tile's 128 lhs rows and multicasts them to both, so lhs traffic out of L2
 // halves; a stage is free once the consumers of both CTAs released it).
-template <int SC, int AT, int BT, int OUT, int CL>
+template <int SC, int AT, int BT, int OUT, int CL, int BN>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_sa, const __grid_constant__ CUtensorMap map_sb,
                const __grid_constant__ CUtensorMap map_out, const ggf_params p) {
 #ifdef WGC_DEVICE
   constexpr bool BL = SC != GGF_SC_TENSOR, STMA = SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S, MX = SC == GGF_SC_MX;
-  constexpr int ST = GGF_FSTAGES(OUT), SST = GGF_SST(SC);
+  static_assert(BN == 128 || (BN == 192 && CL == 1 && (SC == GGF_SC_TENSOR || STMA)), "BN 192: TMA scales, CL 1");
+  constexpr int ST = GGF_FSTAGES(OUT, BN), SST = GGF_SST(SC, BN), SSLOT = GGF_SSLOT(BN);
+  constexpr int STAGE = GGF_FSTAGE_BYTES(BN), NA = BN / 2, NJ = BN / 8;  // accumulators, 8-column groups
   constexpr bool EPI = OUT != TW_F32;  // a staging buffer for the TMA-store epilogue
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
-  unsigned char *epi = base + ST * GGF_STAGE_BYTES;               // [warpgroup][2 boxes of 64 x 64]
-  float *scales = (float *)(epi + (EPI ? GGF_EPI_BYTES : 0));     // [stage][lhs slot, rhs slot]
+  unsigned char *epi = base + ST * STAGE;                         // [warpgroup][BN/64 boxes of 64 x 64]
+  float *scales = (float *)(epi + (EPI ? GGF_EPI_BYTES(BN) : 0));  // [stage][lhs slot, rhs slot]
   uint64_t *full = (uint64_t *)(scales + ST * SST);
   uint64_t *empty = full + ST;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -274,15 +350,15 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
-        ggf_locate(p, t, g, p0, q0);
+        ggf_locate<BN>(p, t, g, p0, q0);
         const int64_t og = p.offsets[g];
         const int row0 = (int)(og + p0);
         ggf_scoord ca, cb;
         if (STMA) ggf_scale_coords(p, g, og, p.tiles[g], p0, q0, ca, cb);
         for (int kt = 0; kt < ktiles; ++kt) {
           wgc_bar_wait(&empty[s], phase ^ 1);
-          unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
-          wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (STMA ? p.scale_tx : 0));
+          unsigned char *sa = base + s * STAGE, *sb = sa + GGF_A_BYTES;
+          wgc_bar_expect(&full[s], STAGE + (STMA ? p.scale_tx : 0));
           if (CL == 1) wgc_tma_2d(sa, &map_a, &full[s], kt * GGF_BK, row0);
           else  // this CTA's 64 of the 128 lhs rows (map_a's box is 64 rows), to both CTAs
             wgc_tma_2d_mc(sa + (t & 1) * (64 * GGF_BK), &map_a, &full[s], kt * GGF_BK, row0 + 64 * (t & 1), (uint16_t)3);
@@ -290,7 +366,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           if (STMA) {
             float *f = scales + s * SST;
             wgc_tma_2d(f, &map_sa, &full[s], (ca.i0 + ca.ik * kt) & ~3, ca.o0 + ca.ok * kt);
-            wgc_tma_2d(f + GGF_SSLOT, &map_sb, &full[s], (cb.i0 + cb.ik * kt) & ~3, cb.o0 + cb.ok * kt);
+            wgc_tma_2d(f + SSLOT, &map_sb, &full[s], (cb.i0 + cb.ik * kt) & ~3, cb.o0 + cb.ok * kt);
           }
           if (++s == ST) {
             s = 0;
@@ -308,11 +384,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
-        ggf_locate(p, t, g, p0, q0);
+        ggf_locate<BN>(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const ggf_sptr sp = ggf_scale_ptrs(p, g, og, p.tiles[g], p0, q0, lane);
         const int rows = (int)(mg - p0 < GGF_BM ? mg - p0 : GGF_BM) - lane;   // valid rows past lane
-        const int cols = (int)(p.N - q0 < GGF_BN ? p.N - q0 : GGF_BN) - lane;  // valid columns past lane
+        const int cols = (int)(p.N - q0 < BN ? p.N - q0 : BN) - lane;  // valid columns past lane
         for (int kt = 0; kt < ktiles; ++kt) {
           const bool mine = turn == w;
           const int st = s;
@@ -329,7 +405,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             f[32 * r] = 32 * r < rows ? a[r * sp.ar] : 0.f;
-            f[GGF_SSLOT + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
+            f[SSLOT + 32 * r] = 32 * r < cols ? b[r * sp.br] : 0.f;
           }
           wgc_bar_arrive(&full[st]);
         }
@@ -344,19 +420,19 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       // rhs likewise with T = g*ceil(N/128) and q0. Warps 1-3 take turns as GGF_SC_WARPS's do.
       const int w = tid / 32 - 1, lane = tid % 32;
       const unsigned char *ea = (const unsigned char *)p.sa, *eb = (const unsigned char *)p.sb;
-      const int64_t ntn = (p.N + GGF_BN - 1) / GGF_BN, Wa = p.lda_s, Wb = p.ldb_s;
+      const int64_t ntn = (p.N + 127) / 128, Wa = p.lda_s, Wb = p.ldb_s;
       const int64_t la = p.a_sw ? 16 * lane : lane * Wa, ia = p.a_sw ? 4 : 32 * Wa, ka = p.a_sw ? 512 : 4;
       const int64_t lb = p.b_sw ? 16 * lane : lane * Wb, ib = p.b_sw ? 4 : 32 * Wb, kb = p.b_sw ? 512 : 4;
       int s = 0, turn = 0;
       uint32_t phase = 0;
       for (int t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
-        ggf_locate(p, t, g, p0, q0);
+        ggf_locate<BN>(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const unsigned char *a = ea + (128 * p.tiles[g] + p0) * Wa + la;
         const unsigned char *b = eb + (128 * g * ntn + q0) * Wb + lb;
         const int rows = (int)(mg - p0 < GGF_BM ? mg - p0 : GGF_BM) - lane;   // valid rows past lane
-        const int cols = (int)(p.N - q0 < GGF_BN ? p.N - q0 : GGF_BN) - lane;  // valid columns past lane
+        const int cols = (int)(p.N - q0 < BN ? p.N - q0 : BN) - lane;  // valid columns past lane
         for (int kt = 0; kt < ktiles; ++kt) {
           const bool mine = turn == w;
           const int st = s;
@@ -392,7 +468,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     // lhs scale stride over rows in a slot: 1 (1x128, or the warps' per-row copies), 0 (128x128)
     const int sa_row = SC == GGF_SC_WARPS || p.mode == GGF_B1x128;
-    float d[64], tot[64];
+    float d[NA], tot[NA];
     int s = 0;
     uint32_t phase = 0;
     // Turns (p.order): both warpgroups wait on the same full barrier, so left alone they issue
@@ -406,17 +482,17 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     if (order && c == 1 && (int)blockIdx.x < total) ggf_named_arrive(3, 256);
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
       int64_t g, p0, q0;
-      ggf_locate(p, t, g, p0, q0);
+      ggf_locate<BN>(p, t, g, p0, q0);
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
       const bool last_tile = t + (int)gridDim.x >= total;
       ggf_scoord ca = {0, 0, 0, 0}, cb = {0, 0, 0, 0};  // the warps' copies start at 0
       if (STMA) ggf_scale_coords(p, g, og, p.tiles[g], p0, q0, ca, cb);
 #pragma unroll
-      for (int i = 0; i < 64; ++i) tot[i] = 0.f;
+      for (int i = 0; i < NA; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < ktiles; ++kt) {
         wgc_bar_wait(&full[s], phase);
-        const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
-        const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        const uint32_t a0 = wgc_smem(base + s * STAGE) + c * (64 * GGF_BK);
+        const uint32_t b0 = wgc_smem(base + s * STAGE + GGF_A_BYTES);
         if (MX) {
           // MXFP8: one wgmma k32 per scaling block, each into fresh registers (scale_d 0), then
           // promoted: total = fmaf(partial, sa * sb, total) with that sub-block's scales. The
@@ -452,21 +528,21 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
-          ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+          ggf_mma_bn<BN, AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
         wgc_commit();
         const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1);
         if (open && at_issue) ggf_named_arrive(4 - c, 256);
         wgc_wait<0>();
         if (open && !at_issue) ggf_named_arrive(4 - c, 256);
-        wgc_touch<64>(d);
+        wgc_touch<NA>(d);
         if (BL) {
           // the scales are read from the stage before it is released (64 + 64 + 34 live
-          // registers: ptxas allocates 168 per thread whatever setmaxnreg grants later)
+          // registers at BN = 128; the consumers' 232 of setmaxnreg hold BN = 192's 96 + 96)
           const float *fa = scales + s * SST + ((ca.i0 + ca.ik * kt) & 3);
-          const float *fb = scales + s * SST + GGF_SSLOT + ((cb.i0 + cb.ik * kt) & 3);
+          const float *fb = scales + s * SST + SSLOT + ((cb.i0 + cb.ik * kt) & 3);
           const int ra = (64 * c + 16 * warp + lane / 4) * sa_row;
           const float fa0 = fa[ra], fa1 = fa[ra + 8 * sa_row];
-          if (SC == GGF_SC_TMA_S) {  // one rhs scale for the tile's 128 columns
+          if (SC == GGF_SC_TMA_S && BN == 128) {  // one rhs scale for the tile's 128 columns
             const float fb0 = *fb, s0 = fa0 * fb0, s1 = fa1 * fb0;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
@@ -475,8 +551,24 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
               tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
               tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
             }
+          } else if (SC == GGF_SC_TMA_S) {
+            // BN = 192: the tile's columns span two 128-column scale blocks (the box's two rows,
+            // at fb and fb + 4): local columns below `split` (128 - q0 % 128: 128 or 64, a multiple
+            // of 8) take the first, the rest the second; the same products and fmaf as BN = 128.
+            const float fb0 = fb[0], fb1 = fb[4];
+            const float s00 = fa0 * fb0, s10 = fa1 * fb0, s01 = fa0 * fb1, s11 = fa1 * fb1;
+            const int split = 128 - (int)(q0 & 127);
+#pragma unroll
+            for (int j = 0; j < NJ; ++j) {
+              const bool hi = 8 * j >= split;
+              const float s0 = hi ? s01 : s00, s1 = hi ? s11 : s10;
+              tot[4 * j + 0] = fmaf(d[4 * j + 0], s0, tot[4 * j + 0]);
+              tot[4 * j + 1] = fmaf(d[4 * j + 1], s0, tot[4 * j + 1]);
+              tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
+              tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
+            }
           } else {  // fb is 8-byte aligned (the host takes TMA_V only with an even start)
-            ggf_promote(d, tot, fa0, fa1, fb, lane);
+            ggf_promote_n<NJ>(d, tot, fa0, fa1, fb, lane);
           }
           __syncwarp();
           if (lane == 0) ggf_release<CL>(&empty[s]);
@@ -484,7 +576,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           __syncwarp();
           if (lane == 0) ggf_release<CL>(&empty[s]);
 #pragma unroll
-          for (int i = 0; i < 64; ++i) tot[i] += d[i];
+          for (int i = 0; i < NA; ++i) tot[i] += d[i];
         }
         if (++s == ST) {
           s = 0;
@@ -495,16 +587,16 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       const float tf = BL ? 1.f : p.sa[g] * p.sb[g];
       if (EPI && p.tma_out && p0 + 64 * c + 64 <= mg) {
         // interior rows (all 64 of this warpgroup's rows in the group): through shared memory and
-        // a TMA store, which drains while the next tile's k-blocks run. Two 64 x 64 boxes with
+        // a TMA store, which drains while the next tile's k-blocks run. BN/64 64 x 64 boxes with
         // the 128-byte swizzle (16-byte chunk q of row r at chunk q ^ (r % 8)): conflict-free.
-        unsigned char *ep = epi + c * (GGF_EPI_BYTES / 2);
+        unsigned char *ep = epi + c * (GGF_EPI_BYTES(BN) / 2);
         if (tid == 0) ggf_bulk_wait_read0();  // the previous tile's store has read the staging
         ggf_named_sync(1 + c, 128);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * warp + lane / 4 + 8 * h;
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
+          for (int j = 0; j < NJ; ++j) {
             const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
             const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
             uint32_t two;
@@ -522,8 +614,12 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         ggf_named_sync(1 + c, 128);
         if (tid == 0) {
           const int row = (int)(og + p0 + 64 * c);
-          ggf_tma_store_2d(&map_out, ep, (int)q0, row);  // column starts q0, q0 + 64: 16-byte aligned
-          if (q0 + 64 < p.N) ggf_tma_store_2d(&map_out, ep + 8192, (int)q0 + 64, row);
+          // column starts q0 + 64b: 16-byte aligned; boxes starting past N are skipped, the
+          // store clips the one that crosses N (elements past the map's N are not written)
+          ggf_tma_store_2d(&map_out, ep, (int)q0, row);
+#pragma unroll
+          for (int b = 1; b < BN / 64; ++b)
+            if (q0 + 64 * b < p.N) ggf_tma_store_2d(&map_out, ep + 8192 * b, (int)q0 + 64 * b, row);
           ggf_bulk_commit();
         }
         continue;
@@ -537,7 +633,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (r >= mg) continue;
         const int64_t rowbase = (og + r) * p.N;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < NJ; ++j) {
           const int64_t col = cbase + 8 * j;
           const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
           const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
@@ -704,20 +800,20 @@ int gg_wgmma_fp8_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs
 
 // Persistent grid: one CTA per SM (CL = 1: a plain launch; a cluster-dimension attribute of 1
 // cost gg_wgmma 30%, run g3/g4), or as many pairs as are resident at once (asked once per device).
-template <int SC, int AT, int BT, int OUT, int CL>
+template <int SC, int AT, int BT, int OUT, int CL, int BN>
 static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_params *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
   void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap, const CUtensorMap,
-             const ggf_params) = ggf_kernel<SC, AT, BT, OUT, CL>;
+             const ggf_params) = ggf_kernel<SC, AT, BT, OUT, CL, BN>;
   static int set_for[64], grid_of[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!set_for[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(SC, OUT)),
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGF_FSMEM(SC, OUT, BN)),
                  "grouped_gemm (gg_wgmma_fp8): cudaFuncSetAttribute");
     set_for[dev] = 1;
   }
   if (CL == 1) {
-    fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(SC, OUT), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
+    fn<<<(unsigned)st->num_sms, GGF_THREADS, GGF_FSMEM(SC, OUT, BN), st->stream>>>(m[0], m[1], m[2], m[3], m[4], *p);
     GPU_TRY_CUDA(cudaGetLastError(), op);
     return TW_OK;
   }
@@ -729,7 +825,7 @@ static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_param
   at[0].val.clusterDim.y = 1;
   at[0].val.clusterDim.z = 1;
   cfg.blockDim = dim3(GGF_THREADS);
-  cfg.dynamicSmemBytes = GGF_FSMEM(SC, OUT);
+  cfg.dynamicSmemBytes = GGF_FSMEM(SC, OUT, BN);
   cfg.stream = st->stream;
   cfg.attrs = at;
   cfg.numAttrs = 1;
@@ -744,40 +840,64 @@ static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_param
   return TW_OK;
 }
 
+// bn 192 (CL 1, TMA or no block scales) instantiates the 128 x 192 tile; the host never asks it
+// of another kind (ggf_forward_kmajor), so those instantiations do not exist.
 template <int SC, int AT, int BT>
-static tw_status ggf_out(tw_ctx *ctx, int od, int cl, const CUtensorMap *m, const ggf_params *p, const char *op) {
+static tw_status ggf_out(tw_ctx *ctx, int od, int cl, int bn, const CUtensorMap *m, const ggf_params *p,
+                         const char *op) {
+  if constexpr (SC == GGF_SC_TENSOR || SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S) {
+    if (bn == 192) switch (od) {
+        case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 1, 192>(ctx, m, p, op);
+        case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 1, 192>(ctx, m, p, op);
+        default: return ggf_launch_t<SC, AT, BT, TW_F16, 1, 192>(ctx, m, p, op);
+      }
+  }
   if (cl == 2) switch (od) {
-      case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 2>(ctx, m, p, op);
-      case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 2>(ctx, m, p, op);
-      default: return ggf_launch_t<SC, AT, BT, TW_F16, 2>(ctx, m, p, op);
+      case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 2, 128>(ctx, m, p, op);
+      case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 2, 128>(ctx, m, p, op);
+      default: return ggf_launch_t<SC, AT, BT, TW_F16, 2, 128>(ctx, m, p, op);
     }
   switch (od) {
-    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 1>(ctx, m, p, op);
-    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 1>(ctx, m, p, op);
-    default: return ggf_launch_t<SC, AT, BT, TW_F16, 1>(ctx, m, p, op);
+    case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 1, 128>(ctx, m, p, op);
+    case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 1, 128>(ctx, m, p, op);
+    default: return ggf_launch_t<SC, AT, BT, TW_F16, 1, 128>(ctx, m, p, op);
   }
 }
 template <int SC>
-static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, int cl, const CUtensorMap *m, const ggf_params *p,
-                           const char *op) {
+static tw_status ggf_types(tw_ctx *ctx, int at, int bt, int od, int cl, int bn, const CUtensorMap *m,
+                           const ggf_params *p, const char *op) {
   // e5m2 x e5m2 never reaches here (TW_ERR_DTYPE in core/api_gemm.c)
-  if (at) return ggf_out<SC, 1, 0>(ctx, od, cl, m, p, op);
-  if (bt) return ggf_out<SC, 0, 1>(ctx, od, cl, m, p, op);
-  return ggf_out<SC, 0, 0>(ctx, od, cl, m, p, op);
+  if (at) return ggf_out<SC, 1, 0>(ctx, od, cl, bn, m, p, op);
+  if (bt) return ggf_out<SC, 0, 1>(ctx, od, cl, bn, m, p, op);
+  return ggf_out<SC, 0, 0>(ctx, od, cl, bn, m, p, op);
 }
 
-// A 2-D f32 tensor map over a scale_inv array [rows, ld], box `box` x 1 (132: a 1x128 k-block's
-// 128 scales from a 16-byte aligned start; 4: one 128x128 scale likewise); 0 if TMA cannot map
-// it (base not 16-byte aligned, ld not a multiple of 4 floats, sizes past int32 coordinates).
-static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const tw_tensor *t, int box) {
+// A 2-D f32 tensor map over a scale_inv array [rows, ld], box `box` x `rows` (132: a 1x128 k-block's
+// 128 scales from a 16-byte aligned start, 196 for 192 columns; 4: one 128x128 scale likewise, 4 x
+// 2: the two 128-column blocks of a 192-column tile, rows n/128 and n/128 + 1); 0 if TMA cannot
+// map it (base not 16-byte aligned, ld not a multiple of 4 floats, sizes past int32 coordinates).
+static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, const tw_tensor *t, int box,
+                         int rows) {
   if (t->ndim != 2 || ((uintptr_t)t->data & 15) || (t->shape[1] & 3) || t->shape[0] <= 0 || t->shape[1] <= 0 ||
       t->shape[0] >= ((int64_t)1 << 31) || t->shape[1] >= ((int64_t)1 << 31))
     return 0;
   cuuint64_t dims[2] = {(cuuint64_t)t->shape[1], (cuuint64_t)t->shape[0]}, strides[1] = {(cuuint64_t)t->shape[1] * 4};
-  cuuint32_t bx[2] = {(cuuint32_t)box, 1}, es[2] = {1, 1};
+  cuuint32_t bx[2] = {(cuuint32_t)box, (cuuint32_t)rows}, es[2] = {1, 1};
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, t->data, dims, strides, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
              CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) ==
          CUDA_SUCCESS;
+}
+
+// The forward's default column tile per scaling mode (lhs, rhs GGF_*) and N, when the knob
+// TWIN_GG_WGMMA_FP8_BN does not set one. Runs n192-b2 (H200, gpu/NOTES-gemm.md "128 x 192
+// tiles"): 192 was faster on all five shapes per-tensor (+9..12% on the four large ones, dense
+// 8192^3 +8%) and 1x128 x 1x128 (+9..12.5%), not with a 128x128 rhs (0.86..1.02): those stay 128.
+// Only where 192 pads N by at most 1/16 more than 128 does (the measured N 2048, 4096, 7168, 8192
+// pad 1.8-3%; N = 256 would compute 384 columns, 1024 1152): other N run 128, unmeasured.
+static int ggf_default_bn(int mode, int mode_b, int64_t N) {
+  const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && mode_b == GGF_B1x128);
+  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
+  return wide && w192 * 16 <= w128 * 17 ? 192 : 128;
 }
 
 // The forward on a K-major rhs [G, N, K] (rhs_op T; for MXFP8 the rowwise data of the [G*N, K]
@@ -794,14 +914,43 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   if (!enc)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op,
                     GG_KERNEL_WGMMA_FP8);
+  const int mode = ggf_fwd_mode_of(lhs->mode), mode_b = ggf_fwd_mode_of(rhs->mode);
+  // Column tile (knob TWIN_GG_WGMMA_FP8_BN=128|192, read on every call; default ggf_default_bn):
+  // 192 runs per-tensor and the TMA block-scale kinds; MXFP8, warp-staged block scales and
+  // clusters stay at 128 (asked for 192, they run 128: same bits, the model is per column).
+  const char *bv = getenv("TWIN_GG_WGMMA_FP8_BN");
+  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_default_bn(mode, mode_b, N);
+  if (mode == GGF_MX) bn = 128;
   // Clusters of 2 (lhs rows multicast to a pair of column tiles; an even tilesQ) only on request:
-  // TWIN_GG_WGMMA_FP8_CLUSTER=2. Runs cl1/cl2 (H200, gpu/NOTES-gemm.md) found no consistent gain:
-  // per-tensor G8 K7168 +7% / +4%, other shapes -2..+3.5%, block scales -1..-12%, MXFP8 flat.
-  const int64_t tilesQ = (N + GGF_BN - 1) / GGF_BN;
+  // TWIN_GG_WGMMA_FP8_CLUSTER=2 (then BN = 128). Runs cl1/cl2 (H200, gpu/NOTES-gemm.md) found no
+  // consistent gain: per-tensor G8 K7168 +7% / +4%, other shapes -2..+3.5%, block scales -1..-12%,
+  // MXFP8 flat.
   const char *cv = getenv("TWIN_GG_WGMMA_FP8_CLUSTER");
-  const int cl = tilesQ % 2 == 0 && cv && !strcmp(cv, "2") ? 2 : 1;
+  const int cl = ((N + 127) / 128) % 2 == 0 && cv && !strcmp(cv, "2") ? 2 : 1;
+  if (cl == 2) bn = 128;
   CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
   memset(maps, 0, sizeof maps);
+  // Block scales by TMA where both scale arrays map (boxes as ggf_scale_map says, for this bn;
+  // if a 192-column box does not map, 128 is tried). rhs 1x128 rowwise starts its columns at
+  // g*N + q0: the consumers' paired (8-byte) reads need that even, so N even. Else producer warps
+  // stage them (BN = 128).
+  int sc = mode == GGF_TENSOR ? GGF_SC_TENSOR : mode == GGF_MX ? GGF_SC_MX : GGF_SC_WARPS, scale_tx = 0;
+  if (sc == GGF_SC_WARPS) {
+    const char *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knob
+    const int tma_ok = !(sv && !strcmp(sv, "warps")) && !(mode_b == GGF_B1x128 && !rhs->colwise && (N & 1));
+    for (int b = bn; tma_ok && sc == GGF_SC_WARPS && b >= 128; b -= 64) {
+      const int box_a = mode == GGF_B1x128 ? 132 : 4, box_b = mode_b == GGF_B1x128 ? b + 4 : 4;
+      const int rows_b = mode_b == GGF_B1x128 ? 1 : (b + 127) / 128;
+      if (ggf_scale_map(enc, &maps[2], &lhs->scale_inv, box_a, 1) &&
+          ggf_scale_map(enc, &maps[3], &rhs->scale_inv, box_b, rows_b)) {
+        sc = mode_b == GGF_B1x128 ? GGF_SC_TMA_V : GGF_SC_TMA_S;
+        scale_tx = 4 * (box_a + box_b * rows_b);
+        bn = b;
+      }
+    }
+    if (sc == GGF_SC_WARPS) bn = 128;
+  }
+  const int64_t tilesQ = (N + bn - 1) / bn;
   {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
     cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(GGF_BM / cl)}, es[2] = {1, 1};
@@ -815,7 +964,7 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   {
     cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)G};
     cuuint64_t strides[2] = {(cuuint64_t)K, (cuuint64_t)(K * N)};
-    cuuint32_t box[3] = {GGF_BK, GGF_BN, 1}, es[3] = {1, 1, 1};
+    cuuint32_t box[3] = {GGF_BK, (cuuint32_t)bn, 1}, es[3] = {1, 1, 1};
     CUresult r = enc(&maps[1], CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, rhs->data.data, dims, strides, box, es,
                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -833,8 +982,9 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   p.G = G;
   p.tilesQ = tilesQ;
   p.accumulate = accumulate;
-  p.mode = ggf_fwd_mode_of(lhs->mode);
-  p.mode_b = ggf_fwd_mode_of(rhs->mode);
+  p.mode = mode;
+  p.mode_b = mode_b;
+  p.scale_tx = scale_tx;
   p.a_sw = lhs->mxfp8_swizzled;
   p.b_sw = rhs->mxfp8_swizzled;
   p.sa = (const float *)lhs->scale_inv.data;
@@ -842,7 +992,7 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
-  const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI"), *sv = getenv("TWIN_GG_WGMMA_FP8_SCALES");  // measurement knobs
+  const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI");  // measurement knob
   // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
   // faster with them (runs f5/f6, gpu/NOTES-gemm.md); MXFP8 (turns per 32-block) 1.5-5% faster
   // without them (run mx2).
@@ -859,18 +1009,13 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
                     CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
-  if (p.mode == GGF_TENSOR) return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, cl, maps, &p, op);
-  if (p.mode == GGF_MX) return ggf_types<GGF_SC_MX>(ctx, at, bt, od, cl, maps, &p, op);
-  // Block scales by TMA where both scale arrays map. rhs 1x128 rowwise starts its columns at
-  // g*N + q0: the consumers' paired (8-byte) reads need that even, so N even.
-  const int box_a = p.mode == GGF_B1x128 ? 132 : 4, box_b = p.mode_b == GGF_B1x128 ? 132 : 4;
-  if (!(sv && !strcmp(sv, "warps")) && !(p.mode_b == GGF_B1x128 && !p.b_transposed && (N & 1)) &&
-      ggf_scale_map(enc, &maps[2], &lhs->scale_inv, box_a) && ggf_scale_map(enc, &maps[3], &rhs->scale_inv, box_b)) {
-    p.scale_tx = 4 * (box_a + box_b);
-    if (p.mode_b == GGF_B1x128) return ggf_types<GGF_SC_TMA_V>(ctx, at, bt, od, cl, maps, &p, op);
-    return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, cl, maps, &p, op);
+  switch (sc) {
+    case GGF_SC_TENSOR: return ggf_types<GGF_SC_TENSOR>(ctx, at, bt, od, cl, bn, maps, &p, op);
+    case GGF_SC_MX: return ggf_types<GGF_SC_MX>(ctx, at, bt, od, cl, bn, maps, &p, op);
+    case GGF_SC_TMA_V: return ggf_types<GGF_SC_TMA_V>(ctx, at, bt, od, cl, bn, maps, &p, op);
+    case GGF_SC_TMA_S: return ggf_types<GGF_SC_TMA_S>(ctx, at, bt, od, cl, bn, maps, &p, op);
+    default: return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, cl, bn, maps, &p, op);
   }
-  return ggf_types<GGF_SC_WARPS>(ctx, at, bt, od, cl, maps, &p, op);
 }
 
 // rhs_op T: the kernel as is. MXFP8 colwise rhs, op N: ggf_pad_mxt writes the K-major copy (and,

@@ -814,6 +814,66 @@ Test(grouped_gemm_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
   for (int s = 0; s < 8; ++s) fwd_case(16000 + s, 3, (int64_t)1 << 30);
   fp8_wgmma_dims = 0; ctx_done(); cases_done("grouped_gemm_gpu.gg_wgmma_fp8_large");
 }
+/* gg_wgmma_fp8's forward on 128 x 192 tiles (TWIN_GG_WGMMA_FP8_BN=192, read on every call) against
+ * 128 x 128 (=128): the same promotion per column, so the same bits. Per-tensor, 1x128 x 1x128,
+ * 1x128 x 128x128 and 128x128 x 128x128 (a 192-column tile spans two 128-column rhs scale blocks),
+ * rhs rowwise of [G*N, K] or colwise of [G*K, N] (both op T), N = 192, 200, 384, 4104 (tails past
+ * a multiple of 192) and 72 (one partial tile), ragged groups with an empty one, K tails, every
+ * output dtype (bf16 / f16 through the TMA store where rows allow), accumulate on and off. */
+Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
+  ctx_for("gg_wgmma_fp8");
+  static const tw_scaling ml[4] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_1x128,
+                                   TW_SCALE_BLOCK_128x128};
+  static const tw_scaling mr[4] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_128x128,
+                                   TW_SCALE_BLOCK_128x128};
+  static const int64_t Ns[5] = {192, 200, 384, 4104, 72};
+  const char *prev = getenv("TWIN_GG_WGMMA_FP8_BN");
+  char keep[16] = "";
+  if (prev) snprintf(keep, sizeof keep, "%s", prev);
+  for (int s = 0; s < 60; ++s) {
+    rng_s = (uint64_t)(16500 + s) * 7919 + 29;
+    const int mi = s % 4, kn = (s / 4) & 1, acc = (int)(rnd() & 1);
+    const int64_t N = Ns[(s / 8) % 5], G = N > 1000 ? irange(1, 3) : irange(1, 9), K = 16 * irange(1, 40);
+    const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 300 * G);
+    const tw_dtype od = out_types[rnd() % 3];
+    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    int64_t gsh[1] = {G}, ls[2] = {M, K}, ws[2] = {G * (kn ? K : N), kn ? N : K}, os[2] = {M, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), ugs = host_new(TW_I32, 1, gsh);
+    tw_tensor x = host_new(TW_F32, 2, ls), w = host_new(TW_F32, 2, ws);
+    random_groups(G, M, (int32_t *)gs.data);
+    if (G > 2) ((int32_t *)gs.data)[1] += ((int32_t *)gs.data)[0], ((int32_t *)gs.data)[0] = 0; /* an empty group */
+    for (int64_t g = 0; g < G; ++g) ((int32_t *)ugs.data)[g] = (int32_t)(kn ? K : N);
+    fill_random(&x, M, K);
+    fill_random(&w, ws[0], ws[1]);
+    qop ql, qr;
+    qop_make(&ql, ml[mi], qa, &x, &gs, 0);
+    qop_make(&qr, mr[mi], qb, &w, &ugs, kn); /* [G*N, K] rowwise or [G*K, N] colwise: [N, K] per group, op T */
+    tw_tensor o128 = host_new(od, 2, os), o192 = host_new(od, 2, os);
+    init_out(&o128, acc);
+    memcpy(o192.data, o128.data, tw_tensor_bytes(&o128));
+    tw_tensor gs_d = dev_copy(&gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192);
+    setenv("TWIN_GG_WGMMA_FP8_BN", "128", 1);
+    cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &od128, acc), TW_OK, "case %d: %s", s,
+                 tw_last_error());
+    setenv("TWIN_GG_WGMMA_FP8_BN", "192", 1);
+    cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &od192, acc), TW_OK, "case %d: %s", s,
+                 tw_last_error());
+    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
+    to_host(&o128, &od128);
+    to_host(&o192, &od192);
+    cr_assert(memcmp(o128.data, o192.data, tw_tensor_bytes(&o128)) == 0,
+              "case %d (%s x %s, rhs %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d): BN 128 and 192 differ",
+              s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), kn ? "colwise [G*K,N]" : "rowwise [G*N,K]",
+              tw_dtype_name(qa), tw_dtype_name(qb), tw_dtype_name(od), (long long)G, (long long)M, (long long)N,
+              (long long)K, acc);
+    qop_free(&ql); qop_free(&qr);
+    dev_free(&gs_d); dev_free(&od128); dev_free(&od192);
+    host_free(&gs); host_free(&ugs); host_free(&x); host_free(&w); host_free(&o128); host_free(&o192);
+  }
+  if (prev) setenv("TWIN_GG_WGMMA_FP8_BN", keep, 1);
+  else unsetenv("TWIN_GG_WGMMA_FP8_BN");
+  ctx_done();
+}
 /* MXFP8 only (promoted every 32): random ragged groups (offsets at any row, zero groups), K
  * tails (K % 32 = 16, K % 128 != 0), e4m3/e5m2 pairs, f32/bf16/f16 out, accumulate, both scale
  * byte orders; 100 cases, and 4 large ones in their own test (the sanitizers run the first). */

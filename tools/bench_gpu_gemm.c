@@ -11,7 +11,9 @@
  *     scales every 32 along K, compact byte order); versions gg_mma
  *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
  *     (Hopper wgmma + TMA, bf16 rows), gg_wgmma_fp8 (Hopper fp8 wgmma, per-tensor and 1x128 rows;
- *     the fp8 auto choice on sm_90) and
+ *     the fp8 auto choice on sm_90; also with its column tile forced to 128 and to 192, rows "BN
+ *     128" / "BN 192", knob TWIN_GG_WGMMA_FP8_BN, as the dense fp8 default: the fastest of three
+ *     rounds in alternating order, all three printed) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
  *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets; so are the MXFP8
@@ -95,6 +97,35 @@ static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *
   double med = tw_bench_gpu_time(stream, warmup, iters, fn, arg);
   if (ctx && tw_ctx_check(ctx) != TW_OK) return -1;
   return med;
+}
+
+/* time_it of a call with gg_wgmma_fp8's column tile forced to bn (TWIN_GG_WGMMA_FP8_BN, read on
+ * every call), the knob's previous value restored after */
+static int run_call(void *p);
+static double time_bn(const char *bn, void *arg, int warmup, int iters, tw_ctx *ctx) {
+  const char *prev = getenv("TWIN_GG_WGMMA_FP8_BN");
+  char keep[16] = "";
+  if (prev) snprintf(keep, sizeof keep, "%s", prev);
+  setenv("TWIN_GG_WGMMA_FP8_BN", bn, 1);
+  const double ms = time_it(run_call, arg, warmup, iters, ctx);
+  if (prev) setenv("TWIN_GG_WGMMA_FP8_BN", keep, 1);
+  else unsetenv("TWIN_GG_WGMMA_FP8_BN");
+  return ms;
+}
+/* BN 128 against BN 192: three rounds in alternating order (128 192, 192 128, 128 192; the clock
+ * drifts within a row group: the first row of a blockwise kind ran up to 14% faster than the
+ * same kernel timed after it, run n192-b1), each BN's fastest round in best[], all in all[][3] */
+static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double best[2], double all[2][3]) {
+  for (int r = 0; r < 3; ++r)
+    for (int i = 0; i < 2; ++i) {
+      const int w = (r & 1) ? 1 - i : i;
+      all[w][r] = time_bn(w ? "192" : "128", arg, warmup, iters, ctx);
+    }
+  for (int w = 0; w < 2; ++w) {
+    best[w] = all[w][0];
+    for (int r = 1; r < 3; ++r)
+      if (all[w][r] < 0 || (best[w] > 0 && all[w][r] < best[w])) best[w] = all[w][r];
+  }
 }
 
 /* ---- peers ----------------------------------------------------------------------------- */
@@ -293,6 +324,16 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
         if (ms < 0) { fprintf(stderr, "dense fp8 auto, cluster pair: %s\n", tw_last_error()); rc = 1; }
         row_out(shape, "auto, cluster pair", ms, flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
+        double best[2], all[2][3];  /* gg_wgmma_fp8's column tile forced (TWIN_GG_WGMMA_FP8_BN), same call */
+        time_bn_pair(&c, warmup, iters, c_auto, best, all);
+        for (int w = 0; w < 2; ++w) {
+          const char *name = w ? "auto, BN 192" : "auto, BN 128";
+          if (best[w] < 0) { fprintf(stderr, "dense fp8 %s: %s\n", name, tw_last_error()); rc = 1; }
+          row_out(shape, name, best[w], flop, peak_fp8, tp, peer_ms("dense_8192", tp), cfg->csv);
+          if (best[w] > 0 && !cfg->csv)
+            printf("# %s: %s / gemm_lt = %.3f (rounds %.3f %.3f %.3f ms)\n", shape, name, lt_ms / best[w], all[w][0],
+                   all[w][1], all[w][2]);
+        }
       }
     }
     tw_free(c_auto, a); tw_free(c_auto, b); tw_free(c_auto, o); tw_free(c_auto, a8); tw_free(c_auto, b8);
@@ -412,6 +453,18 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
           unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
           if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, other, tw_last_error()); rc = 1; }
           row_out(shape, other, ms, flop, floor, peer, pms, cfg->csv);
+        }
+        if (kind > 0 && kind != 3 && !wgrad_only && !strcmp(names[kind][v], "gg_wgmma_fp8")) {
+          double best[2], all[2][3];  /* the column tile forced (TWIN_GG_WGMMA_FP8_BN), same call */
+          time_bn_pair(&c, warmup, iters, ctxs[kind][v], best, all);
+          for (int w = 0; w < 2; ++w) {
+            const char *other = w ? "gg_wgmma_fp8, BN 192" : "gg_wgmma_fp8, BN 128";
+            if (best[w] < 0) { fprintf(stderr, "%s %s: %s\n", shape, other, tw_last_error()); rc = 1; }
+            row_out(shape, other, best[w], flop, floor, peer, pms, cfg->csv);
+          }
+          if (best[0] > 0 && best[1] > 0 && !cfg->csv)
+            printf("# %s: gg_wgmma_fp8 BN 192 / BN 128 rate = %.3f (rounds 128: %.3f %.3f %.3f, 192: %.3f %.3f %.3f ms)\n",
+                   shape, best[0] / best[1], all[0][0], all[0][1], all[0][2], all[1][0], all[1][1], all[1][2]);
         }
       }
       if (kind == 3 && fwd_f8_tflops[3] > 0 && fwd_f8_tflops[2] > 0 && fwd_f8_tflops[1] > 0)
