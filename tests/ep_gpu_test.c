@@ -19,12 +19,20 @@
  *           (EP_MX_N each), and dispatch captured in a CUDA graph with 3 replays of new routing;
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
- *           with "needs 2 GPUs, sees n" where fewer are visible. */
+ *           with "needs 2 GPUs, sees n" where fewer are visible.
+ *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 4),
+ *           as `mpirun -np N` would, each one rank over tw_comm_init_nccl_rank (the NCCL id
+ *           handed out through a file), 100 cases per EP version against the ref threads, its
+ *           own rank checked; on one GPU that is one process of world size 1. */
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "golden/runner.h"
 #include "pipeline/loopback_comm.h"
@@ -645,16 +653,19 @@ Test(ep_gpu, graph_capture_and_replay_lsa_forced) { graph_1("ep_nccl_lsa"); }
 typedef struct {
   const scen *c;
   outs *o;
-  int gpu; /* 0 ref, 1 gpu rank r on GPU r (NCCL), 2 gpu every rank on GPU 0 (loopback) */
+  /* 0 ref, 1 gpu rank r on GPU r (NCCL), 2 gpu every rank on GPU 0 (loopback), 3 gpu on this
+   * process's GPU (proc_device: one process per GPU) */
+  int gpu;
   const char *kernel; /* forced EP version, or NULL (auto) */
 } rank_arg;
+static int proc_device;
 
 static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   rank_arg *a = (rank_arg *)arg;
   tw_ctx *ctx;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.backend = a->gpu ? TW_BACKEND_GPU : TW_BACKEND_REF;
-  cc.device = a->gpu == 1 ? r : 0;
+  cc.device = a->gpu == 1 ? r : a->gpu == 3 ? proc_device : 0;
   cc.comm = comm;
   cc.kernel = a->kernel;
   TW_TRY(tw_ctx_create(&ctx, &cc));
@@ -1090,4 +1101,157 @@ Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
     tw_comm_destroy(i < 2 ? g[i] : NULL);
     scen_free(&reps[i]);
   }
+}
+
+/* ---- one process per GPU (launched by mpirun, or by the test below) ------------------------- */
+/* Rank r of n processes: rank, size and device from TWIN_RANK / TWIN_WORLD_SIZE /
+ * TWIN_LOCAL_RANK (or mpirun's OMPI_COMM_WORLD_*: tw_comm_env_rank); the NCCL id goes through the
+ * file TWIN_COMM_ID_FILE (rank 0 writes it whole by rename, the others wait for it; one host, or
+ * a shared file system). Every process draws the same cases, runs the oracle for every rank on
+ * threads and its own rank on its GPU over its tw_comm_init_nccl_rank communicator, and checks
+ * its rank (outputs bit for bit, tokens conserved), with both EP versions forced. */
+static void proc_exchange_id(int rank, tw_comm_id *id) {
+  const char *path = getenv("TWIN_COMM_ID_FILE");
+  cr_assert(path && *path, "TWIN_COMM_ID_FILE is not set (the file through which rank 0 hands out the NCCL id)");
+  if (rank == 0) {
+    cr_assert_eq(tw_comm_nccl_get_id(id), TW_OK, "%s", tw_last_error());
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    cr_assert(f && fwrite(id->bytes, 1, sizeof id->bytes, f) == sizeof id->bytes && fclose(f) == 0,
+              "cannot write %s", tmp);
+    cr_assert_eq(rename(tmp, path), 0, "cannot rename %s to %s", tmp, path);
+    return;
+  }
+  for (int waited_ms = 0;; waited_ms += 10) {
+    FILE *f = fopen(path, "rb");
+    if (f) {
+      size_t got = fread(id->bytes, 1, sizeof id->bytes, f);
+      fclose(f);
+      if (got == sizeof id->bytes) return;
+    }
+    cr_assert(waited_ms < 60000, "rank %d: no NCCL id in %s after 60 s", rank, path);
+    usleep(10000);
+  }
+}
+
+Test(ep_gpu_proc, rank_of_one_process_per_gpu, .timeout = 900) {
+  if (!getenv("TWIN_EP_CHILD"))
+    cr_skip_test("one rank of ep_gpu_proc/one_process_per_gpu (or of `mpirun -np N` with TWIN_EP_CHILD=1 and "
+                 "TWIN_COMM_ID_FILE set)");
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  int rank, size, local;
+  cr_assert_eq(tw_comm_env_rank(&rank, &size, &local), 0, "no rank/size in the environment (TWIN_RANK, ...)");
+  cr_assert(size >= 1 && size <= MAXR && rank >= 0 && rank < size, "rank %d of %d (this test takes 1..%d)", rank,
+            size, MAXR);
+  proc_device = local;
+  tw_comm_id id;
+  proc_exchange_id(rank, &id);
+  tw_comm *comm;
+  cr_assert_eq(tw_comm_init_nccl_rank(&id, size, rank, local, 60.0, &comm), TW_OK, "rank %d: %s", rank,
+               tw_last_error());
+  tw_comm_set_timeout(comm, 60.0);
+  const char *versions[2] = {"ep_nccl_slots", "ep_nccl_lsa"};
+  const int N = getenv("EP_PROC_N") ? atoi(getenv("EP_PROC_N")) : 100;
+  int failed = 0, ran = 0;
+  for (int v = 0; v < 2; v++) {
+    int skipped = 0;
+    for (int i = 0; i < N && !skipped; i++) {
+      scen c;
+      scen_make(&c, size, 0xe9600000u + (uint64_t)i);
+      /* a failing rank aborts the NCCL group: the error policy's overflow is the 1-GPU test's */
+      if (c.policy == TW_EP_OVERFLOW_ERROR) c.policy = TW_EP_OVERFLOW_DROP;
+      char name[160];
+      snprintf(name, sizeof name, "%s rank %d of %d processes, case %d (E=%d k=%d H=%lld R=%lld)", versions[v], rank,
+               size, i, c.E, c.k, (long long)c.H, (long long)c.R);
+      outs go[MAXR], fo[MAXR];
+      for (int r = 0; r < size; r++) {
+        outs_alloc(&go[r], &c, r);
+        outs_alloc(&fo[r], &c, r);
+      }
+      tw_comm *f[MAXR];
+      cr_assert_eq(tw_comm_init_threads(size, f), TW_OK);
+      rank_arg fa = {&c, fo, 0, NULL}, ga = {&c, go, 3, versions[v]};
+      tw_run_ranks(size, f, rank_fn, &fa);
+      tw_status gs = rank_fn(rank, comm, &ga);
+      if (gs == TW_ERR_UNSUPPORTED && strstr(go[rank].msg, "cannot run here")) {
+        cr_log_info("%s: %s", versions[v], go[rank].msg); /* e.g. no NCCL window on one rank */
+        skipped = 1;
+      } else {
+        cr_assert_eq(gs, TW_OK, "%s: %s", name, go[rank].msg);
+        int ok = same_outs(&c, rank, &go[rank], &fo[rank], name);
+        if (ok && fo[rank].st == TW_OK) ok = conserved(&c, rank, &go[rank]);
+        failed += !ok;
+        ran++;
+      }
+      for (int r = 0; r < size; r++) {
+        outs_free(&go[r]);
+        outs_free(&fo[r]);
+        tw_comm_destroy(f[r]);
+      }
+      scen_free(&c);
+    }
+  }
+  tw_comm_destroy(comm);
+  cr_log_info("EP one process per GPU: rank %d of %d (GPU %d), %d cases run over both versions, %d differ", rank, size,
+              local, ran, failed);
+  cr_assert_gt(ran, 0, "no case ran");
+  cr_assert_eq(failed, 0, "rank %d: %d of %d cases differ from ref", rank, failed, ran);
+}
+
+/* Launches one process per visible GPU (up to MAXR) running the test above, as mpirun would,
+ * and waits for all of them (600 s, then kills them). On one GPU that is one process: the
+ * launch, the id exchange, tw_comm_init_nccl_rank and the per-rank checks at world size 1. */
+Test(ep_gpu_proc, one_process_per_gpu, .timeout = 900) {
+  int n = tw_gpu_device_count();
+  if (n < 1) cr_skip_test("needs a GPU, sees none");
+  if (n > MAXR) n = MAXR;
+  char dir[] = "/tmp/twin-ep-proc-XXXXXX";
+  cr_assert(mkdtemp(dir), "mkdtemp failed");
+  char idfile[64], envs[5][96];
+  snprintf(idfile, sizeof idfile, "%s/nccl_id", dir);
+  extern char **environ;
+  int ne = 0;
+  while (environ[ne]) ne++;
+  char **env = calloc((size_t)ne + 8, sizeof *env);
+  pid_t pids[MAXR];
+  for (int r = 0; r < n; r++) {
+    int k = 0;
+    for (int i = 0; i < ne; i++) /* the children must not overwrite this process's XML report */
+      if (strncmp(environ[i], "XML_OUTPUT_FILE=", 16) && strncmp(environ[i], "TWIN_RANK=", 10) &&
+          strncmp(environ[i], "TWIN_WORLD_SIZE=", 16) && strncmp(environ[i], "TWIN_LOCAL_RANK=", 16))
+        env[k++] = environ[i];
+    snprintf(envs[0], sizeof envs[0], "TWIN_EP_CHILD=1");
+    snprintf(envs[1], sizeof envs[1], "TWIN_RANK=%d", r);
+    snprintf(envs[2], sizeof envs[2], "TWIN_WORLD_SIZE=%d", n);
+    snprintf(envs[3], sizeof envs[3], "TWIN_LOCAL_RANK=%d", r);
+    snprintf(envs[4], sizeof envs[4], "TWIN_COMM_ID_FILE=%s", idfile);
+    for (int j = 0; j < 5; j++) env[k++] = envs[j];
+    env[k] = NULL;
+    char *argv[] = {(char *)"/proc/self/exe", (char *)"--filter", (char *)"ep_gpu_proc/rank_of_one_process_per_gpu",
+                    (char *)"-j1", NULL};
+    cr_assert_eq(posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, argv, env), 0, "cannot start rank %d", r);
+  }
+  int bad = 0, status;
+  for (int r = 0; r < n; r++) {
+    int waited = 0;
+    while (waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (waited++ > 60000) { /* 600 s */
+        for (int q = 0; q < n; q++) kill(pids[q], SIGKILL);
+        waitpid(pids[r], &status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      bad++;
+      cr_log_error("rank %d of %d: %s %d", r, n, WIFEXITED(status) ? "exit status" : "signal",
+                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    }
+  }
+  free(env);
+  unlink(idfile);
+  rmdir(dir);
+  cr_log_info("EP one process per GPU: %d processes, %d failed", n, bad);
+  cr_assert_eq(bad, 0, "%d of %d rank processes failed (their output is above)", bad, n);
 }
