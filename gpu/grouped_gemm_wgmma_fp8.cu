@@ -276,21 +276,6 @@ __device__ __forceinline__ void ggf_mma_bn(float *d, uint64_t da, uint64_t db, i
   if constexpr (BN == 128) ggf_mma<AT, BT>(d, da, db, scale_d);
   else ggf_mma192<AT, BT>(d, da, db, scale_d);
 }
-// ggf_promote (.cuh) over NJ groups of 8 columns (16: BN = 128, 24: BN = 192); the same formula
-// and order per element, so a column's total is the same bits at either BN.
-template <int NJ>
-__device__ __forceinline__ void ggf_promote_n(const float *d, float *tot, float fa0, float fa1, const float *fb,
-                                              int lane) {
-#pragma unroll
-  for (int j = 0; j < NJ; ++j) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(wgc_smem(fb + 8 * j + 2 * (lane % 4))));
-    tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * v.x, tot[4 * j + 0]);
-    tot[4 * j + 1] = fmaf(d[4 * j + 1], fa0 * v.y, tot[4 * j + 1]);
-    tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * v.x, tot[4 * j + 2]);
-    tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * v.y, tot[4 * j + 3]);
-  }
-}
 #endif  // WGC_DEVICE
 
 // SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype. CL: CTAs

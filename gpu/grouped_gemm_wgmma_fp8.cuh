@@ -73,13 +73,16 @@ __device__ __forceinline__ void ggf_mma(float *d, uint64_t da, uint64_t db, int 
 }
 
 // Block-scale promotion of one k-block's partial d into the f32 total (tw_gemm.h's model:
-// tot = fmaf(partial, sa * sb, tot)): fa0 / fa1 this thread's two row scales, fb the k-block's
-// column scales in shared memory (8-byte aligned), read one pair per j (volatile: hoisting all
-// 16 pairs spilled registers). Used by the forward and the wgrad consumers alike.
-__device__ __forceinline__ void ggf_promote(const float *d, float *tot, float fa0, float fa1, const float *fb,
-                                            int lane) {
+// tot = fmaf(partial, sa * sb, tot)) over NJ groups of 8 columns (16: a 128-column tile, 24: 192):
+// fa0 / fa1 this thread's two row scales, fb the k-block's column scales in shared memory (8-byte
+// aligned), read one pair per j (volatile: hoisting all 16 pairs spilled registers). The same
+// formula and order per element at any NJ, so a column's total is the same bits at either tile
+// width. Used by the forward and the wgrad consumers alike.
+template <int NJ>
+__device__ __forceinline__ void ggf_promote_n(const float *d, float *tot, float fa0, float fa1, const float *fb,
+                                              int lane) {
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
+  for (int j = 0; j < NJ; ++j) {
     float2 v;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(wgc_smem(fb + 8 * j + 2 * (lane % 4))));
     tot[4 * j + 0] = fmaf(d[4 * j + 0], fa0 * v.x, tot[4 * j + 0]);
@@ -87,6 +90,11 @@ __device__ __forceinline__ void ggf_promote(const float *d, float *tot, float fa
     tot[4 * j + 2] = fmaf(d[4 * j + 2], fa1 * v.x, tot[4 * j + 2]);
     tot[4 * j + 3] = fmaf(d[4 * j + 3], fa1 * v.y, tot[4 * j + 3]);
   }
+}
+// the 128-column tile's promotion
+__device__ __forceinline__ void ggf_promote(const float *d, float *tot, float fa0, float fa1, const float *fb,
+                                            int lane) {
+  ggf_promote_n<16>(d, tot, fa0, fa1, fb, lane);
 }
 #endif  // WGC_DEVICE
 
