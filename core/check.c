@@ -276,15 +276,21 @@ void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int
   bound_with_gamma(abs_prod, ref, count, g_in + g_out * (1 + g_in), out_dtype, bound);
 }
 
-void tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out) {
+tw_status tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out) {
+  const char *op = "fp8_lift_subnormal_codes";
+  if (qdtype != TW_E4M3 && qdtype != TW_E5M2)
+    return tw_error(TW_ERR_DTYPE, "%s: qdtype %s is not e4m3 or e5m2", op,
+                    tw_dtype_name(qdtype) ? tw_dtype_name(qdtype) : "?");
+  if (n < 0) return tw_error(TW_ERR_INVALID_ARG, "%s: n = %lld (need n >= 0)", op, (long long)n);
+  if (n > 0 && (!codes || !out)) return tw_error(TW_ERR_NULL, "%s: codes or out is NULL (n = %lld)", op, (long long)n);
   /* exponent field mask and the smallest normal code (exponent field 1, mantissa 0) */
-  uint8_t emask = qdtype == TW_E4M3 ? 0x78 : qdtype == TW_E5M2 ? 0x7C : 0;
-  uint8_t min_normal = qdtype == TW_E4M3 ? 0x08 : 0x04;
+  const uint8_t emask = qdtype == TW_E4M3 ? 0x78 : 0x7C, min_normal = qdtype == TW_E4M3 ? 0x08 : 0x04;
   for (int64_t i = 0; i < n; i++) {
     uint8_t c = codes[i];
-    int subnormal = emask && (c & emask) == 0 && (c & 0x7F) != 0;
+    int subnormal = (c & emask) == 0 && (c & 0x7F) != 0;
     out[i] = subnormal ? (uint8_t)((c & 0x80) | min_normal) : c;
   }
+  return TW_OK;
 }
 
 static void bound_with_gamma(const double *abs_prod, const double *ref, int64_t count, double gamma,

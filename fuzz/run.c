@@ -536,7 +536,7 @@ static tw_status quantized_operand(tw_ctx *oracle, arena *A, const float *src, i
   tw_tensor *ld = sp->colwise ? &lifted.col_data : &lifted.row_data;
   const tw_tensor *qd = sp->colwise ? &q.col_data : &q.row_data;
   TW_TRY(host_like(A, qd, ld));
-  tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data);
+  TW_TRY(tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data));
   TW_TRY(dequantize_host(oracle, A, &lifted, gs, G, sp->colwise, &d));
   *mag = d.data;
   return TW_OK;

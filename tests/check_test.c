@@ -268,22 +268,27 @@ Test(check, gemm_error_bound_promoted_formula) {
 }
 
 /* Subnormal codes (exponent field 0, mantissa != 0) become the smallest normal of their sign;
- * zeros, normals, NaN and inf stay; in place works. */
+ * zeros, normals, NaN and inf stay; in place works; bad arguments are errors that write nothing. */
 Test(check, fp8_lift_subnormal_codes) {
   const uint8_t e4[] = {0x00, 0x80, 0x01, 0x07, 0x81, 0x87, 0x08, 0x09, 0x38, 0x7E, 0x7F, 0xFF};
   const uint8_t w4[] = {0x00, 0x80, 0x08, 0x08, 0x88, 0x88, 0x08, 0x09, 0x38, 0x7E, 0x7F, 0xFF};
   const uint8_t e5[] = {0x00, 0x80, 0x01, 0x03, 0x83, 0x04, 0x05, 0x3C, 0x7B, 0x7C, 0x7F, 0xFE};
   const uint8_t w5[] = {0x00, 0x80, 0x04, 0x04, 0x84, 0x04, 0x05, 0x3C, 0x7B, 0x7C, 0x7F, 0xFE};
   uint8_t out[12];
-  tw_fp8_lift_subnormal_codes(e4, 12, TW_E4M3, out);
+  cr_assert_eq(tw_fp8_lift_subnormal_codes(e4, 12, TW_E4M3, out), TW_OK);
   cr_assert_arr_eq(out, w4, 12);
-  tw_fp8_lift_subnormal_codes(e5, 12, TW_E5M2, out);
+  cr_assert_eq(tw_fp8_lift_subnormal_codes(e5, 12, TW_E5M2, out), TW_OK);
   cr_assert_arr_eq(out, w5, 12);
   memcpy(out, e4, 12);
-  tw_fp8_lift_subnormal_codes(out, 12, TW_E4M3, out);
+  cr_assert_eq(tw_fp8_lift_subnormal_codes(out, 12, TW_E4M3, out), TW_OK);
   cr_assert_arr_eq(out, w4, 12);
-  tw_fp8_lift_subnormal_codes(e4, 12, TW_BF16, out);
-  cr_assert_arr_eq(out, e4, 12);
+  cr_assert_eq(tw_fp8_lift_subnormal_codes(NULL, 0, TW_E4M3, NULL), TW_OK); /* nothing to do */
+  memset(out, 0x5A, 12);
+  tt_expect_status(tw_fp8_lift_subnormal_codes(e4, 12, TW_BF16, out), TW_ERR_DTYPE, "qdtype bf16 is not e4m3 or e5m2");
+  tt_expect_status(tw_fp8_lift_subnormal_codes(e4, -1, TW_E4M3, out), TW_ERR_INVALID_ARG, "n = -1");
+  tt_expect_status(tw_fp8_lift_subnormal_codes(NULL, 12, TW_E4M3, out), TW_ERR_NULL, "codes or out is NULL");
+  tt_expect_status(tw_fp8_lift_subnormal_codes(e4, 12, TW_E5M2, NULL), TW_ERR_NULL, "codes or out is NULL");
+  for (int i = 0; i < 12; i++) cr_assert_eq(out[i], 0x5A, "written on error at %d", i);
 }
 
 /* The bound is not vacuous: an f32 dot product accumulated in order stays inside it, and an

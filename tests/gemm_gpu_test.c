@@ -243,7 +243,8 @@ static void dense_case(uint64_t seed, int kind) {
       tw_tensor *lqd = col ? &lq.col_data : &lq.row_data;
       const tw_tensor *qd = col ? &q.col_data : &q.row_data;
       *lqd = host_new(qd->dtype, qd->ndim, qd->shape);
-      tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, lqd->data);
+      cr_assert_eq(tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, lqd->data), TW_OK, "%s",
+                   tw_last_error());
       cr_assert_eq(tw_grouped_dequantize(ref_ctx, &lq, &gs, col, &deq), TW_OK, "%s", tw_last_error());
       free(lqd->data);
       double *mv = (double *)malloc((size_t)(sr * sc + 1) * 8);

@@ -219,7 +219,8 @@ static double *q_values(tw_ctx *ref, const tw_qtensor *q, const tw_tensor *gs, i
   if (lifted) {
     const tw_tensor *qd = colwise ? &q->col_data : &q->row_data;
     *ld = host_new(qd->dtype, qd->ndim, qd->shape);
-    tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data);
+    cr_assert_eq(tw_fp8_lift_subnormal_codes(qd->data, tw_tensor_numel(qd), qd->dtype, ld->data), TW_OK, "%s",
+                 tw_last_error());
   }
   cr_assert_eq(tw_grouped_dequantize(ref, &l, gs, colwise, &d), TW_OK, "%s", tw_last_error());
   if (lifted) free(ld->data);

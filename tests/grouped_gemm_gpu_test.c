@@ -202,7 +202,8 @@ static void qop_make(qop *o, tw_scaling mode, tw_dtype qd, const tw_tensor *x, c
   tw_tensor *ld = colwise ? &lifted.col_data : &lifted.row_data;
   const tw_tensor *qdata = colwise ? &o->hq.col_data : &o->hq.row_data;
   *ld = host_new(qdata->dtype, qdata->ndim, qdata->shape);
-  tw_fp8_lift_subnormal_codes(qdata->data, tw_tensor_numel(qdata), qdata->dtype, ld->data);
+  cr_assert_eq(tw_fp8_lift_subnormal_codes(qdata->data, tw_tensor_numel(qdata), qdata->dtype, ld->data), TW_OK, "%s",
+               tw_last_error());
   memset(deq.data, 0, tw_tensor_bytes(&deq));
   cr_assert_eq(tw_grouped_dequantize(ref_ctx, &lifted, gs, colwise, &deq), TW_OK, "dequantize: %s", tw_last_error());
   host_free(ld);

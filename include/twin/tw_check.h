@@ -77,9 +77,10 @@ void tw_gemm_error_bound_promoted(const double *abs_prod, const double *ref, int
  * e5m2) and 0 for a zero code: abs_prod = sum |a|^ |b|^. Equal to sum |a||b| unless a code is
  * subnormal. This writes codes[0..n) with every nonzero subnormal code replaced by the smallest
  * normal code of its sign (zero, normal, inf and NaN codes unchanged; in place allowed):
- * dequantizing the copy with the operand's scales gives the lifted magnitudes. qdtype is
- * TW_E4M3 or TW_E5M2 (anything else copies unchanged). */
-void tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out);
+ * dequantizing the copy with the operand's scales gives the lifted magnitudes. Errors:
+ * TW_ERR_DTYPE unless qdtype is TW_E4M3 or TW_E5M2, TW_ERR_INVALID_ARG for n < 0, TW_ERR_NULL
+ * for a NULL pointer with n > 0; nothing is written then. */
+tw_status tw_fp8_lift_subnormal_codes(const uint8_t *codes, int64_t n, tw_dtype qdtype, uint8_t *out);
 
 /* One line: "PASS 4096 elems, worst 1.2e-06 <= 3.1e-05 (ratio 0.04) at [3, 17]" or
  * "FAIL 12/4096 out of bound, 2 NaN, 0 inf, 5 unwritten; worst got=.. exp=.. at [..]". */
