@@ -221,12 +221,6 @@ __device__ __forceinline__ void ggf_bulk_commit() { asm volatile("cp.async.bulk.
 __device__ __forceinline__ void ggf_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ggf_bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ggf_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void ggf_named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void ggf_named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // A consumer warp releases a stage: in every CTA of the cluster (each one's producer writes it).
 template <int CL>
 __device__ __forceinline__ void ggf_release(uint64_t *empty) {
@@ -240,42 +234,6 @@ __device__ __forceinline__ float ggf_e8m0(uint32_t e) {
   return e == 255u ? __int_as_float(0x7fc00000) : e == 0u ? __int_as_float(0x00400000) : __int_as_float((int)(e << 23));
 }
 
-// the 96 accumulators of an m64n192 block: GGF_D64's 64, then 32 more
-#define GGF_D96(d) \
-    GGF_D64(d), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-
-// The m64n192k32 twin of ggf_mma (.cuh): d[4j + 2h + e] is row 16*warp + lane/4 + 8h, column
-// 8j + 2*(lane%4) + e of the warpgroup's 64 x 192 block (j < 24).
-#define GGF_MMA192(TA, TB)                                                                                     \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                                                    \
-               "wgmma.mma_async.sync.aligned.m64n192k32.f32." TA "." TB " {" GGF_R96 "}, %96, %97, p, 1, 1;\n}\n" \
-               : GGF_D96(d)                                                                               \
-               : "l"(da), "l"(db), "r"(scale_d))
-#define GGF_R96 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-
-template <int AT, int BT>
-__device__ __forceinline__ void ggf_mma192(float *d, uint64_t da, uint64_t db, int scale_d) {
-  if (AT == 0 && BT == 0) GGF_MMA192("e4m3", "e4m3");
-  if (AT == 0 && BT == 1) GGF_MMA192("e4m3", "e5m2");
-  if (AT == 1 && BT == 0) GGF_MMA192("e5m2", "e4m3");
-  if (AT == 1 && BT == 1) GGF_MMA192("e5m2", "e5m2");
-}
-// One k32 step over the warpgroup's BN columns.
-template <int BN, int AT, int BT>
-__device__ __forceinline__ void ggf_mma_bn(float *d, uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (BN == 128) ggf_mma<AT, BT>(d, da, db, scale_d);
-  else ggf_mma192<AT, BT>(d, da, db, scale_d);
-}
 #endif  // WGC_DEVICE
 
 // SC: scale path (GGF_SC_*). AT, BT: fp8 types (0 e4m3, 1 e5m2). OUT: output tw_dtype. CL: CTAs
