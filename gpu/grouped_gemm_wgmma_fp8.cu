@@ -408,6 +408,13 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     float d[NA], tot[NA];
     int s = 0;
     uint32_t phase = 0;
+    // Descriptors of stage 0 (this warpgroup's 64 lhs rows, the rhs tile), computed once: building
+    // them per k32 step from the address (mask, shift, or, then to uniform registers) took about
+    // 90 instructions per k-block, and the block-scale consumers issue in turns, so the other
+    // warpgroup waited on that too (ncu source counters, session 7).
+    const uint32_t da0 = (uint32_t)wgc_desc(wgc_smem(base) + c * (64 * GGF_BK), 16, 1024);
+    const uint32_t db0 = (uint32_t)wgc_desc(wgc_smem(base) + GGF_A_BYTES, 16, 1024);
+    const uint32_t full_at = wgc_smem(full);
     // Turns (p.order): both warpgroups wait on the same full barrier, so left alone they issue
     // their wgmmas together, finish together and promote together while the tensor cores idle.
     // Named barrier 3 + c gates warpgroup c's issue; the other warpgroup opens it once it has
@@ -427,9 +434,10 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 #pragma unroll
       for (int i = 0; i < NA; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < ktiles; ++kt) {
-        wgc_bar_wait(&full[s], phase);
-        const uint32_t a0 = wgc_smem(base + s * STAGE) + c * (64 * GGF_BK);
-        const uint32_t b0 = wgc_smem(base + s * STAGE + GGF_A_BYTES);
+        wgc_bar_wait_at(full_at + 8 * s, phase);
+        // stage s's descriptors: the stage-0 ones plus the stage offset; the k32 steps add 2
+        // (32 bytes in 16-byte units; shared addresses stay below 2^18, the field's range)
+        const uint32_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);
         if (MX) {
           // MXFP8: one wgmma k32 per scaling block, each into fresh registers (scale_d 0), then
           // promoted: total = fmaf(partial, sa * sb, total) with that sub-block's scales. The
@@ -444,7 +452,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             if (k >= nsub) break;
             if (order) ggf_named_sync(3 + c, 256);
             wgc_fence();
-            ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), 0);
+            ggf_mma<AT, BT>(d, wgc_desc_lo(da + 2 * k), wgc_desc_lo(db + 2 * k), 0);
             wgc_commit();
             const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1 && k == nsub - 1);
             if (open && at_issue) ggf_named_arrive(4 - c, 256);
@@ -461,26 +469,38 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
           continue;
         }
+        // Everything the promotion needs is read and decided before the issue, and pinned there
+        // (the empty asm takes the values as operands): left alone, the compiler placed the scale
+        // loads' address arithmetic between the wgmmas, and the other warpgroup's turn, opened
+        // after the last wgmma, waited on it (ncu source counters, session 7).
+        const float *fb = scales + s * SST + SSLOT + ((cb.i0 + cb.ik * kt) & 3);
+        float fa0 = 0.f, fa1 = 0.f, fb0 = 0.f, fb1 = 0.f;
+        if (BL) {
+          const float *fa = scales + s * SST + ((ca.i0 + ca.ik * kt) & 3);
+          const int ra = (64 * c + 16 * warp + lane / 4) * sa_row;
+          fa0 = fa[ra];
+          fa1 = fa[ra + 8 * sa_row];
+          if (SC == GGF_SC_TMA_S) fb0 = fb[0];
+          if (SC == GGF_SC_TMA_S && BN != 128) fb1 = fb[4];
+        }
+        const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1);
+        int open_at_issue = open && at_issue, open_at_done = open && !at_issue;
+        asm volatile("" : "+f"(fa0), "+f"(fa1), "+f"(fb0), "+f"(fb1), "+r"(open_at_issue), "+r"(open_at_done));
         if (order) ggf_named_sync(3 + c, 256);
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
-          ggf_mma_bn<BN, AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+          ggf_mma_bn<BN, AT, BT>(d, wgc_desc_lo(da + 2 * k), wgc_desc_lo(db + 2 * k), k > 0 ? 1 : 0);
         wgc_commit();
-        const bool open = order && !(c == 1 && last_tile && kt == ktiles - 1);
-        if (open && at_issue) ggf_named_arrive(4 - c, 256);
+        if (open_at_issue) ggf_named_arrive(4 - c, 256);
         wgc_wait<0>();
-        if (open && !at_issue) ggf_named_arrive(4 - c, 256);
+        if (open_at_done) ggf_named_arrive(4 - c, 256);
         wgc_touch<NA>(d);
         if (BL) {
-          // the scales are read from the stage before it is released (64 + 64 + 34 live
-          // registers at BN = 128; the consumers' 232 of setmaxnreg hold BN = 192's 96 + 96)
-          const float *fa = scales + s * SST + ((ca.i0 + ca.ik * kt) & 3);
-          const float *fb = scales + s * SST + SSLOT + ((cb.i0 + cb.ik * kt) & 3);
-          const int ra = (64 * c + 16 * warp + lane / 4) * sa_row;
-          const float fa0 = fa[ra], fa1 = fa[ra + 8 * sa_row];
+          // the scales were read from the stage before the issue; it is released below (64 + 64
+          // + 34 live registers at BN = 128; the consumers' 232 of setmaxnreg hold BN = 192's 96 + 96)
           if (SC == GGF_SC_TMA_S && BN == 128) {  // one rhs scale for the tile's 128 columns
-            const float fb0 = *fb, s0 = fa0 * fb0, s1 = fa1 * fb0;
+            const float s0 = fa0 * fb0, s1 = fa1 * fb0;
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
               tot[4 * j + 0] = fmaf(d[4 * j + 0], s0, tot[4 * j + 0]);
@@ -492,7 +512,6 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             // BN = 192: the tile's columns span two 128-column scale blocks (the box's two rows,
             // at fb and fb + 4): local columns below `split` (128 - q0 % 128: 128 or 64, a multiple
             // of 8) take the first, the rest the second; the same products and fmaf as BN = 128.
-            const float fb0 = fb[0], fb1 = fb[4];
             const float s00 = fa0 * fb0, s10 = fa1 * fb0, s01 = fa0 * fb1, s11 = fa1 * fb1;
             const int split = 128 - (int)(q0 & 127);
 #pragma unroll

@@ -30,14 +30,17 @@ __device__ __forceinline__ void wgc_bar_expect(uint64_t *b, uint32_t bytes) {
 __device__ __forceinline__ void wgc_bar_arrive(uint64_t *b) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(wgc_smem(b)) : "memory");
 }
-__device__ __forceinline__ void wgc_bar_wait(uint64_t *b, uint32_t parity) {
+// The wait on a barrier given by its shared-memory address (hot loops keep the address: taking
+// it from a generic pointer reads the CTA's id in the cluster each time).
+__device__ __forceinline__ void wgc_bar_wait_at(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(wgc_smem(b)),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
+__device__ __forceinline__ void wgc_bar_wait(uint64_t *b, uint32_t parity) { wgc_bar_wait_at(wgc_smem(b), parity); }
 __device__ __forceinline__ void wgc_tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
@@ -92,6 +95,11 @@ __device__ __forceinline__ void wgc_tma_3d_mc(void *dst, const CUtensorMap *map,
 __device__ __forceinline__ uint64_t wgc_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
          ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
+}
+// wgc_desc(addr, 16, 1024) from its low word alone (the high word is the constant stride and
+// swizzle), so hot loops keep and add 32-bit words and the compiler sees a constant high half.
+__device__ __forceinline__ uint64_t wgc_desc_lo(uint32_t lo) {
+  return (uint64_t)lo | ((uint64_t)((1024 & 0x3FFFF) >> 4) << 32) | ((uint64_t)1 << 62);
 }
 __device__ __forceinline__ void wgc_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgc_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -1217,9 +1217,12 @@ Test(ep_gpu_proc, one_process_per_gpu, .timeout = 900) {
   pid_t pids[MAXR];
   for (int r = 0; r < n; r++) {
     int k = 0;
-    for (int i = 0; i < ne; i++) /* the children must not overwrite this process's XML report */
+    /* the children must not overwrite this process's XML report, nor take this test's worker's
+     * BoxFort map (BXFI_MAP: a child that sees it runs as that sandboxed worker and aborts) */
+    for (int i = 0; i < ne; i++)
       if (strncmp(environ[i], "XML_OUTPUT_FILE=", 16) && strncmp(environ[i], "TWIN_RANK=", 10) &&
-          strncmp(environ[i], "TWIN_WORLD_SIZE=", 16) && strncmp(environ[i], "TWIN_LOCAL_RANK=", 16))
+          strncmp(environ[i], "TWIN_WORLD_SIZE=", 16) && strncmp(environ[i], "TWIN_LOCAL_RANK=", 16) &&
+          strncmp(environ[i], "BXFI_", 5))
         env[k++] = environ[i];
     snprintf(envs[0], sizeof envs[0], "TWIN_EP_CHILD=1");
     snprintf(envs[1], sizeof envs[1], "TWIN_RANK=%d", r);
