@@ -248,7 +248,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
                const __grid_constant__ CUtensorMap map_out, const ggf_params p) {
 #ifdef WGC_DEVICE
   constexpr bool BL = SC != GGF_SC_TENSOR, STMA = SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S, MX = SC == GGF_SC_MX;
-  static_assert(BN == 128 || (BN == 192 && CL == 1 && (SC == GGF_SC_TENSOR || STMA)), "BN 192: TMA scales, CL 1");
+  static_assert(BN == 128 || (BN == 192 && (SC == GGF_SC_TENSOR || (CL == 1 && STMA))),
+                "BN 192: per-tensor (CL 1 or 2) or TMA block scales (CL 1)");
   constexpr int ST = GGF_FSTAGES(OUT, BN), SST = GGF_SST(SC, BN), SSLOT = GGF_SSLOT(BN);
   constexpr int STAGE = GGF_FSTAGE_BYTES(BN), NA = BN / 2, NJ = BN / 8;  // accumulators, 8-column groups
   constexpr bool EPI = OUT != TW_F32;  // a staging buffer for the TMA-store epilogue
@@ -540,6 +541,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
       // ---- epilogue: rows p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      // A pair's padding tile (CL 2 with an odd column-tile count: tilesQ rounded up) lies past N
+      // and writes nothing; it ran its k-blocks so its partner got the multicast lhs rows.
+      if (CL > 1 && q0 >= p.N) continue;
       const float tf = BL ? 1.f : p.sa[g] * p.sb[g];
       if (EPI && p.tma_out && p0 + 64 * c + 64 <= mg) {
         // interior rows (all 64 of this warpgroup's rows in the group): through shared memory and
@@ -796,11 +800,18 @@ static tw_status ggf_launch_t(tw_ctx *ctx, const CUtensorMap *m, const ggf_param
   return TW_OK;
 }
 
-// bn 192 (CL 1, TMA or no block scales) instantiates the 128 x 192 tile; the host never asks it
-// of another kind (ggf_forward_kmajor), so those instantiations do not exist.
+// bn 192 (CL 1 with TMA or no block scales, CL 2 per-tensor) instantiates the 128 x 192 tile; the
+// host never asks it of another kind (ggf_forward_kmajor), so those instantiations do not exist.
 template <int SC, int AT, int BT>
 static tw_status ggf_out(tw_ctx *ctx, int od, int cl, int bn, const CUtensorMap *m, const ggf_params *p,
                          const char *op) {
+  if constexpr (SC == GGF_SC_TENSOR) {
+    if (bn == 192 && cl == 2) switch (od) {
+        case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 2, 192>(ctx, m, p, op);
+        case TW_BF16: return ggf_launch_t<SC, AT, BT, TW_BF16, 2, 192>(ctx, m, p, op);
+        default: return ggf_launch_t<SC, AT, BT, TW_F16, 2, 192>(ctx, m, p, op);
+      }
+  }
   if constexpr (SC == GGF_SC_TENSOR || SC == GGF_SC_TMA_V || SC == GGF_SC_TMA_S) {
     if (bn == 192) switch (od) {
         case TW_F32: return ggf_launch_t<SC, AT, BT, TW_F32, 1, 192>(ctx, m, p, op);
@@ -877,13 +888,15 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   const char *bv = getenv("TWIN_GG_WGMMA_FP8_BN");
   int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_default_bn(mode, mode_b, N);
   if (mode == GGF_MX) bn = 128;
-  // Clusters of 2 (lhs rows multicast to a pair of column tiles; an even tilesQ) only on request:
-  // TWIN_GG_WGMMA_FP8_CLUSTER=2 (then BN = 128). Runs cl1/cl2 (H200, gpu/NOTES-gemm.md) found no
+  // Clusters of 2 (lhs rows multicast to a pair of column tiles) only on request:
+  // TWIN_GG_WGMMA_FP8_CLUSTER=2. Runs cl1/cl2 (H200, gpu/NOTES-gemm.md, BN 128) found no
   // consistent gain: per-tensor G8 K7168 +7% / +4%, other shapes -2..+3.5%, block scales -1..-12%,
-  // MXFP8 flat.
+  // MXFP8 flat. Per-tensor keeps its BN (192 too: the tile count is then rounded up to even, the
+  // extra tile past N writes nothing); the other modes pair at BN 128 with an even tile count.
   const char *cv = getenv("TWIN_GG_WGMMA_FP8_CLUSTER");
-  const int cl = ((N + 127) / 128) % 2 == 0 && cv && !strcmp(cv, "2") ? 2 : 1;
-  if (cl == 2) bn = 128;
+  const int want_pair = cv && !strcmp(cv, "2");
+  if (want_pair && mode != GGF_TENSOR) bn = 128;
+  const int cl = want_pair && (mode == GGF_TENSOR || ((N + bn - 1) / bn) % 2 == 0) ? 2 : 1;
   CUtensorMap maps[5];  // lhs, rhs, (block scales through TMA) their scales, (bf16/f16) out
   memset(maps, 0, sizeof maps);
   // Block scales by TMA where both scale arrays map (boxes as ggf_scale_map says, for this bn;
@@ -906,7 +919,7 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
     }
     if (sc == GGF_SC_WARPS) bn = 128;
   }
-  const int64_t tilesQ = (N + bn - 1) / bn;
+  const int64_t tilesQ = (N + bn - 1) / bn + (cl == 2 && ((N + bn - 1) / bn) % 2);
   {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K};
     cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(GGF_BM / cl)}, es[2] = {1, 1};

@@ -820,7 +820,10 @@ Test(grouped_gemm_gpu, large_gg_wgmma_fp8_version, .timeout = 900) {
  * 1x128 x 128x128 and 128x128 x 128x128 (a 192-column tile spans two 128-column rhs scale blocks),
  * rhs rowwise of [G*N, K] or colwise of [G*K, N] (both op T), N = 192, 200, 384, 4104 (tails past
  * a multiple of 192) and 72 (one partial tile), ragged groups with an empty one, K tails, every
- * output dtype (bf16 / f16 through the TMA store where rows allow), accumulate on and off. */
+ * output dtype (bf16 / f16 through the TMA store where rows allow), accumulate on and off. A third
+ * run asks for clusters of 2 (TWIN_GG_WGMMA_FP8_CLUSTER=2, lhs rows multicast to a pair of column
+ * tiles): per-tensor pairs at BN 192 (N 192 and 72 have one column tile, so the pair's second is
+ * the padding tile past N), block scales at BN 128 where the tile count is even; the same bits. */
 Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
   ctx_for("gg_wgmma_fp8");
   static const tw_scaling ml[4] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_BLOCK_1x128, TW_SCALE_BLOCK_1x128,
@@ -831,6 +834,7 @@ Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
   const char *prev = getenv("TWIN_GG_WGMMA_FP8_BN");
   char keep[16] = "";
   if (prev) snprintf(keep, sizeof keep, "%s", prev);
+  unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
   for (int s = 0; s < 60; ++s) {
     rng_s = (uint64_t)(16500 + s) * 7919 + 29;
     const int mi = s % 4, kn = (s / 4) & 1, acc = (int)(rnd() & 1);
@@ -849,27 +853,38 @@ Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
     qop ql, qr;
     qop_make(&ql, ml[mi], qa, &x, &gs, 0);
     qop_make(&qr, mr[mi], qb, &w, &ugs, kn); /* [G*N, K] rowwise or [G*K, N] colwise: [N, K] per group, op T */
-    tw_tensor o128 = host_new(od, 2, os), o192 = host_new(od, 2, os);
+    tw_tensor o128 = host_new(od, 2, os), o192 = host_new(od, 2, os), opair = host_new(od, 2, os);
     init_out(&o128, acc);
     memcpy(o192.data, o128.data, tw_tensor_bytes(&o128));
-    tw_tensor gs_d = dev_copy(&gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192);
+    memcpy(opair.data, o128.data, tw_tensor_bytes(&o128));
+    tw_tensor gs_d = dev_copy(&gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192), odpair = dev_copy(&opair);
     setenv("TWIN_GG_WGMMA_FP8_BN", "128", 1);
     cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &od128, acc), TW_OK, "case %d: %s", s,
                  tw_last_error());
     setenv("TWIN_GG_WGMMA_FP8_BN", "192", 1);
     cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &od192, acc), TW_OK, "case %d: %s", s,
                  tw_last_error());
+    setenv("TWIN_GG_WGMMA_FP8_CLUSTER", "2", 1);
+    cr_assert_eq(tw_grouped_gemm(gpu_ctx, &ql.d, &qr.d, TW_OP_T, &gs_d, &odpair, acc), TW_OK, "case %d: %s", s,
+                 tw_last_error());
+    unsetenv("TWIN_GG_WGMMA_FP8_CLUSTER");
     cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
     to_host(&o128, &od128);
     to_host(&o192, &od192);
+    to_host(&opair, &odpair);
+    cr_assert(memcmp(o128.data, opair.data, tw_tensor_bytes(&o128)) == 0,
+              "case %d (%s x %s, %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d): BN 128 and the cluster pair differ", s,
+              tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), tw_dtype_name(qa), tw_dtype_name(od), (long long)G,
+              (long long)M, (long long)N, (long long)K, acc);
     cr_assert(memcmp(o128.data, o192.data, tw_tensor_bytes(&o128)) == 0,
               "case %d (%s x %s, rhs %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d): BN 128 and 192 differ",
               s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), kn ? "colwise [G*K,N]" : "rowwise [G*N,K]",
               tw_dtype_name(qa), tw_dtype_name(qb), tw_dtype_name(od), (long long)G, (long long)M, (long long)N,
               (long long)K, acc);
     qop_free(&ql); qop_free(&qr);
-    dev_free(&gs_d); dev_free(&od128); dev_free(&od192);
+    dev_free(&gs_d); dev_free(&od128); dev_free(&od192); dev_free(&odpair);
     host_free(&gs); host_free(&ugs); host_free(&x); host_free(&w); host_free(&o128); host_free(&o192);
+    host_free(&opair);
   }
   if (prev) setenv("TWIN_GG_WGMMA_FP8_BN", keep, 1);
   else unsetenv("TWIN_GG_WGMMA_FP8_BN");
