@@ -68,6 +68,7 @@ struct ggf_wparams {
   int tma_out;    // tma loader, no accumulate: tiles leave by TMA store (maps.out)
   int epi_bytes;  // the epilogue's staging (ggf_wepi_bytes)
   int a_sw, b_sw;  // MXFP8: scale bytes in the swizzled (1) or compact (0) order
+  int order;       // consumer turns (see the consumers): 0 none, 1 gate opened at issue, 2 at completion
 };
 // The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
 // the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
@@ -108,6 +109,9 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 // rows x 4 column pairs) then hit 32 distinct banks; with 68 they conflicted and shared memory
 // was the G128 wgrad's busiest unit (ncu: 42% excess wavefronts, L1 73%). 36 KiB: 5 stages.
 #define GGF_EPI_PITCH 72
+// Named barriers: 0 __syncthreads, 1 the staged producer (128 threads), 2 + c consumer warpgroup
+// c's epilogue (128), GGF_WGATE + c the gate of warpgroup c's turn (256: see the consumers).
+#define GGF_WGATE 4
 #define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
 #define GGF_WTMA_STAGES 5
 // tma_out staging: per consumer warpgroup its 64 x 128 tile as boxes of 128-byte rows (16-bit:
@@ -900,6 +904,20 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     int s = 0;
     uint32_t phase = 0;
     const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    // Turns (p.order, the forward's scheme; not MXFP8): both warpgroups wait on the same full
+    // barrier, so left alone they issue their wgmmas together, finish together and promote
+    // together while the tensor cores idle. Named barrier GGF_WGATE + c gates warpgroup c's
+    // issue; the other warpgroup opens it once it has issued its own k-block (order 1) or once
+    // that k-block's wgmmas completed (order 2); warpgroup 1 opens the first. The tensor cores
+    // then run one warpgroup's k-block while the other promotes. Each gate opens exactly as often
+    // as it is waited on, whatever tiles, groups (empty ones: no k-block, no gate) or k-blocks
+    // this CTA gets: warpgroup 1 opens gate 0 once before its first k-block and once after each;
+    // warpgroup 0 waits on it before each of its k-blocks and once more after its last tile (the
+    // forward instead skips warpgroup 1's last opening, which needs to know the CTA's last
+    // k-block: here the last tile may belong to an empty group). Both warpgroups walk the same
+    // k-blocks, so warpgroup 0 is at most one issue ahead.
+    const bool order = p.order != 0 && !MX, at_issue = p.order == 1;
+    if (order && c == 1) ggf_named_arrive(GGF_WGATE, 256);
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const ggf_wtile w = ggf_wlocate(p, t);
       const int64_t r0 = w.p0 + 64 * c + 16 * warp + lane / 4;
@@ -951,12 +969,15 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
           continue;
         }
+        if (order) ggf_named_sync(GGF_WGATE + c, 256);
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
           ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
         wgc_commit();
+        if (order && at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_wait<0>();
+        if (order && !at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_touch<64>(d);
         if (BL) {
           const float *f = scales + s * SST;
@@ -1005,6 +1026,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
+    // warpgroup 1's last opening of gate 0 (its first, if this CTA had no k-block)
+    if (order && c == 0) ggf_named_sync(GGF_WGATE, 256);
     // the staging must stay valid until the last store has read it
     if (p.tma_out && tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
@@ -1086,6 +1109,10 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
   }
 }
 
+// The wgrad's default turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER unset): the forward's (none for
+// per-tensor, whose promotion is one add; at issue for block scales). To be measured.
+static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
+
 tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                              const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out, int accumulate,
                              const char *op) {
@@ -1125,6 +1152,10 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
                                            : GGF_WLOAD_DEFAULT;
   if (mx) p.loader = GGF_WLOAD_TMA;  // MXFP8: the transposing pad pass + TMA only (takes checked the encoder)
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
+  // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call: none / gate
+  // opened at issue / at completion; MXFP8 runs none whatever it says). Default ggf_wdefault_order.
+  const char *ov = getenv("TWIN_GG_WGMMA_FP8_WGRAD_ORDER");
+  p.order = mx ? 0 : ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : ggf_wdefault_order(p.mode);
   ggf_wmaps maps;
   memset(&maps, 0, sizeof maps);
   unsigned char *pad = NULL;

@@ -29,7 +29,10 @@
  *     timed with and without the tail-row zeroing.
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
- *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; G32 / G128 ragged sizes too. MXFP8
+ *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also with the consumers' turns forced
+ *     off and on (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1, rows "turns 0|1": the fastest of rounds
+ *     in rotating order, time_variants; each rate over the forward and over the first variant
+ *     printed); G32 / G128 ragged sizes too. MXFP8
  *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
  *     next to gg_mma_wide, with its rate over the 1x128 and per-tensor wgrads and over the MXFP8
  *     forward.
@@ -125,6 +128,49 @@ static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double b
     best[w] = all[w][0];
     for (int r = 1; r < 3; ++r)
       if (all[w][r] < 0 || (best[w] > 0 && all[w][r] < best[w])) best[w] = all[w][r];
+  }
+}
+
+/* Variants of one call, each a setting of knobs (value NULL: the knob unset), timed in
+ * max(3, nv) rounds; round r runs variant (i + r) % nv at position i (with two variants: 0 1,
+ * 1 0, 0 1), so each variant leads a round (the first timed row after a change ran up to 14%
+ * faster, run n192-b1). Fastest round per variant in best[], all rounds in all[v][r]; the knobs'
+ * previous values restored after. */
+#define VAR_KNOBS 2
+#define VAR_MAX 4
+typedef struct {
+  const char *name;
+  const char *val[VAR_KNOBS];
+} variant;
+static void time_variants(const char *const knobs[VAR_KNOBS], const variant *vs, int nv, void *arg, int warmup,
+                          int iters, tw_ctx *ctx, double best[VAR_MAX], double all[VAR_MAX][VAR_MAX]) {
+  const int nr = nv > 3 ? nv : 3;
+  char keep[VAR_KNOBS][16];
+  int had[VAR_KNOBS];
+  for (int k = 0; k < VAR_KNOBS; ++k) {
+    const char *p = knobs[k] ? getenv(knobs[k]) : NULL;
+    had[k] = p != NULL;
+    snprintf(keep[k], sizeof keep[k], "%s", p ? p : "");
+  }
+  for (int r = 0; r < nr; ++r)
+    for (int i = 0; i < nv; ++i) {
+      const int v = (i + r) % nv;
+      for (int k = 0; k < VAR_KNOBS; ++k) {
+        if (!knobs[k]) continue;
+        if (vs[v].val[k]) setenv(knobs[k], vs[v].val[k], 1);
+        else unsetenv(knobs[k]);
+      }
+      all[v][r] = time_it(run_call, arg, warmup, iters, ctx);
+    }
+  for (int k = 0; k < VAR_KNOBS; ++k) {
+    if (!knobs[k]) continue;
+    if (had[k]) setenv(knobs[k], keep[k], 1);
+    else unsetenv(knobs[k]);
+  }
+  for (int v = 0; v < nv; ++v) {
+    best[v] = all[v][0];
+    for (int r = 1; r < nr; ++r)
+      if (all[v][r] < 0 || (best[v] > 0 && all[v][r] < best[v])) best[v] = all[v][r];
   }
 }
 
@@ -654,6 +700,28 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             if (v == 1 && ms > 0 && fwd_f8_tflops[kind] > 0)
               printf("# %s: gg_wgmma_fp8 wgrad / gg_wgmma_fp8 forward rate = %.3f (target >= 0.9)\n", s8,
                      flop / (ms * 1e-3) / 1e12 / fwd_f8_tflops[kind]);
+          }
+          if (kind < 3) {
+            /* the wgrad's consumer turns forced off and on (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1), same
+             * call, in rounds (time_variants); each row's rate over the forward (its default tile) */
+            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", NULL};
+            static const variant vs[] = {{"gg_wgmma_fp8, turns 0", {"0", NULL}}, {"gg_wgmma_fp8, turns 1", {"1", NULL}}};
+            const int nv = (int)(sizeof vs / sizeof vs[0]);
+            double best[VAR_MAX], all[VAR_MAX][VAR_MAX];
+            c8.ctx = c_wf8;
+            time_variants(kn2, vs, nv, &c8, warmup, iters, c_wf8, best, all);
+            const int nr = nv > 3 ? nv : 3;
+            for (int w = 0; w < nv; ++w) {
+              if (best[w] < 0) { fprintf(stderr, "%s %s: %s\n", s8, vs[w].name, tw_last_error()); rc = 1; }
+              row_out(s8, vs[w].name, best[w], flop, peak_fp8, "", -1, cfg->csv);
+              if (cfg->csv || best[w] <= 0) continue;
+              printf("# %s: wgrad variant %s: %.1f TFLOP/s, / forward %.3f, / %s %.3f; rounds", s8, vs[w].name,
+                     flop / (best[w] * 1e-3) / 1e12,
+                     fwd_f8_tflops[kind] > 0 ? flop / (best[w] * 1e-3) / 1e12 / fwd_f8_tflops[kind] : -1.0, vs[0].name,
+                     best[0] > 0 ? best[0] / best[w] : -1.0);
+              for (int r = 0; r < nr; ++r) printf(" %.3f", all[w][r]);
+              printf(" ms\n");
+            }
           }
           if (kind == 3 && wgrad_f8_tflops[3] > 0 && wgrad_f8_tflops[2] > 0 && wgrad_f8_tflops[1] > 0)
             printf("# %s: gg_wgmma_fp8 MXFP8 wgrad / 1x128 wgrad rate = %.3f, / per-tensor wgrad = %.3f\n", s8,
