@@ -30,7 +30,8 @@
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
  *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also with the consumers' turns forced
- *     off and on (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1, rows "turns 0|1": the fastest of rounds
+ *     off and on and the column tile forced to 128 and 192 (knobs TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1,
+ *     TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192; rows "turns 0|1, BN 128|192": the fastest of four rounds
  *     in rotating order, time_variants; each rate over the forward and over the first variant
  *     printed); G32 / G128 ragged sizes too. MXFP8
  *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
@@ -702,10 +703,14 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
                      flop / (ms * 1e-3) / 1e12 / fwd_f8_tflops[kind]);
           }
           if (kind < 3) {
-            /* the wgrad's consumer turns forced off and on (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1), same
-             * call, in rounds (time_variants); each row's rate over the forward (its default tile) */
-            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", NULL};
-            static const variant vs[] = {{"gg_wgmma_fp8, turns 0", {"0", NULL}}, {"gg_wgmma_fp8, turns 1", {"1", NULL}}};
+            /* the wgrad's consumer turns (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1) and column tile
+             * (TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192) forced, same call, in rounds (time_variants);
+             * each row's rate over the forward (its default tile) */
+            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
+            static const variant vs[] = {{"gg_wgmma_fp8, turns 0, BN 128", {"0", "128"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 128", {"1", "128"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 192", {"0", "192"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 192", {"1", "192"}}};
             const int nv = (int)(sizeof vs / sizeof vs[0]);
             double best[VAR_MAX], all[VAR_MAX][VAR_MAX];
             c8.ctx = c_wf8;
