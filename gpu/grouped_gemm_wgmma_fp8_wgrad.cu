@@ -1171,20 +1171,20 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
   return ggf_wgrad_out_bn<BL, AT, BT, MX, 128>(ctx, od, m, p, op);
 }
 
-// The wgrad's default column tile (knob TWIN_GG_WGMMA_FP8_WGRAD_BN unset). Run w192 (H100, two
-// benches in one call, gpu/NOTES-gemm.md "gg_wgmma_fp8 wgrad: 128 x 192 tiles"): BN 192 / 128
-// per-tensor 1.07 and 0.97 (G4 K7168), 1.08 / 1.07, 1.11 / 1.09, 1.04 / 1.05 on the other large
-// shapes, 0.95 / 0.96 on G128 m128; 1x128 0.93-0.98 but for G4 K2048 (0.97 / 1.02). Neither mode
-// was faster on every large shape in both benches, so 128 everywhere (the forward's rule).
+// The wgrad's defaults (knobs TWIN_GG_WGMMA_FP8_WGRAD_BN / _ORDER unset), from runs wt1 / wt2
+// (gpu/NOTES-gemm.md "wgrad: consumer turns, then 128 x 192 tiles again"; the rule of the
+// forward: 192 only where it is faster on every large shape of a mode). Per-tensor: no turns
+// (they cost up to 6-9% at BN 128 on the K7168 shapes), BN 192 (+6..10% over 128 on all five
+// shapes in wt1's rounds after the first) where N at 192 pads at most 1/16 more than at 128 (the
+// forward's guard). Block scales: turns at issue (+1..5.5% at 128, +4..7% at 192), BN 128 (192
+// with turns +7..8% on three large shapes but flat on G32 m512 in wt1). 128x128 scales take the
+// 1x128 choice untimed: their consumers run the same promotion (ggf_promote_n over the stage's
+// per-column scales).
 static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
-  (void)mode;
   (void)mode_b;
-  (void)N;
-  return 128;
+  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
+  return mode == GGF_TENSOR && w192 * 16 <= w128 * 17 ? 192 : 128;
 }
-
-// The wgrad's default turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER unset): the forward's (none for
-// per-tensor, whose promotion is one add; at issue for block scales). To be measured.
 static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
 
 tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
