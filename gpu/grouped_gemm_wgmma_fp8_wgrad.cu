@@ -282,15 +282,24 @@ __device__ __forceinline__ void ggf_wcur_next(const ggf_wparams &p, ggf_wcursor 
   if (++c.kb < c.w.kts) return;
   ggf_wcur_seek(p, c, c.t + gridDim.x);
 }
-__device__ __forceinline__ void ggf_cp16(unsigned char *dst, const unsigned char *src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgc_smem(dst)), "l"(src), "r"(bytes) : "memory");
+__device__ __forceinline__ void ggf_cp16(unsigned char *dst, const unsigned char *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wgc_smem(dst)), "l"(src) : "memory");
+}
+// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
+__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
+  if (q + 16 <= end) return __ldg((const uint4 *)q);
+  uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll 1
+  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
+  return make_uint4(v[0], v[1], v[2], v[3]);
 }
 __device__ __forceinline__ void ggf_cp4(void *dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(wgc_smem(dst)), "l"(src) : "memory");
 }
 // The raw words of k-block c: thread tid copies words i = tid + 128n (n < 9) of the 128 A rows
 // (row i / 9, word i % 9) and the same of the B rows: aligned 16-byte words, only those that
-// hold a byte of the row's nv tokens (the tensor's last partial word zero-filled past its end);
+// hold a byte of the row's nv tokens (the tensor's last partial word zero-filled past its end,
+// loaded by the thread itself);
 // block modes also the row's scale. One commit group per k-block.
 template <bool BL>
 __device__ __forceinline__ void ggf_wissue(const ggf_wparams &p, const ggf_wcursor &c, unsigned char *rb, int tid) {
@@ -310,7 +319,14 @@ __device__ __forceinline__ void ggf_wissue(const ggf_wparams &p, const ggf_wcurs
       if (row < rows) {
         const unsigned char *rp = row0 + row * w.mg;
         const unsigned char *q = (const unsigned char *)((uintptr_t)rp & ~(uintptr_t)15) + 16 * word;
-        if (q < rp + nv) ggf_cp16(dst0 + row * GGF_WRAW_ROW + 16 * word, q, q + 16 <= end ? 16 : (int)(end - q));
+        unsigned char *dst = dst0 + row * GGF_WRAW_ROW + 16 * word;
+        // the tensor's last, partial word byte by byte and stored in place (visible after the
+        // bar.sync that precedes the shift): a cp.async with fewer source bytes (src-size) was
+        // reported by compute-sanitizer memcheck as a 16-byte read past the allocation (run wt2)
+        if (q < rp + nv) {
+          if (q + 16 <= end) ggf_cp16(dst, q);
+          else *(uint4 *)dst = ggf_load16(q, end);
+        }
       }
       row += 14;  // i += 128 = 14 * 9 + 2
       word += 2;
@@ -347,16 +363,8 @@ __device__ __forceinline__ uint4 ggf_shift16(uint4 w0, uint4 w1, int off, int vb
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
-// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
-// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
-__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
-  if (q + 16 <= end) return __ldg((const uint4 *)q);
-  uint32_t v[4] = {0, 0, 0, 0};
-#pragma unroll 1
-  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
-  return make_uint4(v[0], v[1], v[2], v[3]);
-}
 #endif  // WGC_DEVICE
+// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
 // dst[r, 16c .. 16c+15] for chunk c of the padded token axis (tile c / 8 of T(G) tiles; side 0:
 // lhs, R = K rows; side 1: rhs, R = N rows): tokens j0 .. j0+15 of the tile's group g,
 // j0 = 128 (c/8 - T(g)) + 16 (c%8), read from its block [R, m_g] at byte o_g*R (row r at
