@@ -32,14 +32,18 @@
 //   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
 //     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
 // Column tile BN (kernel template, 128 | 192; knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on
-// every call; default ggf_wdefault_bn): at 192 the tma loader's per-tensor, 1x128 and
-// 128x128 kinds run 128 x 192 output tiles (the .cuh's wgmma m64n192k32 ggf_mma_bn and
-// promotion ggf_promote_n, 96 + 96 accumulators under
-// setmaxnreg 40 / 232 as in the forward; 40 KiB stages: 4 with a bf16/f16 out or accumulate, 3
-// with the f32 TMA store; the rhs scale box 192 x 1; the scale warps give each column its own
-// 128-block's 128x128 scale, a tile spanning two). The same promotion per column: the same bits
-// (tests/grouped_gemm_gpu_test.c bn192_bits_gg_wgmma_fp8_version). MXFP8 and the rows / staged
-// loaders stay at 128. gpu/NOTES-gemm.md "gg_wgmma_fp8 wgrad: 128 x 192 tiles".
+// every call; default ggf_wdefault_bn: 192 per-tensor, 128 block scales): at 192 the tma loader's
+// per-tensor, 1x128 and 128x128 kinds run 128 x 192 output tiles (the .cuh's wgmma m64n192k32
+// ggf_mma_bn and promotion ggf_promote_n, 96 + 96 accumulators under setmaxnreg 40 / 232 as in
+// the forward; 40 KiB stages: 4 with a bf16/f16 out or accumulate, 3 with the f32 TMA store; the
+// rhs scale box 192 x 1; the scale warps give each column its own 128-block's 128x128 scale, a
+// tile spanning two). The same promotion per column: the same bits (tests/grouped_gemm_gpu_test.c
+// bn192_bits_gg_wgmma_fp8_version). MXFP8 and the rows / staged loaders stay at 128.
+// Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call; default
+// ggf_wdefault_order: none per-tensor, at issue for block scales; never MXFP8): the forward's
+// named-barrier gates, so one consumer warpgroup promotes while the tensor cores run the other's
+// k-block (see the consumers). Same bits (test order_bits_gg_wgmma_fp8_version).
+// gpu/NOTES-gemm.md "gg_wgmma_fp8 wgrad: 128 x 192 tiles" and "consumer turns, then 128 x 192".
 // MXFP8 (kernel template MX; issue 16 item 1): the colwise MXFP8 data is not transposed
 // (tw_quantize.h: [M, K] and [M, N], ops N; E8M0 scales per 32 tokens of a group and column), so
 // the pad pass transposes it (ggf_pad_mx) into the same token-padded [K, Mp] / [N, Mp] matrices,
@@ -1180,14 +1184,14 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
 }
 
 // The wgrad's defaults (knobs TWIN_GG_WGMMA_FP8_WGRAD_BN / _ORDER unset), from runs wt1 / wt2
-// (gpu/NOTES-gemm.md "wgrad: consumer turns, then 128 x 192 tiles again"; the rule of the
-// forward: 192 only where it is faster on every large shape of a mode). Per-tensor: no turns
-// (they cost up to 6-9% at BN 128 on the K7168 shapes), BN 192 (+6..10% over 128 on all five
-// shapes in wt1's rounds after the first) where N at 192 pads at most 1/16 more than at 128 (the
-// forward's guard). Block scales: turns at issue (+1..5.5% at 128, +4..7% at 192), BN 128 (192
-// with turns +7..8% on three large shapes but flat on G32 m512 in wt1). 128x128 scales take the
-// 1x128 choice untimed: their consumers run the same promotion (ggf_promote_n over the stage's
-// per-column scales).
+// (H200; gpu/NOTES-gemm.md "wgrad: consumer turns, then 128 x 192 tiles again"; the forward's
+// rule: 192 only where it is faster on every large shape of a mode). Per-tensor: no turns (they
+// cost 1-2.5% at BN 128 and 2-5% at 192 on the large shapes), BN 192 (+3..9% over 128 on all five
+// bench shapes in both runs) where N at 192 pads at most 1/16 more than at 128 (the forward's
+// guard). Block scales: turns at issue (+2..4.5% at 128, +5..9% at 192), BN 128: with turns 192
+// is +5..9% on G4 K7168, G4 K2048 and G8 but 0.99 on G32 m512 in all four benches (wt1 x2, wt2
+// x2), so by the rule 128 (knob BN=192 for the others). 128x128 scales take the 1x128 choice
+// untimed: their consumers run the same promotion (ggf_promote_n over the stage's column scales).
 static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
   (void)mode_b;
   const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
