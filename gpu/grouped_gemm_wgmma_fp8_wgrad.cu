@@ -26,11 +26,24 @@
 //   - the consumers are the forward's: 4 wgmma m64n128k32 per k-block, promotion every 128
 //     tokens. The k-blocks are the quantizer's blocks: tokens 128b.. of the group, so a group
 //     that starts anywhere is promoted exactly where the oracle's 1x128 blocks end.
-//   - tiles: G x ceil(K/128) x ceil(N/128), group-major (fixed on the host: graph-capturable);
+//   - tiles: G x ceil(K/128) x ceil(N/BN), group-major (fixed on the host: graph-capturable);
 //     a tile contracts over ceil(m_g / 128) k-blocks (device offsets). Empty groups: +0 written
 //     by the consumers (accumulate: untouched), no loads.
 //   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
 //     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
+// Column tile BN (kernel template, 128 | 192; knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on
+// every call; default ggf_wdefault_bn: 192 per-tensor, 128 block scales): at 192 the tma loader's
+// per-tensor, 1x128 and 128x128 kinds run 128 x 192 output tiles (the .cuh's wgmma m64n192k32
+// ggf_mma_bn and promotion ggf_promote_n, 96 + 96 accumulators under setmaxnreg 40 / 232 as in
+// the forward; 40 KiB stages: 4 with a bf16/f16 out or accumulate, 3 with the f32 TMA store; the
+// rhs scale box 192 x 1; the scale warps give each column its own 128-block's 128x128 scale, a
+// tile spanning two). The same promotion per column: the same bits (tests/grouped_gemm_gpu_test.c
+// bn192_bits_gg_wgmma_fp8_version). MXFP8 and the rows / staged loaders stay at 128.
+// Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call; default
+// ggf_wdefault_order: none per-tensor, at issue for block scales; never MXFP8): the forward's
+// named-barrier gates, so one consumer warpgroup promotes while the tensor cores run the other's
+// k-block (see the consumers). Same bits (test order_bits_gg_wgmma_fp8_version).
+// gpu/NOTES-gemm.md "gg_wgmma_fp8 wgrad: 128 x 192 tiles" and "consumer turns, then 128 x 192".
 // MXFP8 (kernel template MX; issue 16 item 1): the colwise MXFP8 data is not transposed
 // (tw_quantize.h: [M, K] and [M, N], ops N; E8M0 scales per 32 tokens of a group and column), so
 // the pad pass transposes it (ggf_pad_mx) into the same token-padded [K, Mp] / [N, Mp] matrices,
@@ -68,6 +81,8 @@ struct ggf_wparams {
   int tma_out;    // tma loader, no accumulate: tiles leave by TMA store (maps.out)
   int epi_bytes;  // the epilogue's staging (ggf_wepi_bytes)
   int a_sw, b_sw;  // MXFP8: scale bytes in the swizzled (1) or compact (0) order
+  int order;       // consumer turns (see the consumers): 0 none, 1 gate opened at issue, 2 at completion
+  int bn;          // the column tile: 128, or 192 (tma loader, not MXFP8; the kernel's BN)
 };
 // The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
 // the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
@@ -108,14 +123,18 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 // rows x 4 column pairs) then hit 32 distinct banks; with 68 they conflicted and shared memory
 // was the G128 wgrad's busiest unit (ncu: 42% excess wavefronts, L1 73%). 36 KiB: 5 stages.
 #define GGF_EPI_PITCH 72
+// Named barriers: 0 __syncthreads, 1 the staged producer (128 threads), 2 + c consumer warpgroup
+// c's epilogue (128), GGF_WGATE + c the gate of warpgroup c's turn (256: see the consumers).
+#define GGF_WGATE 4
 #define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
 #define GGF_WTMA_STAGES 5
 // tma_out staging: per consumer warpgroup its 64 x 128 tile as boxes of 128-byte rows (16-bit:
 // two 64 x 64, f32: four 32 x 64); f32 needs 64 KiB, so the ring drops to 4 stages there.
-#define GGF_WEPI_TMA_BYTES(f32) ((f32) ? 2 * 32768 : 2 * 16384)
-static int ggf_wepi_bytes(int loader, int tma_out, int f32) {
+// BN = 192: three 64 x 64 (six 32 x 64) boxes per warpgroup, 48 (96) KiB.
+#define GGF_WEPI_TMA_BYTES(f32, BN) ((f32) ? 512 * (BN) : 256 * (BN))
+static int ggf_wepi_bytes(int loader, int tma_out, int f32, int bn) {
   if (loader != GGF_WLOAD_TMA) return 0;
-  const int t = tma_out ? GGF_WEPI_TMA_BYTES(f32) : 0;
+  const int t = tma_out ? GGF_WEPI_TMA_BYTES(f32, bn) : 0;
   return t > GGF_EPI_BYTES ? t : GGF_EPI_BYTES;
 }
 // MXFP8 (kernel template MX): a stage's scales are lhs [4 sub-blocks of 32 tokens][128 rows k]
@@ -123,11 +142,14 @@ static int ggf_wepi_bytes(int loader, int tma_out, int f32) {
 // the consumers promote with the forward's ggf_promote.
 #define GGF_WMX 3  // the wgrad's scale mode for MXFP8 (the .cuh's ggf_mode_of has no MXFP8)
 #define GGF_WMXSTAGE (2 * 4 * 128)
-#define GGF_WSST(MX) ((MX) ? GGF_WMXSTAGE : GGF_SCALE_FLOATS)
+// Column tile BN (kernel template; knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, see the host side):
+// a stage holds A 128 x 128 and B BN x 128 fp8 (BN = 192: 40 KiB) and 128 + BN scales.
+#define GGF_WSTAGE_BYTES(BN) (GGF_A_BYTES + (BN) * GGF_BK)
+#define GGF_WSST(MX, BN) ((MX) ? GGF_WMXSTAGE : GGF_BM + (BN))
 static inline int ggf_wmode_of(int m) { return m == TW_SCALE_MXFP8_1D ? GGF_WMX : ggf_mode_of(m); }
-static size_t ggf_wsmem(int loader, int nst, int epi_bytes, int mx) {
-  return (size_t)nst * GGF_STAGE_BYTES + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
-         (size_t)epi_bytes + (size_t)nst * GGF_WSST(mx) * 4 + 2 * (size_t)nst * 8;
+static size_t ggf_wsmem(int loader, int nst, int epi_bytes, int mx, int bn) {
+  return (size_t)nst * GGF_WSTAGE_BYTES(bn) + 1024 + (loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0) +
+         (size_t)epi_bytes + (size_t)nst * GGF_WSST(mx, bn) * 4 + 2 * (size_t)nst * 8;
 }
 
 #ifdef WGC_DEVICE
@@ -204,13 +226,14 @@ struct ggf_wtile {
 // 32-bit divisions (the host declines 2^31 tiles or more): three 64-bit ones were a long
 // dependent chain at every tile's start in the producer, the scale warps and the consumers,
 // which with one k-block per tile (small groups) is most of a tile's time.
+template <int BN = GGF_BN>
 __device__ __forceinline__ ggf_wtile ggf_wlocate(const ggf_wparams &p, int64_t t) {
   ggf_wtile w;
   const uint32_t tq = (uint32_t)p.tilesQ, per = (uint32_t)p.tilesP * tq, tt = (uint32_t)t;
   const uint32_t g = tt / per, local = tt - g * per, pp = local / tq;
   w.g = g;
   w.p0 = (int64_t)pp * GGF_BM;
-  w.q0 = (int64_t)(local - pp * tq) * GGF_BN;
+  w.q0 = (int64_t)(local - pp * tq) * BN;
   w.og = p.offsets[w.g];
   w.mg = p.offsets[w.g + 1] - w.og;
   w.tg = p.tiles[w.g];
@@ -263,15 +286,24 @@ __device__ __forceinline__ void ggf_wcur_next(const ggf_wparams &p, ggf_wcursor 
   if (++c.kb < c.w.kts) return;
   ggf_wcur_seek(p, c, c.t + gridDim.x);
 }
-__device__ __forceinline__ void ggf_cp16(unsigned char *dst, const unsigned char *src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgc_smem(dst)), "l"(src), "r"(bytes) : "memory");
+__device__ __forceinline__ void ggf_cp16(unsigned char *dst, const unsigned char *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(wgc_smem(dst)), "l"(src) : "memory");
+}
+// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
+__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
+  if (q + 16 <= end) return __ldg((const uint4 *)q);
+  uint32_t v[4] = {0, 0, 0, 0};
+#pragma unroll 1
+  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
+  return make_uint4(v[0], v[1], v[2], v[3]);
 }
 __device__ __forceinline__ void ggf_cp4(void *dst, const void *src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(wgc_smem(dst)), "l"(src) : "memory");
 }
 // The raw words of k-block c: thread tid copies words i = tid + 128n (n < 9) of the 128 A rows
 // (row i / 9, word i % 9) and the same of the B rows: aligned 16-byte words, only those that
-// hold a byte of the row's nv tokens (the tensor's last partial word zero-filled past its end);
+// hold a byte of the row's nv tokens (the tensor's last partial word zero-filled past its end,
+// loaded by the thread itself);
 // block modes also the row's scale. One commit group per k-block.
 template <bool BL>
 __device__ __forceinline__ void ggf_wissue(const ggf_wparams &p, const ggf_wcursor &c, unsigned char *rb, int tid) {
@@ -291,7 +323,14 @@ __device__ __forceinline__ void ggf_wissue(const ggf_wparams &p, const ggf_wcurs
       if (row < rows) {
         const unsigned char *rp = row0 + row * w.mg;
         const unsigned char *q = (const unsigned char *)((uintptr_t)rp & ~(uintptr_t)15) + 16 * word;
-        if (q < rp + nv) ggf_cp16(dst0 + row * GGF_WRAW_ROW + 16 * word, q, q + 16 <= end ? 16 : (int)(end - q));
+        unsigned char *dst = dst0 + row * GGF_WRAW_ROW + 16 * word;
+        // the tensor's last, partial word byte by byte and stored in place (visible after the
+        // bar.sync that precedes the shift): a cp.async with fewer source bytes (src-size) was
+        // reported by compute-sanitizer memcheck as a 16-byte read past the allocation (run wt2)
+        if (q < rp + nv) {
+          if (q + 16 <= end) ggf_cp16(dst, q);
+          else *(uint4 *)dst = ggf_load16(q, end);
+        }
       }
       row += 14;  // i += 128 = 14 * 9 + 2
       word += 2;
@@ -328,16 +367,8 @@ __device__ __forceinline__ uint4 ggf_shift16(uint4 w0, uint4 w1, int off, int vb
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
-// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
-// 16 bytes of src from byte q (16-aligned) on, reading no byte at or past end.
-__device__ __forceinline__ uint4 ggf_load16(const unsigned char *q, const unsigned char *end) {
-  if (q + 16 <= end) return __ldg((const uint4 *)q);
-  uint32_t v[4] = {0, 0, 0, 0};
-#pragma unroll 1
-  for (int b = 0; b < 16 && q + b < end; ++b) v[b / 4] |= (uint32_t)q[b] << (8 * (b % 4));
-  return make_uint4(v[0], v[1], v[2], v[3]);
-}
 #endif  // WGC_DEVICE
+// ---- the tma producer's pass: token-padded copies of the colwise operands -------------------------
 // dst[r, 16c .. 16c+15] for chunk c of the padded token axis (tile c / 8 of T(G) tiles; side 0:
 // lhs, R = K rows; side 1: rhs, R = N rows): tokens j0 .. j0+15 of the tile's group g,
 // j0 = 128 (c/8 - T(g)) + 16 (c%8), read from its block [R, m_g] at byte o_g*R (row r at
@@ -553,15 +584,16 @@ __device__ __forceinline__ void ggf_put16(void *out, int64_t i, const float *v, 
   }
 }
 // The tma loader's epilogue (see GGF_EPI_PITCH): consumer warpgroup c writes its rows
-// p0 + 64c .. of out[g], one 64-column half at a time, through its staging buffer eb.
-template <bool BL, int OUT>
+// p0 + 64c .. of out[g], one 64-column part at a time (BN / 64 of them), through its staging
+// buffer eb.
+template <bool BL, int OUT, int BN>
 __device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const ggf_wtile &w, const float *tot,
                                                     float tf, float *eb, int c, int warp, int lane, int tid) {
   constexpr int V = OUT == TW_F32 ? 4 : 8, TPR = 64 / V, RPP = 128 / TPR;  // per thread, row, pass
   const bool vec = ((uintptr_t)p.out & 15) == 0 && p.N % V == 0;
   const int rl = 16 * warp + lane / 4, cl = 2 * (lane % 4), ct = tid % TPR;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+  for (int half = 0; half < BN / 64; ++half) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + c) : "memory");  // the last reads of eb are done
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -602,8 +634,8 @@ __device__ __forceinline__ void ggf_epilogue_staged(const ggf_wparams &p, const 
     }
   }
 }
-// tma_out epilogue: consumer warpgroup c writes its 64 x 128 result in boxes of 128-byte rows
-// (16-bit pairs: two 64 x 64 boxes; f32 pairs: four 32 x 64 boxes; 128-byte swizzle: 16-byte
+// tma_out epilogue: consumer warpgroup c writes its 64 x BN result in boxes of 128-byte rows
+// (16-bit pairs: BN/64 64 x 64 boxes; f32 pairs: BN/32 32 x 64 boxes; 128-byte swizzle: 16-byte
 // chunk q of row r at chunk q ^ (r % 8)) and one thread stores them by TMA into out[g] at
 // (q0, p0 + 64c). The store drains while the
 // next tile runs; only the next write of the same staging waits for it (bulk wait_group.read).
@@ -613,7 +645,7 @@ __device__ __forceinline__ void ggf_wtma_store(const CUtensorMap *map, const voi
                "r"(wgc_smem(src)), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
-template <bool BL, int OUT>
+template <bool BL, int OUT, int BN>
 __device__ __forceinline__ void ggf_epilogue_tma(const ggf_wparams &p, const CUtensorMap *map, const ggf_wtile &w,
                                                  const float *tot, float tf, unsigned char *ep, int c, int warp,
                                                  int lane, int tid) {
@@ -623,7 +655,7 @@ __device__ __forceinline__ void ggf_epilogue_tma(const ggf_wparams &p, const CUt
   for (int h = 0; h < 2; ++h) {
     const int r = 16 * warp + lane / 4 + 8 * h;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < BN / 8; ++j) {
       const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
       const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
       if (OUT == TW_F32) {  // columns 8j + 2(lane%4): box j/4, 16-byte chunk 2(j%4) + (lane%4)/2
@@ -647,7 +679,7 @@ __device__ __forceinline__ void ggf_epilogue_tma(const ggf_wparams &p, const CUt
   if (tid == 0) {
     constexpr int BC = OUT == TW_F32 ? 32 : 64;  // columns per box
 #pragma unroll
-    for (int b = 0; b < 128 / BC; ++b)
+    for (int b = 0; b < BN / BC; ++b)
       if (w.q0 + BC * b < p.N) ggf_wtma_store(map, ep + 8192 * b, (int)w.q0 + BC * b, (int)w.p0 + 64 * c, (int)w.g);
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
   }
@@ -685,17 +717,22 @@ __device__ __forceinline__ void ggf_wmx_store(float *f, const uint32_t (&x)[4], 
 #endif  // WGC_DEVICE
 
 // maps: the tma loader's (unused by the other loaders). MX: MXFP8 (BL true too; tma loader only).
-template <bool BL, int AT, int BT, int OUT, bool MX = false>
+// BN: the tile's output columns n, 128 or 192 (192: the tma loader only, not MXFP8; the consumers
+// hold 96 + 96 accumulators, so the warpgroups trade registers by setmaxnreg 40 / 232 as the
+// forward does; BN = 128 keeps the launch-bounds allocation it had).
+template <bool BL, int AT, int BT, int OUT, bool MX = false, int BN = 128>
 __global__ void __launch_bounds__(GGF_THREADS, 1)
     ggf_wgrad_kernel(const __grid_constant__ ggf_wmaps maps, const ggf_wparams p) {
 #ifdef WGC_DEVICE
-  constexpr int SST = GGF_WSST(MX);  // scale floats per stage
+  static_assert(BN == 128 || (BN == 192 && !MX), "wgrad BN 192: not MXFP8");
+  constexpr int SST = GGF_WSST(MX, BN);                                     // scale floats per stage
+  constexpr int STAGE = GGF_WSTAGE_BYTES(BN), NA = BN / 2, NJ = BN / 8;  // accumulators, 8-column groups
   extern __shared__ __align__(1024) unsigned char ggf_raw[];
   unsigned char *base = ggf_raw + ((1024 - (wgc_smem(ggf_raw) & 1023)) & 1023);
   const int nst = p.nst;
-  unsigned char *rawbuf = base + nst * GGF_STAGE_BYTES;  // staged loader: GGF_WRAW raw buffers
+  unsigned char *rawbuf = base + nst * STAGE;  // staged loader: GGF_WRAW raw buffers
   float *epi = (float *)(rawbuf + (p.loader == GGF_WLOAD_STAGED ? GGF_WRAW * GGF_WRAW_BYTES : 0));  // tma: GGF_EPI_BYTES
-  float *scales = (float *)((unsigned char *)epi + p.epi_bytes);  // [stage][256]
+  float *scales = (float *)((unsigned char *)epi + p.epi_bytes);  // [stage][128 + BN]
   uint64_t *full = (uint64_t *)(scales + nst * SST);
   uint64_t *empty = full + nst;
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
@@ -712,6 +749,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   const int64_t total = p.G * p.tilesP * p.tilesQ;
 
   if (wg == 0 && p.loader == GGF_WLOAD_TMA) {
+    if constexpr (BN != 128) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (tid == 0) {
       // ---- producer (tma): k-block kb of a tile is the box at padded column 128*(T(g) + kb);
       // rows past K / N come back as zeros (TMA fill)
@@ -721,12 +759,12 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       int s = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const ggf_wtile w = ggf_wlocate(p, t);
+        const ggf_wtile w = ggf_wlocate<BN>(p, t);
         for (int kb = 0; kb < w.kts; ++kb) {
           wgc_bar_wait(&empty[s], phase ^ 1);
-          unsigned char *sa = base + s * GGF_STAGE_BYTES, *sb = sa + GGF_A_BYTES;
+          unsigned char *sa = base + s * STAGE, *sb = sa + GGF_A_BYTES;
           const int col = (int)((w.tg + kb) * GGF_BK);
-          wgc_bar_expect(&full[s], GGF_STAGE_BYTES + (stma ? GGF_SCALE_FLOATS * 4 : 0));
+          wgc_bar_expect(&full[s], STAGE + (stma ? (GGF_BM + BN) * 4 : 0));
           wgc_tma_2d(sa, &maps.a, &full[s], col, (int)w.p0);
           wgc_tma_2d(sb, &maps.b, &full[s], col, (int)w.q0);
           if (stma) {
@@ -753,7 +791,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       int s = 0, turn = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const ggf_wtile w = ggf_wlocate(p, t);
+        const ggf_wtile w = ggf_wlocate<BN>(p, t);
         const unsigned char *ga = ea + 4 * w.tg * p.lda_s, *gb = eb + 4 * w.tg * p.ldb_s;
         for (int kb = 0; kb < w.kts; ++kb) {
           const bool mine = turn == sw;
@@ -786,12 +824,13 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
     } else if (BL && !MX && !p.scale_tma && tid >= 32) {
       // ---- producer (tma): warps 1-3 in turn stage a k-block's 128 row and 128 column scales
-      // (the forward's scheme: three global-load latencies in flight)
+      // (the forward's scheme: three global-load latencies in flight); BN = 192: 192 columns,
+      // a 128x128 rhs scale per column's 128-block (the tile spans two)
       const int sw = tid / 32 - 1, lane = tid % 32;
       int s = 0, turn = 0;
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        const ggf_wtile w = ggf_wlocate(p, t);
+        const ggf_wtile w = ggf_wlocate<BN>(p, t);
         for (int kb = 0; kb < w.kts; ++kb) {
           const bool mine = turn == sw;
           const int st = s;
@@ -805,19 +844,49 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           const int64_t tb = w.tg + kb;
           wgc_bar_wait(&empty[st], ph ^ 1);
           float *f = scales + st * SST + lane;
+          if constexpr (BN == 128) {
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int64_t k = w.p0 + lane + 32 * r, n = w.q0 + lane + 32 * r;
-            f[32 * r] = k >= p.K ? 0.f : p.mode == GGF_B1x128 ? p.sa[tb * p.lda_s + k] : p.sa[(w.p0 / 128) * p.lda_s + tb];
-            f[GGF_BM + 32 * r] = n >= p.N ? 0.f : p.mode_b == GGF_B1x128 ? p.sb[tb * p.ldb_s + n] : p.sb[(w.q0 / 128) * p.ldb_s + tb];
+            for (int r = 0; r < 4; ++r) {
+              const int64_t k = w.p0 + lane + 32 * r, n = w.q0 + lane + 32 * r;
+              f[32 * r] = k >= p.K ? 0.f : p.mode == GGF_B1x128 ? p.sa[tb * p.lda_s + k] : p.sa[(w.p0 / 128) * p.lda_s + tb];
+              f[GGF_BM + 32 * r] = n >= p.N ? 0.f : p.mode_b == GGF_B1x128 ? p.sb[tb * p.ldb_s + n] : p.sb[(w.q0 / 128) * p.ldb_s + tb];
+            }
+          } else {
+            // the same values from per-k-block base pointers (the 64-bit index arithmetic above,
+            // over 128 + 192 entries, spilled in the producers' 40 registers): valid rows ka and
+            // columns nv of the tile. A 128x128 scale is one load per 128-block, broadcast: the
+            // tile's rows share one, its columns one or two (q0 % 128 is 0 or 64: a column is in
+            // block q0 / 128 or the next).
+            const int ka = (int)(p.K - w.p0 < 128 ? p.K - w.p0 : 128), nv = (int)(p.N - w.q0 < BN ? p.N - w.q0 : BN);
+            if (p.mode == GGF_B1x128) {
+              const float *pa = p.sa + tb * p.lda_s + w.p0 + lane;
+#pragma unroll
+              for (int r = 0; r < 4; ++r) f[32 * r] = lane + 32 * r < ka ? __ldg(pa + 32 * r) : 0.f;
+            } else {
+              const float v = __ldg(p.sa + (w.p0 / 128) * p.lda_s + tb);
+#pragma unroll
+              for (int r = 0; r < 4; ++r) f[32 * r] = lane + 32 * r < ka ? v : 0.f;
+            }
+            if (p.mode_b == GGF_B1x128) {
+              const float *pb = p.sb + tb * p.ldb_s + w.q0 + lane;
+#pragma unroll
+              for (int r = 0; r < BN / 32; ++r) f[GGF_BM + 32 * r] = lane + 32 * r < nv ? __ldg(pb + 32 * r) : 0.f;
+            } else {
+              const float *pb = p.sb + (w.q0 / 128) * p.ldb_s + tb;
+              const int qo = (int)(w.q0 & 127) + lane;
+              const float v0 = __ldg(pb), v1 = nv > 128 - (int)(w.q0 & 127) ? __ldg(pb + p.ldb_s) : 0.f;
+#pragma unroll
+              for (int r = 0; r < BN / 32; ++r) f[GGF_BM + 32 * r] = lane + 32 * r < nv ? (qo + 32 * r >= 128 ? v1 : v0) : 0.f;
+            }
           }
           wgc_bar_arrive(&full[st]);
         }
       }
     }
   } else if (wg == 0 && (MX || p.loader == GGF_WLOAD_STAGED)) {
-    if (!MX) ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);  // MX: tma loader only
+    if constexpr (!MX && BN == 128) ggf_wproduce_staged<BL>(p, base, rawbuf, scales, full, empty, tid);  // MX: tma only
   } else if (wg == 0) {
+   if constexpr (BN == 128) {  // BN = 192 runs the tma loader only
     // ---- producer (rows): thread tid fills row tid of the A and B tiles of every stage -----
     int s = 0;
     uint32_t phase = 0;
@@ -893,15 +962,31 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         kb = kbn;
       }
     }
+   }
   } else {
-    // ---- consumers: warpgroup c = wg - 1 owns out rows p0 + 64c .. + 63 (the forward's) -----
+    // ---- consumers: warpgroup c = wg - 1 owns out rows p0 + 64c .. + 63 (the forward's), BN columns
+    if constexpr (BN != 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-    float d[64], tot[64];
+    float d[NA], tot[NA];
     int s = 0;
     uint32_t phase = 0;
     const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
+    // Turns (p.order, the forward's scheme; not MXFP8): both warpgroups wait on the same full
+    // barrier, so left alone they issue their wgmmas together, finish together and promote
+    // together while the tensor cores idle. Named barrier GGF_WGATE + c gates warpgroup c's
+    // issue; the other warpgroup opens it once it has issued its own k-block (order 1) or once
+    // that k-block's wgmmas completed (order 2); warpgroup 1 opens the first. The tensor cores
+    // then run one warpgroup's k-block while the other promotes. Each gate opens exactly as often
+    // as it is waited on, whatever tiles, groups (empty ones: no k-block, no gate) or k-blocks
+    // this CTA gets: warpgroup 1 opens gate 0 once before its first k-block and once after each;
+    // warpgroup 0 waits on it before each of its k-blocks and once more after its last tile (the
+    // forward instead skips warpgroup 1's last opening, which needs to know the CTA's last
+    // k-block: here the last tile may belong to an empty group). Both warpgroups walk the same
+    // k-blocks, so warpgroup 0 is at most one issue ahead.
+    const bool order = p.order != 0 && !MX, at_issue = p.order == 1;
+    if (order && c == 1) ggf_named_arrive(GGF_WGATE, 256);
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-      const ggf_wtile w = ggf_wlocate(p, t);
+      const ggf_wtile w = ggf_wlocate<BN>(p, t);
       const int64_t r0 = w.p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = w.q0 + 2 * (lane % 4);
       if (w.kts == 0) {  // empty group: out[g] = +0 (accumulate: untouched)
@@ -910,7 +995,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           const int64_t r = r0 + 8 * h;
           if (r >= p.K) continue;
           const int64_t rowbase = (w.g * p.K + r) * p.N;
-          for (int j = 0; j < 16; ++j) {
+          for (int j = 0; j < NJ; ++j) {
             const int64_t col = cbase + 8 * j;
             if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, 0.f, 0);
             if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
@@ -919,11 +1004,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         continue;
       }
 #pragma unroll
-      for (int i = 0; i < 64; ++i) tot[i] = 0.f;
+      for (int i = 0; i < NA; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < w.kts; ++kt) {
         wgc_bar_wait(&full[s], phase);
-        const uint32_t a0 = wgc_smem(base + s * GGF_STAGE_BYTES) + c * (64 * GGF_BK);
-        const uint32_t b0 = wgc_smem(base + s * GGF_STAGE_BYTES + GGF_A_BYTES);
+        const uint32_t a0 = wgc_smem(base + s * STAGE) + c * (64 * GGF_BK);
+        const uint32_t b0 = wgc_smem(base + s * STAGE + GGF_A_BYTES);
         if (MX) {
           // MXFP8 (the forward's GGF_SC_MX consumer): one wgmma k32 per 32-token scaling block
           // into fresh registers (scale_d 0), then total = fmaf(partial, sa * sb, total) with
@@ -951,24 +1036,27 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
           continue;
         }
+        if (order) ggf_named_sync(GGF_WGATE + c, 256);
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
-          ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+          ggf_mma_bn<BN, AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
         wgc_commit();
+        if (order && at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_wait<0>();
-        wgc_touch<64>(d);
+        if (order && !at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
+        wgc_touch<NA>(d);
         if (BL) {
           const float *f = scales + s * SST;
           const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
-          ggf_promote(d, tot, fa0, fa1, f + GGF_BM, lane);
+          ggf_promote_n<NJ>(d, tot, fa0, fa1, f + GGF_BM, lane);
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);
         } else {
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);
 #pragma unroll
-          for (int i = 0; i < 64; ++i) tot[i] += d[i];
+          for (int i = 0; i < NA; ++i) tot[i] += d[i];
         }
         if (++s == nst) {
           s = 0;
@@ -978,12 +1066,12 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       // ---- epilogue: out[g] rows r0 (+8), columns cbase + 8j (+1)
       const float tf = BL ? 1.f : p.sa[w.g] * p.sb[w.g];
       if (p.tma_out) {
-        ggf_epilogue_tma<BL, OUT>(p, &maps.out, w, tot, tf, (unsigned char *)epi + c * (p.epi_bytes / 2), c, warp,
+        ggf_epilogue_tma<BL, OUT, BN>(p, &maps.out, w, tot, tf, (unsigned char *)epi + c * (p.epi_bytes / 2), c, warp,
                                   lane, tid);
         continue;
       }
       if (p.loader == GGF_WLOAD_TMA) {
-        ggf_epilogue_staged<BL, OUT>(p, w, tot, tf, epi + c * 64 * GGF_EPI_PITCH, c, warp, lane, tid);
+        ggf_epilogue_staged<BL, OUT, BN>(p, w, tot, tf, epi + c * 64 * GGF_EPI_PITCH, c, warp, lane, tid);
         continue;
       }
 #pragma unroll
@@ -992,7 +1080,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         if (r >= p.K) continue;
         const int64_t rowbase = (w.g * p.K + r) * p.N;
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < NJ; ++j) {
           const int64_t col = cbase + 8 * j;
           const float v0 = BL ? tot[4 * j + 2 * h] : tot[4 * j + 2 * h] * tf;
           const float v1 = BL ? tot[4 * j + 2 * h + 1] : tot[4 * j + 2 * h + 1] * tf;
@@ -1005,6 +1093,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
         }
       }
     }
+    // warpgroup 1's last opening of gate 0 (its first, if this CTA had no k-block)
+    if (order && c == 0) ggf_named_sync(GGF_WGATE, 256);
     // the staging must stay valid until the last store has read it
     if (p.tma_out && tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
@@ -1058,13 +1148,13 @@ int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
 }
 
 
-template <bool BL, int AT, int BT, int OUT, bool MX>
+template <bool BL, int AT, int BT, int OUT, bool MX, int BN>
 static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT, MX>;
+  void (*fn)(const ggf_wmaps, const ggf_wparams) = ggf_wgrad_kernel<BL, AT, BT, OUT, MX, BN>;
   static int set_for[64];
   const int dev = st->device < 64 ? st->device : 0;
-  const size_t smem = ggf_wsmem(p->loader, p->nst, p->epi_bytes, MX);
+  const size_t smem = ggf_wsmem(p->loader, p->nst, p->epi_bytes, MX, BN);
   if (set_for[dev] < (int)smem) {
     GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "grouped_gemm_wgrad (gg_wgmma_fp8): cudaFuncSetAttribute");
@@ -1077,14 +1167,37 @@ static tw_status ggf_wgrad_launch_t(tw_ctx *ctx, const ggf_wmaps *m, const ggf_w
   return TW_OK;
 }
 
-template <bool BL, int AT, int BT, bool MX = false>
-static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
+template <bool BL, int AT, int BT, bool MX, int BN>
+static tw_status ggf_wgrad_out_bn(tw_ctx *ctx, int od, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
   switch (od) {
-    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32, MX>(ctx, m, p, op);
-    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16, MX>(ctx, m, p, op);
-    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16, MX>(ctx, m, p, op);
+    case TW_F32: return ggf_wgrad_launch_t<BL, AT, BT, TW_F32, MX, BN>(ctx, m, p, op);
+    case TW_BF16: return ggf_wgrad_launch_t<BL, AT, BT, TW_BF16, MX, BN>(ctx, m, p, op);
+    default: return ggf_wgrad_launch_t<BL, AT, BT, TW_F16, MX, BN>(ctx, m, p, op);
   }
 }
+// p->bn picks the column tile (192: never MXFP8, see the host side)
+template <bool BL, int AT, int BT, bool MX = false>
+static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const ggf_wparams *p, const char *op) {
+  if constexpr (!MX)
+    if (p->bn == 192) return ggf_wgrad_out_bn<BL, AT, BT, false, 192>(ctx, od, m, p, op);
+  return ggf_wgrad_out_bn<BL, AT, BT, MX, 128>(ctx, od, m, p, op);
+}
+
+// The wgrad's defaults (knobs TWIN_GG_WGMMA_FP8_WGRAD_BN / _ORDER unset), from runs wt1 / wt2
+// (H200; gpu/NOTES-gemm.md "wgrad: consumer turns, then 128 x 192 tiles again"; the forward's
+// rule: 192 only where it is faster on every large shape of a mode). Per-tensor: no turns (they
+// cost 1-2.5% at BN 128 and 2-5% at 192 on the large shapes), BN 192 (+3..9% over 128 on all five
+// bench shapes in both runs) where N at 192 pads at most 1/16 more than at 128 (the forward's
+// guard). Block scales: turns at issue (+2..4.5% at 128, +5..9% at 192), BN 128: with turns 192
+// is +5..9% on G4 K7168, G4 K2048 and G8 but 0.99 on G32 m512 in all four benches (wt1 x2, wt2
+// x2), so by the rule 128 (knob BN=192 for the others). 128x128 scales take the 1x128 choice
+// untimed: their consumers run the same promotion (ggf_promote_n over the stage's column scales).
+static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
+  (void)mode_b;
+  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
+  return mode == GGF_TENSOR && w192 * 16 <= w128 * 17 ? 192 : 128;
+}
+static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
 
 tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                              const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out, int accumulate,
@@ -1125,6 +1238,16 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
                                            : GGF_WLOAD_DEFAULT;
   if (mx) p.loader = GGF_WLOAD_TMA;  // MXFP8: the transposing pad pass + TMA only (takes checked the encoder)
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
+  // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call: none / gate
+  // opened at issue / at completion; MXFP8 runs none whatever it says). Default ggf_wdefault_order.
+  const char *ov = getenv("TWIN_GG_WGMMA_FP8_WGRAD_ORDER");
+  p.order = mx ? 0 : ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : ggf_wdefault_order(p.mode);
+  // Column tile (knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on every call; default
+  // ggf_wdefault_bn): 192 runs the tma loader's per-tensor, 1x128 and 128x128 kinds; MXFP8 and
+  // the register loaders stay at 128 (asked for 192, they run 128: the same bits either way).
+  const char *bv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
+  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_wdefault_bn(p.mode, p.mode_b, N);
+  if (mx || p.loader != GGF_WLOAD_TMA) bn = 128;
   ggf_wmaps maps;
   memset(&maps, 0, sizeof maps);
   unsigned char *pad = NULL;
@@ -1136,6 +1259,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
     PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
     if (!mx && (p.Mp >= ((int64_t)1 << 31) || !enc)) {
       p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
+      bn = 128;
     } else {
       TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph, "grouped_gemm_wgrad"));
       unsigned char *pa = pad, *pb = pad + K * p.Mp;
@@ -1154,7 +1278,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
       CUtensorMap *mp[2] = {&maps.a, &maps.b};
       for (int i = 0; i < 2; ++i) {
         cuuint64_t dims[2] = {(cuuint64_t)p.Mp, (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)p.Mp};
-        cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? GGF_BN : GGF_BM)}, es[2] = {1, 1};
+        cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? bn : GGF_BM)}, es[2] = {1, 1};
         CUresult r = enc(mp[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1173,7 +1297,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
       for (int i = 0; p.scale_tma && i < 2; ++i) {
         cuuint64_t dims[2] = {(cuuint64_t)st2[i]->shape[1], (cuuint64_t)st2[i]->shape[0]};
         cuuint64_t strides[1] = {(cuuint64_t)st2[i]->shape[1] * 4};
-        cuuint32_t box[2] = {GGF_BM, 1}, es[2] = {1, 1};
+        cuuint32_t box[2] = {(cuuint32_t)(i ? bn : GGF_BM), 1}, es[2] = {1, 1};  // rhs: the tile's BN columns
         CUresult r = enc(ms[i], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, st2[i]->data, dims, strides, box, es,
                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1198,7 +1322,13 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
       }
     }
   }
-  p.epi_bytes = ggf_wepi_bytes(p.loader, p.tma_out, out->dtype == TW_F32);
+  p.bn = bn;
+  p.tilesQ = (N + bn - 1) / bn;
+  p.epi_bytes = ggf_wepi_bytes(p.loader, p.tma_out, out->dtype == TW_F32, bn);
+  if (bn == 192) {  // 40 KiB stages: as many (up to 5) as fit beside the staging (bf16 out: 4, f32 TMA store: 3)
+    p.nst = GGF_WTMA_STAGES;
+    while (p.nst > 2 && ggf_wsmem(p.loader, p.nst, p.epi_bytes, 0, 192) > 232448) --p.nst;
+  }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;
   if (mx)

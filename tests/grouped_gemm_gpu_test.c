@@ -890,6 +890,69 @@ Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
   else unsetenv("TWIN_GG_WGMMA_FP8_BN");
   ctx_done();
 }
+/* gg_wgmma_fp8's wgrad (tma loader) on 128 x 192 output tiles (TWIN_GG_WGMMA_FP8_WGRAD_BN=192,
+ * read on every call) against 128 x 128 (=128): the same promotion per output column, so the same
+ * bits. Per-tensor current and delayed, 1x128, 128x128 and 1x128 x 128x128 (a 192-column tile
+ * spans two 128-column rhs scale blocks), N = 192, 200, 384, 4104 (tails past a multiple of 192)
+ * and 72 (one partial tile), K tails, ragged groups with an empty and a 1-token group, e4m3/e5m2,
+ * every output dtype, accumulate on and off (off: the TMA-store epilogue; on: the staged one);
+ * every third block-scale case stages the scales by warps (TWIN_GG_WGMMA_FP8_WGRAD_SCALES=warps)
+ * instead of TMA. */
+Test(grouped_gemm_wgrad_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
+  ctx_for("gg_wgmma_fp8");
+  static const tw_scaling ml[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_1x128};
+  static const tw_scaling mr[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_128x128};
+  static const int64_t Ns[5] = {192, 200, 384, 4104, 72};
+  const char *prev = getenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
+  char keep[16] = "";
+  if (prev) snprintf(keep, sizeof keep, "%s", prev);
+  for (int s = 0; s < 75; ++s) {
+    rng_s = (uint64_t)(26500 + s) * 7919 + 31;
+    const int mi = s % 5, acc = (int)(rnd() & 1), warps = mi >= 2 && (s / 5) % 3 == 2;
+    const int64_t N = Ns[(s / 5) % 5], G = N > 1000 ? irange(1, 4) : irange(1, 10), K = irange(1, 300);
+    const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 400 * G);
+    const tw_dtype od = out_types[rnd() % 3];
+    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    int32_t *g32 = (int32_t *)gs.data;
+    random_groups(G, M, g32);
+    if (G > 2) g32[1] += g32[0], g32[0] = 0; /* an empty group */
+    if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop ql, qr;
+    qop_make(&ql, ml[mi], qa, &x, &gs, 1);
+    qop_make(&qr, mr[mi], qb, &y, &gs, 1);
+    tw_tensor o128 = host_new(od, 3, os), o192 = host_new(od, 3, os);
+    init_out(&o128, acc);
+    memcpy(o192.data, o128.data, tw_tensor_bytes(&o128));
+    tw_tensor gs_d = dev_copy(&gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192);
+    if (warps) setenv("TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "warps", 1);
+    setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", "128", 1);
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od128, acc), TW_OK,
+                 "case %d: %s", s, tw_last_error());
+    setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", "192", 1);
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od192, acc), TW_OK,
+                 "case %d: %s", s, tw_last_error());
+    unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_SCALES");
+    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
+    to_host(&o128, &od128);
+    to_host(&o192, &od192);
+    cr_assert(memcmp(o128.data, o192.data, tw_tensor_bytes(&o128)) == 0,
+              "case %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d scales %s): BN 128 and 192 differ",
+              s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
+              tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, acc, warps ? "warps" : "tma");
+    qop_free(&ql); qop_free(&qr);
+    dev_free(&gs_d); dev_free(&od128); dev_free(&od192);
+    host_free(&gs); host_free(&x); host_free(&y); host_free(&o128); host_free(&o192);
+  }
+  if (prev) setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", keep, 1);
+  else unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
+  ctx_done();
+}
 /* MXFP8 only (promoted every 32): random ragged groups (offsets at any row, zero groups), K
  * tails (K % 32 = 16, K % 128 != 0), e4m3/e5m2 pairs, f32/bf16/f16 out, accumulate, both scale
  * byte orders; 100 cases, and 4 large ones in their own test (the sanitizers run the first). */
@@ -1173,6 +1236,97 @@ Test(grouped_gemm_wgrad_gpu, epilogue_bits_gg_wgmma_fp8_version, .timeout = 300)
   }
   ctx_done();
 }
+/* gg_wgmma_fp8's wgrad with the consumers taking turns (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=1: gate
+ * opened at issue, =2: at completion; read on every call) against no turns (=0): the same
+ * promotion in the same order, so the same bits. Per-tensor current and delayed, 1x128, 128x128
+ * and 1x128 x 128x128; e4m3/e5m2; every output dtype; accumulate on (staged epilogue) and off
+ * (TMA store); the three loaders (tma; rows and staged every fourth case each) and the scale
+ * warps (every third block-scale case). The gates must open as often as they are waited on
+ * whatever k-blocks a CTA gets: ragged groups with empty ones, the last group(s) empty (a CTA's
+ * last tile then has no k-block), all groups empty (M = 0), K tails, and many tiles per CTA
+ * (G up to 48 with K, N up to 520: more tiles than SMs). Half the cases with the column tile at
+ * 192 (TWIN_GG_WGMMA_FP8_WGRAD_BN; the tma loader's), half at 128. A hang here is a gate out of
+ * balance. `small`: 8 small cases (the sanitizers' run). */
+static void order_bits_cases(int n, int small) {
+  ctx_for("gg_wgmma_fp8");
+  static const tw_scaling ml[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_1x128};
+  static const tw_scaling mr[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_128x128};
+  static const char *const knobs[4] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_LOADER",
+                                       "TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
+  char keep[4][16];
+  int had[4];
+  for (int i = 0; i < 4; ++i) {
+    const char *v = getenv(knobs[i]);
+    had[i] = v != NULL;
+    snprintf(keep[i], sizeof keep[i], "%s", v ? v : "");
+  }
+  for (int s = 0; s < n; ++s) {
+    rng_s = (uint64_t)(27000 + s + (small ? 500 : 0)) * 7919 + 43;
+    const int mi = s % 5, acc = (int)(rnd() & 1), warps = mi >= 2 && (s / 5) % 3 == 2;
+    const char *loader = small || s % 4 < 2 ? NULL : s % 4 == 2 ? "rows" : "staged";
+    const int many = !small && s % 3 == 0; /* more tiles than SMs: each CTA walks several */
+    const int64_t G = many ? irange(24, 48) : small ? irange(1, 5) : irange(1, 10);
+    const int64_t K = many ? irange(200, 520) : irange(1, small ? 200 : 300);
+    const int64_t N = many ? irange(200, 520) : irange(1, small ? 200 : 400);
+    int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, (small ? 200 : 400) * G);
+    if (s % 11 == 5) M = 0; /* every group empty: no k-block anywhere */
+    const tw_dtype od = out_types[rnd() % 3];
+    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
+    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
+    int32_t *g32 = (int32_t *)gs.data;
+    random_groups(G, M, g32);
+    if (G > 2) g32[1] += g32[0], g32[0] = 0; /* an empty group */
+    if (G > 1 && s % 2) { /* the last group(s) empty */
+      const int64_t e = G > 4 && s % 4 == 1 ? 3 : 1;
+      for (int64_t g = G - e; g < G; ++g) g32[0] += g32[g], g32[g] = 0;
+    }
+    fill_random(&x, M, K);
+    fill_random(&y, M, N);
+    qop ql, qr;
+    qop_make(&ql, ml[mi], qa, &x, &gs, 1);
+    qop_make(&qr, mr[mi], qb, &y, &gs, 1);
+    tw_tensor o[3];
+    for (int i = 0; i < 3; ++i) o[i] = host_new(od, 3, os);
+    init_out(&o[0], acc);
+    memcpy(o[1].data, o[0].data, tw_tensor_bytes(&o[0]));
+    memcpy(o[2].data, o[0].data, tw_tensor_bytes(&o[0]));
+    tw_tensor gs_d = dev_copy(&gs), od_[3];
+    for (int i = 0; i < 3; ++i) od_[i] = dev_copy(&o[i]);
+    if (warps) setenv(knobs[2], "warps", 1);
+    else unsetenv(knobs[2]);
+    if (loader) setenv(knobs[1], loader, 1);
+    else unsetenv(knobs[1]);
+    setenv(knobs[3], (s / 4) % 2 ? "192" : "128", 1); /* 192: the tma loader's 128 x 192 tiles */
+    for (int i = 0; i < 3; ++i) {
+      const char ov[2] = {(char)('0' + i), 0};
+      setenv(knobs[0], ov, 1);
+      cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od_[i], acc), TW_OK,
+                   "case %d order %d: %s", s, i, tw_last_error());
+    }
+    cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
+    for (int i = 0; i < 3; ++i) to_host(&o[i], &od_[i]);
+    for (int i = 1; i < 3; ++i)
+      cr_assert(memcmp(o[0].data, o[i].data, tw_tensor_bytes(&o[0])) == 0,
+                "case %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d loader %s scales %s BN %d): "
+                "turns %d and none differ",
+                s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
+                tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, acc,
+                loader ? loader : "tma", warps ? "warps" : "tma", (s / 4) % 2 ? 192 : 128, i);
+    qop_free(&ql); qop_free(&qr);
+    dev_free(&gs_d);
+    for (int i = 0; i < 3; ++i) dev_free(&od_[i]), host_free(&o[i]);
+    host_free(&gs); host_free(&x); host_free(&y);
+  }
+  for (int i = 0; i < 4; ++i)
+    if (had[i]) setenv(knobs[i], keep[i], 1);
+    else unsetenv(knobs[i]);
+  ctx_done();
+}
+Test(grouped_gemm_wgrad_gpu, order_bits_gg_wgmma_fp8_version, .timeout = 300) { order_bits_cases(60, 0); }
+Test(grouped_gemm_wgrad_gpu, order_bits_small_gg_wgmma_fp8_version, .timeout = 300) { order_bits_cases(8, 1); }
 /* auto picks it for the fp8 wgrad from colwise copies on sm_90 (the MoE block's fp8 wgrads) */
 Test(grouped_gemm_wgrad_gpu, random_fp8_auto_colwise, .timeout = 900) {
   ctx_for(NULL); fp8w_colwise = 1; fp8_mode_count = 4;

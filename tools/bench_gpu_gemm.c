@@ -29,7 +29,12 @@
  *     timed with and without the tail-row zeroing.
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
- *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; G32 / G128 ragged sizes too. MXFP8
+ *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also with the consumers' turns forced
+ *     off and on and the column tile forced to 128 and 192 (knobs TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1,
+ *     TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192; rows "turns 0|1, BN 128|192") next to the forward, all
+ *     five timed in rotating rounds after a discarded warm round (time_variants; fastest kept round
+ *     per row, each wgrad's rate over that forward row and over turns 0 BN 128 printed with the
+ *     rounds); G32 / G128 ragged sizes too. MXFP8
  *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
  *     next to gg_mma_wide, with its rate over the 1x128 and per-tensor wgrads and over the MXFP8
  *     forward.
@@ -125,6 +130,53 @@ static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double b
     best[w] = all[w][0];
     for (int r = 1; r < 3; ++r)
       if (all[w][r] < 0 || (best[w] > 0 && all[w][r] < best[w])) best[w] = all[w][r];
+  }
+}
+
+/* Variants, each a call (args[v]) with a setting of knobs (value NULL: the knob unset), timed in
+ * one discarded warm round, then max(3, nv) rounds; round r runs variant (i + r) % nv at position
+ * i (with two variants: 0 1, 1 0, 0 1), so each variant leads a round. The discarded round: the
+ * first ~100 ms after an idle gap (the data fills) run at a higher clock than what follows (run
+ * wt1, H200: every variant of the first round 5-12% faster than in the three after it, which
+ * hid the differences that held in all later rounds). Fastest kept round per variant in best[],
+ * all kept rounds in all[v][r]; the knobs' previous values restored after. */
+#define VAR_KNOBS 2
+#define VAR_MAX 5
+typedef struct {
+  const char *name;
+  const char *val[VAR_KNOBS];
+} variant;
+static void time_variants(const char *const knobs[VAR_KNOBS], const variant *vs, int nv, void *const *args,
+                          int warmup, int iters, tw_ctx *ctx, double best[VAR_MAX], double all[VAR_MAX][VAR_MAX]) {
+  const int nr = nv > 3 ? nv : 3;
+  char keep[VAR_KNOBS][16];
+  int had[VAR_KNOBS];
+  for (int k = 0; k < VAR_KNOBS; ++k) {
+    const char *p = knobs[k] ? getenv(knobs[k]) : NULL;
+    had[k] = p != NULL;
+    snprintf(keep[k], sizeof keep[k], "%s", p ? p : "");
+  }
+  for (int r = -1; r < nr; ++r)
+    for (int i = 0; i < nv; ++i) {
+      const int v = (i + (r < 0 ? 0 : r)) % nv;
+      for (int k = 0; k < VAR_KNOBS; ++k) {
+        if (!knobs[k]) continue;
+        if (vs[v].val[k]) setenv(knobs[k], vs[v].val[k], 1);
+        else unsetenv(knobs[k]);
+      }
+      const double ms = time_it(run_call, args[v], warmup, iters, ctx);
+      if (r >= 0) all[v][r] = ms;
+      else if (ms < 0) all[v][0] = ms;  /* an error in the warm round still shows */
+    }
+  for (int k = 0; k < VAR_KNOBS; ++k) {
+    if (!knobs[k]) continue;
+    if (had[k]) setenv(knobs[k], keep[k], 1);
+    else unsetenv(knobs[k]);
+  }
+  for (int v = 0; v < nv; ++v) {
+    best[v] = all[v][0];
+    for (int r = 1; r < nr; ++r)
+      if (all[v][r] < 0 || (best[v] > 0 && all[v][r] < best[v])) best[v] = all[v][r];
   }
 }
 
@@ -656,6 +708,61 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             if (v == 1 && ms > 0 && fwd_f8_tflops[kind] > 0)
               printf("# %s: gg_wgmma_fp8 wgrad / gg_wgmma_fp8 forward rate = %.3f (target >= 0.9)\n", s8,
                      flop / (ms * 1e-3) / 1e12 / fwd_f8_tflops[kind]);
+          }
+          if (kind < 3) {
+            /* the wgrad's consumer turns (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1) and column tile
+             * (TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192) forced, same call, and the forward (default
+             * knobs, rhs [G*N, K] op T, same FLOPs) in the same rounds (time_variants), so that
+             * each wgrad's rate over the forward compares rounds of the same clock state */
+            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
+            static const variant vs[] = {{"gg_wgmma_fp8 forward", {NULL, NULL}},
+                                         {"gg_wgmma_fp8, turns 0, BN 128", {"0", "128"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 128", {"1", "128"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 192", {"0", "192"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 192", {"1", "192"}}};
+            const int nv = (int)(sizeof vs / sizeof vs[0]), nr = nv > 3 ? nv : 3;
+            call cf; /* the forward: lhs [M, K] in a, rhs [G*N, K] in b (fp8 codes from the forward
+                      * rows), the forward's scales (1.0), out [M, N] bf16 in fo */
+            memset(&cf, 0, sizeof cf);
+            void *fo = NULL;
+            if (tw_alloc(c_auto, (size_t)(M * sh.N * 2), &fo)) {
+              fprintf(stderr, "bench gpu gemm: allocation failed (fp8 wgrad variants)\n");
+              return 1;
+            }
+            cf.ctx = c_wf8;
+            cf.grouped = 1;
+            cf.op_b = TW_OP_T;
+            cf.gs = c8.gs;
+            cf.out = tw_tensor_2d(fo, TW_BF16, M, sh.N, TW_MEM_DEVICE);
+            tw_tensor FA = tw_tensor_2d(a, TW_E4M3, M, sh.K, TW_MEM_DEVICE);
+            tw_tensor FB = tw_tensor_2d(b, TW_E4M3, sh.G * sh.N, sh.K, TW_MEM_DEVICE);
+            cf.a = tw_operand_plain(&FA);
+            cf.b = tw_operand_plain(&FB);
+            cf.a.mode = cf.b.mode = c8.a.mode;
+            if (kind == 1) {
+              cf.a.scale_inv = tw_tensor_1d(sa, TW_F32, sh.G, TW_MEM_DEVICE);
+              cf.b.scale_inv = tw_tensor_1d(sb, TW_F32, sh.G, TW_MEM_DEVICE);
+            } else {
+              cf.a.scale_inv = tw_tensor_2d(sa, TW_F32, kb, (M + 3) / 4 * 4, TW_MEM_DEVICE);
+              cf.b.scale_inv = tw_tensor_2d(sb, TW_F32, kb, (sh.G * sh.N + 3) / 4 * 4, TW_MEM_DEVICE);
+            }
+            cf.a.src_rows = M; cf.a.src_cols = sh.K;
+            cf.b.src_rows = sh.G * sh.N; cf.b.src_cols = sh.K;
+            c8.ctx = c_wf8;
+            void *const args[VAR_MAX] = {&cf, &c8, &c8, &c8, &c8};
+            double best[VAR_MAX], all[VAR_MAX][VAR_MAX];
+            time_variants(kn2, vs, nv, args, warmup, iters, c_wf8, best, all);
+            tw_free(c_auto, fo);
+            for (int w = 0; w < nv; ++w) {
+              if (best[w] < 0) { fprintf(stderr, "%s %s: %s\n", s8, vs[w].name, tw_last_error()); rc = 1; }
+              row_out(s8, vs[w].name, best[w], flop, peak_fp8, "", -1, cfg->csv);
+              if (cfg->csv || best[w] <= 0) continue;
+              printf("# %s: wgrad variant %s: %.1f TFLOP/s, / forward (same rounds) %.3f, / %s %.3f; rounds", s8,
+                     vs[w].name, flop / (best[w] * 1e-3) / 1e12, best[0] > 0 ? best[0] / best[w] : -1.0, vs[1].name,
+                     best[1] > 0 ? best[1] / best[w] : -1.0);
+              for (int r = 0; r < nr; ++r) printf(" %.3f", all[w][r]);
+              printf(" ms\n");
+            }
           }
           if (kind == 3 && wgrad_f8_tflops[3] > 0 && wgrad_f8_tflops[2] > 0 && wgrad_f8_tflops[1] > 0)
             printf("# %s: gg_wgmma_fp8 MXFP8 wgrad / 1x128 wgrad rate = %.3f, / per-tensor wgrad = %.3f\n", s8,
