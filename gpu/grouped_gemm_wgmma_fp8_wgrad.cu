@@ -984,6 +984,11 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     // k-block: here the last tile may belong to an empty group). Both warpgroups walk the same
     // k-blocks, so warpgroup 0 is at most one issue ahead.
     const bool order = p.order != 0 && !MX, at_issue = p.order == 1;
+    // Stage 0's descriptors and the full barriers' address, computed once (the forward's reason:
+    // per-k32 descriptor arithmetic sat between the wgmmas, ncu session 7).
+    const uint32_t da0 = (uint32_t)wgc_desc(wgc_smem(base) + c * (64 * GGF_BK), 16, 1024);
+    const uint32_t db0 = (uint32_t)wgc_desc(wgc_smem(base) + GGF_A_BYTES, 16, 1024);
+    const uint32_t full_at = wgc_smem(full);
     if (order && c == 1) ggf_named_arrive(GGF_WGATE, 256);
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const ggf_wtile w = ggf_wlocate<BN>(p, t);
@@ -1006,9 +1011,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
 #pragma unroll
       for (int i = 0; i < NA; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < w.kts; ++kt) {
-        wgc_bar_wait(&full[s], phase);
-        const uint32_t a0 = wgc_smem(base + s * STAGE) + c * (64 * GGF_BK);
-        const uint32_t b0 = wgc_smem(base + s * STAGE + GGF_A_BYTES);
+        wgc_bar_wait_at(full_at + 8 * s, phase);
+        const uint32_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);  // + 2 per k32 step
         if (MX) {
           // MXFP8 (the forward's GGF_SC_MX consumer): one wgmma k32 per 32-token scaling block
           // into fresh registers (scale_d 0), then total = fmaf(partial, sa * sb, total) with
@@ -1022,7 +1026,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           for (int k = 0; k < 4; ++k) {
             if (k >= nsub) break;
             wgc_fence();
-            ggf_mma<AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), 0);
+            ggf_mma<AT, BT>(d, wgc_desc_lo(da + 2 * k), wgc_desc_lo(db + 2 * k), 0);
             wgc_commit();
             wgc_wait<0>();
             wgc_touch<64>(d);
@@ -1036,20 +1040,25 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
           continue;
         }
+        // the lhs scales are read before the issue (the forward's order)
+        float fa0 = 0.f, fa1 = 0.f;
+        if (BL) {
+          const float *f = scales + s * SST;
+          fa0 = f[64 * c + 16 * warp + lane / 4];
+          fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
+        }
         if (order) ggf_named_sync(GGF_WGATE + c, 256);
         wgc_fence();
 #pragma unroll
         for (int k = 0; k < GGF_BK / 32; ++k)
-          ggf_mma_bn<BN, AT, BT>(d, wgc_desc(a0 + k * 32, 16, 1024), wgc_desc(b0 + k * 32, 16, 1024), k > 0 ? 1 : 0);
+          ggf_mma_bn<BN, AT, BT>(d, wgc_desc_lo(da + 2 * k), wgc_desc_lo(db + 2 * k), k > 0 ? 1 : 0);
         wgc_commit();
         if (order && at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_wait<0>();
         if (order && !at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_touch<NA>(d);
         if (BL) {
-          const float *f = scales + s * SST;
-          const float fa0 = f[64 * c + 16 * warp + lane / 4], fa1 = f[64 * c + 16 * warp + lane / 4 + 8];
-          ggf_promote_n<NJ>(d, tot, fa0, fa1, f + GGF_BM, lane);
+          ggf_promote_n<NJ>(d, tot, fa0, fa1, scales + s * SST + GGF_BM, lane);
           __syncwarp();
           if (lane == 0) wgc_bar_arrive(&empty[s]);
         } else {
