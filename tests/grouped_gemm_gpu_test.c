@@ -890,6 +890,43 @@ Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
   else unsetenv("TWIN_GG_WGMMA_FP8_BN");
   ctx_done();
 }
+/* The wgrad bitwise tests' operands (bn192_bits, order_bits): x [M, K] and y [M, N] over G ragged
+ * groups with group 1 empty; the test edits the sizes (wbits_groups), then wbits_quantize takes
+ * both as colwise fp8 operands in scale pairing mi (wbits_ml / wbits_mr: per-tensor current and
+ * delayed, 1x128, 128x128, 1x128 x 128x128). */
+static const tw_scaling wbits_ml[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                       TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_1x128};
+static const tw_scaling wbits_mr[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                                       TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_128x128};
+typedef struct {
+  int64_t G, M, K, N;
+  tw_tensor gs, x, y;
+  qop ql, qr;
+} wbits;
+static int32_t *wbits_groups(wbits *c, int64_t G, int64_t M, int64_t K, int64_t N) {
+  int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N};
+  c->G = G, c->M = M, c->K = K, c->N = N;
+  c->gs = host_new(TW_I32, 1, gsh);
+  c->x = host_new(TW_F32, 2, lsh);
+  c->y = host_new(TW_F32, 2, rsh);
+  int32_t *g32 = (int32_t *)c->gs.data;
+  random_groups(G, M, g32);
+  if (G > 2) g32[1] += g32[0], g32[0] = 0; /* an empty group */
+  return g32;
+}
+static void wbits_quantize(wbits *c, int mi, tw_dtype qa, tw_dtype qb) {
+  fill_random(&c->x, c->M, c->K);
+  fill_random(&c->y, c->M, c->N);
+  qop_make(&c->ql, wbits_ml[mi], qa, &c->x, &c->gs, 1);
+  qop_make(&c->qr, wbits_mr[mi], qb, &c->y, &c->gs, 1);
+}
+static void wbits_free(wbits *c) {
+  qop_free(&c->ql);
+  qop_free(&c->qr);
+  host_free(&c->gs);
+  host_free(&c->x);
+  host_free(&c->y);
+}
 /* gg_wgmma_fp8's wgrad (tma loader) on 128 x 192 output tiles (TWIN_GG_WGMMA_FP8_WGRAD_BN=192,
  * read on every call) against 128 x 128 (=128): the same promotion per output column, so the same
  * bits. Per-tensor current and delayed, 1x128, 128x128 and 1x128 x 128x128 (a 192-column tile
@@ -900,10 +937,6 @@ Test(grouped_gemm_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
  * instead of TMA. */
 Test(grouped_gemm_wgrad_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
   ctx_for("gg_wgmma_fp8");
-  static const tw_scaling ml[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
-                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_1x128};
-  static const tw_scaling mr[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
-                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_128x128};
   static const int64_t Ns[5] = {192, 200, 384, 4104, 72};
   const char *prev = getenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
   char keep[16] = "";
@@ -915,27 +948,21 @@ Test(grouped_gemm_wgrad_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
     const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 400 * G);
     const tw_dtype od = out_types[rnd() % 3];
     const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
-    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
-    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
-    int32_t *g32 = (int32_t *)gs.data;
-    random_groups(G, M, g32);
-    if (G > 2) g32[1] += g32[0], g32[0] = 0; /* an empty group */
+    int64_t os[3] = {G, K, N};
+    wbits c;
+    int32_t *g32 = wbits_groups(&c, G, M, K, N);
     if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
-    fill_random(&x, M, K);
-    fill_random(&y, M, N);
-    qop ql, qr;
-    qop_make(&ql, ml[mi], qa, &x, &gs, 1);
-    qop_make(&qr, mr[mi], qb, &y, &gs, 1);
+    wbits_quantize(&c, mi, qa, qb);
     tw_tensor o128 = host_new(od, 3, os), o192 = host_new(od, 3, os);
     init_out(&o128, acc);
     memcpy(o192.data, o128.data, tw_tensor_bytes(&o128));
-    tw_tensor gs_d = dev_copy(&gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192);
+    tw_tensor gs_d = dev_copy(&c.gs), od128 = dev_copy(&o128), od192 = dev_copy(&o192);
     if (warps) setenv("TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "warps", 1);
     setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", "128", 1);
-    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od128, acc), TW_OK,
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &c.ql.d, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od128, acc), TW_OK,
                  "case %d: %s", s, tw_last_error());
     setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", "192", 1);
-    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od192, acc), TW_OK,
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &c.ql.d, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od192, acc), TW_OK,
                  "case %d: %s", s, tw_last_error());
     unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_SCALES");
     cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
@@ -943,11 +970,11 @@ Test(grouped_gemm_wgrad_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
     to_host(&o192, &od192);
     cr_assert(memcmp(o128.data, o192.data, tw_tensor_bytes(&o128)) == 0,
               "case %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d scales %s): BN 128 and 192 differ",
-              s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
+              s, tw_scaling_name(wbits_ml[mi]), tw_scaling_name(wbits_mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
               tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, acc, warps ? "warps" : "tma");
-    qop_free(&ql); qop_free(&qr);
+    wbits_free(&c);
     dev_free(&gs_d); dev_free(&od128); dev_free(&od192);
-    host_free(&gs); host_free(&x); host_free(&y); host_free(&o128); host_free(&o192);
+    host_free(&o128); host_free(&o192);
   }
   if (prev) setenv("TWIN_GG_WGMMA_FP8_WGRAD_BN", keep, 1);
   else unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
@@ -1249,10 +1276,6 @@ Test(grouped_gemm_wgrad_gpu, epilogue_bits_gg_wgmma_fp8_version, .timeout = 300)
  * balance. `small`: 8 small cases (the sanitizers' run). */
 static void order_bits_cases(int n, int small) {
   ctx_for("gg_wgmma_fp8");
-  static const tw_scaling ml[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
-                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_1x128};
-  static const tw_scaling mr[5] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
-                                   TW_SCALE_BLOCK_128x128, TW_SCALE_BLOCK_128x128};
   static const char *const knobs[4] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_LOADER",
                                        "TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
   char keep[4][16];
@@ -1274,26 +1297,20 @@ static void order_bits_cases(int n, int small) {
     if (s % 11 == 5) M = 0; /* every group empty: no k-block anywhere */
     const tw_dtype od = out_types[rnd() % 3];
     const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
-    int64_t gsh[1] = {G}, lsh[2] = {M, K}, rsh[2] = {M, N}, os[3] = {G, K, N};
-    tw_tensor gs = host_new(TW_I32, 1, gsh), x = host_new(TW_F32, 2, lsh), y = host_new(TW_F32, 2, rsh);
-    int32_t *g32 = (int32_t *)gs.data;
-    random_groups(G, M, g32);
-    if (G > 2) g32[1] += g32[0], g32[0] = 0; /* an empty group */
+    int64_t os[3] = {G, K, N};
+    wbits c;
+    int32_t *g32 = wbits_groups(&c, G, M, K, N);
     if (G > 1 && s % 2) { /* the last group(s) empty */
       const int64_t e = G > 4 && s % 4 == 1 ? 3 : 1;
       for (int64_t g = G - e; g < G; ++g) g32[0] += g32[g], g32[g] = 0;
     }
-    fill_random(&x, M, K);
-    fill_random(&y, M, N);
-    qop ql, qr;
-    qop_make(&ql, ml[mi], qa, &x, &gs, 1);
-    qop_make(&qr, mr[mi], qb, &y, &gs, 1);
+    wbits_quantize(&c, mi, qa, qb);
     tw_tensor o[3];
     for (int i = 0; i < 3; ++i) o[i] = host_new(od, 3, os);
     init_out(&o[0], acc);
     memcpy(o[1].data, o[0].data, tw_tensor_bytes(&o[0]));
     memcpy(o[2].data, o[0].data, tw_tensor_bytes(&o[0]));
-    tw_tensor gs_d = dev_copy(&gs), od_[3];
+    tw_tensor gs_d = dev_copy(&c.gs), od_[3];
     for (int i = 0; i < 3; ++i) od_[i] = dev_copy(&o[i]);
     if (warps) setenv(knobs[2], "warps", 1);
     else unsetenv(knobs[2]);
@@ -1303,7 +1320,7 @@ static void order_bits_cases(int n, int small) {
     for (int i = 0; i < 3; ++i) {
       const char ov[2] = {(char)('0' + i), 0};
       setenv(knobs[0], ov, 1);
-      cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &ql.d, TW_OP_T, &qr.d, TW_OP_T, &gs_d, &od_[i], acc), TW_OK,
+      cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &c.ql.d, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od_[i], acc), TW_OK,
                    "case %d order %d: %s", s, i, tw_last_error());
     }
     cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
@@ -1312,13 +1329,12 @@ static void order_bits_cases(int n, int small) {
       cr_assert(memcmp(o[0].data, o[i].data, tw_tensor_bytes(&o[0])) == 0,
                 "case %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d loader %s scales %s BN %d): "
                 "turns %d and none differ",
-                s, tw_scaling_name(ml[mi]), tw_scaling_name(mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
+                s, tw_scaling_name(wbits_ml[mi]), tw_scaling_name(wbits_mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
                 tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, acc,
                 loader ? loader : "tma", warps ? "warps" : "tma", (s / 4) % 2 ? 192 : 128, i);
-    qop_free(&ql); qop_free(&qr);
+    wbits_free(&c);
     dev_free(&gs_d);
     for (int i = 0; i < 3; ++i) dev_free(&od_[i]), host_free(&o[i]);
-    host_free(&gs); host_free(&x); host_free(&y);
   }
   for (int i = 0; i < 4; ++i)
     if (had[i]) setenv(knobs[i], keep[i], 1);
