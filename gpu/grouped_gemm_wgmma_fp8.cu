@@ -21,9 +21,10 @@
 //     produces (thread 0 issues the TMA loads), warpgroups 1 and 2 consume, each owning 64
 //     rows x 128 columns: 64 partial + 64 total f32 registers per thread. setmaxnreg 40 / 232.
 //     N = 128 because the promotion needs two accumulator sets. 128 x 192 tiles (BN = 192: 96 +
-//     96 registers, wgmma m64n192k32, 40 KiB stages; per-tensor and TMA block scales, CL = 1; the
-//     same bits as 128): the default for per-tensor and 1x128 x 1x128 where N pads little
-//     (ggf_default_bn: +8..12.5% on H200), 128 with a 128x128 rhs (no gain); knob
+//     96 registers, wgmma m64n192k32, 40 KiB stages; per-tensor (CL = 1 or 2) and TMA block
+//     scales (CL = 1); the same bits as 128): the default for per-tensor, 1x128 x 1x128 and
+//     1x128 x 128x128 where N pads little (ggf_default_bn: +2..12.5% on H200), 128 for
+//     128x128 x 128x128 (not timed); knob
 //     TWIN_GG_WGMMA_FP8_BN=128|192, gpu/NOTES-gemm.md "128 x 192 tiles".
 //   - Ring of 32 KiB stages (A 128x128, B 128x128 fp8, both K-major, 128-byte swizzle; 5
 //     stages with a bf16/f16 out, 6 with f32 out, which has no staging buffer) plus 1280 bytes
@@ -221,6 +222,21 @@ __device__ __forceinline__ void ggf_bulk_commit() { asm volatile("cp.async.bulk.
 __device__ __forceinline__ void ggf_bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ggf_bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ggf_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The promotion of a tile whose first JS 8-column groups take the first 128-column rhs scale block
+// (products s00 / s10 for this thread's two rows) and the rest the second (s01 / s11): the same
+// fmaf per element as BN = 128's single-block promotion.
+template <int NJ, int JS>
+__device__ __forceinline__ void ggf_promote_split(const float *d, float *tot, float s00, float s10, float s01,
+                                                  float s11) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const float s0 = j < JS ? s00 : s01, s1 = j < JS ? s10 : s11;
+    tot[4 * j + 0] = fmaf(d[4 * j + 0], s0, tot[4 * j + 0]);
+    tot[4 * j + 1] = fmaf(d[4 * j + 1], s0, tot[4 * j + 1]);
+    tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
+    tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
+  }
+}
 // A consumer warp releases a stage: in every CTA of the cluster (each one's producer writes it).
 template <int CL>
 __device__ __forceinline__ void ggf_release(uint64_t *empty) {
@@ -513,17 +529,13 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
             // BN = 192: the tile's columns span two 128-column scale blocks (the box's two rows,
             // at fb and fb + 4): local columns below `split` (128 - q0 % 128: 128 or 64, a multiple
             // of 8) take the first, the rest the second; the same products and fmaf as BN = 128.
+            // Two unrolled copies, one per split (q0 = 192i: split 128 for even i, 64 for odd), so
+            // each column's scale pair is known at compile time: a runtime choice per 8 columns
+            // cost 20 SEL and 30 FMUL per k-block (273 instructions in the loop against 174 at
+            // BN = 128, SASS of session 7).
             const float s00 = fa0 * fb0, s10 = fa1 * fb0, s01 = fa0 * fb1, s11 = fa1 * fb1;
-            const int split = 128 - (int)(q0 & 127);
-#pragma unroll
-            for (int j = 0; j < NJ; ++j) {
-              const bool hi = 8 * j >= split;
-              const float s0 = hi ? s01 : s00, s1 = hi ? s11 : s10;
-              tot[4 * j + 0] = fmaf(d[4 * j + 0], s0, tot[4 * j + 0]);
-              tot[4 * j + 1] = fmaf(d[4 * j + 1], s0, tot[4 * j + 1]);
-              tot[4 * j + 2] = fmaf(d[4 * j + 2], s1, tot[4 * j + 2]);
-              tot[4 * j + 3] = fmaf(d[4 * j + 3], s1, tot[4 * j + 3]);
-            }
+            if ((q0 & 127) == 0) ggf_promote_split<NJ, 16>(d, tot, s00, s10, s01, s11);
+            else ggf_promote_split<NJ, 8>(d, tot, s00, s10, s01, s11);
           } else {  // fb is 8-byte aligned (the host takes TMA_V only with an even start)
             ggf_promote_n<NJ>(d, tot, fa0, fa1, fb, lane);
           }
@@ -858,11 +870,14 @@ static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, 
 // The forward's default column tile per scaling mode (lhs, rhs GGF_*) and N, when the knob
 // TWIN_GG_WGMMA_FP8_BN does not set one. Runs n192-b2 (H200, gpu/NOTES-gemm.md "128 x 192
 // tiles"): 192 was faster on all five shapes per-tensor (+9..12% on the four large ones, dense
-// 8192^3 +8%) and 1x128 x 1x128 (+9..12.5%), not with a 128x128 rhs (0.86..1.02): those stay 128.
-// Only where 192 pads N by at most 1/16 more than 128 does (the measured N 2048, 4096, 7168, 8192
-// pad 1.8-3%; N = 256 would compute 384 columns, 1024 1152): other N run 128, unmeasured.
+// 8192^3 +8%) and 1x128 x 1x128 (+9..12.5%). 1x128 x 128x128 (DeepSeek-V3's pairing) since its
+// 192-column promotion lost its runtime selects (session 7, H200): +5.6..6.4% on G4 K2048, G8 and
+// G32, +1.7% G128, and G4 K7168 6% ahead in the rounds after the first (whose BN 128 round ran in
+// the bench's fast first-row state). 128x128 x 128x128 (not timed) stays 128. Only where 192
+// pads N by at most 1/16 more than 128 does (the measured N 2048, 4096, 7168, 8192 pad 1.8-3%;
+// N = 256 would compute 384 columns, 1024 1152): other N run 128, unmeasured.
 static int ggf_default_bn(int mode, int mode_b, int64_t N) {
-  const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && mode_b == GGF_B1x128);
+  const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && (mode_b == GGF_B1x128 || mode_b == GGF_B128));
   const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
   return wide && w192 * 16 <= w128 * 17 ? 192 : 128;
 }
