@@ -486,10 +486,12 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           }
           continue;
         }
-        // Everything the promotion needs is read and decided before the issue, and pinned there
-        // (the empty asm takes the values as operands): left alone, the compiler placed the scale
-        // loads' address arithmetic between the wgmmas, and the other warpgroup's turn, opened
-        // after the last wgmma, waited on it (ncu source counters, session 7).
+        // What the promotion needs is read and decided before the issue: left alone, the compiler
+        // placed the scale loads' address arithmetic between the wgmmas, and the other
+        // warpgroup's turn, opened after the last wgmma, waited on it (ncu source counters,
+        // session 7). The empty asm keeps the front end from sinking the loads past the wgmmas;
+        // ptxas still interleaves some arithmetic (two FMULs, the gate predicates), but the
+        // loads now precede the first wgmma in the SASS.
         const float *fb = scales + s * SST + SSLOT + ((cb.i0 + cb.ik * kt) & 3);
         float fa0 = 0.f, fa1 = 0.f, fb0 = 0.f, fb1 = 0.f;
         if (BL) {
