@@ -880,8 +880,7 @@ static int ggf_scale_map(PFN_cuTensorMapEncodeTiled_v12000 enc, CUtensorMap *m, 
 // N = 256 would compute 384 columns, 1024 1152): other N run 128, unmeasured.
 static int ggf_default_bn(int mode, int mode_b, int64_t N) {
   const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && (mode_b == GGF_B1x128 || mode_b == GGF_B128));
-  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
-  return wide && w192 * 16 <= w128 * 17 ? 192 : 128;
+  return wide && ggf_n_fits_192(N) ? 192 : 128;
 }
 
 // The forward on a K-major rhs [G, N, K] (rhs_op T; for MXFP8 the rowwise data of the [G*N, K]
@@ -902,8 +901,7 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   // Column tile (knob TWIN_GG_WGMMA_FP8_BN=128|192, read on every call; default ggf_default_bn):
   // 192 runs per-tensor and the TMA block-scale kinds; MXFP8, warp-staged block scales and
   // clusters stay at 128 (asked for 192, they run 128: same bits, the model is per column).
-  const char *bv = getenv("TWIN_GG_WGMMA_FP8_BN");
-  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_default_bn(mode, mode_b, N);
+  int bn = ggf_knob_bn("TWIN_GG_WGMMA_FP8_BN", ggf_default_bn(mode, mode_b, N));
   if (mode == GGF_MX) bn = 128;
   // Clusters of 2 (lhs rows multicast to a pair of column tiles) only on request:
   // TWIN_GG_WGMMA_FP8_CLUSTER=2. Runs cl1/cl2 (H200, gpu/NOTES-gemm.md, BN 128) found no
@@ -982,10 +980,7 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
   // faster with them (runs f5/f6, gpu/NOTES-gemm.md); MXFP8 (turns per 32-block) 1.5-5% faster
   // without them (run mx2).
-  const char *ov = getenv("TWIN_GG_WGMMA_FP8_ORDER");
-  p.order = ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0'
-            : p.mode == GGF_TENSOR || p.mode == GGF_MX                    ? 0
-                                                                          : 1;
+  p.order = ggf_knob_order("TWIN_GG_WGMMA_FP8_ORDER", p.mode == GGF_TENSOR || p.mode == GGF_MX ? 0 : 1);
   if (!accumulate && (out->dtype == TW_BF16 || out->dtype == TW_F16) && N % 8 == 0 &&
       ((uintptr_t)out->data & 15) == 0 && !(ev && !strcmp(ev, "regs"))) {
     cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M}, strides[1] = {(cuuint64_t)N * 2};

@@ -155,6 +155,20 @@ static inline int ggf_mode_of(int m) {
 }
 static inline int ggf_fp8(int dt) { return dt == TW_E4M3 || dt == TW_E5M2; }
 
+// Knobs the forward and the wgrad read on every call: a column tile ("128" or "192" forces it;
+// unset or anything else: def) and a turn order ("0", "1" or "2"; else def).
+static inline int ggf_knob_bn(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && !strcmp(v, "192") ? 192 : v && !strcmp(v, "128") ? 128 : def;
+}
+static inline int ggf_knob_order(const char *name, int def) {
+  const char *v = getenv(name);
+  return v && (v[0] == '0' || v[0] == '1' || v[0] == '2') && !v[1] ? v[0] - '0' : def;
+}
+// Whether a 128 x 192 tile pads N by at most 1/16 more than 128 x 128 does (the defaults take 192
+// only there: N 2048, 4096, 7168, 8192 pad 1.8-3%; N = 256 would compute 384 columns).
+static inline int ggf_n_fits_192(int64_t N) { return (N + 191) / 192 * 192 * 16 <= (N + 127) / 128 * 128 * 17; }
+
 // The context's grow-only buffer for gg_wgmma_fp8's operand copies (gpu_state.wgrad_pad): the
 // wgrad's token-padded copies and the forward's K-major copy of an MXFP8 colwise rhs. Stream-
 // ordered (cudaMallocAsync / cudaFreeAsync: the old buffer is freed behind the work already

@@ -1203,8 +1203,7 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
 // untimed: their consumers run the same promotion (ggf_promote_n over the stage's column scales).
 static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
   (void)mode_b;
-  const int64_t w192 = (N + 191) / 192 * 192, w128 = (N + 127) / 128 * 128;
-  return mode == GGF_TENSOR && w192 * 16 <= w128 * 17 ? 192 : 128;
+  return mode == GGF_TENSOR && ggf_n_fits_192(N) ? 192 : 128;
 }
 static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
 
@@ -1249,13 +1248,11 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
   // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call: none / gate
   // opened at issue / at completion; MXFP8 runs none whatever it says). Default ggf_wdefault_order.
-  const char *ov = getenv("TWIN_GG_WGMMA_FP8_WGRAD_ORDER");
-  p.order = mx ? 0 : ov && (ov[0] == '0' || ov[0] == '1' || ov[0] == '2') && !ov[1] ? ov[0] - '0' : ggf_wdefault_order(p.mode);
+  p.order = mx ? 0 : ggf_knob_order("TWIN_GG_WGMMA_FP8_WGRAD_ORDER", ggf_wdefault_order(p.mode));
   // Column tile (knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on every call; default
   // ggf_wdefault_bn): 192 runs the tma loader's per-tensor, 1x128 and 128x128 kinds; MXFP8 and
   // the register loaders stay at 128 (asked for 192, they run 128: the same bits either way).
-  const char *bv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_BN");
-  int bn = bv && !strcmp(bv, "192") ? 192 : bv && !strcmp(bv, "128") ? 128 : ggf_wdefault_bn(p.mode, p.mode_b, N);
+  int bn = ggf_knob_bn("TWIN_GG_WGMMA_FP8_WGRAD_BN", ggf_wdefault_bn(p.mode, p.mode_b, N));
   if (mx || p.loader != GGF_WLOAD_TMA) bn = 128;
   ggf_wmaps maps;
   memset(&maps, 0, sizeof maps);
