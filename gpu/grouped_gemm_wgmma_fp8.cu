@@ -419,7 +419,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   } else {
     // ---- consumers: warpgroup c = wg - 1 owns rows 64c..64c+63 of the tile ---------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    // the warpgroup and warp indices through a shuffle: ptxas then knows them warp-uniform and keeps
+    // what derives from them (the descriptors) in uniform registers
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;
     // lhs scale stride over rows in a slot: 1 (1x128, or the warps' per-row copies), 0 (128x128)
     const int sa_row = SC == GGF_SC_WARPS || p.mode == GGF_B1x128;
     float d[NA], tot[NA];

@@ -43,6 +43,11 @@
 // ggf_wdefault_order: none per-tensor, at issue for block scales; never MXFP8): the forward's
 // named-barrier gates, so one consumer warpgroup promotes while the tensor cores run the other's
 // k-block (see the consumers). Same bits (test order_bits_gg_wgmma_fp8_version).
+// Consumer skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default 0; only without
+// turns, MXFP8 never): warpgroup 1 starts once warpgroup 0 has issued h k-blocks, so the two
+// warpgroups stay about h k-blocks apart and one's epilogue runs while the tensor cores still have
+// the other's k-blocks (both walk the same stages; h <= stages - 2, so warpgroup 0 never waits on
+// a stage that only warpgroup 1's lag keeps full). Same wgmmas and promotion: the same bits.
 // gpu/NOTES-gemm.md "gg_wgmma_fp8 wgrad: 128 x 192 tiles" and "consumer turns, then 128 x 192".
 // MXFP8 (kernel template MX; issue 16 item 1): the colwise MXFP8 data is not transposed
 // (tw_quantize.h: [M, K] and [M, N], ops N; E8M0 scales per 32 tokens of a group and column), so
@@ -83,6 +88,7 @@ struct ggf_wparams {
   int a_sw, b_sw;  // MXFP8: scale bytes in the swizzled (1) or compact (0) order
   int order;       // consumer turns (see the consumers): 0 none, 1 gate opened at issue, 2 at completion
   int bn;          // the column tile: 128, or 192 (tma loader, not MXFP8; the kernel's BN)
+  int skew;        // k-blocks warpgroup 0 issues before warpgroup 1 starts (0: together; order 0 only)
 };
 // The tma loader's tensor maps: the padded copies a [K, Mp], b [N, Mp] (fp8) and, scale_tma,
 // the colwise 1x128 scales sa [T, lda_s], sb [T, ldb_s] (f32; box 128 x 1 at (p0 or q0, T(g) + kb):
@@ -126,6 +132,7 @@ enum { GGF_WLOAD_ROWS = 0, GGF_WLOAD_STAGED = 1, GGF_WLOAD_TMA = 2 };
 // Named barriers: 0 __syncthreads, 1 the staged producer (128 threads), 2 + c consumer warpgroup
 // c's epilogue (128), GGF_WGATE + c the gate of warpgroup c's turn (256: see the consumers).
 #define GGF_WGATE 4
+#define GGF_WSKEW 6  // warpgroup 1's start under the skew (256: see the consumers)
 #define GGF_EPI_BYTES (2 * 64 * GGF_EPI_PITCH * 4)
 #define GGF_WTMA_STAGES 5
 // tma_out staging: per consumer warpgroup its 64 x 128 tile as boxes of 128-byte rows (16-bit:
@@ -966,7 +973,9 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   } else {
     // ---- consumers: warpgroup c = wg - 1 owns out rows p0 + 64c .. + 63 (the forward's), BN columns
     if constexpr (BN != 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    // the warpgroup and warp indices through a shuffle: ptxas then knows them warp-uniform and keeps
+    // what derives from them (the descriptors, the scale rows) in uniform registers (the forward's)
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0), warp = __shfl_sync(0xffffffffu, tid / 32, 0), lane = tid % 32;
     float d[NA], tot[NA];
     int s = 0;
     uint32_t phase = 0;
@@ -990,11 +999,20 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     const uint32_t db0 = (uint32_t)wgc_desc(wgc_smem(base) + GGF_A_BYTES, 16, 1024);
     const uint32_t full_at = wgc_smem(full);
     if (order && c == 1) ggf_named_arrive(GGF_WGATE, 256);
+    // Skew (p.skew, never with turns): warpgroup 1 waits until warpgroup 0 has issued p.skew
+    // k-blocks (or has none left); the gate opens exactly once.
+    const int skew = order ? 0 : p.skew;
+    int ahead = 0;  // warpgroup 0's k-blocks issued, counted up to skew
+    if (skew && c == 1) ggf_named_sync(GGF_WSKEW, 256);
     for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
       const ggf_wtile w = ggf_wlocate<BN>(p, t);
+      // the k-block count through a shuffle too: a trip count from a global load is not known
+      // uniform, and the stage index it drives would then keep the descriptors out of uniform
+      // registers (16 R2UR per k-block)
+      const int kts = __shfl_sync(0xffffffffu, w.kts, 0);
       const int64_t r0 = w.p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = w.q0 + 2 * (lane % 4);
-      if (w.kts == 0) {  // empty group: out[g] = +0 (accumulate: untouched)
+      if (kts == 0) {  // empty group: out[g] = +0 (accumulate: untouched)
         if (p.accumulate) continue;
         for (int h = 0; h < 2; ++h) {
           const int64_t r = r0 + 8 * h;
@@ -1010,9 +1028,14 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       }
 #pragma unroll
       for (int i = 0; i < NA; ++i) tot[i] = 0.f;
-      for (int kt = 0; kt < w.kts; ++kt) {
+      for (int kt = 0; kt < kts; ++kt) {
         wgc_bar_wait_at(full_at + 8 * s, phase);
-        const uint32_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);  // + 2 per k32 step
+        // + 2 per k32 step. At BN = 192 the stage goes through a shuffle: ptxas's uniformity
+        // analysis loses it there, and the descriptors then cost 16 R2UR per k-block; at 128 it
+        // is known uniform, and the shuffle's latency before the issue only costs (run s8-3: the
+        // 1x128 wgrad at 128 lost 3-5% with it)
+        const int su = BN == 192 ? __shfl_sync(0xffffffffu, s, 0) : s;
+        const uint32_t da = da0 + su * (STAGE / 16), db = db0 + su * (STAGE / 16);
         if (MX) {
           // MXFP8 (the forward's GGF_SC_MX consumer): one wgmma k32 per 32-token scaling block
           // into fresh registers (scale_d 0), then total = fmaf(partial, sa * sb, total) with
@@ -1054,6 +1077,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
           ggf_mma_bn<BN, AT, BT>(d, wgc_desc_lo(da + 2 * k), wgc_desc_lo(db + 2 * k), k > 0 ? 1 : 0);
         wgc_commit();
         if (order && at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
+        if (c == 0 && ahead < skew && ++ahead == skew) ggf_named_arrive(GGF_WSKEW, 256);
         wgc_wait<0>();
         if (order && !at_issue) ggf_named_arrive(GGF_WGATE + 1 - c, 256);
         wgc_touch<NA>(d);
@@ -1104,6 +1128,8 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
     }
     // warpgroup 1's last opening of gate 0 (its first, if this CTA had no k-block)
     if (order && c == 0) ggf_named_sync(GGF_WGATE, 256);
+    // the skew gate, if warpgroup 0 had fewer than skew k-blocks
+    if (c == 0 && ahead < skew) ggf_named_arrive(GGF_WSKEW, 256);
     // the staging must stay valid until the last store has read it
     if (p.tma_out && tid == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
   }
@@ -1334,6 +1360,15 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   if (bn == 192) {  // 40 KiB stages: as many (up to 5) as fit beside the staging (bf16 out: 4, f32 TMA store: 3)
     p.nst = GGF_WTMA_STAGES;
     while (p.nst > 2 && ggf_wsmem(p.loader, p.nst, p.epi_bytes, 0, 192) > 232448) --p.nst;
+  }
+  // Skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call): without turns only, MXFP8
+  // never; at most stages - 2 (warpgroup 0 may run that far ahead and still find the next stage
+  // loadable: a stage is refilled once both warpgroups released it).
+  p.skew = 0;
+  if (!mx && p.order == 0) {
+    const char *sv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_SKEW");
+    const int h = sv && sv[0] >= '0' && sv[0] <= '9' && !sv[1] ? sv[0] - '0' : 0;
+    p.skew = h < p.nst - 2 ? h : p.nst - 2 > 0 ? p.nst - 2 : 0;
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;

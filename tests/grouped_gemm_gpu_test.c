@@ -1264,8 +1264,9 @@ Test(grouped_gemm_wgrad_gpu, epilogue_bits_gg_wgmma_fp8_version, .timeout = 300)
   ctx_done();
 }
 /* gg_wgmma_fp8's wgrad with the consumers taking turns (TWIN_GG_WGMMA_FP8_WGRAD_ORDER=1: gate
- * opened at issue, =2: at completion; read on every call) against no turns (=0): the same
- * promotion in the same order, so the same bits. Per-tensor current and delayed, 1x128, 128x128
+ * opened at issue, =2: at completion; read on every call) or skewed (no turns,
+ * TWIN_GG_WGMMA_FP8_WGRAD_SKEW=1 and =3, the latter clamped to stages - 2) against neither: the
+ * same promotion in the same order, so the same bits. Per-tensor current and delayed, 1x128, 128x128
  * and 1x128 x 128x128; e4m3/e5m2; every output dtype; accumulate on (staged epilogue) and off
  * (TMA store); the three loaders (tma; rows and staged every fourth case each) and the scale
  * warps (every third block-scale case). The gates must open as often as they are waited on
@@ -1273,14 +1274,19 @@ Test(grouped_gemm_wgrad_gpu, epilogue_bits_gg_wgmma_fp8_version, .timeout = 300)
  * last tile then has no k-block), all groups empty (M = 0), K tails, and many tiles per CTA
  * (G up to 48 with K, N up to 520: more tiles than SMs). Half the cases with the column tile at
  * 192 (TWIN_GG_WGMMA_FP8_WGRAD_BN; the tma loader's), half at 128. A hang here is a gate out of
- * balance. `small`: 8 small cases (the sanitizers' run). */
+ * balance (or a skew gate: warpgroup 1 waits for warpgroup 0's first k-blocks, which a CTA may
+ * not have). `small`: 8 small cases (the sanitizers' run). */
 static void order_bits_cases(int n, int small) {
   ctx_for("gg_wgmma_fp8");
-  static const char *const knobs[4] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_LOADER",
-                                       "TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
-  char keep[4][16];
-  int had[4];
-  for (int i = 0; i < 4; ++i) {
+  static const char *const knobs[5] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_LOADER",
+                                       "TWIN_GG_WGMMA_FP8_WGRAD_SCALES", "TWIN_GG_WGMMA_FP8_WGRAD_BN",
+                                       "TWIN_GG_WGMMA_FP8_WGRAD_SKEW"};
+  /* variant v: turns order[v], skew skew[v] (0: none) */
+  enum { NV = 5 };
+  static const char *const order[NV] = {"0", "1", "2", "0", "0"}, *const skew[NV] = {"0", "0", "0", "1", "3"};
+  char keep[5][16];
+  int had[5];
+  for (int i = 0; i < 5; ++i) {
     const char *v = getenv(knobs[i]);
     had[i] = v != NULL;
     snprintf(keep[i], sizeof keep[i], "%s", v ? v : "");
@@ -1305,38 +1311,37 @@ static void order_bits_cases(int n, int small) {
       for (int64_t g = G - e; g < G; ++g) g32[0] += g32[g], g32[g] = 0;
     }
     wbits_quantize(&c, mi, qa, qb);
-    tw_tensor o[3];
-    for (int i = 0; i < 3; ++i) o[i] = host_new(od, 3, os);
+    tw_tensor o[NV];
+    for (int i = 0; i < NV; ++i) o[i] = host_new(od, 3, os);
     init_out(&o[0], acc);
-    memcpy(o[1].data, o[0].data, tw_tensor_bytes(&o[0]));
-    memcpy(o[2].data, o[0].data, tw_tensor_bytes(&o[0]));
-    tw_tensor gs_d = dev_copy(&c.gs), od_[3];
-    for (int i = 0; i < 3; ++i) od_[i] = dev_copy(&o[i]);
+    for (int i = 1; i < NV; ++i) memcpy(o[i].data, o[0].data, tw_tensor_bytes(&o[0]));
+    tw_tensor gs_d = dev_copy(&c.gs), od_[NV];
+    for (int i = 0; i < NV; ++i) od_[i] = dev_copy(&o[i]);
     if (warps) setenv(knobs[2], "warps", 1);
     else unsetenv(knobs[2]);
     if (loader) setenv(knobs[1], loader, 1);
     else unsetenv(knobs[1]);
     setenv(knobs[3], (s / 4) % 2 ? "192" : "128", 1); /* 192: the tma loader's 128 x 192 tiles */
-    for (int i = 0; i < 3; ++i) {
-      const char ov[2] = {(char)('0' + i), 0};
-      setenv(knobs[0], ov, 1);
+    for (int i = 0; i < NV; ++i) {
+      setenv(knobs[0], order[i], 1);
+      setenv(knobs[4], skew[i], 1);
       cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &c.ql.d, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od_[i], acc), TW_OK,
-                   "case %d order %d: %s", s, i, tw_last_error());
+                   "case %d turns %s skew %s: %s", s, order[i], skew[i], tw_last_error());
     }
     cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "case %d: %s", s, tw_last_error());
-    for (int i = 0; i < 3; ++i) to_host(&o[i], &od_[i]);
-    for (int i = 1; i < 3; ++i)
+    for (int i = 0; i < NV; ++i) to_host(&o[i], &od_[i]);
+    for (int i = 1; i < NV; ++i)
       cr_assert(memcmp(o[0].data, o[i].data, tw_tensor_bytes(&o[0])) == 0,
                 "case %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d loader %s scales %s BN %d): "
-                "turns %d and none differ",
+                "turns %s skew %s and neither differ",
                 s, tw_scaling_name(wbits_ml[mi]), tw_scaling_name(wbits_mr[mi]), tw_dtype_name(qa), tw_dtype_name(qb),
                 tw_dtype_name(od), (long long)G, (long long)M, (long long)N, (long long)K, acc,
-                loader ? loader : "tma", warps ? "warps" : "tma", (s / 4) % 2 ? 192 : 128, i);
+                loader ? loader : "tma", warps ? "warps" : "tma", (s / 4) % 2 ? 192 : 128, order[i], skew[i]);
     wbits_free(&c);
     dev_free(&gs_d);
-    for (int i = 0; i < 3; ++i) dev_free(&od_[i]), host_free(&o[i]);
+    for (int i = 0; i < NV; ++i) dev_free(&od_[i]), host_free(&o[i]);
   }
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 5; ++i)
     if (had[i]) setenv(knobs[i], keep[i], 1);
     else unsetenv(knobs[i]);
   ctx_done();

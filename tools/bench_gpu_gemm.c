@@ -12,8 +12,8 @@
  *     (128x128 tiles), gg_mma_wide (auto where it fits; bf16 and per-tensor fp8 rows), gg_wgmma
  *     (Hopper wgmma + TMA, bf16 rows), gg_wgmma_fp8 (Hopper fp8 wgmma, per-tensor and 1x128 rows;
  *     the fp8 auto choice on sm_90; also with its column tile forced to 128 and to 192, rows "BN
- *     128" / "BN 192", knob TWIN_GG_WGMMA_FP8_BN, as the dense fp8 default: the fastest of three
- *     rounds in alternating order, all three printed) and
+ *     128" / "BN 192", knob TWIN_GG_WGMMA_FP8_BN, as the dense fp8 default: after a discarded
+ *     warm round, the fastest of three rounds in alternating order, all three printed) and
  *     gg_lt_loop (host sizes, one cuBLASLt call per group), peers from --peers
  *     (tools/peers/torch_grouped_mm.py: torch._grouped_mm / torch._scaled_grouped_mm; the 1x128
  *     rows are compared with torch's rowwise-scaled fp8, the peer issue 16 sets; so are the MXFP8
@@ -30,9 +30,10 @@
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
  *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also with the consumers' turns forced
- *     off and on and the column tile forced to 128 and 192 (knobs TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1,
- *     TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192; rows "turns 0|1, BN 128|192") next to the forward, all
- *     five timed in rotating rounds after a discarded warm round (time_variants; fastest kept round
+ *     off and on, the column tile forced to 128 and 192 and the consumers' skew (knobs
+ *     TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1, TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192,
+ *     TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h; rows "turns 0|1, BN 128|192[, skew h]") next to the forward, all
+ *     eight timed in rotating rounds after a discarded warm round (time_variants; fastest kept round
  *     per row, each wgrad's rate over that forward row and over turns 0 BN 128 printed with the
  *     rounds); G32 / G128 ragged sizes too. MXFP8
  *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
@@ -104,35 +105,7 @@ static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *
   return med;
 }
 
-/* time_it of a call with gg_wgmma_fp8's column tile forced to bn (TWIN_GG_WGMMA_FP8_BN, read on
- * every call), the knob's previous value restored after */
 static int run_call(void *p);
-static double time_bn(const char *bn, void *arg, int warmup, int iters, tw_ctx *ctx) {
-  const char *prev = getenv("TWIN_GG_WGMMA_FP8_BN");
-  char keep[16] = "";
-  if (prev) snprintf(keep, sizeof keep, "%s", prev);
-  setenv("TWIN_GG_WGMMA_FP8_BN", bn, 1);
-  const double ms = time_it(run_call, arg, warmup, iters, ctx);
-  if (prev) setenv("TWIN_GG_WGMMA_FP8_BN", keep, 1);
-  else unsetenv("TWIN_GG_WGMMA_FP8_BN");
-  return ms;
-}
-/* BN 128 against BN 192: three rounds in alternating order (128 192, 192 128, 128 192; the clock
- * drifts within a row group: the first row of a blockwise kind ran up to 14% faster than the
- * same kernel timed after it, run n192-b1), each BN's fastest round in best[], all in all[][3] */
-static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double best[2], double all[2][3]) {
-  for (int r = 0; r < 3; ++r)
-    for (int i = 0; i < 2; ++i) {
-      const int w = (r & 1) ? 1 - i : i;
-      all[w][r] = time_bn(w ? "192" : "128", arg, warmup, iters, ctx);
-    }
-  for (int w = 0; w < 2; ++w) {
-    best[w] = all[w][0];
-    for (int r = 1; r < 3; ++r)
-      if (all[w][r] < 0 || (best[w] > 0 && all[w][r] < best[w])) best[w] = all[w][r];
-  }
-}
-
 /* Variants, each a call (args[v]) with a setting of knobs (value NULL: the knob unset), timed in
  * one discarded warm round, then max(3, nv) rounds; round r runs variant (i + r) % nv at position
  * i (with two variants: 0 1, 1 0, 0 1), so each variant leads a round. The discarded round: the
@@ -140,8 +113,8 @@ static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double b
  * wt1, H200: every variant of the first round 5-12% faster than in the three after it, which
  * hid the differences that held in all later rounds). Fastest kept round per variant in best[],
  * all kept rounds in all[v][r]; the knobs' previous values restored after. */
-#define VAR_KNOBS 2
-#define VAR_MAX 5
+#define VAR_KNOBS 3
+#define VAR_MAX 8
 typedef struct {
   const char *name;
   const char *val[VAR_KNOBS];
@@ -177,6 +150,22 @@ static void time_variants(const char *const knobs[VAR_KNOBS], const variant *vs,
     best[v] = all[v][0];
     for (int r = 1; r < nr; ++r)
       if (all[v][r] < 0 || (best[v] > 0 && all[v][r] < best[v])) best[v] = all[v][r];
+  }
+}
+/* BN 128 against BN 192 (TWIN_GG_WGMMA_FP8_BN, read on every call) as two time_variants
+ * variants: a discarded warm round, then three rounds in rotating order (128 192, 192 128,
+ * 128 192). Without the warm round the first row of a kind ran up to 14% faster than the same
+ * kernel after it (runs n192-b1, wt1) and "fastest round" favoured whichever BN ran first. Each
+ * BN's fastest kept round in best[], all kept rounds in all[][3]. */
+static void time_bn_pair(void *arg, int warmup, int iters, tw_ctx *ctx, double best[2], double all[2][3]) {
+  static const char *const knobs[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_BN", NULL, NULL};
+  static const variant vs[2] = {{"BN 128", {"128", NULL, NULL}}, {"BN 192", {"192", NULL, NULL}}};
+  void *const args[2] = {arg, arg};
+  double b[VAR_MAX], a[VAR_MAX][VAR_MAX];
+  time_variants(knobs, vs, 2, args, warmup, iters, ctx, b, a);
+  for (int w = 0; w < 2; ++w) {
+    best[w] = b[w];
+    for (int r = 0; r < 3; ++r) all[w][r] = a[w][r];
   }
 }
 
@@ -714,12 +703,16 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
              * (TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192) forced, same call, and the forward (default
              * knobs, rhs [G*N, K] op T, same FLOPs) in the same rounds (time_variants), so that
              * each wgrad's rate over the forward compares rounds of the same clock state */
-            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_BN"};
-            static const variant vs[] = {{"gg_wgmma_fp8 forward", {NULL, NULL}},
-                                         {"gg_wgmma_fp8, turns 0, BN 128", {"0", "128"}},
-                                         {"gg_wgmma_fp8, turns 1, BN 128", {"1", "128"}},
-                                         {"gg_wgmma_fp8, turns 0, BN 192", {"0", "192"}},
-                                         {"gg_wgmma_fp8, turns 1, BN 192", {"1", "192"}}};
+            static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_BN",
+                                                       "TWIN_GG_WGMMA_FP8_WGRAD_SKEW"};
+            static const variant vs[] = {{"gg_wgmma_fp8 forward", {NULL, NULL, NULL}},
+                                         {"gg_wgmma_fp8, turns 0, BN 128", {"0", "128", "0"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 128", {"1", "128", "0"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 192", {"0", "192", "0"}},
+                                         {"gg_wgmma_fp8, turns 1, BN 192", {"1", "192", "0"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 128, skew 2", {"0", "128", "2"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 192, skew 1", {"0", "192", "1"}},
+                                         {"gg_wgmma_fp8, turns 0, BN 192, skew 2", {"0", "192", "2"}}};
             const int nv = (int)(sizeof vs / sizeof vs[0]), nr = nv > 3 ? nv : 3;
             call cf; /* the forward: lhs [M, K] in a, rhs [G*N, K] in b (fp8 codes from the forward
                       * rows), the forward's scales (1.0), out [M, N] bf16 in fo */
@@ -749,7 +742,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             cf.a.src_rows = M; cf.a.src_cols = sh.K;
             cf.b.src_rows = sh.G * sh.N; cf.b.src_cols = sh.K;
             c8.ctx = c_wf8;
-            void *const args[VAR_MAX] = {&cf, &c8, &c8, &c8, &c8};
+            void *const args[VAR_MAX] = {&cf, &c8, &c8, &c8, &c8, &c8, &c8, &c8};
             double best[VAR_MAX], all[VAR_MAX][VAR_MAX];
             time_variants(kn2, vs, nv, args, warmup, iters, c_wf8, best, all);
             tw_free(c_auto, fo);
