@@ -32,7 +32,7 @@
 //   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
 //     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
 // Column tile BN (kernel template, 128 | 192; knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on
-// every call; default ggf_wdefault_bn: 192 per-tensor and small-group block scales, else 128): at 192 the tma loader's
+// every call; default ggf_wdefault_bn: 192 per-tensor, 128 block scales): at 192 the tma loader's
 // per-tensor, 1x128 and 128x128 kinds run 128 x 192 output tiles (the .cuh's wgmma m64n192k32
 // ggf_mma_bn and promotion ggf_promote_n, 96 + 96 accumulators under setmaxnreg 40 / 232 as in
 // the forward; 40 KiB stages: 4 with a bf16/f16 out or accumulate, 3 with the f32 TMA store; the
@@ -40,11 +40,11 @@
 // tile spanning two). The same promotion per column: the same bits (tests/grouped_gemm_gpu_test.c
 // bn192_bits_gg_wgmma_fp8_version). MXFP8 and the rows / staged loaders stay at 128.
 // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call; default
-// ggf_wdefault_order: none per-tensor and small-group block scales, else at issue; never MXFP8): the forward's
+// ggf_wdefault_order: none per-tensor, at issue for block scales; never MXFP8): the forward's
 // named-barrier gates, so one consumer warpgroup promotes while the tensor cores run the other's
 // k-block (see the consumers). Same bits (test order_bits_gg_wgmma_fp8_version).
-// Consumer skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default ggf_wdefault_skew:
-// 1 for block scales with small groups, else 0; only without turns, MXFP8 never): warpgroup 1 starts once warpgroup 0 has issued h k-blocks, so the two
+// Consumer skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default 0; only without
+// turns, MXFP8 never): warpgroup 1 starts once warpgroup 0 has issued h k-blocks, so the two
 // warpgroups stay about h k-blocks apart and one's epilogue runs while the tensor cores still have
 // the other's k-blocks (both walk the same stages; h <= stages - 2, so warpgroup 0 never waits on
 // a stage that only warpgroup 1's lag keeps full). Same wgmmas and promotion: the same bits.
@@ -1219,17 +1219,14 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
 // is +5..9% on G4 K7168, G4 K2048 and G8 but 0.99 on G32 m512 in all four benches (wt1 x2, wt2
 // x2), so by the rule 128 (knob BN=192 for the others). 128x128 scales take the 1x128 choice
 // untimed: their consumers run the same promotion (ggf_promote_n over the stage's column scales).
-// Session 8 (H200, four benches in two calls, the variants' rotating rounds; gpu/NOTES-gemm.md
-// "wgrad skew"): with small groups (at most 128 tokens per group on average: one k-block per tile,
-// G128 m128) block scales run faster without turns at BN 192 with the skew at 1 (+10..12% over
-// turns at 128 in all four); on the large shapes that choice is mixed (-2..+4%), so there the
-// turns stay. `small`: M <= 128 G.
-static int ggf_wdefault_bn(int mode, int mode_b, int64_t N, int small) {
+// The skew (session 8, gpu/NOTES-gemm.md "wgrad skew") stays 0 by default: its one large gain,
+// the 1x128 wgrad of G128 m128 at BN 192 without turns and skew 1, was +10..12% over the default
+// on an H200 (four benches) but -5.5% on an H100 (same build), and elsewhere it moved -2..+4%.
+static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
   (void)mode_b;
-  return (mode == GGF_TENSOR || small) && ggf_n_fits_192(N) ? 192 : 128;
+  return mode == GGF_TENSOR && ggf_n_fits_192(N) ? 192 : 128;
 }
-static int ggf_wdefault_order(int mode, int small) { return mode == GGF_TENSOR || small ? 0 : 1; }
-static int ggf_wdefault_skew(int mode, int small) { return mode != GGF_TENSOR && small ? 1 : 0; }
+static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
 
 tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                              const int64_t *offsets, const int64_t *tiles, int64_t G, tw_tensor *out, int accumulate,
@@ -1272,15 +1269,11 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
   // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call: none / gate
   // opened at issue / at completion; MXFP8 runs none whatever it says). Default ggf_wdefault_order.
-  // tokens M: the colwise copies are [K, M] (ops T); small groups: at most 128 tokens per group on
-  // average (the defaults above)
-  const int64_t M = lhs_op == TW_OP_T ? lhs->data.shape[1] : lhs->data.shape[0];
-  const int small = M <= 128 * G;
-  p.order = mx ? 0 : ggf_knob_order("TWIN_GG_WGMMA_FP8_WGRAD_ORDER", ggf_wdefault_order(p.mode, small));
+  p.order = mx ? 0 : ggf_knob_order("TWIN_GG_WGMMA_FP8_WGRAD_ORDER", ggf_wdefault_order(p.mode));
   // Column tile (knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on every call; default
   // ggf_wdefault_bn): 192 runs the tma loader's per-tensor, 1x128 and 128x128 kinds; MXFP8 and
   // the register loaders stay at 128 (asked for 192, they run 128: the same bits either way).
-  int bn = ggf_knob_bn("TWIN_GG_WGMMA_FP8_WGRAD_BN", ggf_wdefault_bn(p.mode, p.mode_b, N, small));
+  int bn = ggf_knob_bn("TWIN_GG_WGMMA_FP8_WGRAD_BN", ggf_wdefault_bn(p.mode, p.mode_b, N));
   if (mx || p.loader != GGF_WLOAD_TMA) bn = 128;
   ggf_wmaps maps;
   memset(&maps, 0, sizeof maps);
@@ -1363,13 +1356,13 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
     p.nst = GGF_WTMA_STAGES;
     while (p.nst > 2 && ggf_wsmem(p.loader, p.nst, p.epi_bytes, 0, 192) > 232448) --p.nst;
   }
-  // Skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default ggf_wdefault_skew):
+  // Skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default 0):
   // without turns only, MXFP8 never; at most stages - 2 (warpgroup 0 may run that far ahead and
   // still find the next stage loadable: a stage is refilled once both warpgroups released it).
   p.skew = 0;
   if (!mx && p.order == 0) {
     const char *sv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_SKEW");
-    const int h = sv && sv[0] >= '0' && sv[0] <= '9' && !sv[1] ? sv[0] - '0' : ggf_wdefault_skew(p.mode, small);
+    const int h = sv && sv[0] >= '0' && sv[0] <= '9' && !sv[1] ? sv[0] - '0' : 0;
     p.skew = h < p.nst - 2 ? h : p.nst - 2 > 0 ? p.nst - 2 : 0;
   }
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
