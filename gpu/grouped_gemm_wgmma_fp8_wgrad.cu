@@ -973,7 +973,10 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
   } else {
     // ---- consumers: warpgroup c = wg - 1 owns out rows p0 + 64c .. + 63 (the forward's), BN columns
     if constexpr (BN != 128) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    // the warpgroup index through a shuffle (the forward's): ptxas then knows it warp-uniform and
+    // keeps the descriptors in uniform registers. Only it: with warp shuffled too (and the stage
+    // and k-block count), the 1x128 wgrad lost 2-4% (session 8).
+    const int c = __shfl_sync(0xffffffffu, wg - 1, 0), warp = tid / 32, lane = tid % 32;
     float d[NA], tot[NA];
     int s = 0;
     uint32_t phase = 0;
