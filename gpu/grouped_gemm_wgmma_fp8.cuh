@@ -156,15 +156,17 @@ static inline int ggf_mode_of(int m) {
 static inline int ggf_fp8(int dt) { return dt == TW_E4M3 || dt == TW_E5M2; }
 
 // Knobs the forward and the wgrad read on every call: a column tile ("128" or "192" forces it;
-// unset or anything else: def) and a turn order ("0", "1" or "2"; else def).
+// unset or anything else: def), a turn order ("0", "1" or "2"; else def) and the wgrad skew (a digit).
 static inline int ggf_knob_bn(const char *name, int def) {
   const char *v = getenv(name);
   return v && !strcmp(v, "192") ? 192 : v && !strcmp(v, "128") ? 128 : def;
 }
-static inline int ggf_knob_order(const char *name, int def) {
+// A one-digit knob 0..max (anything else: def).
+static inline int ggf_knob_digit(const char *name, int max, int def) {
   const char *v = getenv(name);
-  return v && (v[0] == '0' || v[0] == '1' || v[0] == '2') && !v[1] ? v[0] - '0' : def;
+  return v && v[0] >= '0' && v[0] <= '0' + max && !v[1] ? v[0] - '0' : def;
 }
+static inline int ggf_knob_order(const char *name, int def) { return ggf_knob_digit(name, 2, def); }
 // Whether a 128 x 192 tile pads N by at most 1/16 more than 128 x 128 does (the defaults take 192
 // only there: N 2048, 4096, 7168, 8192 pad 1.8-3%; N = 256 would compute 384 columns).
 static inline int ggf_n_fits_192(int64_t N) { return (N + 191) / 192 * 192 * 16 <= (N + 127) / 128 * 128 * 17; }

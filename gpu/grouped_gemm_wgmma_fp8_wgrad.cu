@@ -1027,10 +1027,7 @@ __global__ void __launch_bounds__(GGF_THREADS, 1)
       for (int i = 0; i < NA; ++i) tot[i] = 0.f;
       for (int kt = 0; kt < w.kts; ++kt) {
         wgc_bar_wait_at(full_at + 8 * s, phase);
-        // + 2 per k32 step. (The forward's warp-uniform indices by __shfl_sync, tried here too,
-        // took the descriptors into uniform registers but cost the 1x128 wgrad 2-4% on the large
-        // shapes and per-tensor G128 4%: gpu/NOTES-gemm.md, session 8.)
-        const uint32_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);
+        const uint32_t da = da0 + s * (STAGE / 16), db = db0 + s * (STAGE / 16);  // + 2 per k32 step
         if (MX) {
           // MXFP8 (the forward's GGF_SC_MX consumer): one wgmma k32 per 32-token scaling block
           // into fresh registers (scale_d 0), then total = fmaf(partial, sa * sb, total) with
@@ -1362,12 +1359,9 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   // Skew (knob TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h, read on every call; default 0):
   // without turns only, MXFP8 never; at most stages - 2 (warpgroup 0 may run that far ahead and
   // still find the next stage loadable: a stage is refilled once both warpgroups released it).
-  p.skew = 0;
-  if (!mx && p.order == 0) {
-    const char *sv = getenv("TWIN_GG_WGMMA_FP8_WGRAD_SKEW");
-    const int h = sv && sv[0] >= '0' && sv[0] <= '9' && !sv[1] ? sv[0] - '0' : 0;
-    p.skew = h < p.nst - 2 ? h : p.nst - 2 > 0 ? p.nst - 2 : 0;
-  }
+  // (p.nst >= 2 for every loader and tile.)
+  const int h = ggf_knob_digit("TWIN_GG_WGMMA_FP8_WGRAD_SKEW", 9, 0);
+  p.skew = mx || p.order != 0 ? 0 : h < p.nst - 2 ? h : p.nst - 2;
   const int at = lhs->data.dtype == TW_E5M2, bt = rhs->data.dtype == TW_E5M2, od = out->dtype;
   tw_status s;
   if (mx)
