@@ -48,7 +48,8 @@ tw_operand tw_operand_colwise(const tw_qtensor *q) {
   o.mxfp8_swizzled = q->mxfp8_swizzled;
   o.src_rows = q->rows;
   o.src_cols = q->cols;
-  if (transposed_colwise(q->mode) && !tw_tensor_is_none(&q->col_data) &&
+  o.col_padded = q->col_padded; /* its data is already the 2-D [K, 128*T_cap] */
+  if (!q->col_padded && transposed_colwise(q->mode) && !tw_tensor_is_none(&q->col_data) &&
       q->rows >= 0 && q->cols >= 0 && (double)q->rows * (double)q->cols <= 9.0e15 &&
       tw_tensor_numel(&q->col_data) == q->rows * q->cols) {
     /* only a correctly sized copy gets the [K, M] view; a wrong one keeps its shape and fails validation */
@@ -71,6 +72,11 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
   if (!o) return tw_error(TW_ERR_NULL, "%s: %s is NULL", op, name);
   TW_TRY(tw_v_tensor(op, name, &o->data, ctx->ops->mem, -1));
   *blocks = BLOCKS_NONE;
+  if (o->col_padded != 0 && o->col_padded != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s->col_padded is %d, expected 0 or 1", op, name, o->col_padded);
+  if (o->col_padded && !(o->colwise && transposed_colwise(o->mode)))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s is marked token-padded but is not a per-group transposed colwise "
+                    "copy (%s, %s)", op, name, tw_scaling_name(o->mode), o->colwise ? "colwise" : "rowwise");
   if (o->mode == TW_SCALE_NONE) return tw_v_dtype_in(op, name, &o->data, plain_dtypes, 3);
   if ((int)o->mode < 0 || o->mode >= TW_SCALE_COUNT)
     return tw_error(TW_ERR_INVALID_ARG, "%s: %s has unknown scaling mode %d", op, name, (int)o->mode);
@@ -83,14 +89,24 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
   if (!gs && groups > 0 && R % groups != 0)
     return tw_error(TW_ERR_SHAPE, "%s: %s source has %lld rows, not divisible into %lld equal groups",
                     op, name, (long long)R, (long long)groups);
-  if ((double)R * (double)C > 9.0e15 || tw_tensor_numel(&o->data) != R * C)
+  if ((double)R * (double)C > 9.0e15)
+    return tw_error(TW_ERR_SHAPE, "%s: %s's source [%lld, %lld] is too large", op, name, (long long)R, (long long)C);
+  /* token-padded: [C, 128*T_cap] (tw_quantize.h), 2-D */
+  const int64_t gn = groups < R ? groups : R, pitch = 128 * ((R + 127 * (gn > 0 ? gn : 0)) / 128);
+  if (o->col_padded && (o->data.ndim != 2 || o->data.shape[0] != C || o->data.shape[1] != pitch)) {
+    char got[96];
+    return tw_error(TW_ERR_SHAPE, "%s: %s is token-padded, so its data must be [%lld, %lld] (source [%lld, %lld] "
+                    "in %lld groups), got %s", op, name, (long long)C, (long long)pitch, (long long)R,
+                    (long long)C, (long long)groups, tw_tensor_str(&o->data, got, sizeof got));
+  }
+  if (!o->col_padded && tw_tensor_numel(&o->data) != R * C)
     return tw_error(TW_ERR_SHAPE, "%s: %s data has %lld elements but its source is [%lld, %lld]", op,
                     name, (long long)tw_tensor_numel(&o->data), (long long)R, (long long)C);
   /* A 2-D view must be the orientation's storage as one matrix: [R, C], or [C, R] for a
    * per-group transposed copy (exact for one group); other ranks only need the count. */
   int64_t sr = o->colwise && transposed_colwise(o->mode) ? C : R;
   int64_t sc = o->colwise && transposed_colwise(o->mode) ? R : C;
-  if (o->data.ndim == 2 && (o->data.shape[0] != sr || o->data.shape[1] != sc))
+  if (!o->col_padded && o->data.ndim == 2 && (o->data.shape[0] != sr || o->data.shape[1] != sc))
     return tw_error(TW_ERR_SHAPE, "%s: %s's data is [%lld, %lld] but its %s orientation stores [%lld, %lld]",
                     op, name, (long long)o->data.shape[0], (long long)o->data.shape[1],
                     o->colwise ? "colwise" : "rowwise", (long long)sr, (long long)sc);
@@ -117,6 +133,13 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
   else
     *blocks = o->mode == TW_SCALE_MXFP8_1D ? BLOCKS_FIRST : BLOCKS_LAST;
   return TW_OK;
+}
+
+/* The token-padded colwise layout is read by the wgrad only. */
+static tw_status reject_padded(const char *op, const char *name, const tw_operand *o) {
+  if (!o || !o->col_padded) return TW_OK; /* (a NULL operand is reported by check_operand) */
+  return tw_error(TW_ERR_INVALID_ARG, "%s: %s is a token-padded colwise copy; only grouped_gemm_wgrad reads that "
+                  "layout", op, name);
 }
 
 /* Per-group storage [rows, cols] of a quantized operand with uniform groups. */
@@ -213,6 +236,8 @@ tw_status tw_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand
   TW_TRY(check_op(op, "op_a", op_a));
   TW_TRY(check_op(op, "op_b", op_b));
   int ba, bb;
+  TW_TRY(reject_padded(op, "a", a));
+  TW_TRY(reject_padded(op, "b", b));
   TW_TRY(check_operand(op, "a", ctx, a, NULL, 1, &ba));
   TW_TRY(check_operand(op, "b", ctx, b, NULL, 1, &bb));
   TW_TRY(check_pair(op, a, b));
@@ -255,6 +280,8 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   TW_TRY(check_op(op, "rhs_op", rhs_op));
   if (!lhs) return tw_error(TW_ERR_NULL, "%s: lhs is NULL", op);
   if (!rhs) return tw_error(TW_ERR_NULL, "%s: rhs is NULL", op);
+  TW_TRY(reject_padded(op, "lhs", lhs));
+  TW_TRY(reject_padded(op, "rhs", rhs));
   const tw_tensor *L = &lhs->data, *R = &rhs->data;
   TW_TRY(tw_v_tensor(op, "lhs", L, ctx->ops->mem, -1));
   TW_TRY(tw_v_tensor(op, "rhs", R, ctx->ops->mem, -1));

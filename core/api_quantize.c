@@ -60,6 +60,14 @@ static tw_status check_opts(const char *op, const tw_quantize_opts *opts) {
   if (opts->mxfp8_swizzled != 0 && opts->mxfp8_swizzled != 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: opts->mxfp8_swizzled is %d, expected 0 or 1", op,
                     opts->mxfp8_swizzled);
+  if (opts->col_padded != 0 && opts->col_padded != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: opts->col_padded is %d, expected 0 or 1", op, opts->col_padded);
+  if (opts->col_padded && !(opts->layout & TW_COLWISE))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: opts->col_padded = 1 asks for the token-padded colwise layout, but "
+                    "the layout is rowwise only", op);
+  if (opts->col_padded && opts->mode == TW_SCALE_MXFP8_1D)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: opts->col_padded = 1 with mxfp8: its colwise data is not "
+                    "transposed, so there is no token-padded layout (tensor and block modes only)", op);
   return TW_OK;
 }
 
@@ -108,8 +116,10 @@ tw_status tw_quantize_output_shapes(const tw_quantize_opts *opts, int64_t M, int
       cd = shape_only(opts->qdtype, 1, M * K, 0);
       break;
   }
+  if (opts->col_padded) cd = shape_only(opts->qdtype, 2, K, 128 * T); /* [K, 128*T_cap] */
   if (row) { q->row_data = rd; q->row_scale_inv = rs; }
   if (col) { q->col_data = cd; q->col_scale_inv = cs; }
+  q->col_padded = col && opts->col_padded;
   q->amax = shape_only(TW_F32, 1, G, 0);
   return TW_OK;
 }
@@ -174,6 +184,9 @@ tw_status tw_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor *
   if (opts->mode == TW_SCALE_MXFP8_1D && q->mxfp8_swizzled != opts->mxfp8_swizzled)
     return tw_error(TW_ERR_INVALID_ARG, "%s: q->mxfp8_swizzled = %d but opts->mxfp8_swizzled = %d", op,
                     q->mxfp8_swizzled, opts->mxfp8_swizzled);
+  if ((opts->layout & TW_COLWISE) && q->col_padded != opts->col_padded)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: q->col_padded = %d but opts->col_padded = %d", op, q->col_padded,
+                    opts->col_padded);
   TW_TRY(check_out(op, "row_data", ctx, &q->row_data, &want.row_data));
   TW_TRY(check_out(op, "row_scale_inv", ctx, &q->row_scale_inv, &want.row_scale_inv));
   TW_TRY(check_out(op, "col_data", ctx, &q->col_data, &want.col_data));
@@ -218,6 +231,9 @@ tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tenso
   o.qdtype = q->qdtype;
   o.layout = colwise ? TW_COLWISE : TW_ROWWISE;
   o.mxfp8_swizzled = q->mxfp8_swizzled;
+  if (q->col_padded != 0 && q->col_padded != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: q->col_padded is %d, expected 0 or 1", op, q->col_padded);
+  o.col_padded = colwise ? q->col_padded : 0;
   TW_TRY(check_opts(op, &o));
   TW_TRY(tw_v_tensor(op, "out", out, ctx->ops->mem, 2));
   TW_TRY(tw_v_dtype_in(op, "out", out, x_dtypes, 3));

@@ -30,6 +30,7 @@ typedef struct {
   int dtype;             // tw_dtype of the data
   int kmajor;            // 1: the contracting index is the contiguous one
   int ragged;            // base = o_g * row_elems, else g * group_stride
+  int padded;            // token-padded colwise copy (tw_quantize.h): base = 128 * T(g), ld = its pitch
   int64_t row_elems;
   int64_t group_stride;
   int64_t ld;            // 0: ld = m_g

@@ -361,6 +361,11 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   p.b.ragged = 1;
   p.b.row_elems = N;
   p.b.ld = rhs_op == TW_OP_N ? N : 0;
+  // token-padded copies (op T): [K, 128*T_cap] / [N, 128*T_cap], group g at column 128*T(g)
+  p.a.padded = lhs->col_padded;
+  if (p.a.padded) p.a.ld = lhs->data.shape[1];
+  p.b.padded = rhs->col_padded;
+  if (p.b.padded) p.b.ld = rhs->data.shape[1];
   p.out = out->data;
   p.out_dtype = out->dtype;
   p.accumulate = accumulate;

@@ -115,11 +115,11 @@ struct gg_view {
   int es, kmajor, vec_ok;
 };
 
-__device__ __forceinline__ gg_view gg_make_view(const gg_operand &o, int64_t g, int64_t og,
+__device__ __forceinline__ gg_view gg_make_view(const gg_operand &o, int64_t g, int64_t og, int64_t tg,
                                                 int64_t mg, int64_t xlim, int64_t klim) {
   gg_view v;
   v.es = gg_esize(o.dtype);
-  int64_t base = o.ragged ? og * o.row_elems : g * o.group_stride;
+  int64_t base = o.padded ? 128 * tg : o.ragged ? og * o.row_elems : g * o.group_stride;
   v.base = (const char *)o.ptr + base * v.es;
   v.ld = o.ld ? o.ld : mg;
   v.xlim = xlim;
@@ -409,8 +409,8 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
     const int64_t p0 = (local / tilesQ) * GG_BM, q0 = (local % tilesQ) * BN_;
     if (Rg == 0 && p.accumulate) continue;  // adds exactly nothing: leave out untouched
 
-    const gg_view va = gg_make_view(p.a, g, og, mg, Pg, Rg);
-    const gg_view vb = gg_make_view(p.b, g, og, mg, p.Q, Rg);
+    const gg_view va = gg_make_view(p.a, g, og, tg, mg, Pg, Rg);
+    const gg_view vb = gg_make_view(p.b, g, og, tg, mg, p.Q, Rg);
     const int ktiles = (int)((Rg + BK_ - 1) / BK_);
     constexpr int ESL = COMPUTE == GG_MMA_FP8 ? 1 : 2;  // element bytes (the loaders run only when WIDE)
     gg_fast_loader<AK, GG_BM, BK_, ESL> lda;

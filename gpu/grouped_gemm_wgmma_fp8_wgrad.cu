@@ -8,7 +8,9 @@
 // is [K, m_g] row-major at byte o_g*K, rhs [N, m_g] at o_g*N. Its rows are m_g bytes apart, so
 // neither a TMA map (16-byte strides) nor one per group can address them for a general m_g.
 // The default (tma) loader first copies them into token-padded matrices that one map each
-// addresses (ggf_pad_colwise, below); the register loaders (rows, staged) read them in place,
+// addresses (ggf_pad_colwise, below); an operand quantized token-padded (tw_quantize.h,
+// opts.col_padded) already is one and is read in place (no copy, whatever the loader knob says);
+// the register loaders (rows, staged) read the default layout in place,
 // the producer warpgroup loading them itself (rows):
 //   - thread i of the producer fills row i of the stage's A tile (out row p0 + i) and row i of
 //     its B tile (out column q0 + i): the 128 bytes of tokens 128kb.. of the group, read as the
@@ -380,9 +382,9 @@ __device__ __forceinline__ uint4 ggf_shift16(uint4 w0, uint4 w1, int off, int vb
 // lhs, R = K rows; side 1: rhs, R = N rows): tokens j0 .. j0+15 of the tile's group g,
 // j0 = 128 (c/8 - T(g)) + 16 (c%8), read from its block [R, m_g] at byte o_g*R (row r at
 // + r*m_g); tokens past m_g are zeros. One thread per chunk and row; rows strided by gridDim.y.
-__global__ void ggf_pad_colwise(const ggf_wparams p, unsigned char *pa, unsigned char *pb) {
+__global__ void ggf_pad_colwise(const ggf_wparams p, unsigned char *pa, unsigned char *pb, int side0) {
 #ifdef WGC_DEVICE
-  const int side = blockIdx.z;
+  const int side = side0 + blockIdx.z;  // side0 = 1: the lhs came token-padded (only the rhs is copied)
   const int64_t R = side ? p.N : p.K, c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= 8 * p.tiles[p.G]) return;
   const unsigned char *src = side ? p.b : p.a, *end = side ? p.b_end : p.a_end;
@@ -1165,6 +1167,10 @@ int gg_wgmma_fp8_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
            "both operands token-major";
   else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
     *why = "needs 16-byte aligned lhs and rhs";
+  else if ((lhs->col_padded || rhs->col_padded) &&
+           (!wgc_encode_fn() || ((lhs->src_rows + 127) / 128 + out->shape[0]) * 128 >= ((int64_t)1 << 31)))
+    *why = "reads token-padded operands by TMA only: needs cuTensorMapEncodeTiled in the driver and the padded "
+           "width 128 * (ceil(M/128) + G) below 2^31";
   else if (lhs->src_rows >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31) ||
            out->shape[1] >= ((int64_t)1 << 31) || out->shape[2] >= ((int64_t)1 << 31))
     *why = "needs M, N, K and G below 2^31";
@@ -1279,32 +1285,44 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   memset(&maps, 0, sizeof maps);
   unsigned char *pad = NULL;
   int pad_in_graph = 0;
+  // Token-padded operands (tw_quantize.h) are already the layout the tma loader reads: no copy.
+  const int given[2] = {lhs->col_padded, rhs->col_padded};
+  if (given[0] || given[1]) p.loader = GGF_WLOAD_TMA;  // (takes checked the encoder and the width)
   if (p.loader == GGF_WLOAD_TMA) {
     // Sum over groups of ceil(m_g / 128) <= ceil(M / 128) + G: the padded columns any sizes need.
     const int64_t M = lhs->src_rows;
     p.Mp = ((M + 127) / 128 + G) * 128;
     PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
-    if (!mx && (p.Mp >= ((int64_t)1 << 31) || !enc)) {
+    if (!mx && (p.Mp >= ((int64_t)1 << 31) || !enc) && !given[0] && !given[1]) {
       p.loader = GGF_WLOAD_ROWS;  // TMA coordinates are int32; no encoder: the register loader
       bn = 128;
     } else {
-      TW_TRY(ggf_pad_buffer(ctx, (size_t)(K + N) * (size_t)p.Mp, &pad, &pad_in_graph, "grouped_gemm_wgrad"));
-      unsigned char *pa = pad, *pb = pad + K * p.Mp;
-      const int64_t rows = K > N ? K : N;
+      const int copies = 2 - given[0] - given[1];  // sides to copy: rhs only when lhs came padded
+      const int side0 = given[0] ? 1 : 0;
+      unsigned char *pa = NULL, *pb = NULL;
+      if (copies > 0) {
+        TW_TRY(ggf_pad_buffer(ctx, (size_t)((given[0] ? 0 : K) + (given[1] ? 0 : N)) * (size_t)p.Mp, &pad,
+                              &pad_in_graph, "grouped_gemm_wgrad"));
+        pa = given[0] ? NULL : pad;
+        pb = given[1] ? NULL : pad + (given[0] ? 0 : K * p.Mp);
+      }
+      const int64_t ra = given[0] ? 0 : K, rb = given[1] ? 0 : N, rows = ra > rb ? ra : rb;  // rows to copy
       if (mx) {  // transposes [M, K] / [M, N] into the same padded [K, Mp] / [N, Mp]
         dim3 pg((unsigned)(p.Mp / 128), (unsigned)((rows + 127) / 128), 2);
         ggf_pad_mx<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
-      } else {
+      } else if (copies > 0) {
         const int64_t chunks = 8 * (p.Mp / 128);
-        dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), 2);
-        ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb);
+        dim3 pg((unsigned)((chunks + 255) / 256), (unsigned)(rows < 1024 ? rows : 1024), (unsigned)copies);
+        ggf_pad_colwise<<<pg, 256, 0, gpu_of(ctx)->stream>>>(p, pa, pb, side0);
       }
       GPU_TRY_CUDA(cudaGetLastError(), op);
-      const unsigned char *src[2] = {pa, pb};
+      const unsigned char *src[2] = {given[0] ? (const unsigned char *)lhs->data.data : pa,
+                                     given[1] ? (const unsigned char *)rhs->data.data : pb};
+      const int64_t pitch[2] = {given[0] ? lhs->data.shape[1] : p.Mp, given[1] ? rhs->data.shape[1] : p.Mp};
       const int64_t ext[2] = {K, N};
       CUtensorMap *mp[2] = {&maps.a, &maps.b};
       for (int i = 0; i < 2; ++i) {
-        cuuint64_t dims[2] = {(cuuint64_t)p.Mp, (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)p.Mp};
+        cuuint64_t dims[2] = {(cuuint64_t)pitch[i], (cuuint64_t)ext[i]}, strides[1] = {(cuuint64_t)pitch[i]};
         cuuint32_t box[2] = {GGF_BK, (cuuint32_t)(i ? bn : GGF_BM)}, es[2] = {1, 1};
         CUresult r = enc(mp[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)src[i], dims, strides, box, es,
                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

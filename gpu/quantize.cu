@@ -275,9 +275,19 @@ __global__ void __launch_bounds__(THREADS, 2) quantize_tile_kernel(QParams p) {
         if (p.mode == TW_SCALE_BLOCK_1x128)
           sc = make_float4(colscale[4 * c], colscale[4 * c + 1], colscale[4 * c + 2], colscale[4 * c + 3]);
         uint32_t codes = gpu_fp8x4_sat(x4.x * sc.x, x4.y * sc.y, x4.z * sc.z, x4.w * sc.w, p.fp8);
-        uint8_t *base = p.col_data + og * p.K + (lr0 + r);
+        // default: group g's [K, m_g] block at o_g*K; token-padded: [K, 128*T_cap], tile t at 128*t
+        const int64_t pitch = p.col_pitch ? p.col_pitch : mg;
+        uint8_t *base = p.col_data + (p.col_pitch ? TILE * t : og * p.K + lr0) + r;
         int n = max(0, min(4, cols - 4 * c));
-        for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * mg] = (uint8_t)(codes >> (8 * j));
+        for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * pitch] = (uint8_t)(codes >> (8 * j));
+      }
+      // token-padded: the tile's rows past m_g are code 0 (only a group's last tile has them)
+      for (int s = warp; p.col_pitch && rows < TILE && s < 128; s += THREADS / 32) {
+        int rb = s >> 5, c = s & 31, r = rb * 32 + lane;
+        if (r < rows) continue;
+        uint8_t *base = p.col_data + TILE * t + r;
+        int n = max(0, min(4, cols - 4 * c));
+        for (int j = 0; j < n; j++) base[(k0 + 4 * c + j) * p.col_pitch] = 0;
       }
     }
 
@@ -807,9 +817,12 @@ __global__ void __launch_bounds__(TA_THREADS, 2) quantize_tile_async_kernel(QPar
         for (int it = lane; it < L::EPC * 8; it += 32) {
           const int e = it >> 3, s = it & 7;
           const int k = L::EPC * cc + e, n = min(16, rows - 16 * s);
-          if (k >= cols || n <= 0) continue;
+          if (k >= cols) continue;
           const uint4 w = *(const uint4 *)(stage + e * 128 + s * 16);
-          store_col16(colg + (k0 + k) * mg + lr0 + 16 * s, w, n);
+          if (p.col_pitch)  // token-padded: whole aligned chunks, rows past m_g as code 0
+            store_col16(p.col_data + (k0 + k) * p.col_pitch + TILE * t + 16 * s, keep_first_bytes(w, n), 16);
+          else if (n > 0)
+            store_col16(colg + (k0 + k) * mg + lr0 + 16 * s, w, n);
         }
         __syncwarp();  // the stage is reused by the next column chunk
       }
@@ -985,6 +998,7 @@ extern "C" tw_status gpu_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const
   p.swz = opts->mxfp8_swizzled;
   p.row_data = p.row ? (uint8_t *)q->row_data.data : NULL;
   p.col_data = p.col ? (uint8_t *)q->col_data.data : NULL;
+  p.col_pitch = p.col && opts->col_padded ? TILE * Tcap : 0;
   p.row_si = p.row ? q->row_scale_inv.data : NULL;
   p.col_si = p.col && !tw_tensor_is_none(&q->col_scale_inv) ? q->col_scale_inv.data : NULL;
   const bool tensor = opts->mode == TW_SCALE_TENSOR_CURRENT || opts->mode == TW_SCALE_TENSOR_DELAYED;
@@ -1088,7 +1102,8 @@ struct DParams {
   int64_t M, K, G, Tcap;
   const int64_t *offsets, *tiles;
   int mode, colwise, swz, fp8;
-  int64_t ld;  // block-mode scale leading dim
+  int64_t ld;         // block-mode scale leading dim
+  int64_t col_pitch;  // token-padded colwise data: 128*T_cap; 0: default layout
 };
 
 __device__ __forceinline__ float decode_fp8(uint8_t c, int fp8) {
@@ -1110,7 +1125,9 @@ __global__ void __launch_bounds__(THREADS) dequantize_tile_kernel(DParams p) {
     int r = transposed ? (i & 127) : (i >> 7), k = transposed ? (i >> 7) : (i & 127);
     if (r >= rows || k >= cols) continue;
     const int64_t gr = r0 + r, gk = k0 + k;
-    uint8_t c = transposed ? p.data[og * p.K + gk * mg + lr0 + r] : p.data[gr * p.K + gk];
+    uint8_t c = !transposed ? p.data[gr * p.K + gk]
+                : p.col_pitch ? p.data[gk * p.col_pitch + TILE * t + r]
+                              : p.data[og * p.K + gk * mg + lr0 + r];
     float si;
     switch (p.mode) {
       case TW_SCALE_TENSOR_CURRENT:
@@ -1174,6 +1191,7 @@ extern "C" tw_status gpu_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, co
   p.colwise = colwise;
   p.swz = q->mxfp8_swizzled;
   p.fp8 = q->qdtype == TW_E4M3 ? 0 : 1;
+  p.col_pitch = colwise && q->col_padded ? TILE * Tcap : 0;
   if (q->mode == TW_SCALE_BLOCK_1x128) p.ld = colwise ? (K + 3) / 4 * 4 : (M + 3) / 4 * 4;
   if (q->mode == TW_SCALE_BLOCK_128x128) p.ld = colwise ? Tcap : (K + 127) / 128;
   if (Tcap > 0 && K > 0) {

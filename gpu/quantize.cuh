@@ -27,6 +27,7 @@ struct QParams {
   const float *scale;     // [G]: delayed scales, or NULL
   int64_t rs_ld, cs_ld;   // leading dims of the block-mode scale matrices
   int64_t chunks;         // quantize_tile_spec: 128-column chunks per CTA
+  int64_t col_pitch;      // token-padded colwise data (tw_quantize.h): its row length 128*T_cap; 0: default
 };
 
 __device__ __forceinline__ int64_t find_group(const int64_t *tiles, int64_t G, int64_t t) {
@@ -95,6 +96,19 @@ __device__ __forceinline__ void store_col16(uint8_t *o, uint4 w, int n) {
       o[j] = (uint8_t)(word >> (8 * (j & 3)));
     }
   }
+}
+
+// The token-padded colwise layout: bytes n.. of a 16-byte chunk zeroed (n <= 0: all), so a
+// tile's padding rows past m_g leave as code 0 in the same aligned 16-byte store.
+__device__ __forceinline__ uint4 keep_first_bytes(uint4 w, int n) {
+  if (n >= 16) return w;
+  uint32_t v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int keep = n - 4 * i;  // bytes of this word to keep
+    v[i] = keep >= 4 ? v[i] : keep <= 0 ? 0u : (v[i] & ((1u << (8 * keep)) - 1u));
+  }
+  return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
 // quantize_tile_spec (gpu/quantize_tile_spec.cu): bf16/f16 x, K % 8 == 0, x 16-byte and

@@ -480,7 +480,11 @@ __global__ void __launch_bounds__(TS_THREADS, 2) quantize_tile_spec_kernel(QPara
         const int cgc = col >> 3;
         uint4 v = *(const uint4 *)&stage[col * 32 + 4 * (s ^ (cgc >> 1))];
         if (cgc & 1) v = make_uint4(v.z, v.w, v.x, v.y);
-        store_col_run(colg + (k0 + col) * mg + lr0, v, s, rows, col < cols);
+        if (p.col_pitch)  // token-padded: an aligned 128-byte run, rows past m_g as code 0
+          store_col_run(p.col_data + (k0 + col) * p.col_pitch + (int64_t)TILE * t, keep_first_bytes(v, rows - 16 * s),
+                        s, TILE, col < cols);
+        else
+          store_col_run(colg + (k0 + col) * mg + lr0, v, s, rows, col < cols);
       }
     }
 

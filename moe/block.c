@@ -183,12 +183,15 @@ tw_status tw_moe_destroy(tw_moe *m) {
 
 /* ---- fp8 operands (FP8_* recipes) ----------------------------------------------------- */
 /* q's buffers for an [M, K] source in G groups, both orientations (e4m3). Slot i of qbuf;
- * the colwise half counts as saved when save_col, the rowwise half when save_row. */
+ * the colwise half counts as saved when save_col, the rowwise half when save_row. The
+ * activations' colwise copies are wgrad operands only: token-padded (tw_quantize.h) where the
+ * mode has that layout, so the wgrad reads them in place (act = 1). */
 static tw_status alloc_q(tw_moe *m, void **bufs, tw_scaling mode, int64_t M, int64_t K, int64_t G, int save_row,
-                         int save_col, tw_qtensor *q) {
+                         int save_col, int act, tw_qtensor *q) {
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
   o.layout = TW_ROWWISE_COLWISE;
+  o.col_padded = act && mode != TW_SCALE_MXFP8_1D;
   TW_TRY(tw_quantize_output_shapes(&o, M, K, G, q));
   tw_tensor *parts[5] = {&q->row_data, &q->row_scale_inv, &q->col_data, &q->col_scale_inv, &q->amax};
   int saved[5] = {save_row, save_row, save_col, save_col, save_row || save_col};
@@ -219,12 +222,12 @@ static tw_status alloc_fp8(tw_moe *m) {
   int64_t R = m->R, H = m->H, F = m->F, G = m->nle;
   TW_TRY(uniform_sizes(m, H, &m->gs_h));
   TW_TRY(uniform_sizes(m, F, &m->gs_f));
-  TW_TRY(alloc_q(m, m->qbuf[0], m->act_mode, R, H, G, 0, 1, &m->q_recv)); /* colwise kept for d_wi */
-  TW_TRY(alloc_q(m, m->qbuf[1], m->w_mode, G * H, 2 * F, G, 1, 1, &m->q_wi));
-  TW_TRY(alloc_q(m, m->qbuf[2], m->w_mode, G * F, H, G, 1, 1, &m->q_wo));
-  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 1, &m->q_a));  /* colwise kept for d_wo */
-  TW_TRY(alloc_q(m, m->qbuf[4], m->act_mode, R, H, G, 0, 0, &m->q_deo));
-  TW_TRY(alloc_q(m, m->qbuf[5], m->act_mode, R, 2 * F, G, 0, 0, &m->q_dh));
+  TW_TRY(alloc_q(m, m->qbuf[0], m->act_mode, R, H, G, 0, 1, 1, &m->q_recv)); /* colwise kept for d_wi */
+  TW_TRY(alloc_q(m, m->qbuf[1], m->w_mode, G * H, 2 * F, G, 1, 1, 0, &m->q_wi));
+  TW_TRY(alloc_q(m, m->qbuf[2], m->w_mode, G * F, H, G, 1, 1, 0, &m->q_wo));
+  TW_TRY(alloc_q(m, m->qbuf[3], m->act_mode, R, F, G, 0, 1, 1, &m->q_a));  /* colwise kept for d_wo */
+  TW_TRY(alloc_q(m, m->qbuf[4], m->act_mode, R, H, G, 0, 0, 1, &m->q_deo));
+  TW_TRY(alloc_q(m, m->qbuf[5], m->act_mode, R, 2 * F, G, 0, 0, 1, &m->q_dh));
   return TW_OK;
 }
 
@@ -302,8 +305,8 @@ static tw_status part_stage_bytes(const tw_moe *m, const fs_part *p, const tw_te
 static tw_status alloc_qgather(tw_moe *m, size_t *stage_need) {
   int64_t G = m->nle;
   TW_TRY(uniform_sizes(m, m->Hs, &m->gs_hs));
-  TW_TRY(alloc_q(m, m->qsbuf[0], m->w_mode, G * m->Hs, 2 * m->F, G, 0, 0, &m->qs_wi));
-  TW_TRY(alloc_q(m, m->qsbuf[1], m->w_mode, G * m->F, m->Hs, G, 0, 0, &m->qs_wo));
+  TW_TRY(alloc_q(m, m->qsbuf[0], m->w_mode, G * m->Hs, 2 * m->F, G, 0, 0, 0, &m->qs_wi));
+  TW_TRY(alloc_q(m, m->qsbuf[1], m->w_mode, G * m->F, m->Hs, G, 0, 0, 0, &m->qs_wo));
   if (m->w_mode == TW_SCALE_TENSOR_CURRENT) {
     TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wi, 0));
     TW_TRY(alloc(m, 4 * (size_t)G, &m->scale_wo, 0));
@@ -327,6 +330,7 @@ static tw_status quantize(tw_moe *m, const tw_tensor *x, const int32_t *gs, tw_q
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = q->mode;
   o.layout = TW_ROWWISE_COLWISE;
+  o.col_padded = q->col_padded;
   tw_tensor g = tw_tensor_1d((void *)gs, TW_I32, m->nle, tw_ctx_mem(m->ctx));
   return tw_grouped_quantize(m->ctx, x, &g, &o, q);
 }

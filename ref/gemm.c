@@ -181,7 +181,10 @@ static tw_status source_open(const char *op, const char *name, int slot, const t
     src->p = o->data.data ? (const float *)o->data.data : empty_f32;
     return TW_OK;
   }
-  int64_t n = o->mode == TW_SCALE_NONE ? n_read : tw_tensor_numel(&o->data);
+  /* quantized: every stored element (a token-padded copy comes back unpadded: M * K) */
+  int64_t n = o->mode == TW_SCALE_NONE ? n_read
+              : o->col_padded        ? o->src_rows * o->src_cols
+                                     : tw_tensor_numel(&o->data);
   TW_TRY(alloc_f32(op, name, slot, n, &src->owned));
   static const float empty_source[1];
   src->p = src->owned ? src->owned : empty_source; /* never NULL: callers offset it */

@@ -75,6 +75,7 @@ typedef struct {
   const int32_t *sizes;     /* m_g */
   int64_t *off;             /* [G+1] o_g, first row of group g */
   int64_t *tile;            /* [G+1] T(g), 128-row tiles before group g */
+  int64_t col_pitch;        /* token-padded colwise data: its row length 128*T_cap; else 0 */
 } groups;
 
 static tw_status groups_init(groups *gr, tw_scaling mode, int swizzled, int64_t M, int64_t K,
@@ -85,6 +86,7 @@ static tw_status groups_init(groups *gr, tw_scaling mode, int swizzled, int64_t 
   gr->K = K;
   gr->G = G;
   gr->sizes = sizes;
+  gr->col_pitch = 0;
   gr->off = malloc(sizeof(int64_t) * (size_t)(G + 1));
   gr->tile = malloc(sizeof(int64_t) * (size_t)(G + 1));
   if (!gr->off || !gr->tile) {
@@ -104,11 +106,29 @@ static void groups_free(groups *gr) {
 
 static int transposed_colwise(tw_scaling mode) { return mode != TW_SCALE_MXFP8_1D; }
 
-/* Storage index of element (row o_g + lr, column k) in rowwise or colwise data. */
-static int64_t data_pos(const groups *gr, int colwise, int64_t g, int64_t lr, int64_t k) {
+/* The token-padded colwise layout's row length 128*T_cap (tw_quantize.h). */
+static int64_t padded_pitch(int64_t M, int64_t G) {
+  int64_t Gn = G < M ? G : M;
+  return 128 * ((M + 127 * Gn) / 128);
+}
+
+/* Storage index of element (row o_g + lr, column k) in the default layouts. */
+static int64_t default_pos(const groups *gr, int colwise, int64_t g, int64_t lr, int64_t k) {
   if (colwise && transposed_colwise(gr->mode))
     return gr->off[g] * gr->K + k * gr->sizes[g] + lr; /* group g's [K, m_g] block */
   return (gr->off[g] + lr) * gr->K + k;
+}
+
+/* Storage index of element (row o_g + lr, column k) in rowwise or colwise data. */
+static int64_t data_pos(const groups *gr, int colwise, int64_t g, int64_t lr, int64_t k) {
+  if (colwise && gr->col_pitch) return k * gr->col_pitch + 128 * gr->tile[g] + lr; /* [K, 128*T_cap] */
+  return default_pos(gr, colwise, g, lr, k);
+}
+
+/* Token-padded colwise data: code 0 in group g's padding columns m_g .. 128*ceil(m_g/128). */
+static void zero_padding(const groups *gr, uint8_t *col_data, int64_t g) {
+  int64_t m = gr->sizes[g], pad = 128 * tw_ceil_div(m, 128) - m;
+  for (int64_t k = 0; pad > 0 && k < gr->K; k++) memset(col_data + data_pos(gr, 1, g, m, k), 0, (size_t)pad);
 }
 
 /* Storage index, in a scale_inv tensor whose rows hold `ld` entries (its shape[1]), of the
@@ -264,6 +284,7 @@ static void quantize_group(const qctx *c, const tw_quantize_opts *opts, tw_qtens
       }
       break;
   }
+  if (col && gr->col_pitch) zero_padding(gr, c->col_data, g);
   if (!tw_tensor_is_none(&q->amax)) put_f32(&q->amax, g, rect_amax(c, g, 0, m, 0, K));
 }
 
@@ -274,6 +295,7 @@ tw_status ref_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor 
   TW_TRY(groups_init(&gr, opts->mode, opts->mxfp8_swizzled, x->shape[0], x->shape[1],
                      (const int32_t *)group_sizes->data, group_sizes->shape[0]));
   int row = (opts->layout & TW_ROWWISE) != 0, col = (opts->layout & TW_COLWISE) != 0;
+  if (col && opts->col_padded) gr.col_pitch = padded_pitch(gr.M, gr.G);
   qctx c = {&gr, x, opts->qdtype, row, col, row ? q->row_data.data : NULL, col ? q->col_data.data : NULL};
   for (int64_t g = 0; g < gr.G; g++) quantize_group(&c, opts, q, g);
   groups_free(&gr);
@@ -284,7 +306,8 @@ tw_status ref_grouped_quantize(tw_ctx *ctx, const tw_tensor *x, const tw_tensor 
 
 /* decode(q) * scale_inv of every element of the groups, in one orientation. The value of
  * element (o_g + lr, k) goes to out[out_pos] where out_pos is its position in the [M, K]
- * source (as_stored = 0) or in the data as stored (as_stored = 1). */
+ * source (as_stored = 0) or in the data as the default layout stores it (as_stored = 1; a
+ * token-padded colwise copy is read from its padded positions and written unpadded). */
 static void dequantize_groups(const groups *gr, tw_dtype qdtype, int colwise, const tw_tensor *data,
                               const tw_tensor *scale_inv, int as_stored, tw_tensor *out) {
   int64_t ld = scale_ld(scale_inv);
@@ -296,7 +319,7 @@ static void dequantize_groups(const groups *gr, tw_dtype qdtype, int colwise, co
         float s = gr->mode == TW_SCALE_MXFP8_1D ? tw_e8m0_to_f32(((const uint8_t *)scale_inv->data)[slot])
                                                 : ((const float *)scale_inv->data)[slot];
         float v = fp8_decode(codes[at], qdtype) * s;
-        store_out(out, as_stored ? at : (gr->off[g] + lr) * gr->K + k, canonical(v));
+        store_out(out, as_stored ? default_pos(gr, colwise, g, lr, k) : (gr->off[g] + lr) * gr->K + k, canonical(v));
       }
 }
 
@@ -306,6 +329,7 @@ tw_status ref_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tens
   groups gr;
   TW_TRY(groups_init(&gr, q->mode, q->mxfp8_swizzled, q->rows, q->cols,
                      (const int32_t *)group_sizes->data, group_sizes->shape[0]));
+  if (colwise && q->col_padded) gr.col_pitch = padded_pitch(gr.M, gr.G);
   const tw_tensor *s = colwise ? &q->col_scale_inv : &q->row_scale_inv;
   if (colwise && tw_tensor_is_none(s)) s = &q->row_scale_inv; /* tensor scaling shares it */
   dequantize_groups(&gr, q->qdtype, colwise, colwise ? &q->col_data : &q->row_data, s, 0, out);
@@ -318,7 +342,15 @@ tw_status ref_dequantize_operand(const tw_operand *o, const int32_t *group_sizes
   const char *op = "dequantize_operand";
   if (!o || !out) return tw_error(TW_ERR_NULL, "%s: operand or out is NULL", op);
   int64_t M = o->src_rows, K = o->src_cols, n = tw_tensor_numel(&o->data);
-  if (n != M * K)
+  int padded = o->mode != TW_SCALE_NONE && o->colwise && o->col_padded;
+  if (padded && (o->mode == TW_SCALE_MXFP8_1D || G < 1))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: a token-padded colwise operand needs tensor or block scaling and "
+                    "G >= 1 (got %s, G = %lld)", op, tw_scaling_name(o->mode), (long long)G);
+  if (padded && n != K * padded_pitch(M, G))
+    return tw_error(TW_ERR_SHAPE, "%s: token-padded data has %lld elements but the source [%lld, %lld] in %lld "
+                    "groups pads to [%lld, %lld]", op, (long long)n, (long long)M, (long long)K, (long long)G,
+                    (long long)K, (long long)padded_pitch(M, G));
+  if (!padded && n != M * K)
     return tw_error(TW_ERR_SHAPE, "%s: data has %lld elements but the source is [%lld, %lld]", op,
                     (long long)n, (long long)M, (long long)K);
   if (o->mode == TW_SCALE_NONE) {
@@ -365,7 +397,8 @@ tw_status ref_dequantize_operand(const tw_operand *o, const int32_t *group_sizes
     groups gr;
     if (st == TW_OK) st = groups_init(&gr, o->mode, o->mxfp8_swizzled, M, K, group_sizes, G);
     if (st == TW_OK) {
-      tw_tensor o_out = tw_tensor_1d(out, TW_F32, n, TW_MEM_HOST);
+      if (padded) gr.col_pitch = padded_pitch(M, G);
+      tw_tensor o_out = tw_tensor_1d(out, TW_F32, M * K, TW_MEM_HOST);
       dequantize_groups(&gr, o->data.dtype, o->colwise, &o->data, &o->scale_inv, 1, &o_out);
       groups_free(&gr);
     }

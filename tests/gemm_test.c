@@ -412,13 +412,14 @@ typedef struct {
   void *mem[5];
 } qbuf;
 
-static void quantize(tw_scaling mode, tw_dtype qdtype, const float *x, int64_t R, int64_t C,
-                     const int32_t *gs, int G, qbuf *b) {
+static void quantize_opt(tw_scaling mode, tw_dtype qdtype, const float *x, int64_t R, int64_t C,
+                         const int32_t *gs, int G, int col_padded, qbuf *b) {
   memset(b, 0, sizeof *b);
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
   o.qdtype = qdtype;
   o.layout = TW_ROWWISE_COLWISE;
+  o.col_padded = col_padded;
   OK(tw_quantize_output_shapes(&o, R, C, G, &b->q));
   int tensor = mode == TW_SCALE_TENSOR_CURRENT || mode == TW_SCALE_TENSOR_DELAYED;
   if (tensor) b->q.col_scale_inv = tw_tensor_none(); /* shares row_scale_inv */
@@ -433,6 +434,11 @@ static void quantize(tw_scaling mode, tw_dtype qdtype, const float *x, int64_t R
   tw_tensor tx = tw_tensor_2d((void *)x, TW_F32, R, C, TW_MEM_HOST);
   tw_tensor tg = tw_tensor_1d((void *)gs, TW_I32, G, TW_MEM_HOST);
   OK(tw_grouped_quantize(ctx, &tx, &tg, &o, &b->q));
+}
+
+static void quantize(tw_scaling mode, tw_dtype qdtype, const float *x, int64_t R, int64_t C,
+                     const int32_t *gs, int G, qbuf *b) {
+  quantize_opt(mode, qdtype, x, R, C, gs, G, 0, b);
 }
 
 /* The dequantized [R, C] values of one orientation (rows past the groups: 0). */
@@ -496,6 +502,38 @@ static void quantized_equals_dequantized(tw_scaling mode) {
   pr = tw_operand_plain(&tdys);
   OK(tw_grouped_gemm_wgrad(ctx, &pl, op, &pr, op, &tg, &tw2, 0));
   cr_assert(memcmp(g1, g2, G * K * N * 4) == 0, "%s wgrad differs from the dequantized GEMM", tw_scaling_name(mode));
+
+  if (tr) { /* token-padded copies (either or both): the same products, bit for bit */
+    qbuf px, pdy;
+    quantize_opt(mode, TW_E4M3, x, M, K, gs, G, 1, &px);
+    quantize_opt(mode, TW_E5M2, dy, M, N, gs, G, 1, &pdy);
+    const tw_operand lp = tw_operand_colwise(&px.q), rp = tw_operand_colwise(&pdy.q);
+    const tw_operand ld = tw_operand_colwise(&qx.q), rd = tw_operand_colwise(&qdy.q);
+    const tw_operand *pairs[3][2] = {{&lp, &rp}, {&lp, &rd}, {&ld, &rp}};
+    for (int i = 0; i < 3; i++) {
+      memset(g2, TW_POISON_BYTE, G * K * N * 4);
+      OK(tw_grouped_gemm_wgrad(ctx, pairs[i][0], TW_OP_T, pairs[i][1], TW_OP_T, &tg, &tw2, 0));
+      cr_assert(memcmp(g1, g2, G * K * N * 4) == 0, "%s wgrad with token-padded operands (pair %d) differs",
+                tw_scaling_name(mode), i);
+    }
+    /* only the wgrad reads the layout */
+    tw_tensor to3 = tw_tensor_2d(o2, TW_F32, M, N, TW_MEM_HOST);
+    tw_operand wr = tw_operand_rowwise(&qw.q);
+    tt_expect_status(tw_grouped_gemm(ctx, &lp, &wr, TW_OP_T, &tg, &to3, 0), TW_ERR_INVALID_ARG,
+                     "only grouped_gemm_wgrad reads that layout");
+    tt_expect_status(tw_gemm(ctx, &lp, TW_OP_T, &wr, TW_OP_T, &to3, 0), TW_ERR_INVALID_ARG,
+                     "only grouped_gemm_wgrad reads that layout");
+    /* a padded operand of the wrong width, and the flag on what is not a transposed copy */
+    tw_operand bad = lp;
+    bad.data.shape[1] -= 128;
+    tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_T, &rp, TW_OP_T, &tg, &tw2, 0), TW_ERR_SHAPE,
+                     "is token-padded, so its data must be [150, 512] (source [200, 150] in 3 groups), got [150, 384]");
+    bad = tw_operand_rowwise(&px.q);
+    bad.col_padded = 1;
+    tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_N, &rp, TW_OP_T, &tg, &tw2, 0), TW_ERR_INVALID_ARG,
+                     "is marked token-padded but is not a per-group transposed colwise copy");
+    free_q(&px), free_q(&pdy);
+  }
 
   if (tr) free(xs), free(dys);
   free(x), free(w), free(dy), free(o1), free(o2), free(g1), free(g2), free(xv), free(wv), free(xc), free(dyc);

@@ -1348,6 +1348,82 @@ static void order_bits_cases(int n, int small) {
 }
 Test(grouped_gemm_wgrad_gpu, order_bits_gg_wgmma_fp8_version, .timeout = 300) { order_bits_cases(60, 0); }
 Test(grouped_gemm_wgrad_gpu, order_bits_small_gg_wgmma_fp8_version, .timeout = 300) { order_bits_cases(8, 1); }
+
+/* The token-padded colwise layout (tw_quantize.h, opts.col_padded), written here from the default
+ * copy by the header's formula alone: [C, 128*T_cap], group g's token i at column 128*T(g) + i,
+ * code 0 to the group's next 128 boundary, poison past 128*T(G) (never read). */
+static tw_operand padded_copy(const qop *o, const int32_t *gs, int64_t G, tw_tensor *host, tw_tensor *dev) {
+  const int64_t R = o->hq.rows, C = o->hq.cols, Gn = G < R ? G : R, pitch = 128 * ((R + 127 * Gn) / 128);
+  int64_t sh[2] = {C, pitch};
+  *host = host_new(o->hq.col_data.dtype, 2, sh);
+  uint8_t *P = (uint8_t *)host->data;
+  const uint8_t *D = (const uint8_t *)o->hq.col_data.data;
+  memset(P, TW_POISON_BYTE, tw_tensor_bytes(host));
+  int64_t og = 0, tg = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t m = gs[g], padded = 128 * ((m + 127) / 128);
+    for (int64_t k = 0; k < C; ++k)
+      for (int64_t i = 0; i < padded; ++i) P[k * pitch + 128 * tg + i] = i < m ? D[og * C + k * m + i] : 0;
+    og += m;
+    tg += padded / 128;
+  }
+  *dev = dev_copy(host);
+  tw_operand d = o->d;
+  d.data = *dev;
+  d.col_padded = 1;
+  return d;
+}
+/* The wgrad from token-padded operands (either or both) against the default layout, bit for bit,
+ * on a version: every scale pairing of wbits, ragged groups with an empty and a 1-token group,
+ * K and N tails, e4m3/e5m2, every output dtype, accumulate on and off; on gg_wgmma_fp8 the padded
+ * side skips the copy pass (the other side alone is copied: the mixed pairs). */
+static void padded_bits_cases(const char *version, int n) {
+  ctx_for(version);
+  for (int s = 0; s < n; ++s) {
+    rng_s = (uint64_t)(41000 + s) * 7919 + 17;
+    const int mi = s % 5, acc = (int)(rnd() & 1);
+    const int64_t G = irange(1, 9), K = irange(1, 400), N = irange(1, 3) == 1 ? 192 * irange(1, 3) : irange(1, 520);
+    const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 300 * G);
+    const tw_dtype od = out_types[rnd() % 3];
+    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+    int64_t os[3] = {G, K, N};
+    wbits c;
+    int32_t *g32 = wbits_groups(&c, G, M, K, N);
+    if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
+    wbits_quantize(&c, mi, qa, qb);
+    tw_tensor hl, dl, hr, dr;
+    const tw_operand pl = padded_copy(&c.ql, g32, G, &hl, &dl), pr = padded_copy(&c.qr, g32, G, &hr, &dr);
+    tw_tensor want = host_new(od, 3, os), got = host_new(od, 3, os);
+    init_out(&want, acc);
+    tw_tensor init = host_new(od, 3, os);
+    memcpy(init.data, want.data, tw_tensor_bytes(&want));
+    tw_tensor gs_d = dev_copy(&c.gs), od0 = dev_copy(&want);
+    cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &c.ql.d, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od0, acc), TW_OK,
+                 "%s case %d: %s", version, s, tw_last_error());
+    to_host(&want, &od0);
+    const tw_operand *pairs[3][2] = {{&pl, &pr}, {&pl, &c.qr.d}, {&c.ql.d, &pr}};
+    for (int p = 0; p < 3; ++p) {
+      tw_tensor od1 = dev_copy(&init);
+      cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, pairs[p][0], TW_OP_T, pairs[p][1], TW_OP_T, &gs_d, &od1, acc), TW_OK,
+                   "%s case %d pair %d: %s", version, s, p, tw_last_error());
+      cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s case %d: %s", version, s, tw_last_error());
+      to_host(&got, &od1);
+      cr_assert(memcmp(want.data, got.data, tw_tensor_bytes(&want)) == 0,
+                "%s case %d pair %d (%s x %s, %s x %s -> %s, G=%lld M=%lld N=%lld K=%lld acc %d): the token-padded "
+                "operands give other bits", version, s, p, tw_scaling_name(wbits_ml[mi]), tw_scaling_name(wbits_mr[mi]),
+                tw_dtype_name(qa), tw_dtype_name(qb), tw_dtype_name(od), (long long)G, (long long)M, (long long)N,
+                (long long)K, acc);
+      dev_free(&od1);
+    }
+    wbits_free(&c);
+    host_free(&hl); host_free(&hr); dev_free(&dl); dev_free(&dr);
+    dev_free(&gs_d); dev_free(&od0);
+    host_free(&want); host_free(&got); host_free(&init);
+  }
+  ctx_done();
+}
+Test(grouped_gemm_wgrad_gpu, padded_bits_gg_wgmma_fp8_version, .timeout = 300) { padded_bits_cases("gg_wgmma_fp8", 40); }
+Test(grouped_gemm_wgrad_gpu, padded_bits_gg_mma_wide_version, .timeout = 300) { padded_bits_cases("gg_mma_wide", 25); }
 /* auto picks it for the fp8 wgrad from colwise copies on sm_90 (the MoE block's fp8 wgrads) */
 Test(grouped_gemm_wgrad_gpu, random_fp8_auto_colwise, .timeout = 900) {
   ctx_for(NULL); fp8w_colwise = 1; fp8_mode_count = 4;

@@ -370,6 +370,8 @@ static size_t q_bytes(tw_scaling mode, int64_t M, int64_t K, int64_t G, int row,
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
   o.layout = TW_ROWWISE_COLWISE;
+  /* the activations' colwise copies (row = 0: wgrad operands) are token-padded, MXFP8 aside */
+  o.col_padded = !row && mode != TW_SCALE_MXFP8_1D;
   tw_qtensor q;
   cr_assert_eq(tw_quantize_output_shapes(&o, M, K, G, &q), TW_OK, "%s", tw_last_error());
   size_t b = 0;

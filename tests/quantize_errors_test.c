@@ -84,6 +84,15 @@ Test(quantize_errors, output_shapes_rejects_bad_opts_and_sizes) {
   o.mxfp8_swizzled = -1;
   tt_expect_status(tw_quantize_output_shapes(&o, 4, 4, 1, &q), TW_ERR_INVALID_ARG, "mxfp8_swizzled is -1");
   o = (tw_quantize_opts)TW_QUANTIZE_OPTS_INIT;
+  o.col_padded = 2;
+  tt_expect_status(tw_quantize_output_shapes(&o, 4, 4, 1, &q), TW_ERR_INVALID_ARG, "opts->col_padded is 2");
+  o.col_padded = 1; /* the default layout is rowwise only */
+  tt_expect_status(tw_quantize_output_shapes(&o, 4, 4, 1, &q), TW_ERR_INVALID_ARG, "the layout is rowwise only");
+  o.layout = TW_COLWISE;
+  o.mode = TW_SCALE_MXFP8_1D;
+  tt_expect_status(tw_quantize_output_shapes(&o, 4, 4, 1, &q), TW_ERR_INVALID_ARG,
+                   "col_padded = 1 with mxfp8: its colwise data is not transposed");
+  o = (tw_quantize_opts)TW_QUANTIZE_OPTS_INIT;
   tt_expect_status(tw_quantize_output_shapes(&o, -1, 4, 1, &q), TW_ERR_INVALID_ARG, "M = -1");
   tt_expect_status(tw_quantize_output_shapes(&o, 4, 0, 1, &q), TW_ERR_INVALID_ARG, "K = 0");
   tt_expect_status(tw_quantize_output_shapes(&o, 4, 4, 0, &q), TW_ERR_INVALID_ARG, "G = 0");
@@ -113,6 +122,14 @@ Test(quantize_errors, output_shapes_of_every_mode) {
   cr_assert_eq(tw_quantize_output_shapes(&o, 300, 130, 4, &q), TW_OK);
   cr_assert(tw_tensor_is_none(&q.row_data) && tw_tensor_is_none(&q.row_scale_inv));
   cr_assert(q.col_scale_inv.ndim == 1 && q.col_scale_inv.shape[0] == 4 && q.amax.shape[0] == 4);
+  /* token-padded colwise data: [K, 128 * T_cap], the rest unchanged */
+  o.mode = TW_SCALE_BLOCK_1x128;
+  o.layout = TW_ROWWISE_COLWISE;
+  o.col_padded = 1;
+  cr_assert_eq(tw_quantize_output_shapes(&o, 300, 130, 4, &q), TW_OK);
+  cr_assert(q.col_padded == 1 && q.col_data.ndim == 2 && q.col_data.shape[0] == 130 && q.col_data.shape[1] == 768);
+  cr_assert(q.col_scale_inv.shape[0] == 6 && q.col_scale_inv.shape[1] == 132 && q.row_data.shape[0] == 300);
+  o.col_padded = 0;
   /* more groups than rows: only min(G, M) can be non-empty */
   o.mode = TW_SCALE_BLOCK_128x128;
   cr_assert_eq(tw_quantize_output_shapes(&o, 2, 5, 100, &q), TW_OK);
@@ -146,6 +163,12 @@ Test(quantize_errors, bad_opts_reach_the_quantize_call) {
   f.opts.pow2_scales = 7;
   tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "pow2_scales is 7");
   f.opts.pow2_scales = 0;
+  f.opts.col_padded = 1; /* q was laid out with the default colwise layout */
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "q->col_padded = 0 but opts->col_padded = 1");
+  f.opts.col_padded = 0;
+  f.q.col_padded = 1;
+  tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "q->col_padded = 1 but opts->col_padded = 0");
+  f.q.col_padded = 0;
   f.opts.mode = TW_SCALE_MXFP8_1D; /* q was laid out for current scaling */
   tt_expect_status(quantize(&f), TW_ERR_INVALID_ARG, "q is described as current/e4m3 but opts ask for mxfp8/e4m3");
   f.opts.mode = TW_SCALE_TENSOR_CURRENT;
@@ -492,6 +515,14 @@ Test(quantize_errors, dequantize_operand_rejects_inconsistent_operands) {
   bad = o;
   bad.mode = (tw_scaling)9;
   tt_expect_status(ref_dequantize_operand(&bad, f.sizes, G, out), TW_ERR_INVALID_ARG, "scaling mode 9");
+  /* a token-padded operand: its data must be [K, 128 * T_cap]; never MXFP8 */
+  bad = tw_operand_colwise(&f.q);
+  bad.col_padded = 1;
+  tt_expect_status(ref_dequantize_operand(&bad, f.sizes, G, out), TW_ERR_SHAPE,
+                   "token-padded data has 240 elements but the source [6, 40] in 3 groups pads to [40, 384]");
+  bad.mode = TW_SCALE_MXFP8_1D;
+  tt_expect_status(ref_dequantize_operand(&bad, f.sizes, G, out), TW_ERR_INVALID_ARG,
+                   "a token-padded colwise operand needs tensor or block scaling");
   /* a plain operand is just widened */
   tw_operand p = tw_operand_plain(&f.xt);
   cr_assert_eq(ref_dequantize_operand(&p, NULL, 1, out), TW_OK);

@@ -158,6 +158,9 @@ static void make_case(qcase *c, uint64_t seed, int mode_pick) {
   o.layout = (tw_qlayout)(1 + tt_rand_u64(&st) % 3);
   o.pow2_scales = (int)(tt_rand_u64(&st) % 2);
   o.mxfp8_swizzled = (int)(tt_rand_u64(&st) % 2);
+  /* token-padded colwise data in a third of the cases that have it (from the seed: the random
+   * stream, and so every other choice of a case, is the same as before the layout existed) */
+  o.col_padded = (o.layout & TW_COLWISE) && o.mode != TW_SCALE_MXFP8_1D && seed % 3 == 1;
   c->opts = o;
   c->with_amax = o.mode <= TW_SCALE_TENSOR_DELAYED || tt_rand_u64(&st) % 2;
   /* values: normal-ish times a per-case magnitude, per-row spread, some specials */
@@ -179,11 +182,11 @@ static void make_case(qcase *c, uint64_t seed, int mode_pick) {
       c->scale[g] = (float)ldexp(tt_rand_uniform(&st, 1.0, 2.0), (int)(tt_rand_u64(&st) % 30) - 15);
     if (specials) c->scale[0] = special_value(&st);
   }
-  snprintf(c->name, sizeof c->name, "seed %llu: %s %s %s x %s [%lld, %lld] G=%lld S=%lld pow2=%d swz=%d amax=%d",
+  snprintf(c->name, sizeof c->name, "seed %llu: %s %s %s%s x %s [%lld, %lld] G=%lld S=%lld pow2=%d swz=%d amax=%d",
            (unsigned long long)seed, tw_scaling_name(o.mode), tw_dtype_name(o.qdtype),
            o.layout == TW_ROWWISE ? "rowwise" : o.layout == TW_COLWISE ? "colwise" : "rowwise_colwise",
-           tw_dtype_name(c->xdt), (long long)c->M, (long long)c->K, (long long)c->G, (long long)c->S,
-           o.pow2_scales, o.mxfp8_swizzled, c->with_amax);
+           o.col_padded ? " (token-padded)" : "", tw_dtype_name(c->xdt), (long long)c->M, (long long)c->K,
+           (long long)c->G, (long long)c->S, o.pow2_scales, o.mxfp8_swizzled, c->with_amax);
 }
 
 static void free_case(qcase *c) {
@@ -408,15 +411,21 @@ Test(quantize_gpu, tile_async_large_tiles_every_mode_layout_dtype, .timeout = 60
           c.scale = malloc(sizeof(float) * 4);
           for (int g = 0; g < 4; g++) c.scale[g] = (float)ldexp(1.5, g - 2);
         }
-        snprintf(c.name, sizeof c.name, "large tile case: %s %s layout %d x %s [700, 1168] G=4",
-                 tw_scaling_name(o.mode), tw_dtype_name(o.qdtype), lay, tw_dtype_name(c.xdt));
-        run_quantize_case(ref, gpu, &c);
-        run_quantize_case(ref, aut, &c);
-        if (c.xdt != TW_F32) run_quantize_case(ref, spec, &c);
+        for (int padded = 0; padded < 2; padded++) {  /* and the token-padded colwise layout */
+          if (padded && (!(lay & TW_COLWISE) || m == TW_SCALE_MXFP8_1D)) break;
+          c.opts.col_padded = padded;
+          snprintf(c.name, sizeof c.name, "large tile case: %s %s layout %d%s x %s [700, 1168] G=4",
+                   tw_scaling_name(o.mode), tw_dtype_name(o.qdtype), lay, padded ? " (token-padded)" : "",
+                   tw_dtype_name(c.xdt));
+          run_quantize_case(ref, gpu, &c);
+          run_quantize_case(ref, aut, &c);
+          if (c.xdt != TW_F32) run_quantize_case(ref, spec, &c);
+          ran += padded;
+        }
         free_case(&c);
         ran++;
       }
-  cr_assert_eq(ran, 45);
+  cr_assert_eq(ran, 45 + 4 * 2 * 3);  /* + the padded runs: 4 transposed modes x 2 colwise layouts x 3 dtypes */
   tw_ctx_destroy(ref);
   tw_ctx_destroy(gpu);
   tw_ctx_destroy(aut);

@@ -80,14 +80,15 @@ typedef struct {
   float scale[PG];
 } prop_q;
 
-static void prop_quantize(tw_ctx *ctx, const float *x, tw_scaling mode, tw_dtype qd, int pow2, int swizzled,
-                          prop_q *pq) {
+static void prop_quantize_opt(tw_ctx *ctx, const float *x, tw_scaling mode, tw_dtype qd, int pow2, int swizzled,
+                              int col_padded, prop_q *pq) {
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = mode;
   o.qdtype = qd;
   o.layout = TW_ROWWISE_COLWISE;
   o.pow2_scales = pow2;
   o.mxfp8_swizzled = swizzled;
+  o.col_padded = col_padded;
   if (mode == TW_SCALE_TENSOR_DELAYED) { /* a stored scale that fits each group's range */
     int64_t r0 = 0;
     for (int g = 0; g < PG; g++) {
@@ -107,6 +108,11 @@ static void prop_quantize(tw_ctx *ctx, const float *x, tw_scaling mode, tw_dtype
   poison_alloc(&pq->q.col_scale_inv);
   poison_alloc(&pq->q.amax);
   cr_assert_eq(tw_grouped_quantize(ctx, &xt, &gs, &o, &pq->q), TW_OK, "%s", tw_last_error());
+}
+
+static void prop_quantize(tw_ctx *ctx, const float *x, tw_scaling mode, tw_dtype qd, int pow2, int swizzled,
+                          prop_q *pq) {
+  prop_quantize_opt(ctx, x, mode, qd, pow2, swizzled, 0, pq);
 }
 
 static void prop_free(prop_q *pq) {
@@ -381,5 +387,63 @@ Test(quantize_props, tail_rows_are_never_read) {
     prop_free(&dirty);
   }
   free(x);
+  tw_ctx_destroy(ctx);
+}
+
+/* The token-padded colwise layout (tw_quantize.h, opts.col_padded) holds the default layout's
+ * codes at [k][128*T(g) + i], code 0 in each group's padding to the next 128 tokens, and
+ * nothing past 128*T(G); every other output is the default's, byte for byte, and so is the
+ * colwise dequantize. */
+Test(quantize_props, token_padded_colwise_is_the_default_layout_moved) {
+  tw_ctx *ctx = tt_ref_ctx();
+  float *x = malloc(sizeof(float) * PM * PK), *d0 = malloc(sizeof(float) * PM * PK),
+        *d1 = malloc(sizeof(float) * PM * PK);
+  prop_input(x, 23);
+  int64_t off[PG + 1], tile[PG + 1];
+  off[0] = tile[0] = 0;
+  for (int g = 0; g < PG; g++) {
+    off[g + 1] = off[g] + prop_sizes[g];
+    tile[g + 1] = tile[g] + (prop_sizes[g] + 127) / 128;
+  }
+  const int64_t pitch = 128 * ((PM + 127 * PG) / 128); /* 128 * T_cap, T_cap = 7 > T(G) = 5 */
+  cr_assert_eq(pitch, 896);
+  const tw_scaling modes[4] = {TW_SCALE_TENSOR_CURRENT, TW_SCALE_TENSOR_DELAYED, TW_SCALE_BLOCK_1x128,
+                               TW_SCALE_BLOCK_128x128};
+  for (int mi = 0; mi < 4; mi++) {
+    prop_q a, b;
+    prop_quantize_opt(ctx, x, modes[mi], TW_E4M3, 0, 0, 0, &a);
+    prop_quantize_opt(ctx, x, modes[mi], TW_E4M3, 0, 0, 1, &b);
+    const char *mn = tw_scaling_name(modes[mi]);
+    cr_assert(b.q.col_padded == 1 && a.q.col_padded == 0, "%s: col_padded not recorded", mn);
+    cr_assert(b.q.col_data.ndim == 2 && b.q.col_data.shape[0] == PK && b.q.col_data.shape[1] == pitch,
+              "%s: col_data shape", mn);
+    const tw_tensor *ta[4] = {&a.q.row_data, &a.q.row_scale_inv, &a.q.col_scale_inv, &a.q.amax};
+    const tw_tensor *tb[4] = {&b.q.row_data, &b.q.row_scale_inv, &b.q.col_scale_inv, &b.q.amax};
+    for (int i = 0; i < 4; i++)
+      cr_assert(tw_tensor_bytes(ta[i]) == tw_tensor_bytes(tb[i]) &&
+                    memcmp(ta[i]->data, tb[i]->data, tw_tensor_bytes(ta[i])) == 0,
+                "%s: output %d differs with the padded colwise layout", mn, i);
+    const uint8_t *ca = a.q.col_data.data, *cb = b.q.col_data.data;
+    for (int64_t k = 0; k < PK; k++) {
+      for (int g = 0; g < PG; g++) {
+        const int64_t m = prop_sizes[g], padded_end = 128 * ((m + 127) / 128);
+        for (int64_t i = 0; i < padded_end; i++) {
+          uint8_t want = i < m ? ca[off[g] * PK + k * m + i] : 0;
+          cr_assert_eq(cb[k * pitch + 128 * tile[g] + i], want, "%s: k %lld group %d token %lld", mn, (long long)k, g,
+                       (long long)i);
+        }
+      }
+      for (int64_t j = 128 * tile[PG]; j < pitch; j++)
+        cr_assert_eq(cb[k * pitch + j], TW_POISON_BYTE, "%s: column %lld past the groups written", mn, (long long)j);
+    }
+    dequantize(ctx, &a.q, 1, d0);
+    dequantize(ctx, &b.q, 1, d1);
+    cr_assert(memcmp(d0, d1, sizeof(float) * PM * PK) == 0, "%s: colwise dequantize differs", mn);
+    prop_free(&a);
+    prop_free(&b);
+  }
+  free(x);
+  free(d0);
+  free(d1);
   tw_ctx_destroy(ctx);
 }

@@ -29,13 +29,13 @@
  *     timed with and without the tail-row zeroing.
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
- *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also with the consumers' turns forced
- *     off and on, the column tile forced to 128 and 192 and the consumers' skew (knobs
- *     TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1, TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192,
- *     TWIN_GG_WGMMA_FP8_WGRAD_SKEW=h; rows "turns 0|1, BN 128|192[, skew h]") next to the forward, all
- *     eight timed in rotating rounds after a discarded warm round (time_variants; fastest kept round
- *     per row, each wgrad's rate over that forward row and over turns 0 BN 128 printed with the
- *     rounds); G32 / G128 ragged sizes too. MXFP8
+ *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also from token-padded operands
+ *     (tw_quantize.h opts.col_padded: no copy pass; rows "token-padded"), with the consumers' turns
+ *     forced off and on and the column tile forced to 128 and 192 (knobs
+ *     TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1, TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192; rows "turns 0|1, BN
+ *     128|192") next to the forward, all eight timed in rotating rounds after a discarded warm
+ *     round (time_variants; fastest kept round per row, each wgrad's rate over that forward row
+ *     and over the default row printed with the rounds); G32 / G128 ragged sizes too. MXFP8
  *     (colwise [M, K] / [M, N] data, ops N, compact E8M0 scales every 32 tokens): gg_wgmma_fp8
  *     next to gg_mma_wide, with its rate over the 1x128 and per-tensor wgrads and over the MXFP8
  *     forward.
@@ -706,13 +706,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             static const char *const kn2[VAR_KNOBS] = {"TWIN_GG_WGMMA_FP8_WGRAD_ORDER", "TWIN_GG_WGMMA_FP8_WGRAD_BN",
                                                        "TWIN_GG_WGMMA_FP8_WGRAD_SKEW"};
             static const variant vs[] = {{"gg_wgmma_fp8 forward", {NULL, NULL, NULL}},
+                                         {"gg_wgmma_fp8 (default knobs)", {NULL, NULL, NULL}},
+                                         {"gg_wgmma_fp8, token-padded operands", {NULL, NULL, NULL}},
                                          {"gg_wgmma_fp8, turns 0, BN 128", {"0", "128", "0"}},
                                          {"gg_wgmma_fp8, turns 1, BN 128", {"1", "128", "0"}},
                                          {"gg_wgmma_fp8, turns 0, BN 192", {"0", "192", "0"}},
                                          {"gg_wgmma_fp8, turns 1, BN 192", {"1", "192", "0"}},
-                                         {"gg_wgmma_fp8, turns 0, BN 128, skew 2", {"0", "128", "2"}},
-                                         {"gg_wgmma_fp8, turns 0, BN 192, skew 1", {"0", "192", "1"}},
-                                         {"gg_wgmma_fp8, turns 0, BN 192, skew 2", {"0", "192", "2"}}};
+                                         {"gg_wgmma_fp8, token-padded, turns 1, BN 192", {"1", "192", "0"}}};
             const int nv = (int)(sizeof vs / sizeof vs[0]), nr = nv > 3 ? nv : 3;
             call cf; /* the forward: lhs [M, K] in a, rhs [G*N, K] in b (fp8 codes from the forward
                       * rows), the forward's scales (1.0), out [M, N] bf16 in fo */
@@ -742,10 +742,24 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             cf.a.src_rows = M; cf.a.src_cols = sh.K;
             cf.b.src_rows = sh.G * sh.N; cf.b.src_cols = sh.K;
             c8.ctx = c_wf8;
-            void *const args[VAR_MAX] = {&cf, &c8, &c8, &c8, &c8, &c8, &c8, &c8};
+            /* the same operands token-padded: [K, 128*T_cap] / [N, 128*T_cap] codes (1.0 like the
+             * default copies), read in place */
+            call c8p = c8;
+            void *pa = NULL, *pb = NULL;
+            if (tw_alloc(c_auto, (size_t)(sh.K * 128 * T_cap), &pa) || tw_alloc(c_auto, (size_t)(sh.N * 128 * T_cap), &pb) ||
+                fill(pa, sh.K * 128 * T_cap, 1) || fill(pb, sh.N * 128 * T_cap, 1)) {
+              fprintf(stderr, "bench gpu gemm: allocation failed (token-padded fp8 wgrad)\n");
+              return 1;
+            }
+            c8p.a.data = tw_tensor_2d(pa, TW_E4M3, sh.K, 128 * T_cap, TW_MEM_DEVICE);
+            c8p.b.data = tw_tensor_2d(pb, TW_E4M3, sh.N, 128 * T_cap, TW_MEM_DEVICE);
+            c8p.a.col_padded = c8p.b.col_padded = 1;
+            void *const args[VAR_MAX] = {&cf, &c8, &c8p, &c8, &c8, &c8, &c8, &c8p};
             double best[VAR_MAX], all[VAR_MAX][VAR_MAX];
             time_variants(kn2, vs, nv, args, warmup, iters, c_wf8, best, all);
             tw_free(c_auto, fo);
+            tw_free(c_auto, pa);
+            tw_free(c_auto, pb);
             for (int w = 0; w < nv; ++w) {
               if (best[w] < 0) { fprintf(stderr, "%s %s: %s\n", s8, vs[w].name, tw_last_error()); rc = 1; }
               row_out(s8, vs[w].name, best[w], flop, peak_fp8, "", -1, cfg->csv);

@@ -59,7 +59,11 @@
  *     rhs_op N) or a [G*N, K] source (storage [N, K], rhs_op T), G groups of equal size; a
  *     transposed colwise copy of one is the other's storage.
  *   wgrad: lhs [M, K] and rhs [M, N] quantized by group_sizes; op T exactly when the data
- *     is a per-group transposed copy (else TW_ERR_INVALID_ARG).
+ *     is a per-group transposed copy (else TW_ERR_INVALID_ARG). Either copy may be
+ *     token-padded (tw_quantize.h, opts.col_padded: data [K, 128*T_cap] / [N, 128*T_cap],
+ *     op T): the same products, read in place where the default layout is first copied into
+ *     that one by gg_wgmma_fp8. Only the wgrad takes a token-padded operand; tw_gemm and
+ *     tw_grouped_gemm give TW_ERR_INVALID_ARG for one.
  *   Plain operands must have equal dtypes, or one of them f32 (the other is widened).
  *
  * Other errors: out must not share bytes with an input, a scale_inv or group_sizes
@@ -173,6 +177,7 @@ typedef struct {
   int colwise;
   int mxfp8_swizzled;
   int64_t src_rows, src_cols;
+  int col_padded; /* colwise data in tw_quantize.h's token-padded layout (wgrad operands only) */
 } tw_operand;
 
 tw_operand tw_operand_plain(const tw_tensor *t);

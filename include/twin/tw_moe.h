@@ -77,7 +77,10 @@
  *   recv s*R*H, recv_w 4*R, group sizes 4*NLE, h 4*R*2F, eo s*R*H (LATE weighting only).
  *   FP8_*: recv's colwise fp8 copy with its scales instead of recv, a's colwise fp8 copy with its
  *   scales (for d_wo, instead of recomputing a and quantizing it again), plus the fp8 copies of
- *   wi and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size).
+ *   wi and wo (both orientations, with scales) (tw_quantize_output_shapes gives each size; the
+ *   activations' colwise copies, read only by the wgrads, are token-padded where the mode has
+ *   that layout (FP8_CURRENT, FP8_BLOCK): [H or F, 128*T_cap] codes, T_cap the tile bound of R
+ *   rows in NLE groups).
  *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
  *   same sizes and one f32 staging buffer of the larger). With fp8_gather they are not kept:
  *   the fp8 copies above are the gathered weights (scratch: the shard's fp8 copies too).

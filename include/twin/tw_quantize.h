@@ -61,6 +61,16 @@
  *   TENSOR_* and BLOCK_*: per-group transposed. Group g's block is [K, m_g] row-major at
  *     element offset o_g*K (the "T" copy Hopper's fp8 GEMM needs for wgrad and dgrad).
  *   MXFP8_1D: not transposed: [M, K] like x, only the scale orientation differs (TE's "NN").
+ *   Token-padded (opts.col_padded = 1; TENSOR_* and BLOCK_* only, MXFP8 is
+ *     TW_ERR_INVALID_ARG): col_data [K, 128*T_cap] (T_cap below), group g's element
+ *     (row o_g + i, column k) at [k][128*T(g) + i]: every group starts on a 128-token
+ *     boundary of one row-major matrix whose rows are 16-byte multiples apart, the operand
+ *     layout of DeepGEMM's k-grouped wgrad. Each group's padding columns 128*T(g) + m_g ..
+ *     128*T(g+1) - 1 are written as code 0 in every row (so a reader may take whole 128-token
+ *     blocks); columns from 128*T(G) on are untouched. Same codes and scales as the default
+ *     layout, only the positions differ. The grouped wgrad reads it in place; from the
+ *     default layout the gpu wgrad first copies both operands into this one (a pass over
+ *     (K + N) * M bytes each way, ~10% of a large fp8 wgrad: gpu/NOTES-gemm.md).
  *
  * Scale layouts (scale_inv). "T" below is the number of 128-row tiles over all groups,
  * T(g) = sum_{j<g} ceil(m_j/128); capacities use the worst case over group sizes (at most
@@ -103,7 +113,7 @@
  * Alignment rules (enforced for both backends, so a program that passes on ref runs on gpu):
  *   x, outputs: element-aligned (no further rule); K >= 1; M >= 0.
  *   MXFP8 and BLOCK modes need no K or m_g multiple: partial blocks are defined above.
- *   opts->pow2_scales and opts->mxfp8_swizzled are 0 or 1.
+ *   opts->pow2_scales, opts->mxfp8_swizzled and opts->col_padded are 0 or 1.
  *   No output overlaps an input or another output (nothing runs in place); the one exception
  *   is tensor scaling's col_scale_inv, which may be row_scale_inv's very buffer.
  */
@@ -142,6 +152,7 @@ typedef struct {
   tw_tensor col_data;      /* colwise layout above, or none */
   tw_tensor col_scale_inv; /* TENSOR_*: the same buffer as row_scale_inv */
   tw_tensor amax;          /* [G] f32 per-group amax (TENSOR_*; optional for block modes) */
+  int col_padded;          /* col_data in the token-padded layout above */
 } tw_qtensor;
 
 typedef struct {
@@ -152,10 +163,11 @@ typedef struct {
   int pow2_scales;            /* TENSOR_CURRENT and BLOCK_*: truncate scales to powers of 2 */
   int mxfp8_swizzled;         /* MXFP8: write scales swizzled (1) or compact (0) */
   tw_tensor scale;            /* TENSOR_DELAYED: [G] f32 stored scales */
+  int col_padded;             /* colwise data token-padded (0 or 1; TENSOR_* and BLOCK_*) */
 } tw_quantize_opts;
 
 #define TW_QUANTIZE_OPTS_INIT \
-  {sizeof(tw_quantize_opts), TW_SCALE_TENSOR_CURRENT, TW_E4M3, TW_ROWWISE, 0, 1, {0, TW_F32, -1, {0, 0, 0, 0}, TW_MEM_HOST}}
+  {sizeof(tw_quantize_opts), TW_SCALE_TENSOR_CURRENT, TW_E4M3, TW_ROWWISE, 0, 1, {0, TW_F32, -1, {0, 0, 0, 0}, TW_MEM_HOST}, 0}
 
 /* Shapes of the outputs for (mode, layout, M, K, G); a component not produced has ndim -1.
  * Fills the dtypes and shapes of *q (data pointers NULL) so the caller can allocate. */
