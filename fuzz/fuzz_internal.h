@@ -66,6 +66,7 @@ typedef struct {
   int colwise;      /* quantized: which orientation of the quantized source is passed */
   int swizzled;     /* mxfp8 scales */
   int pow2;         /* pow2 scales (current, block) */
+  int padded;       /* colwise transposed copy in the token-padded layout (tw_quantize.h col_padded) */
 } fz_operand_spec;
 
 typedef struct {

@@ -139,8 +139,8 @@ static void spec_str(const fz_operand_spec *s, char *buf, size_t n) {
   if (s->mode == TW_SCALE_NONE)
     snprintf(buf, n, "%s", tw_dtype_name(s->dtype));
   else
-    snprintf(buf, n, "%s/%s/%s%s%s", tw_scaling_name(s->mode), tw_dtype_name(s->qdtype),
-             s->colwise ? "col" : "row", s->swizzled ? "/swz" : "", s->pow2 ? "/pow2" : "");
+    snprintf(buf, n, "%s/%s/%s%s%s%s", tw_scaling_name(s->mode), tw_dtype_name(s->qdtype),
+             s->colwise ? "col" : "row", s->swizzled ? "/swz" : "", s->pow2 ? "/pow2" : "", s->padded ? "/pad" : "");
 }
 
 void fz_case_describe(const fz_case *c, char *buf, size_t n) {
@@ -555,6 +555,10 @@ static int gen_wgrad(fz_rng *r, fz_case *c) {
   if (m == TW_SCALE_NONE) { c->sa.colwise = c->sb.colwise = 0; }
   else if (m == TW_SCALE_MXFP8_1D) { c->sa.colwise = c->sb.colwise = 1; }
   else { c->sa.colwise = c->op_a == TW_OP_T; c->sb.colwise = c->op_b == TW_OP_T; }
+  /* transposed copies token-padded in about half the cases, each side on its own bit of the
+   * case seed (not the generator's stream, so every other choice of a seed is as before) */
+  c->sa.padded = c->sa.colwise && m != TW_SCALE_MXFP8_1D && ((c->seed >> 17) & 1);
+  c->sb.padded = c->sb.colwise && m != TW_SCALE_MXFP8_1D && ((c->seed >> 29) & 1);
   c->K = pick_dim(r, 1, 160);
   c->N = pick_dim(r, 1, 160);
   int64_t rows_budget = 1500000 / (c->K * c->N + 1);

@@ -36,8 +36,8 @@ static const char *op_str(tw_op o) { return o == TW_OP_T ? "T" : "N"; }
 static void write_spec(FILE *f, const char *p, const fz_operand_spec *s) {
   fprintf(f, "%s_dtype = %s\n%s_mode = %s\n", p, tw_dtype_name(s->dtype), p, tw_scaling_name(s->mode));
   if (s->mode != TW_SCALE_NONE)
-    fprintf(f, "%s_qdtype = %s\n%s_colwise = %d\n%s_swizzled = %d\n%s_pow2 = %d\n", p,
-            tw_dtype_name(s->qdtype), p, s->colwise, p, s->swizzled, p, s->pow2);
+    fprintf(f, "%s_qdtype = %s\n%s_colwise = %d\n%s_swizzled = %d\n%s_pow2 = %d\n%s_padded = %d\n", p,
+            tw_dtype_name(s->qdtype), p, s->colwise, p, s->swizzled, p, s->pow2, p, s->padded);
 }
 
 static const char *const kFiles[] = {"case.txt", "report.txt", "group_sizes.npy", "x.npy", "a.npy",
@@ -242,6 +242,9 @@ static tw_status get_spec(const kv *t, const char *p, fz_operand_spec *s) {
   snprintf(k, sizeof k, "%s_pow2", p);
   TW_TRY(get_int(t, k, 0, &v));
   s->pow2 = (int)v;
+  snprintf(k, sizeof k, "%s_padded", p); /* absent in repros older than the layout: 0 */
+  TW_TRY(get_int(t, k, 0, &v));
+  s->padded = (int)v;
   return TW_OK;
 }
 

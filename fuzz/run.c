@@ -524,6 +524,7 @@ static tw_status quantized_operand(tw_ctx *oracle, arena *A, const float *src, i
   o.layout = sp->colwise ? TW_COLWISE : TW_ROWWISE;
   o.pow2_scales = sp->pow2;
   o.mxfp8_swizzled = sp->swizzled;
+  o.col_padded = sp->colwise && sp->padded;
   tw_qtensor q;
   TW_TRY(quantize_on(oracle, A, &x, gs, G, &o, NULL, &q, 0));
   *op = sp->colwise ? tw_operand_colwise(&q) : tw_operand_rowwise(&q);

@@ -34,7 +34,7 @@
 //   - scales of the colwise copies (tw_quantize.h): 1x128 [T(g) + kb][k] (lhs rows k, rhs
 //     rows n), 128x128 [k / 128][T(g) + kb]; per-tensor [g] (in the epilogue, as the forward).
 // Column tile BN (kernel template, 128 | 192; knob TWIN_GG_WGMMA_FP8_WGRAD_BN=128|192, read on
-// every call; default ggf_wdefault_bn: 192 per-tensor, 128 block scales): at 192 the tma loader's
+// every call; default ggf_wdefault_bn: 192 per-tensor and 1x128 x 1x128, else 128): at 192 the tma loader's
 // per-tensor, 1x128 and 128x128 kinds run 128 x 192 output tiles (the .cuh's wgmma m64n192k32
 // ggf_mma_bn and promotion ggf_promote_n, 96 + 96 accumulators under setmaxnreg 40 / 232 as in
 // the forward; 40 KiB stages: 4 with a bf16/f16 out or accumulate, 3 with the f32 TMA store; the
@@ -1228,9 +1228,13 @@ static tw_status ggf_wgrad_out(tw_ctx *ctx, int od, const ggf_wmaps *m, const gg
 // The skew (session 8, gpu/NOTES-gemm.md "wgrad skew") stays 0 by default: its one large gain,
 // the 1x128 wgrad of G128 m128 at BN 192 without turns and skew 1, was +10..12% over the default
 // on an H200 (four benches) but -5.5% on an H100 (same build), and elsewhere it moved -2..+4%.
+// 1x128 x 1x128 (the MoE block's activation pair) at 192 since session 9: with turns, +3.5..+12% over
+// 128 on all five bench shapes, from the token-padded and the copied layouts alike (H200 run s9-2,
+// two benches); its fp8 wgrad test set passed with 192 forced. 128x128 pairings stay at 128 (not
+// measured at 192).
 static int ggf_wdefault_bn(int mode, int mode_b, int64_t N) {
-  (void)mode_b;
-  return mode == GGF_TENSOR && ggf_n_fits_192(N) ? 192 : 128;
+  const int wide = mode == GGF_TENSOR || (mode == GGF_B1x128 && mode_b == GGF_B1x128);
+  return wide && ggf_n_fits_192(N) ? 192 : 128;
 }
 static int ggf_wdefault_order(int mode) { return mode == GGF_TENSOR ? 0 : 1; }
 

@@ -130,7 +130,9 @@
  *     tw_gemm_error_bound_promoted(.., m_g, 32, 0x1p-13, 0x1p-24, 2, ..) per element of out[g].
  *     Memory: it first copies both operands (MXFP8: transposed) into token-padded matrices,
  *     (K + N) * 128 * (ceil(M/128) + G) bytes of device memory that the context keeps and grows (not in
- *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own).
+ *     tw_ctx_memory's ledger; inside a graph capture the call allocates and frees its own). An
+ *     operand quantized token-padded (tw_quantize.h opts.col_padded) is read in place: no copy
+ *     and no buffer for it (the copy costs 8-23% of the wgrad on the bench shapes, H200).
  *     The forward's MXFP8 colwise rhs copy (above) uses the same buffer, the same way.
  *     Subnormal codes (probe: tests/fp8_accum_gpu_test.c, gpu/NOTES-gemm.md "fp8 accumulator
  *     probe"): inside one 32-deep instruction the tensor core aligns the products (and the
