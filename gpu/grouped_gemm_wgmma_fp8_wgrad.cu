@@ -1290,7 +1290,9 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   unsigned char *pad = NULL;
   int pad_in_graph = 0;
   // Token-padded operands (tw_quantize.h) are already the layout the tma loader reads: no copy.
-  const int given[2] = {lhs->col_padded, rhs->col_padded};
+  // With M = 0 their width 128 * T_cap is 0 (no map takes that; every group is empty, nothing is
+  // read): they take the copy path, whose pass copies nothing (fuzz repro gpu-wgrad-padded-m0).
+  const int given[2] = {lhs->col_padded && lhs->data.shape[1] > 0, rhs->col_padded && rhs->data.shape[1] > 0};
   if (given[0] || given[1]) p.loader = GGF_WLOAD_TMA;  // (takes checked the encoder and the width)
   if (p.loader == GGF_WLOAD_TMA) {
     // Sum over groups of ceil(m_g / 128) <= ceil(M / 128) + G: the padded columns any sizes need.
