@@ -927,6 +927,17 @@ static void wbits_free(wbits *c) {
   host_free(&c->x);
   host_free(&c->y);
 }
+/* A random wbits case of pairing mi over [M, K] x [M, N] in G groups (with an empty and, G > 3, a
+ * 1-token group): draws the output dtype and an fp8 pair (never e5m2 x e5m2), then quantizes. */
+static void wbits_random(wbits *c, int mi, int64_t G, int64_t M, int64_t K, int64_t N, tw_dtype *od, tw_dtype *qa,
+                         tw_dtype *qb) {
+  *od = out_types[rnd() % 3];
+  *qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+  *qb = *qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
+  int32_t *g32 = wbits_groups(c, G, M, K, N);
+  if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
+  wbits_quantize(c, mi, *qa, *qb);
+}
 /* gg_wgmma_fp8's wgrad (tma loader) on 128 x 192 output tiles (TWIN_GG_WGMMA_FP8_WGRAD_BN=192,
  * read on every call) against 128 x 128 (=128): the same promotion per output column, so the same
  * bits. Per-tensor current and delayed, 1x128, 128x128 and 1x128 x 128x128 (a 192-column tile
@@ -946,13 +957,10 @@ Test(grouped_gemm_wgrad_gpu, bn192_bits_gg_wgmma_fp8_version, .timeout = 300) {
     const int mi = s % 5, acc = (int)(rnd() & 1), warps = mi >= 2 && (s / 5) % 3 == 2;
     const int64_t N = Ns[(s / 5) % 5], G = N > 1000 ? irange(1, 4) : irange(1, 10), K = irange(1, 300);
     const int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 400 * G);
-    const tw_dtype od = out_types[rnd() % 3];
-    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     int64_t os[3] = {G, K, N};
     wbits c;
-    int32_t *g32 = wbits_groups(&c, G, M, K, N);
-    if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
-    wbits_quantize(&c, mi, qa, qb);
+    tw_dtype od, qa, qb;
+    wbits_random(&c, mi, G, M, K, N, &od, &qa, &qb);
     tw_tensor o128 = host_new(od, 3, os), o192 = host_new(od, 3, os);
     init_out(&o128, acc);
     memcpy(o192.data, o128.data, tw_tensor_bytes(&o128));
@@ -1385,13 +1393,11 @@ static void padded_bits_cases(const char *version, int n) {
     const int64_t G = irange(1, 9), K = irange(1, 400), N = irange(1, 3) == 1 ? 192 * irange(1, 3) : irange(1, 520);
     int64_t M = irange(0, 3) == 0 ? irange(0, 64 * G) : irange(64 * G, 300 * G);
     if (s % 10 == 7) M = 0; /* no tokens: a padded copy is [C, 0] (fuzz repro gpu-wgrad-padded-m0) */
-    const tw_dtype od = out_types[rnd() % 3];
-    const tw_dtype qa = (rnd() & 1) ? TW_E4M3 : TW_E5M2, qb = qa == TW_E5M2 || (rnd() & 1) ? TW_E4M3 : TW_E5M2;
     int64_t os[3] = {G, K, N};
     wbits c;
-    int32_t *g32 = wbits_groups(&c, G, M, K, N);
-    if (G > 3 && g32[2] > 1) g32[3] += g32[2] - 1, g32[2] = 1; /* a 1-token group */
-    wbits_quantize(&c, mi, qa, qb);
+    tw_dtype od, qa, qb;
+    wbits_random(&c, mi, G, M, K, N, &od, &qa, &qb);
+    const int32_t *g32 = (const int32_t *)c.gs.data;
     tw_tensor hl, dl, hr, dr;
     const tw_operand pl = padded_copy(&c.ql, g32, G, &hl, &dl), pr = padded_copy(&c.qr, g32, G, &hr, &dr);
     tw_tensor want = host_new(od, 3, os), got = host_new(od, 3, os);
