@@ -399,6 +399,7 @@ const char *tw_shard_expected_error(const tw_mesh *m, tw_shard_op op, const tw_q
   if (!spec_ok(m, xs, x->ndim, x->shape)) return "spec:";
   if (op == TW_SHARD_GROUPED_QUANTIZE) {
     int col = q->layout & TW_COLWISE, row = q->layout & TW_ROWWISE;
+    if (col && q->col_padded && (xs->dim[0].n || xs->dim[1].n)) return "rule quantize.col_padded";
     int along_m = (col && (q->mode == TW_SCALE_MXFP8_1D || q->mode == TW_SCALE_BLOCK_1x128)) || q->mode == TW_SCALE_BLOCK_128x128;
     if (along_m && xs->dim[0].n) return "rule quantize.blocks_along_m";
     int kb = (row && q->mode == TW_SCALE_MXFP8_1D) ? 32 : ((row && q->mode == TW_SCALE_BLOCK_1x128) || q->mode == TW_SCALE_BLOCK_128x128) ? 128 : 0;

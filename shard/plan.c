@@ -432,6 +432,10 @@ static tw_status rule_quantize(tw_plan *p, const tw_shard_operand *x) {
   TW_TRY(tw_pspec_check(m, &x->spec, 2, x->shape, "x"));
   tw_dimspec rows = x->spec.dim[0], cols = x->spec.dim[1];
   int colwise = q->layout & TW_COLWISE, rowwise = q->layout & TW_ROWWISE;
+  if (colwise && q->col_padded && (rows.n || cols.n))
+    return rule_error(p, "quantize.col_padded", "the token-padded colwise layout places each group by the sizes of all "
+                      "groups over all of x, so no shard's copy is a slice of it; x is sharded %s x %s",
+                      ds_str(&rows, b1, sizeof b1), rows.n && cols.n ? "(and K)" : cols.n ? "on K" : "on M");
   int along_m = (colwise && (q->mode == TW_SCALE_MXFP8_1D || q->mode == TW_SCALE_BLOCK_1x128)) ||
                 q->mode == TW_SCALE_BLOCK_128x128;
   if (along_m && rows.n)

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "shard/golden.h"
 #include "twin/tw_shard.h"
 
 static tw_mesh mesh(const char *s) {
@@ -308,6 +309,29 @@ Test(quantize_rule, block_rules) {
   cr_assert(strstr(tw_last_error(), "rule quantize.k_block"), "%s", tw_last_error());
   cr_assert_eq(qplan("tp=2", "[None, tp]", TW_SCALE_BLOCK_1x128, TW_ROWWISE, &p), TW_OK, "%s", tw_last_error());
   cr_assert_eq(qplan("tp=8", "[None, tp]", TW_SCALE_MXFP8_1D, TW_ROWWISE, &p), TW_OK, "%s", tw_last_error());
+}
+
+/* The token-padded colwise layout is a whole-x layout: refused on any sharded x, planned unsharded. */
+Test(quantize_rule, token_padded_colwise_needs_an_unsharded_x) {
+  tw_mesh me = mesh("dp=2,tp=2");
+  int64_t s[2] = {64, 256};
+  tw_rule_opts ro = TW_RULE_OPTS_INIT;
+  ro.quant.mode = TW_SCALE_BLOCK_1x128;
+  ro.quant.layout = TW_ROWWISE_COLWISE;
+  ro.quant.col_padded = 1;
+  tw_plan p;
+  const char *specs[3] = {"[dp, None]", "[None, tp]", "[dp, tp]"};
+  for (int i = 0; i < 3; i++) {
+    tw_shard_operand x = operand(2, s, specs[i]);
+    cr_assert_eq(tw_plan_make(&me, TW_SHARD_GROUPED_QUANTIZE, TW_PASS_FWD, &x, NULL, 4, &ro, &p), TW_ERR_INVALID_ARG,
+                 "%s", specs[i]);
+    cr_assert(strstr(tw_last_error(), "rule quantize.col_padded"), "%s", tw_last_error());
+    cr_assert_str_eq(tw_shard_expected_error(&me, TW_SHARD_GROUPED_QUANTIZE, &ro.quant, &x, NULL),
+                     "rule quantize.col_padded");
+  }
+  tw_shard_operand x = operand(2, s, "[None, None]");
+  cr_assert_eq(tw_plan_make(&me, TW_SHARD_GROUPED_QUANTIZE, TW_PASS_FWD, &x, NULL, 4, &ro, &p), TW_OK, "%s",
+               tw_last_error());
 }
 
 Test(plan, format_names_tensors_steps_and_notes) {
