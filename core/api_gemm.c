@@ -138,6 +138,8 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
 /* The token-padded colwise layout is read by the wgrad only. */
 static tw_status reject_padded(const char *op, const char *name, const tw_operand *o) {
   if (!o || !o->col_padded) return TW_OK; /* (a NULL operand is reported by check_operand) */
+  if (o->col_padded != 1)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s->col_padded is %d, expected 0 or 1", op, name, o->col_padded);
   return tw_error(TW_ERR_INVALID_ARG, "%s: %s is a token-padded colwise copy; only grouped_gemm_wgrad reads that "
                   "layout", op, name);
 }

@@ -233,6 +233,9 @@ tw_status tw_grouped_dequantize(tw_ctx *ctx, const tw_qtensor *q, const tw_tenso
   o.mxfp8_swizzled = q->mxfp8_swizzled;
   if (q->col_padded != 0 && q->col_padded != 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: q->col_padded is %d, expected 0 or 1", op, q->col_padded);
+  if (colwise && q->col_padded && q->mode == TW_SCALE_MXFP8_1D)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: q->col_padded = 1 with mxfp8, whose colwise data has no token-padded "
+                    "layout", op);
   o.col_padded = colwise ? q->col_padded : 0;
   TW_TRY(check_opts(op, &o));
   TW_TRY(tw_v_tensor(op, "out", out, ctx->ops->mem, 2));

@@ -225,6 +225,9 @@ static tw_status wgrad_loop(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, co
                             const tw_tensor *gs, tw_tensor *out, int accumulate) {
   const char *op = "grouped_gemm_wgrad";
   TW_TRY(loop_supported(op, lhs, rhs));
+  if (lhs->col_padded || rhs->col_padded)  // its per-group slices address the default layout only
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel 'gg_lt_loop' reads the default colwise layout, not a token-padded "
+                    "operand (use gg_wgmma_fp8 or gg_mma_wide)", op);
   int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   int64_t M = lhs->mode != TW_SCALE_NONE ? lhs->src_rows
                                           : (lhs_op == TW_OP_N ? lhs->data.shape[0] : lhs->data.shape[1]);

@@ -1276,6 +1276,12 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
              : lv && !strcmp(lv, "tma")    ? GGF_WLOAD_TMA
                                            : GGF_WLOAD_DEFAULT;
   if (mx) p.loader = GGF_WLOAD_TMA;  // MXFP8: the transposing pad pass + TMA only (takes checked the encoder)
+  // Token-padded operands (tw_quantize.h) are already the layout the tma loader reads: no copy,
+  // and the tma loader whatever the knob says (before the stages and the tile are chosen for it).
+  // With M = 0 their width 128 * T_cap is 0 (no map takes that; every group is empty, nothing is
+  // read): they take the copy path, whose pass copies nothing (fuzz repro gpu-wgrad-padded-m0).
+  const int given[2] = {lhs->col_padded && lhs->data.shape[1] > 0, rhs->col_padded && rhs->data.shape[1] > 0};
+  if (given[0] || given[1]) p.loader = GGF_WLOAD_TMA;  // (takes checked the encoder and the width)
   p.nst = p.loader == GGF_WLOAD_STAGED ? 3 : p.loader == GGF_WLOAD_TMA ? GGF_WTMA_STAGES : GGF_STAGES;
   // Consumer turns (knob TWIN_GG_WGMMA_FP8_WGRAD_ORDER=0|1|2, read on every call: none / gate
   // opened at issue / at completion; MXFP8 runs none whatever it says). Default ggf_wdefault_order.
@@ -1289,11 +1295,6 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
   memset(&maps, 0, sizeof maps);
   unsigned char *pad = NULL;
   int pad_in_graph = 0;
-  // Token-padded operands (tw_quantize.h) are already the layout the tma loader reads: no copy.
-  // With M = 0 their width 128 * T_cap is 0 (no map takes that; every group is empty, nothing is
-  // read): they take the copy path, whose pass copies nothing (fuzz repro gpu-wgrad-padded-m0).
-  const int given[2] = {lhs->col_padded && lhs->data.shape[1] > 0, rhs->col_padded && rhs->data.shape[1] > 0};
-  if (given[0] || given[1]) p.loader = GGF_WLOAD_TMA;  // (takes checked the encoder and the width)
   if (p.loader == GGF_WLOAD_TMA) {
     // Sum over groups of ceil(m_g / 128) <= ceil(M / 128) + G: the padded columns any sizes need.
     const int64_t M = lhs->src_rows;

@@ -15,7 +15,8 @@ tw_status ref_delayed_scale_update(tw_ctx *ctx, tw_tensor *amax_history, tw_tens
                                    const tw_tensor *amax, tw_dtype qdtype, tw_amax_algo algo,
                                    float margin);
 /* The values of one GEMM operand as stored: out[i] = decode(data[i]) * scale_inv of element i's
- * block (f32), same element order as o->data; plain operands are just widened to f32.
+ * block (f32), same element order as o->data (a token-padded colwise copy comes back in the
+ * default colwise order, M * K elements); plain operands are just widened to f32.
  * Groups: group_sizes [G] on the host, or NULL for G equal groups of o->src_rows / G rows
  * (the uniform form). Elements of rows past the groups are left untouched. */
 tw_status ref_dequantize_operand(const tw_operand *o, const int32_t *group_sizes, int64_t G,

@@ -528,6 +528,10 @@ static void quantized_equals_dequantized(tw_scaling mode) {
     bad.data.shape[1] -= 128;
     tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_T, &rp, TW_OP_T, &tg, &tw2, 0), TW_ERR_SHAPE,
                      "is token-padded, so its data must be [150, 512] (source [200, 150] in 3 groups), got [150, 384]");
+    bad = lp;
+    bad.col_padded = 2;
+    tt_expect_status(tw_grouped_gemm(ctx, &bad, &wr, TW_OP_T, &tg, &to3, 0), TW_ERR_INVALID_ARG,
+                     "lhs->col_padded is 2, expected 0 or 1");
     bad = tw_operand_rowwise(&px.q);
     bad.col_padded = 1;
     tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_N, &rp, TW_OP_T, &tg, &tw2, 0), TW_ERR_INVALID_ARG,

@@ -1409,10 +1409,15 @@ static void padded_bits_cases(const char *version, int n) {
                  "%s case %d: %s", version, s, tw_last_error());
     to_host(&want, &od0);
     const tw_operand *pairs[3][2] = {{&pl, &pr}, {&pl, &c.qr.d}, {&c.ql.d, &pr}};
+    /* every third case with the register loader asked for: padded operands run the tma loader anyway */
+    const int knob = s % 3 == 1;
     for (int p = 0; p < 3; ++p) {
       tw_tensor od1 = dev_copy(&init);
-      cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, pairs[p][0], TW_OP_T, pairs[p][1], TW_OP_T, &gs_d, &od1, acc), TW_OK,
-                   "%s case %d pair %d: %s", version, s, p, tw_last_error());
+      if (knob) setenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER", "rows", 1);
+      const tw_status st = tw_grouped_gemm_wgrad(gpu_ctx, pairs[p][0], TW_OP_T, pairs[p][1], TW_OP_T, &gs_d, &od1, acc);
+      unsetenv("TWIN_GG_WGMMA_FP8_WGRAD_LOADER");
+      cr_assert_eq(st, TW_OK, "%s case %d pair %d (loader knob %s): %s", version, s, p, knob ? "rows" : "unset",
+                   tw_last_error());
       cr_assert_eq(tw_ctx_check(gpu_ctx), TW_OK, "%s case %d: %s", version, s, tw_last_error());
       to_host(&got, &od1);
       cr_assert(memcmp(want.data, got.data, tw_tensor_bytes(&want)) == 0,
@@ -1430,6 +1435,24 @@ static void padded_bits_cases(const char *version, int n) {
   ctx_done();
 }
 Test(grouped_gemm_wgrad_gpu, padded_bits_gg_wgmma_fp8_version, .timeout = 300) { padded_bits_cases("gg_wgmma_fp8", 40); }
+/* gg_lt_loop (forced only) slices the default layout per group: a padded operand is refused. */
+Test(grouped_gemm_wgrad_gpu, padded_refused_by_gg_lt_loop) {
+  ctx_for("gg_lt_loop");
+  rng_s = 4242;
+  wbits c;
+  tw_dtype od, qa, qb;
+  wbits_random(&c, 0, 3, 300, 64, 48, &od, &qa, &qb);
+  tw_tensor hl, dl;
+  const tw_operand pl = padded_copy(&c.ql, (const int32_t *)c.gs.data, 3, &hl, &dl);
+  int64_t os[3] = {3, 64, 48};
+  tw_tensor o = host_new(od, 3, os), gs_d = dev_copy(&c.gs), od0 = dev_copy(&o);
+  cr_assert_eq(tw_grouped_gemm_wgrad(gpu_ctx, &pl, TW_OP_T, &c.qr.d, TW_OP_T, &gs_d, &od0, 0), TW_ERR_UNSUPPORTED);
+  cr_assert(strstr(tw_last_error(), "kernel 'gg_lt_loop' reads the default colwise layout, not a token-padded operand"),
+            "%s", tw_last_error());
+  wbits_free(&c);
+  host_free(&hl); dev_free(&dl); dev_free(&gs_d); dev_free(&od0); host_free(&o);
+  ctx_done();
+}
 Test(grouped_gemm_wgrad_gpu, padded_bits_gg_mma_wide_version, .timeout = 300) { padded_bits_cases("gg_mma_wide", 25); }
 /* auto picks it for the fp8 wgrad from colwise copies on sm_90 (the MoE block's fp8 wgrads) */
 Test(grouped_gemm_wgrad_gpu, random_fp8_auto_colwise, .timeout = 900) {

@@ -523,6 +523,12 @@ Test(quantize_errors, dequantize_operand_rejects_inconsistent_operands) {
   bad.mode = TW_SCALE_MXFP8_1D;
   tt_expect_status(ref_dequantize_operand(&bad, f.sizes, G, out), TW_ERR_INVALID_ARG,
                    "a token-padded colwise operand needs tensor or block scaling");
+  tw_qtensor qb = f.q; /* the public dequantize names q, not opts */
+  qb.mode = TW_SCALE_MXFP8_1D;
+  qb.col_padded = 1;
+  tw_tensor dq = tw_tensor_2d(out, TW_F32, M, K, TW_MEM_HOST);
+  tt_expect_status(tw_grouped_dequantize(f.ctx, &qb, &f.gs, 1, &dq), TW_ERR_INVALID_ARG,
+                   "q->col_padded = 1 with mxfp8");
   /* a plain operand is just widened */
   tw_operand p = tw_operand_plain(&f.xt);
   cr_assert_eq(ref_dequantize_operand(&p, NULL, 1, out), TW_OK);
