@@ -1344,6 +1344,7 @@ tw_status gg_wgmma_fp8_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, c
       const tw_tensor *st2[2] = {&lhs->scale_inv, &rhs->scale_inv};
       p.scale_tma = p.mode == GGF_B1x128 && p.mode_b == GGF_B1x128 && !(sv && !strcmp(sv, "warps")) &&
                     st2[0]->ndim == 2 && st2[1]->ndim == 2 && p.lda_s % 4 == 0 && p.ldb_s % 4 == 0 &&
+                    st2[0]->shape[0] > 0 && st2[1]->shape[0] > 0 &&  // M = 0: no rows to map (the encoder refuses 0)
                     ((uintptr_t)p.sa & 15) == 0 && ((uintptr_t)p.sb & 15) == 0;
       CUtensorMap *ms[2] = {&maps.sa, &maps.sb};
       for (int i = 0; p.scale_tma && i < 2; ++i) {
