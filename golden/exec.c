@@ -380,6 +380,7 @@ static tw_status exec_quantize(run *r) {
   TW_TRY(parse_layout(r, &o.layout));
   TW_TRY(key_flag(r, "pow2_scales", 0, &o.pow2_scales));
   TW_TRY(key_flag(r, "swizzled", 1, &o.mxfp8_swizzled));
+  TW_TRY(key_flag(r, "col_padded", 0, &o.col_padded));
   int want_amax = 1;
   TW_TRY(key_flag(r, "amax", 1, &want_amax));
   tw_tensor x, gs, scale;
@@ -428,6 +429,7 @@ static tw_status exec_dequantize(run *r) {
   int colwise = 0;
   TW_TRY(key_flag(r, "colwise", 0, &colwise));
   TW_TRY(key_flag(r, "swizzled", 1, &o.mxfp8_swizzled));
+  TW_TRY(key_flag(r, "col_padded", 0, &o.col_padded));
   o.layout = colwise ? TW_COLWISE : TW_ROWWISE;
   tw_dtype out_dtype;
   TW_TRY(key_dtype(r, "out_dtype", "f32", &out_dtype));
@@ -445,7 +447,7 @@ static tw_status exec_dequantize(run *r) {
   /* files may hold the same bytes in another shape (e.g. [K, M] for a transposed copy) */
   same_numel_reshape(&data, colwise ? &want.col_data : &want.row_data);
   same_numel_reshape(&sinv, colwise ? &want.col_scale_inv : &want.row_scale_inv);
-  tw_qtensor q = want;
+  tw_qtensor q = want; /* (col_padded as the key said) */
   q.row_data = q.row_scale_inv = q.col_data = q.col_scale_inv = q.amax = tw_tensor_none();
   tw_tensor dgs, out;
   TW_TRY(to_ctx(r, &data, colwise ? &q.col_data : &q.row_data));
@@ -512,6 +514,8 @@ static tw_status operand_input(run *r, const char *p, int64_t groups, tw_operand
   TW_TRY(key_flag(r, key, 0, &o->colwise));
   snprintf(key, sizeof key, "%s_swizzled", p);
   TW_TRY(key_flag(r, key, 1, &o->mxfp8_swizzled));
+  snprintf(key, sizeof key, "%s_col_padded", p);
+  TW_TRY(key_flag(r, key, 0, &o->col_padded));
   snprintf(key, sizeof key, "%s_src_rows", p);
   TW_TRY(key_int(r, key, 0, 1, &R));
   snprintf(key, sizeof key, "%s_src_cols", p);
@@ -525,6 +529,10 @@ static tw_status operand_input(run *r, const char *p, int64_t groups, tw_operand
   /* the storage matrix: a transposed colwise copy is [C, R], everything else [R, C] */
   tw_tensor like = tw_tensor_2d(NULL, qdtype, R, C, TW_MEM_HOST);
   if (o->colwise && mode != TW_SCALE_MXFP8_1D) like = tw_tensor_2d(NULL, qdtype, C, R, TW_MEM_HOST);
+  if (o->col_padded) { /* token-padded: [C, 128 * T_cap] (tw_quantize.h) */
+    const int64_t g = groups > 0 ? groups : 1, gn = g < R ? g : R;
+    like = tw_tensor_2d(NULL, qdtype, C, 128 * ((R + 127 * gn) / 128), TW_MEM_HOST);
+  }
   same_numel_reshape(&data, &like);
   snprintf(name, sizeof name, "%s_scale_inv", p);
   TW_TRY(get_input(r, name, 1, &sinv, NULL));

@@ -90,6 +90,9 @@ expect op_dequantize_needs_rows 2 "missing key 'rows'" -- op dequantize --mode c
 expect op_dequantize_f32_data 2 "input 'data' is [5, 7] f32, cannot use it as e4m3 (give u8 codes)" -- op dequantize --mode current --rows 5 --cols 7 --in data=$T/x5.npy --in scale_inv=$T/v2.npy $O
 expect op_delayed_bad_algo 2 "algo 'mean' is not max or most_recent" -- op delayed_scale_update --algo mean --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
 expect op_delayed_bad_margin 2 "margin 'two' is not a number" -- op delayed_scale_update --margin two --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
+expect op_quantize_col_padded_runs 0 "col_data.npy [7, 128] e4m3" -- op quantize --mode block1x128 --layout colwise --col_padded 1 --in x=$T/x5.npy $O
+expect op_quantize_col_padded_mxfp8 2 "col_padded = 1 with mxfp8" -- op quantize --mode mxfp8 --layout colwise --col_padded 1 --in x=$T/x5.npy $O
+expect op_quantize_col_padded_not_flag 2 "key 'col_padded' = 2 is not 0 or 1" -- op quantize --mode current --layout colwise --col_padded 2 --in x=$T/x5.npy $O
 expect op_delayed_runs 0 "scale_out.npy [2] f32" -- op delayed_scale_update --in amax_history=$T/hist.npy --in scale=$T/v2.npy --in amax=$T/v2.npy $O
 expect op_gpu_unavailable 2 "gpu" -- op gemm --backend gpu --in a=$T/a23.npy --in b=$T/b32.npy $O
 expect op_out_dir_is_a_file 2 "cannot create --out-dir" -- op gemm --in a=$T/a23.npy --in b=$T/b32.npy --out-dir $T/a23.npy/x

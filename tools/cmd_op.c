@@ -33,6 +33,7 @@ static const key_doc quantize_keys[] = {
     {"layout", "rowwise (default), colwise or rowwise_colwise"},
     {"pow2_scales", "0 (default) or 1: truncate current/block scales to powers of 2"},
     {"swizzled", "mxfp8 scale byte order: 1 = GEMM-swizzled (default), 0 = compact"},
+    {"col_padded", "0 (default) or 1: colwise data token-padded, [K, 128*T_cap] (tensor and block modes)"},
     {"x_dtype", "f32, bf16 or f16; f32 values are rounded to it (RNE), u16 files are codes"},
     {"amax", "1 (default): also write the per-group amax; 0: do not request it"},
     {NULL, NULL}};
@@ -41,6 +42,7 @@ static const key_doc dequantize_keys[] = {
     {"qdtype", "e4m3 (default) or e5m2"},
     {"colwise", "0 (default): data is the rowwise output; 1: the colwise output"},
     {"swizzled", "mxfp8 scale byte order, 1 (default) or 0"},
+    {"col_padded", "colwise data: 1 if token-padded, [K, 128*T_cap] (default 0)"},
     {"rows", "M of the quantized source (required)"},
     {"cols", "K of the quantized source (required)"},
     {"out_dtype", "f32 (default), bf16 or f16"},
@@ -73,6 +75,7 @@ static const key_doc operand_keys[] = {
     {"qdtype", "quantized operand: e4m3 (default) or e5m2"},
     {"colwise", "quantized operand: 1 if the data is the colwise output"},
     {"swizzled", "quantized mxfp8 operand: scale byte order, 1 (default) or 0"},
+    {"col_padded", "quantized colwise operand (wgrad): 1 if token-padded, [C, 128*T_cap] (default 0)"},
     {"src_rows", "quantized operand: rows of the tensor that was quantized"},
     {"src_cols", "quantized operand: columns of the tensor that was quantized"},
     {NULL, NULL}};
