@@ -19,7 +19,7 @@
  *           (EP_MX_N each), and dispatch captured in a CUDA graph with 3 replays of new routing;
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
- *           with "needs 2 GPUs, sees n" where fewer are visible.
+ *           with "needs 2 GPUs, sees n" where fewer are visible; 4 GPUs: the same with ep_size 4.
  *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 4),
  *           as `mpirun -np N` would, each one rank over tw_comm_init_nccl_rank (the NCCL id
  *           handed out through a file), 100 cases per EP version against the ref threads, its
@@ -675,53 +675,55 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   return s;
 }
 
-/* The 2-GPU sweep with one EP version forced (both run: ep_nccl_slots, ep_nccl_lsa). */
-static void sweep_2(const char *kernel) {
-  NEED_GPUS(2);
-  tw_comm *g[2], *f[2];
-  int devs[2] = {0, 1};
-  cr_assert_eq(tw_comm_init_nccl_local(2, devs, g), TW_OK, "%s", tw_last_error());
+/* The n-GPU sweep (n = 2, 4) with one EP version forced (both run: ep_nccl_slots, ep_nccl_lsa):
+ * one thread per GPU over NCCL against the ref thread communicator of n ranks. */
+static void sweep_gpus(int n, const char *kernel) {
+  NEED_GPUS(n);
+  tw_comm *g[MAXR], *f[MAXR];
+  int devs[MAXR];
+  for (int r = 0; r < n; r++) devs[r] = r;
+  cr_assert_eq(tw_comm_init_nccl_local(n, devs, g), TW_OK, "%s", tw_last_error());
   /* EP_SWEEP_N: fewer cases (the compute-sanitizer run); default 200 */
   int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 200, failed = 0, drops = 0;
   for (int i = 0; i < N; i++) {
     scen c;
-    scen_make(&c, 2, 0xe9200000u + (uint64_t)i);
+    scen_make(&c, n, (n == 2 ? 0xe9200000u : 0xe9800000u) + (uint64_t)i);
     /* a failing rank aborts the NCCL group (tw_run_ranks): overflow is the 1-GPU test's */
     if (c.policy == TW_EP_OVERFLOW_ERROR) c.policy = TW_EP_OVERFLOW_DROP;
     char name[128];
-    snprintf(name, sizeof name, "%s 2-rank case %d (E=%d k=%d H=%lld R=%lld)", kernel, i, c.E, c.k, (long long)c.H,
+    snprintf(name, sizeof name, "%s %d-rank case %d (E=%d k=%d H=%lld R=%lld)", kernel, n, i, c.E, c.k, (long long)c.H,
              (long long)c.R);
-    outs go[2], fo[2];
-    for (int r = 0; r < 2; r++) {
+    outs go[MAXR], fo[MAXR];
+    for (int r = 0; r < n; r++) {
       outs_alloc(&go[r], &c, r);
       outs_alloc(&fo[r], &c, r);
     }
-    cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
+    cr_assert_eq(tw_comm_init_threads(n, f), TW_OK);
     rank_arg ga = {&c, go, 1, kernel}, fa = {&c, fo, 0, NULL};
-    tw_status gs = tw_run_ranks(2, g, rank_fn, &ga);
+    tw_status gs = tw_run_ranks(n, g, rank_fn, &ga);
     cr_assert_eq(gs, TW_OK, "%s: %s", name, tw_last_error());
-    tw_run_ranks(2, f, rank_fn, &fa);
-    for (int r = 0; r < 2; r++) {
+    tw_run_ranks(n, f, rank_fn, &fa);
+    for (int r = 0; r < n; r++) {
       int ok = same_outs(&c, r, &go[r], &fo[r], name);
       if (ok && fo[r].st == TW_OK) ok = conserved(&c, r, &go[r]);
-      for (int l = 0; l < c.E / 2; l++) drops += fo[r].dr[l] > 0;
+      for (int l = 0; l < c.E / n; l++) drops += fo[r].dr[l] > 0;
       failed += !ok;
       outs_free(&go[r]);
       outs_free(&fo[r]);
     }
-    tw_comm_destroy(f[0]);
-    tw_comm_destroy(f[1]);
+    for (int r = 0; r < n; r++) tw_comm_destroy(f[r]);
     scen_free(&c);
   }
-  tw_comm_destroy(g[0]);
-  tw_comm_destroy(g[1]);
-  cr_log_info("EP ep_size 2 over NCCL, %s forced: %d cases (%d experts with drops), %d rank results differ", kernel,
-              N, drops, failed);
-  cr_assert_eq(failed, 0, "%d rank results of %d 2-rank cases (%s) differ from ref", failed, N, kernel);
+  for (int r = 0; r < n; r++) tw_comm_destroy(g[r]);
+  cr_log_info("EP ep_size %d over NCCL, %s forced: %d cases (%d experts with drops), %d rank results differ", n,
+              kernel, N, drops, failed);
+  cr_assert_eq(failed, 0, "%d rank results of %d %d-rank cases (%s) differ from ref", failed, N, n, kernel);
 }
 
-Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_2("ep_nccl_slots"); }
-Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_2("ep_nccl_lsa"); }
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"); }
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
+Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
+Test(ep_gpu_4, random_cases_ep_size_4_over_nccl_lsa) { sweep_gpus(4, "ep_nccl_lsa"); }
 
 /* ep_size 2 and 4 on ONE GPU: the ranks are threads with their own gpu contexts on GPU 0 over
  * the loopback communicator (pipeline/loopback_comm.h: device-to-device copies instead of

@@ -193,6 +193,130 @@ Test(pipeline_gpu, two_gpus_nccl_fsdp2_bsw_window_collectives) {
   gpu_vs_ref(1, 2, 2, 1, 1, 2, 0);
 }
 
+/* Three and four GPUs over NCCL (issue 18): S = 4 and S = 3, plain and BSW, delay d = 2 at
+ * S = 4, and pp = 2 x fsdp = 2 with BSW, against the ref pipeline. */
+Test(pipeline_gpu, three_gpus_nccl_s3_plain_and_bsw) {
+  NEED_GPUS(3);
+  gpu_vs_ref(3, 6, 2, 1, 1, 1, 0);
+  gpu_vs_ref(3, 6, 2, 1, 1, 1, 1);
+}
+
+Test(pipeline_gpu, four_gpus_nccl_s4_plain_and_bsw) {
+  NEED_GPUS(4);
+  gpu_vs_ref(4, 4, 2, 1, 1, 1, 0);
+  gpu_vs_ref(4, 4, 2, 1, 1, 1, 1);
+  gpu_vs_ref(4, 8, 3, 1, 1, 1, 0);
+  gpu_vs_ref(4, 8, 3, 1, 1, 1, 1);
+  gpu_vs_ref(4, 8, 2, 2, 1, 1, 0); /* d = 2 */
+}
+
+Test(pipeline_gpu, four_gpus_nccl_pp2_fsdp2_bsw) {
+  NEED_GPUS(4);
+  gpu_vs_ref(2, 4, 2, 1, 1, 2, 1);
+  gpu_vs_ref(2, 8, 4, 1, 1, 2, 1);
+}
+
+/* ---- against the JAX goldens over NCCL ------------------------------------------------ */
+/* Every stored case of golden/gen_pipeline.py (the sequential model in JAX, f64, jax.grad)
+ * whose S x F ranks fit the visible GPUs, one rank per GPU over NCCL, within the bound
+ * pipeline_golden_test states for any f32-accumulating backend:
+ *   forward L (E + H + 8) u (|exact| + rms), gradients L (E + H + 8 + M mb) u (|exact| + rms). */
+static int golden_key(const char *txt, const char *k) {
+  char pat[32];
+  snprintf(pat, sizeof pat, "\n%s = ", k);
+  const char *p = strstr(txt, pat);
+  cr_assert(p, "pipeline.txt lacks %s", k);
+  return atoi(p + strlen(pat));
+}
+
+static double golden_worst(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
+                           double k) {
+  double ss = 0, worst = 0;
+  for (int64_t i = 0; i < n; i++) ss += exact[i] * exact[i];
+  double rms = sqrt(ss / (double)(n ? n : 1));
+  for (int64_t i = 0; i < n; i++) {
+    double bound = k * ldexp(1.0, -24) * (fabs(exact[i]) + rms), err = fabs((double)got[i] - exact[i]);
+    cr_assert(err <= bound, "%s %s[%lld]: gpu %.9g, golden %.12g, |diff| %.3g > bound %.3g", cname, what,
+              (long long)i, (double)got[i], exact[i], err, bound);
+    worst = fmax(worst, err / bound);
+  }
+  return worst;
+}
+
+static int g_golden_ran, g_golden_skipped;
+
+static void golden_on_gpus(const char *dir, const char *cname) {
+  char path[1024], txt[2048] = "\n";
+  snprintf(path, sizeof path, "%s/pipeline.txt", dir);
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "%s", path);
+  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
+  txt[got + 1] = 0;
+  fclose(f);
+  int S = golden_key(txt, "S"), F = golden_key(txt, "F");
+  if (S * F > tw_gpu_device_count() || S * F < 2) { /* one rank has its own test above */
+    g_golden_skipped++;
+    return;
+  }
+  problem p;
+  memset(&p, 0, sizeof p);
+  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
+  c.stages = S; c.microbatches = golden_key(txt, "M"); c.repeats = golden_key(txt, "R");
+  c.delay = golden_key(txt, "d"); c.layers_per_stage = golden_key(txt, "Lps");
+  c.layers = c.stages * c.repeats * c.layers_per_stage;
+  c.mb_rows = golden_key(txt, "mb");
+  c.fsdp = strstr(txt, "\nfsdp = bsw") ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
+  cr_assert(strstr(txt, "\nloss = half_sum_sq"), "%s: unknown loss", cname);
+  int E = golden_key(txt, "E"), H = golden_key(txt, "H");
+  p.run.cfg = c;
+  p.run.fsdp = F;
+  p.run.timeout_s = 120;
+  cr_assert_eq(tw_pipeline_dense_body(E, H, &p.run.body), TW_OK);
+  p.na = tw_pipeline_act_elems(&c, &p.run.body);
+  for (int i = 0; i < 2; i++) p.nw[i] = tw_pipeline_param_elems(&c, &p.run.body, i);
+  p.x = (float *)tt_load_npy(dir, "x", TW_F32, p.na);
+  float *tgt = (float *)tt_load_npy(dir, "tgt", TW_F32, p.na);
+  p.w[0] = (float *)tt_load_npy(dir, "w1", TW_F32, p.nw[0]);
+  p.w[1] = (float *)tt_load_npy(dir, "w2", TW_F32, p.nw[1]);
+  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, p.na), *gdx = (double *)tt_load_npy(dir, "dx", TW_F64, p.na);
+  double *gloss = (double *)tt_load_npy(dir, "loss", TW_F64, 1);
+  double *gdw[2] = {(double *)tt_load_npy(dir, "dw1", TW_F64, p.nw[0]), (double *)tt_load_npy(dir, "dw2", TW_F64, p.nw[1])};
+  p.y = (float *)calloc((size_t)p.na, 4); p.dy = (float *)calloc((size_t)p.na, 4); p.dx = (float *)calloc((size_t)p.na, 4);
+  for (int i = 0; i < 2; i++) p.dw[i] = (float *)calloc((size_t)p.nw[i], 4);
+  p.run.x = p.x; p.run.y = p.y;
+  p.run.w[0] = p.w[0]; p.run.w[1] = p.w[1];
+  run_on_gpus(&p); /* forward: y */
+  double loss = 0;
+  for (int64_t i = 0; i < p.na; i++) {
+    p.dy[i] = p.y[i] - tgt[i]; /* dL/dy of 1/2 sum (y - tgt)^2 */
+    loss += 0.5 * (double)p.dy[i] * p.dy[i];
+  }
+  p.run.dy = p.dy; p.run.dx = p.dx;
+  p.run.dw[0] = p.dw[0]; p.run.dw[1] = p.dw[1];
+  run_on_gpus(&p); /* forward + backward */
+  const int L = c.layers;
+  double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows), r = 0;
+  float lf = (float)loss;
+  r = fmax(r, golden_worst("y", cname, p.y, gy, p.na, kf));
+  r = fmax(r, golden_worst("loss", cname, &lf, gloss, 1, 2 * kf));
+  r = fmax(r, golden_worst("dx", cname, p.dx, gdx, p.na, kb));
+  r = fmax(r, golden_worst("dW1", cname, p.dw[0], gdw[0], p.nw[0], kb));
+  r = fmax(r, golden_worst("dW2", cname, p.dw[1], gdw[1], p.nw[1], kb));
+  cr_log_info("pipeline golden %s on %d GPUs (NCCL): worst |diff|/bound %.3g", cname, S * F, r);
+  g_golden_ran++;
+  free(tgt); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
+  problem_free(&p);
+}
+
+Test(pipeline_gpu, stored_goldens_over_nccl_on_the_visible_gpus) {
+  NEED_GPUS(2);
+  int n = tt_each_golden_case("pipeline", "golden/gen_pipeline.py", golden_on_gpus);
+  cr_assert_geq(n, 26, "only %d pipeline goldens", n);
+  cr_log_info("pipeline goldens over NCCL: %d ran, %d need more GPUs than the %d visible (or one rank)", g_golden_ran,
+              g_golden_skipped, tw_gpu_device_count());
+  cr_assert_gt(g_golden_ran, 0);
+}
+
 /* ---- the window's device memory ------------------------------------------------------- */
 /* What a BSW run with R repeats allocated on the device beyond its inputs at its peak, from the
  * rank context's allocation ledger (tw_ctx_memory: exact, and private to this process, so

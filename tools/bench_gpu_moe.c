@@ -10,7 +10,9 @@
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
  * later microbatches of one optimizer step); fp8_current and fp8_block then again with the
  * experts' slabs padded to 16 rows ("A=16", tw_moe_config.alignment, as TransformerEngine pads
- * fp8 expert counts). */
+ * fp8 expert counts). TWIN_BENCH_MOE_EP=n instead runs the block with ep = n over n GPUs (NCCL,
+ * one thread per GPU), T = 4096 tokens per GPU, E 32 and 256, bf16, fp8_current and fp8_block,
+ * against the same one-GPU torch block per GPU (bench_moe_ep). */
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,6 +187,130 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int
     if (bufs[i]) tw_free(ctx, bufs[i]);
 }
 
+/* ---- ep = n over NCCL (TWIN_BENCH_MOE_EP=n, n of the visible GPUs) -------------------------- */
+/* Each rank holds T tokens and E / n experts (wi, wo sharded on E), its own stream and context,
+ * one thread per GPU over one NCCL communicator; rank r times its forward + backward on its
+ * stream (the block's all-to-alls keep the ranks in step) and the row shows the slowest rank's
+ * median. The peer stays the one-GPU torch block on the same T per GPU (weak scaling: n GPUs
+ * run n T tokens with the experts split, the peer one GPU's T tokens with all of them). */
+typedef struct {
+  int E, n;
+  int64_t T;
+  tw_moe_recipe recipe;
+  const tw_bench_cfg *cfg;
+  double ms[8];
+  char err[8][256];
+} ep_job;
+
+static tw_status moe_ep_rank(int rank, tw_comm *comm, void *arg) {
+  ep_job *e = (ep_job *)arg;
+  const int64_t H = 7168, F = 2048, T = e->T;
+  const int E = e->E, nle = e->E / e->n;
+  e->ms[rank] = -1;
+  if (cudaSetDevice(rank) != cudaSuccess) return tw_error(TW_ERR_DEVICE, "bench moe ep: no device %d", rank);
+  cudaStream_t st;
+  if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) return tw_error(TW_ERR_DEVICE, "no stream");
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU; cc.comm = comm; cc.stream = st; cc.device = rank;
+  tw_status s = tw_ctx_create(&ctx, &cc);
+  tw_moe_config c = TW_MOE_CONFIG_INIT;
+  c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = 8; c.recipe = e->recipe;
+  c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T * e->n;
+  tw_mesh mesh;
+  tw_axis ax = TW_AXIS_EP;
+  if (s == TW_OK) s = tw_mesh_init(&mesh, 1, &ax, &e->n);
+  job j;
+  memset(&j, 0, sizeof j);
+  void *bufs[16] = {0};
+  int nb = 0, ok = s == TW_OK;
+  if (ok && tw_moe_create(ctx, &mesh, &c, &j.m) != TW_OK) ok = 0;
+  tw_mem D = TW_MEM_DEVICE;
+#define A(bytes) (bufs[nb++] = dalloc(ctx, (bytes), &ok))
+  j.x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.d_out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.d_x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j.aux = tw_tensor_1d(A(4), TW_F32, 1, D);
+  j.w.gate = tw_tensor_2d(A((size_t)(H * E * 2)), TW_BF16, H, E, D);
+  j.w.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 2)), TW_BF16, nle, H, 2 * F, D);
+  j.w.wo = tw_tensor_3d(A((size_t)(nle * F * H * 2)), TW_BF16, nle, F, H, D);
+  j.w.bi = j.w.bo = tw_tensor_none();
+  j.g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
+  j.g.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 4)), TW_F32, nle, H, 2 * F, D);
+  j.g.wo = tw_tensor_3d(A((size_t)(nle * F * H * 4)), TW_F32, nle, F, H, D);
+  j.g.bi = j.g.bo = tw_tensor_none();
+#undef A
+  uint64_t rs = 0x6d6f65ull + (uint64_t)E * 131 + (uint64_t)T + 977u * (uint64_t)rank, gs = 0x67617465ull;
+  /* the gate is the same on every rank (replicated); tokens and experts differ */
+  if (ok) ok = !fill_bf16(j.x.data, T * H, 0, &rs) && !fill_bf16(j.d_out.data, T * H, 0, &rs) &&
+               !fill_bf16(j.w.gate.data, H * E, -6, &gs) && !fill_bf16(j.w.wi.data, nle * H * 2 * F, -6, &rs) &&
+               !fill_bf16(j.w.wo.data, nle * F * H, -5, &rs);
+  if (!ok) {
+    snprintf(e->err[rank], sizeof e->err[rank], "%s", tw_last_error());
+    s = TW_ERR_MEMORY;
+  } else {
+    int warm = e->cfg->warmup > 2 ? e->cfg->warmup : 2, iters = e->cfg->iters > 5 ? e->cfg->iters : 5;
+    e->ms[rank] = tw_bench_gpu_time(st, warm, iters, fwd_bwd, &j);
+    if (tw_ctx_check(ctx) != TW_OK) {
+      snprintf(e->err[rank], sizeof e->err[rank], "%s", tw_last_error());
+      e->ms[rank] = -1;
+    }
+  }
+  tw_moe_destroy(j.m);
+  for (int i = 0; i < nb; i++)
+    if (bufs[i]) tw_free(ctx, bufs[i]);
+  tw_ctx_destroy(ctx);
+  cudaStreamDestroy(st);
+  if (e->ms[rank] < 0) tw_comm_abort(comm);
+  return e->ms[rank] < 0 ? TW_ERR_DEVICE : TW_OK;
+}
+
+static void bench_moe_ep(int n, const char *peers, const tw_bench_cfg *cfg) {
+  const int Es[] = {32, 256};
+  const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK};
+  const int64_t T = 4096;
+  for (int ri = 0; ri < 3; ri++)
+    for (int ei = 0; ei < 2; ei++) {
+      ep_job e;
+      memset(&e, 0, sizeof e);
+      e.E = Es[ei]; e.n = n; e.T = T; e.recipe = recipes[ri]; e.cfg = cfg;
+      tw_comm *comms[8];
+      int dev[8];
+      for (int i = 0; i < n; i++) dev[i] = i;
+      tw_status s = tw_comm_init_nccl_local(n, dev, comms);
+      if (s == TW_OK) {
+        for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 300);
+        s = tw_run_ranks(n, comms, moe_ep_rank, &e);
+        for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
+      }
+      tw_bench_row r;
+      memset(&r, 0, sizeof r);
+      r.op = "moe";
+      snprintf(r.shape, sizeof r.shape, "ep=%d E=%d T=%lld/GPU H=7168 F=2048 k=8 %s", n, e.E, (long long)T,
+               tw_moe_recipe_name(e.recipe));
+      r.backend = "gpu";
+      snprintf(r.version, sizeof r.version, "fwd+bwd, %d GPUs", n);
+      r.unit = "TFLOP/s";
+      r.pct_of_floor = -1;
+      r.flops = 18.0 * (double)T * 8 * 7168.0 * 2048.0; /* per GPU */
+      char key[64];
+      snprintf(key, sizeof key, "moe_E%d_T%lld", e.E, (long long)T);
+      double pms = tw_bench_peer_ms(peers, key, "torch_block");
+      snprintf(r.peer, sizeof r.peer, "%s", pms > 0 ? "torch block, 1 GPU, same T/GPU" : "");
+      r.peer_ms = pms;
+      r.ms = 0;
+      for (int i = 0; i < n; i++) r.ms = e.ms[i] < 0 || r.ms < 0 ? -1 : (e.ms[i] > r.ms ? e.ms[i] : r.ms);
+      if (s != TW_OK || r.ms <= 0) {
+        fprintf(stderr, "bench moe ep=%d %s: %s%s\n", n, r.shape, tw_last_error(), e.err[0]);
+        r.ms = -1;
+      }
+      r.rate = r.ms > 0 ? r.flops / (r.ms * 1e9) : -1;
+      r.ratio = pms > 0 && r.ms > 0 ? pms / r.ms : -1;
+      tw_bench_emit(&r, cfg->csv);
+    }
+}
+
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   if (!cfg->op || strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
@@ -206,6 +332,17 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   }
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
+  const char *ep_env = getenv("TWIN_BENCH_MOE_EP");
+  if (ep_env && atoi(ep_env) > 1) { /* the ep = n rows only */
+    int n = atoi(ep_env), have = 0;
+    cudaGetDeviceCount(&have);
+    if (n > 8 || n > have) fprintf(stderr, "bench gpu moe: TWIN_BENCH_MOE_EP=%d needs %d GPUs, sees %d\n", n, n, have);
+    else bench_moe_ep(n, peers, cfg);
+    free(peers);
+    tw_ctx_destroy(ctx);
+    tw_comm_destroy(comm);
+    return 0;
+  }
   const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
   /* TWIN_BENCH_MOE_RECIPE=name: only that recipe (e.g. a second call under a kernel knob) */
   const char *only = getenv("TWIN_BENCH_MOE_RECIPE");

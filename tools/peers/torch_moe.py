@@ -5,7 +5,7 @@
 # backward timed with triton.testing.do_bench (median ms) on the shapes of tools/bench_gpu_moe.c.
 # Prints one JSON object: {"device", "torch", "rows": {"moe_E32_T4096": {"torch_block": ms}}}.
 #   python3 tools/peers/torch_moe.py > moe_peers.json
-import json, sys
+import json, os, sys
 import torch
 import torch.nn.functional as Fn
 from triton.testing import do_bench
@@ -34,7 +34,11 @@ def block(x, gate, wi, wo, E, T):
     aux = 0.01 * E / (K * T * T) * (p.sum(0) * counts.float()).sum()
     return y, aux
 
-for (E, T) in ((32, 4096), (32, 16384), (256, 4096)):
+# TWIN_PEER_MOE_SHAPES="32x4096,256x4096": only those (E x T) shapes
+shapes = ((32, 4096), (32, 16384), (256, 4096))
+if os.environ.get("TWIN_PEER_MOE_SHAPES"):
+    shapes = tuple(tuple(int(v) for v in s.split("x")) for s in os.environ["TWIN_PEER_MOE_SHAPES"].split(","))
+for (E, T) in shapes:
     key = f"moe_E{E}_T{T}"
     try:
         x = (torch.randn(T, H, device=dev) * 0.5).to(torch.bfloat16).requires_grad_()

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# One call on a machine of 2 or 4 GPUs: every multi-GPU test and the multi-GPU benches, in
+# phases that share the GPUs out so the call stays short. Usage (repo root, GPU machine):
+#   tools/gpu_multi.sh BUNDLE_DIR OUT_DIR [SECONDS [PACK_DIR]]
+# BUNDLE_DIR: tools/pack_gpu_bundle.sh's bund/. SECONDS (default 540): the whole budget; each
+# step has its own cap below and is killed (rc 124) past it, so one hang costs one step.
+# Writes OUT_DIR/summary.txt (a line per step) and a log per step; the benches' CSVs. PACK_DIR
+# (the device tool's $OUT, which returns 8 files at most): after every step, summary.txt and
+# logs.tgz of OUT_DIR there, so a call cut short still returns what ran.
+#   phase 1 (2 GPUs each, side by side): EP on GPUs 0,1 (ep_size 2 sweep, both versions; one
+#           process per GPU, by the test's own launcher and by mpirun); MoE and the pipeline
+#           on GPUs 2,3 (skipped where only 2 GPUs exist: they run in phase 2 then)
+#   phase 2 (4 GPUs): EP ep_size 4, MoE ep = 4 / dp x ep / fsdp x ep, pipeline S = 3, 4 and
+#           pp x fsdp, the pipeline goldens, shard_nccl, memcheck of the 2-GPU EP sweep
+#   phase 3 (quiet machine): twin bench --op ep on 2 then 4 GPUs, --op moe with ep = 2,
+#           --op pipeline at S = 4, the sharding check over NCCL on 2-4 ranks
+set -uo pipefail
+B=${1:?bundle dir}; O=${2:?out dir}; budget=${3:-540}; P=${4:-}
+mkdir -p "$O"
+[ -e "$B/golden" ] || ln -s "$PWD/golden" "$B/golden" # a bundle packed with TW_BUNDLE_GOLDEN=repo
+export NCCL_NVLS_ENABLE=0
+t0=$(date +%s)
+ngpu=$(nvidia-smi -L | wc -l)
+left() { echo $((budget - ($(date +%s) - t0))); }
+# step NAME CAP DEVICES CMD...: runs CMD under `timeout` with CUDA_VISIBLE_DEVICES=DEVICES
+step() {
+  local name=$1 cap=$2 devs=$3; shift 3
+  local l; l=$(left)
+  [ "$l" -gt 20 ] || { echo "$name: not run (budget spent)" >>"$O/summary.txt"; return; }
+  [ "$cap" -lt "$l" ] || cap=$((l - 10))
+  local s; s=$(date +%s)
+  CUDA_VISIBLE_DEVICES=$devs timeout -k 5 "$cap" "$@" >"$O/$name.log" 2>&1
+  local r=$?
+  local pass; pass=$(grep -aoE 'Synthesis: Tested: [0-9]+ \| Passing: [0-9]+ \| Failing: [0-9]+ \| Crashing: [0-9]+' "$O/$name.log" | tail -1)
+  printf '%-34s rc=%-3d %4ds  %s\n' "$name" "$r" $(($(date +%s) - s)) "$pass" >>"$O/summary.txt"
+  pack
+}
+pack() {
+  [ -n "$P" ] || return 0
+  local t="$P/.logs.$BASHPID.tmp"; tar czf "$t" -C "$O" . 2>/dev/null && mv "$t" "$P/logs.tgz"
+  cp "$O/summary.txt" "$P/summary.txt"
+}
+R="$B/run.sh"
+{
+  nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+  nvidia-smi topo -m | head -8
+  ls /usr/lib/x86_64-linux-gnu/libnccl.so.* 2>/dev/null | head -2
+} >"$O/summary.txt" 2>&1
+echo "gpus=$ngpu budget=${budget}s" >>"$O/summary.txt"
+
+# ---- phase 1 ----
+(
+  step ep2_sweep 170 0,1 "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_2/*'
+  step ep2_proc 60 0,1 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu'
+  rm -f /tmp/twin_mpi_id
+  step ep2_mpirun 60 0,1 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x CUDA_VISIBLE_DEVICES \
+    -x TWIN_EP_CHILD=1 -x TWIN_COMM_ID_FILE=/tmp/twin_mpi_id -x EP_PROC_N=40 \
+    "$B/run.sh" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/rank_of_one_process_per_gpu'
+) &
+p1=$!
+if [ "$ngpu" -ge 4 ]; then
+  (
+    step moe2 170 2,3 "$R" bin/moe_gpu_test --verbose -j2 --filter '*two_gpus*'
+    step pipe2 90 2,3 "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*two_gpus*'
+  ) &
+  p2=$!
+  wait $p2
+fi
+wait $p1
+[ "$ngpu" -ge 4 ] || {
+  step moe2 170 0,1 "$R" bin/moe_gpu_test --verbose -j2 --filter '*two_gpus*'
+  step pipe2 90 0,1 "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*two_gpus*'
+}
+
+# ---- phase 2 ----
+if [ "$ngpu" -ge 4 ]; then
+  all=0,1,2,3
+  step ep4_sweep 170 $all "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_4/*' &
+  step moe4 170 $all "$R" bin/moe_gpu_test --verbose --filter '*four_gpus*' &
+  ( step pipe4 120 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
+    step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*' ) &
+  wait
+  step ep4_proc 60 $all "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu' &
+  step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
+  EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
+  wait
+fi
+
+# ---- phase 3: benches, one at a time ----
+step bench_ep2 110 0,1 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep2.csv"
+[ "$ngpu" -ge 4 ] && step bench_ep4 110 0,1,2,3 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep4.csv"
+step peers_moe 60 0 env TWIN_PEER_MOE_SHAPES=32x4096,256x4096 python3 tools/peers/torch_moe.py
+grep -a '^{' "$O/peers_moe.log" | tail -1 >"$O/moe_peers.json"
+step bench_moe_ep2 150 0,1 env TWIN_BENCH_MOE_EP=2 "$B/run.sh" bin/twin bench --backend gpu --op moe --iters 5 \
+  --peers "$O/moe_peers.json"
+[ "$ngpu" -ge 4 ] && step bench_pipe4 60 0,1,2,3 "$R" bin/twin bench --backend gpu --op pipeline --stages 4 --iters 5
+[ "$ngpu" -ge 4 ] && step sharding4 60 0,1,2,3 "$R" bin/twin check --sharding --backend gpu --min-ranks 2 --max-ranks 4
+echo "total $(($(date +%s) - t0))s" >>"$O/summary.txt"
+pack
+cat "$O/summary.txt"
