@@ -1355,6 +1355,10 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
       struct timespec ns = {0, 100000L};
       nanosleep(&ns, NULL);
     }
+    // ... and the communicator itself may still be in that job after the call returned ncclSuccess
+    // (2-GPU H200 run, NCCL 2.28.3: the next all_reduce failed with "Attempt to use communicator
+    // before the previous operation returned ncclSuccess"): poll it until it leaves ncclInProgress.
+    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: ncclCommWindowRegister (settling)");
     int nowin = s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE);
     if (!nowin && s == TW_OK) {  // the handle must be device memory: the kernels read it
       cudaPointerAttributes at;
@@ -1394,7 +1398,9 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     im->lsa = L;
     return TW_OK;
   }
-  if (L->win && gpu_nccl_comm(ep->comm, NULL)) nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister");
+  if (L->win && gpu_nccl_comm(ep->comm, NULL) &&
+      nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister") == TW_OK)
+    nccl_done(ep->comm, nc, ncclInProgress, "ep_create: deregister (settling)");
   if (L->buf && loop) cudaFree(L->buf);
   else if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
   tw_free(ep->ctx, L->small);
@@ -1416,6 +1422,7 @@ static tw_status lsa_destroy(tw_ep *ep, lsa_impl *L) {
     cudaSetDevice(device);
     cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
     s = nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_destroy: ncclCommWindowDeregister");
+    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_destroy: ncclCommWindowDeregister (settling)");
     if (s == TW_OK && ncclMemFree(L->buf) != ncclSuccess)
       s = tw_error(TW_ERR_NCCL, "ep_destroy: ncclMemFree failed");
   }

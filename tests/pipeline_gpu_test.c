@@ -37,6 +37,13 @@ typedef struct {
   float *x, *dy, *w[2], *y, *dx, *dw[2];
 } problem;
 
+/* PIPE_TIMEOUT_S: the communicators' and the run's timeout (default 120 s); shorter on the
+ * device so that a stalled rank reports which step it waited in before the call's cap. */
+static double comm_timeout_s(void) {
+  const char *e = getenv("PIPE_TIMEOUT_S");
+  return e && atof(e) > 0 ? atof(e) : 120.0;
+}
+
 static void problem_make(problem *p, int S, int M, int R, int d, int Lps, int F, int bsw, int64_t E, int64_t H,
                          int64_t mb, uint64_t seed) {
   memset(p, 0, sizeof *p);
@@ -46,7 +53,7 @@ static void problem_make(problem *p, int S, int M, int R, int d, int Lps, int F,
   c.fsdp = bsw ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
   p->run.cfg = c;
   p->run.fsdp = F;
-  p->run.timeout_s = 120;
+  p->run.timeout_s = comm_timeout_s();
   cr_assert_eq(tw_pipeline_dense_body(E, H, &p->run.body), TW_OK);
   p->na = tw_pipeline_act_elems(&c, &p->run.body);
   p->x = (float *)calloc((size_t)p->na, 4); p->dy = (float *)calloc((size_t)p->na, 4);
@@ -111,7 +118,7 @@ static void run_on_gpus_as(problem *p, int one_gpu) {
   for (int i = 0; i < n; i++) dev[i] = i;
   if (one_gpu) cr_assert_eq(tw_comm_init_loopback(n, TW_MEM_DEVICE, comms), TW_OK, "%s", tw_last_error());
   else cr_assert_eq(tw_comm_init_nccl_local(n, dev, comms), TW_OK, "%s", tw_last_error());
-  for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
+  for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], comm_timeout_s());
   tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", tw_last_error());
@@ -138,6 +145,7 @@ static void gpu_vs_ref_as(int S, int M, int R, int d, int Lps, int F, int bsw, i
   char tag[112];
   snprintf(tag, sizeof tag, "S=%d M=%d R=%d d=%d Lps=%d F=%d %s%s", S, M, R, d, Lps, F, bsw ? "bsw" : "plain",
            one_gpu ? " (one GPU, loopback)" : "");
+  if (getenv("PIPE_TIMEOUT_S")) cr_log_info("%s: running", tag);
   const int64_t E = 64, H = 96, mb = 16;
   problem ref, gpu;
   problem_make(&ref, S, M, R, d, Lps, F, bsw, E, H, mb, 31);
@@ -258,6 +266,7 @@ static void golden_on_gpus(const char *dir, const char *cname) {
     g_golden_skipped++;
     return;
   }
+  cr_log_info("pipeline golden %s on %d GPUs (NCCL): running", cname, S * F);
   problem p;
   memset(&p, 0, sizeof p);
   tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
@@ -270,7 +279,7 @@ static void golden_on_gpus(const char *dir, const char *cname) {
   int E = golden_key(txt, "E"), H = golden_key(txt, "H");
   p.run.cfg = c;
   p.run.fsdp = F;
-  p.run.timeout_s = 120;
+  p.run.timeout_s = comm_timeout_s();
   cr_assert_eq(tw_pipeline_dense_body(E, H, &p.run.body), TW_OK);
   p.na = tw_pipeline_act_elems(&c, &p.run.body);
   for (int i = 0; i < 2; i++) p.nw[i] = tw_pipeline_param_elems(&c, &p.run.body, i);

@@ -501,6 +501,12 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
             /* a forced version that cannot run here is a fact, not a failure */
             failed |= !strstr(c->err[0], "cannot run here");
             free(c);
+            /* a failed step aborts the communicators (the abort path): new ones for the next rows */
+            for (int r = 0; r < n; r++) tw_comm_destroy(comms[r]);
+            if (tw_comm_init_nccl_local(n, devs, comms) != TW_OK) {
+              fprintf(stderr, "bench gpu ep: new communicators after a failure: %s\n", tw_last_error());
+              return 1;
+            }
             continue;
           }
           if (c->peers) {
