@@ -1055,16 +1055,18 @@ __global__ void lsa_map_peers(ncclWindow_t win, int n, int me, int lsa_rank, uns
 }
 #endif
 
-// Create-time, after a host barrier: 1 in *bad unless every peer's handshake word reads back
-// through its LSA pointer and this rank's own pointer is its buffer.
-__global__ void lsa_check_peers(unsigned char *const *peer, int n, int me, const unsigned char *own, int32_t *bad) {
-  int b = peer[me] != own;  // our own mapping first: a window layout we misread stops here, before a remote load
+// Create-time, after a host barrier and after the host checked that every pointer of the table
+// is mapped device memory: 1 in *bad unless every rank's handshake word reads back through its
+// LSA pointer, this rank's own included. The own LSA pointer is NCCL's flat-VA alias of the
+// window (lsaFlatBase + lsaRank * stride), not the ncclMemAlloc pointer: same memory, another
+// address (NCCL 2.28.3 and 2.28.9 alike; the first 2-GPU run refused LSA on comparing the two).
+__global__ void lsa_check_peers(unsigned char *const *peer, int n, int32_t *bad) {
+  int b = 0;
   for (int r = 0; r < n; r++) b |= peer[r] == NULL;
   for (int r = 0; r < n && !b; r++) {
     unsigned long long v = *(const volatile unsigned long long *)peer[r];
     if (v != (0x7477696e4c534100ull | (unsigned long long)r)) b = 1;
   }
-  if (peer[me] != own) b = 1;
   *bad = b;
 }
 
@@ -1381,18 +1383,38 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);  // a host-only barrier must see it done
     s = gpu_cuda_status(e, "ep_create: LSA pointers");
     if (s == TW_OK) s = ep->comm->ops->barrier(ep->comm, ep->ctx);  // every handshake word is written
-    if (s == TW_OK) {
-      lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, me, (const unsigned char *)L->buf, flag);
+    // the table on the host first: a pointer that is not mapped device memory (a window layout
+    // misread) stops here, before a kernel loads through it and faults the context
+    int32_t bad = 0;
+    unsigned char *tab[64] = {0};
+    if (s == TW_OK && n <= 64)
+      s = gpu_cuda_status(cudaMemcpyAsync(tab, peer, sizeof(void *) * (size_t)n, cudaMemcpyDeviceToHost, st->stream),
+                          "ep_create: LSA table");
+    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA table");
+    char whybad[160] = "a handshake word did not read back";
+    for (int r = 0; s == TW_OK && r < n && !bad; r++) {
+      cudaPointerAttributes at;
+      cudaError_t pe = tab[r] ? cudaPointerGetAttributes(&at, tab[r]) : cudaErrorInvalidValue;
+      cudaGetLastError();
+      if (pe != cudaSuccess || at.type != cudaMemoryTypeDevice) {
+        bad = 1;
+        snprintf(whybad, sizeof whybad, "rank %d's pointer %p is not mapped device memory (%s, type %d)", r,
+                 (void *)tab[r], cudaGetErrorString(pe), pe == cudaSuccess ? (int)at.type : -1);
+      }
+    }
+    if (s == TW_OK && n > 64) bad = 1;
+    if (s == TW_OK && !bad) {
+      lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, flag);
       s = gpu_cuda_status(cudaGetLastError(), "ep_create: LSA check");
     }
-    int32_t bad = 0;
-    if (s == TW_OK) s = gpu_cuda_status(cudaMemcpyAsync(&bad, flag, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: LSA check");
+    if (s == TW_OK && !bad)
+      s = gpu_cuda_status(cudaMemcpyAsync(&bad, flag, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: LSA check");
     if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA check");
     if (s == TW_OK) s = any_rank(ep, flag, bad, &all);
     if (s == TW_OK && all)
       snprintf(im->why, sizeof im->why,
-               "the LSA pointers did not reach the peers' windows (headers of NCCL %d, runtime %d: the window "
-               "layout may differ)", NCCL_VERSION_CODE, ver);
+               "the LSA pointers did not reach every rank's window (on this rank: %s%s; headers of NCCL %d, runtime %d)",
+               bad ? whybad : "fine", bad ? "" : ", on another rank not", NCCL_VERSION_CODE, ver);
   }
   if (s == TW_OK && !all) {
     im->lsa = L;
