@@ -211,6 +211,14 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
     if (s == TW_OK && backward) s = alloc_f(r, &r->gbuf[i], wn);
     r->window_bytes += (size_t)wn * sizeof(float) * (backward ? 2 : 1);
   }
+  /* NCCL connects a pair of ranks at its first send/recv. With S >= 3 the pair 0 -> S-1 is first
+   * used in the middle of the backward (LEFT_ROTATE, FIRST_TO_LAST), while the other stages
+   * have kernels in flight; on 4 H200s (NCCL 2.28.3) S = 3 and 4 stalled there and S = 2, whose
+   * pairs all connect at t = 0, did not. Both rotations once here, on scratch, connect every
+   * pair the scan uses while nothing is in flight; the results do not change. */
+  if (s == TW_OK && r->pp && r->S >= 3) s = zero(r, r->g0, r->act);
+  if (s == TW_OK && r->pp && r->S >= 3) s = move(r, RIGHT_ROTATE, r->g0, r->tmp);
+  if (s == TW_OK && r->pp && r->S >= 3) s = move(r, LEFT_ROTATE, r->g0, r->tmp);
   if (s != TW_OK) run_free(r);
   return s;
 }
