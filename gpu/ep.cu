@@ -652,7 +652,7 @@ __global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_
     warp_copy(row, rows + (size_t)i * row_bytes, row_bytes);
     if ((threadIdx.x & 31) == 0) {
       float v = per_slot ? per_slot[i] : 0.0f;
-      memcpy(row + 4 * H, &v, 4);
+      memcpy(row + row_bytes, &v, 4);  // the per-slot f32 right after the row
     }
   }
 }
@@ -722,7 +722,7 @@ __global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb,
         int64_t p = route_pos[t * k + j];
         float g = 0.0f;
         if (p >= 0 && slot_row) g = per_slot ? per_slot[slot_row[p]] : 0.0f;
-        else if (p >= 0) memcpy(&g, send + (size_t)p * rb + 4 * H, 4);
+        else if (p >= 0) memcpy(&g, send + (size_t)p * rb + (size_t)(y_bf16 ? 2 : 4) * H, 4);  // after the row
         d_w[t * k + j] = g;
       }
   }
@@ -1174,6 +1174,15 @@ static size_t fwd_row_bytes(const tw_ep *ep) {
   const tw_ep_config *c = &ep->cfg;
   return tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
          tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) + 4;
+}
+
+// Staging row strides per step. The slots are allocated for the largest (an f32 row and its
+// per-slot f32 on the way back), but each step strides by what it moves: a bf16 dispatch row is
+// half an f32 one and an e4m3 row a quarter, and the exchange sends S rows of the stride to
+// every peer (2 x H200, H 7168, T 16384: 13.1 ms per bf16 dispatch with the f32 stride).
+static size_t step_rb_fwd(const tw_ep *ep) { return round16(fwd_row_bytes(ep)); }
+static size_t step_rb_back(const tw_ep *ep, tw_dtype dt) {  // a row back and its per-slot f32
+  return round16(tw_dtype_storage_bytes(dt, ep->cfg.hidden) + 4);
 }
 
 // The version this context asks for: 0 auto, 1 ep_nccl_slots, 2 ep_nccl_lsa (names of other
@@ -1630,8 +1639,11 @@ static tw_status gpu_ep_layer_destroy(tw_ep_layer *layer) {
 }
 
 // The fixed-slot exchange: every peer gets S rows of rb bytes (forward: send -> recv).
-static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward) {
+// rb: this step's staging row stride (step_rb_*), at most im->rb, the one the slots are allocated
+// for: every peer gets S rows of it, so the bytes on the wire follow the step's dtype.
+static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward, size_t rb) {
   ep_impl *im = (ep_impl *)ep->impl;
+  if (rb > im->rb) return tw_error(TW_ERR_INTERNAL, "ep: a staging row of %zu bytes exceeds the slots' %zu", rb, im->rb);
   int n = ep->ep_size;
   if (n == 1 && im->recv == im->send) return TW_OK;  // one rank: one shared staging buffer
   int64_t cnt[2 * 8], *counts = cnt, *displs = cnt + n;
@@ -1642,7 +1654,7 @@ static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward) {
     counts = heap;
     displs = heap + n;
   }
-  int64_t slot = im->S * (int64_t)im->rb;
+  int64_t slot = im->S * (int64_t)rb;
   for (int r = 0; r < n; r++) {
     counts[r] = slot;
     displs[r] = r * slot;
@@ -1738,13 +1750,13 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   if (nch) {
     ep_pack_dispatch<<<grid_for(ctx, routes, 8), 256, 0, stream>>>(
         (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
-        (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->send, im->rb);
+        (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->send, step_rb_fwd(ep));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: pack launch");
   }
-  TW_TRY(exchange(ctx, ep, 1));
+  TW_TRY(exchange(ctx, ep, 1, step_rb_fwd(ep)));
   if (R) {
     ep_unpack_dispatch<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
-        im->recv, im->rb, R, n, me, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
+        im->recv, step_rb_fwd(ep), R, n, me, nle, im->S, *L, (unsigned char *)recv_tokens->data, tb,
         rscl, sb, sld, (float *)recv_weights->data);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: unpack launch");
   }
@@ -1785,10 +1797,10 @@ static tw_status rows_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *row
     ep_pack_back<<<grid_for(ctx, R, 8), 256, 0, gpu_of(ctx)->stream>>>(
         (const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, H),
         per_slot && !tw_tensor_is_none(per_slot) ? (const float *)per_slot->data : NULL, R, L->recv_src, im->recv,
-        im->rb, H);
+        step_rb_back(ep, rows->dtype), H);
     GPU_TRY_CUDA(cudaGetLastError(), "ep: pack-back launch");
   }
-  return exchange(ctx, ep, 0);
+  return exchange(ctx, ep, 0, step_rb_back(ep, rows->dtype));
 }
 
 static unsigned sum_threads(int64_t H) { return H >= 256 ? 256u : (unsigned)((H + 31) / 32 * 32); }
@@ -1809,7 +1821,7 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
     *src = {(const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, ep->cfg.hidden), L->slot_row};
     return TW_OK;
   }
-  *src = {im->send, im->rb, NULL};
+  *src = {im->send, step_rb_back(ep, rows->dtype), NULL};
   return rows_back(ctx, layer, rows, per_slot);
 }
 
@@ -1907,14 +1919,17 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
     return TW_OK;
   }
+  // rows of d_out's dtype go out, d_expert_out's row bytes are read back: the stride covers both
+  const size_t dob = tw_dtype_storage_bytes(d_out->dtype, H), deb = tw_dtype_storage_bytes(d_expert_out->dtype, H);
+  const size_t rbd = round16(dob > deb ? dob : deb);
   if (T * k) {
     ep_pack_dout<<<grid_for(ctx, T * k, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
-        d_out->data, bf16, w, T * k, k, H, L->route_pos, im->send, im->rb);
+        d_out->data, bf16, w, T * k, k, H, L->route_pos, im->send, rbd);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: pack launch");
   }
-  TW_TRY(exchange(ctx, ep, 1));
+  TW_TRY(exchange(ctx, ep, 1, rbd));
   if (R) {
-    ep_unpack_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(im->recv, im->rb, R, L->recv_src,
+    ep_unpack_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(im->recv, rbd, R, L->recv_src,
                                                             (unsigned char *)d_expert_out->data,
                                                             tw_dtype_storage_bytes(d_expert_out->dtype, H));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: unpack launch");
@@ -1923,9 +1938,10 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   TW_TRY(rows_back(ctx, layer, expert_out, NULL));
   if (T * k) {
     const int ebf = expert_out->dtype == TW_BF16;
+    const size_t rbe = step_rb_back(ep, expert_out->dtype);  // rows_back's stride
     ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(
-        im->send, im->rb, ebf, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data, NULL,
-        dot_vec_ok(im->send, im->rb, ebf, d_out->data, bf16, H));
+        im->send, rbe, ebf, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data, NULL,
+        dot_vec_ok(im->send, rbe, ebf, d_out->data, bf16, H));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
   }
   return TW_OK;
