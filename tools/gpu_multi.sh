@@ -29,11 +29,28 @@ step() {
   [ "$l" -gt 20 ] || { echo "$name: not run (budget spent)" >>"$O/summary.txt"; return; }
   [ "$cap" -lt "$l" ] || cap=$((l - 10))
   local s; s=$(date +%s)
-  CUDA_VISIBLE_DEVICES=$devs timeout -k 5 "$cap" "$@" >"$O/$name.log" 2>&1
+  CUDA_VISIBLE_DEVICES=$devs timeout -k 5 "$cap" "$@" >"$O/$name.log" 2>&1 &
+  local pid=$!
+  # a step still running 8 s before its cap: every thread's stack of its processes first
+  ( sleep $((cap > 16 ? cap - 8 : cap)); kill -0 $pid 2>/dev/null && dump_stacks $pid >"$O/$name.stacks" 2>&1 ) &
+  local dog=$!
+  wait $pid
   local r=$?
+  kill $dog 2>/dev/null; wait $dog 2>/dev/null
   local pass; pass=$(grep -aoE 'Synthesis: Tested: [0-9]+ \| Passing: [0-9]+ \| Failing: [0-9]+ \| Crashing: [0-9]+' "$O/$name.log" | tail -1)
   printf '%-34s rc=%-3d %4ds  %s\n' "$name" "$r" $(($(date +%s) - s)) "$pass" >>"$O/summary.txt"
   pack
+}
+# the stacks of pid's process tree (gdb, else cuda-gdb; else the kernel's view)
+dump_stacks() {
+  local g; g=$(command -v gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+  local all="$1" kids="$1" k
+  while [ -n "$kids" ]; do k=$(for p in $kids; do pgrep -P "$p"; done); kids=$k; all="$all $k"; done
+  for p in $all; do
+    echo "=== pid $p: $(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -c1-200)"
+    if [ -n "$g" ]; then timeout 20 "$g" -batch -p "$p" -ex 'thread apply all bt 30' 2>&1 | grep -E '^#|^Thread' | head -400
+    else for t in /proc/$p/task/*; do echo "-- $t"; cat "$t/stack" 2>/dev/null; done; fi
+  done
 }
 pack() {
   [ -n "$P" ] || return 0
@@ -61,7 +78,7 @@ p1=$!
 if [ "$ngpu" -ge 4 ]; then
   (
     step moe2 170 2,3 "$R" bin/moe_gpu_test --verbose -j2 --filter '*two_gpus*'
-    step pipe2 90 2,3 "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*two_gpus*'
+    PIPE_TIMEOUT_S=30 step pipe2 90 2,3 "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*two_gpus*'
   ) &
   p2=$!
   wait $p2
@@ -77,8 +94,8 @@ if [ "$ngpu" -ge 4 ]; then
   all=0,1,2,3
   step ep4_sweep 170 $all "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_4/*' &
   step moe4 170 $all "$R" bin/moe_gpu_test --verbose --filter '*four_gpus*' &
-  ( step pipe4 120 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
-    step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*' ) &
+  ( PIPE_TIMEOUT_S=30 step pipe4 120 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
+    PIPE_TIMEOUT_S=30 step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*' ) &
   wait
   step ep4_proc 60 $all "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu' &
   step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
