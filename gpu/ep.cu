@@ -36,8 +36,9 @@
 // that route is left out (counted nowhere, sent nowhere, combined as dropped); a capacity
 // overflow under the error policy sets GPU_ERR_EP_CAPACITY (rank, demand, R) on every rank
 // and the step writes none of its outputs (later combine / backward give zeros). No index is
-// ever formed from an unchecked id, and the exchange always moves the same fixed bytes, so a
-// bad step cannot hang the peers.
+// ever formed from an unchecked id, and the exchange always moves the same host-known bytes (S rows
+// of the step's stride per peer; every rank must pass the same dtypes, else the counts disagree
+// and the communicator's timeout aborts the step), so a bad step cannot hang the peers.
 //
 // Version ep_nccl_lsa (NCCL >= 2.28's symmetric windows; forced by name, auto keeps slots until
 // the 2-GPU sweep has passed on the device): one window per EP context, registered once
@@ -640,7 +641,7 @@ __global__ void ep_dout_direct(const void *__restrict__ d_out, int bf16, const f
 }
 
 // Destination rows back into the receive staging (the way back): row i (es * H bytes) and
-// optionally one f32 per slot at byte 4 H.
+// one f32 per slot (0 without per_slot) at byte row_bytes, in rows of the step's stride rb.
 __global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_bytes, const float *__restrict__ per_slot,
                              int64_t R, const int64_t *__restrict__ recv_src, unsigned char *__restrict__ recv,
                              size_t rb, int64_t H) {
@@ -1358,18 +1359,18 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     s = nccl_done(ep->comm, nc, ncclCommWindowRegister(nc, L->buf, L->bytes, &L->win, NCCL_WIN_COLL_SYMMETRIC),
                   "ep_create: ncclCommWindowRegister");
     if (s != TW_OK) L->win = NULL;
-    // A non-blocking communicator registers in a group job that stores the handle when it ends,
-    // which can be after the communicator reports success (seen on an H200, NCCL 2.28.3: a NULL
-    // window read by the first kernel); a communicator without symmetric memory gives none.
+    // A non-blocking communicator registers in a group job, which can still run after the call
+    // returned ncclSuccess (2-GPU H200 run, NCCL 2.28.3: the next all_reduce failed with "Attempt
+    // to use communicator before the previous operation returned ncclSuccess"): poll it until
+    // it leaves ncclInProgress. The job stores the handle when it ends (seen on an H200: a NULL
+    // window read by the first kernel), so wait for that too, briefly; a communicator without
+    // symmetric memory gives none.
+    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: ncclCommWindowRegister (settling)");
     const double t0 = ep_now_s();
     while (s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE) && ep_now_s() - t0 < 5.0) {
       struct timespec ns = {0, 100000L};
       nanosleep(&ns, NULL);
     }
-    // ... and the communicator itself may still be in that job after the call returned ncclSuccess
-    // (2-GPU H200 run, NCCL 2.28.3: the next all_reduce failed with "Attempt to use communicator
-    // before the previous operation returned ncclSuccess"): poll it until it leaves ncclInProgress.
-    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: ncclCommWindowRegister (settling)");
     int nowin = s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE);
     if (!nowin && s == TW_OK) {  // the handle must be device memory: the kernels read it
       cudaPointerAttributes at;
@@ -1396,11 +1397,15 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // misread) stops here, before a kernel loads through it and faults the context
     int32_t bad = 0;
     unsigned char *tab[64] = {0};
+    char whybad[160] = "a handshake word did not read back";
+    if (s == TW_OK && n > 64) {
+      bad = 1;
+      snprintf(whybad, sizeof whybad, "%d ranks: the host check reads at most 64 pointers", n);
+    }
     if (s == TW_OK && n <= 64)
       s = gpu_cuda_status(cudaMemcpyAsync(tab, peer, sizeof(void *) * (size_t)n, cudaMemcpyDeviceToHost, st->stream),
                           "ep_create: LSA table");
     if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA table");
-    char whybad[160] = "a handshake word did not read back";
     for (int r = 0; s == TW_OK && r < n && !bad; r++) {
       cudaPointerAttributes at;
       cudaError_t pe = tab[r] ? cudaPointerGetAttributes(&at, tab[r]) : cudaErrorInvalidValue;
@@ -1411,7 +1416,6 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
                  (void *)tab[r], cudaGetErrorString(pe), pe == cudaSuccess ? (int)at.type : -1);
       }
     }
-    if (s == TW_OK && n > 64) bad = 1;
     if (s == TW_OK && !bad) {
       lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, flag);
       s = gpu_cuda_status(cudaGetLastError(), "ep_create: LSA check");
@@ -1429,9 +1433,11 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     im->lsa = L;
     return TW_OK;
   }
-  if (L->win && gpu_nccl_comm(ep->comm, NULL) &&
-      nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister") == TW_OK)
-    nccl_done(ep->comm, nc, ncclInProgress, "ep_create: deregister (settling)");
+  if (L->win && gpu_nccl_comm(ep->comm, NULL)) {  // a failure here aborted the communicator: say so
+    tw_status sd = nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister");
+    if (sd == TW_OK) sd = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: deregister (settling)");
+    if (s == TW_OK) s = sd;
+  }
   if (L->buf && loop) cudaFree(L->buf);
   else if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
   tw_free(ep->ctx, L->small);
