@@ -11,7 +11,8 @@
 #           process per GPU, by the test's own launcher and by mpirun); MoE and the pipeline
 #           on GPUs 2,3 (skipped where only 2 GPUs exist: they run in phase 2 then)
 #   phase 2 (4 GPUs): EP ep_size 4, MoE ep = 4 / dp x ep / fsdp x ep, pipeline S = 3, 4 and
-#           pp x fsdp, the pipeline goldens, shard_nccl, memcheck of the 2-GPU EP sweep
+#           pp x fsdp, the pipeline goldens, shard_nccl, memcheck and racecheck of the 2-GPU EP
+#           sweep, every one-GPU EP case on GPU 0
 #   phase 3 (quiet machine): twin bench --op ep on 2 then 4 GPUs, --op moe with ep = 2,
 #           --op pipeline at S = 4, the sharding check over NCCL on 2-4 ranks
 set -uo pipefail
@@ -100,6 +101,12 @@ if [ "$ngpu" -ge 4 ]; then
   step ep4_proc 60 $all "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu' &
   step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
   EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
+  wait
+  # every one-GPU EP case (ep_size 1, and 2 / 4 ranks on one GPU over loopback) beside the
+  # 2-GPU racecheck: the slots staging changed (9028363) and these run every exchange path
+  step ep1 170 0 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu/*' &
+  EP_SWEEP_N=2 step ep2_racecheck 150 2,3 compute-sanitizer --tool racecheck --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
   wait
 fi
