@@ -61,11 +61,13 @@ static tw_status run_ranks_on(tw_moe_threads_run *run, int one_gpu) {
 static tw_status run_on_gpus(tw_moe_threads_run *run) { return run_ranks_on(run, 0); }
 static tw_status run_loopback(tw_moe_threads_run *run) { return run_ranks_on(run, 1); }
 
-static void loopback_meshes(const char *dir, const char *name) {
+/* The stored case in dir on each dp x fsdp x ep mesh of meshes[] that divides it (T by all
+ * ranks, E by ep, H by fsdp), run by run_fn, against its golden within the budget. */
+static void case_on_meshes(const char *dir, const char *name, const int (*meshes)[3], int nm, moe_runner run_fn,
+                           const char *where) {
   gcase c;
   moe_load_case(dir, &c);
-  static const int meshes[][3] = {{1, 1, 2}, {2, 1, 2}, {1, 1, 4}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}};
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < nm; i++) {
     int dp = meshes[i][0], fs = meshes[i][1], ep = meshes[i][2];
     if (c.T % (dp * fs * ep) || c.E % ep || c.H % fs) continue;
     tw_mesh m;
@@ -73,11 +75,16 @@ static void loopback_meshes(const char *dir, const char *name) {
     int sz[3] = {dp, fs, ep};
     cr_assert_eq(tw_mesh_init(&m, 3, ax, sz), TW_OK);
     char cname[300];
-    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d (one GPU, loopback)", name, dp, fs, ep);
-    double w = moe_check_case(&c, cname, &m, run_loopback);
+    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d (%s)", name, dp, fs, ep, where);
+    double w = moe_check_case(&c, cname, &m, run_fn);
     cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
   }
   moe_free_case(&c);
+}
+
+static void loopback_meshes(const char *dir, const char *name) {
+  static const int meshes[][3] = {{1, 1, 2}, {2, 1, 2}, {1, 1, 4}, {1, 2, 1}, {1, 2, 2}, {2, 2, 1}};
+  case_on_meshes(dir, name, meshes, 6, run_loopback, "one GPU, loopback");
 }
 
 Test(moe_gpu, every_stored_case_sharded_on_one_gpu_over_loopback) {
@@ -194,22 +201,8 @@ Test(moe_gpu, every_stored_case_on_two_gpus_ep2_and_fsdp2) {
 /* Four GPUs over NCCL (issue 17): ep = 4, dp x ep = 2 x 2 and fsdp x ep = 2 x 2, each against
  * the golden within the same budget; a case whose T, E or H the mesh does not divide is left out. */
 static void on_four_gpus(const char *dir, const char *name) {
-  gcase c;
-  moe_load_case(dir, &c);
   static const int meshes[][3] = {{1, 1, 4}, {2, 1, 2}, {1, 2, 2}};
-  for (int i = 0; i < 3; i++) {
-    int dp = meshes[i][0], fs = meshes[i][1], ep = meshes[i][2];
-    if (c.T % (dp * fs * ep) || c.E % ep || c.H % fs) continue;
-    tw_mesh m;
-    tw_axis ax[3] = {TW_AXIS_DP, TW_AXIS_FSDP, TW_AXIS_EP};
-    int sz[3] = {dp, fs, ep};
-    cr_assert_eq(tw_mesh_init(&m, 3, ax, sz), TW_OK);
-    char cname[300];
-    snprintf(cname, sizeof cname, "%s dp=%d,fsdp=%d,ep=%d (4 GPUs)", name, dp, fs, ep);
-    double w = moe_check_case(&c, cname, &m, run_on_gpus);
-    cr_log_info("moe gpu golden %s: worst |diff|/bound %.3g", cname, w);
-  }
-  moe_free_case(&c);
+  case_on_meshes(dir, name, meshes, 3, run_on_gpus, "4 GPUs");
 }
 
 Test(moe_gpu, every_stored_case_on_four_gpus_ep4_dp2ep2_fsdp2ep2) {

@@ -21,59 +21,25 @@
 
 #include "pipeline/threads.h"
 #include "test_util.h"
+#include "tests/pipeline_cases.h"
 #include "twin/tw_pipeline.h"
 
-static int key(const char *txt, const char *k) {
-  char pat[32];
-  snprintf(pat, sizeof pat, "\n%s = ", k);
-  const char *p = strstr(txt, pat);
-  cr_assert(p, "pipeline.txt lacks %s", k);
-  return atoi(p + strlen(pat));
-}
-
-static double compare_or_ratio(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
-                               double k, int fail) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; i++) ss += exact[i] * exact[i];
-  double rms = sqrt(ss / (double)(n > 0 ? n : 1)), worst = 0;
-  for (int64_t i = 0; i < n; i++) {
-    double bound = k * ldexp(1.0, -24) * (fabs(exact[i]) + rms);
-    double err = fabs((double)got[i] - exact[i]);
-    if (fail) cr_assert(err <= bound, "%s %s[%lld]: got %.9g, golden %.12g, |diff| %.3g > bound %.3g", cname, what, (long long)i,
-              (double)got[i], exact[i], err, bound);
-    if (err / bound > worst) worst = err / bound;
-  }
-  return worst;
-}
 
 /* Runs a stored case; returns the worst |diff|/bound when `fail` is 0 (no assertion). */
 static double run_case_opt(const char *dir, const char *cname, int stale, int fail);
 static void run_case(const char *dir, const char *cname) { run_case_opt(dir, cname, 0, 1); }
 
-static double compare_or_ratio(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
-                               double k, int fail);
 
 static double run_case_opt(const char *dir, const char *cname, int stale, int fail) {
-  char path[1024], txt[2048] = "\n";
-  snprintf(path, sizeof path, "%s/pipeline.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "%s", path);
-  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
-  txt[got + 1] = 0;
-  fclose(f);
+  pipe_golden g;
+  pipe_golden_read(dir, cname, &g);
   tw_pipeline_threads_run run;
   memset(&run, 0, sizeof run);
-  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
-  c.stages = key(txt, "S"); c.microbatches = key(txt, "M"); c.repeats = key(txt, "R"); c.delay = key(txt, "d");
-  c.layers_per_stage = key(txt, "Lps");
-  c.layers = c.stages * c.repeats * c.layers_per_stage;
-  c.mb_rows = key(txt, "mb");
-  c.fsdp = strstr(txt, "\nfsdp = bsw") ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
-  cr_assert(strstr(txt, "\nloss = half_sum_sq"), "%s: unknown loss", cname);
-  int E = key(txt, "E"), H = key(txt, "H");
+  tw_pipeline_config c = g.cfg;
+  int E = g.E, H = g.H;
   c.test_stale_window = stale;
   run.cfg = c;
-  run.fsdp = key(txt, "F");
+  run.fsdp = g.F;
   cr_assert_eq(tw_pipeline_dense_body(E, H, &run.body), TW_OK);
   int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
   for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
@@ -98,12 +64,12 @@ static double run_case_opt(const char *dir, const char *cname, int stale, int fa
   const int L = c.layers;
   double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows);
   double r = 0;
-  r = fmax(r, compare_or_ratio("y", cname, y, gy, na, kf, fail));
+  r = fmax(r, pipe_golden_compare("y", cname, y, gy, na, kf, fail));
   float lf = (float)loss;
-  r = fmax(r, compare_or_ratio("loss", cname, &lf, gloss, 1, kf * 2, fail));
-  r = fmax(r, compare_or_ratio("dx", cname, dx, gdx, na, kb, fail));
-  r = fmax(r, compare_or_ratio("dW1", cname, dw[0], gdw[0], nw[0], kb, fail));
-  r = fmax(r, compare_or_ratio("dW2", cname, dw[1], gdw[1], nw[1], kb, fail));
+  r = fmax(r, pipe_golden_compare("loss", cname, &lf, gloss, 1, kf * 2, fail));
+  r = fmax(r, pipe_golden_compare("dx", cname, dx, gdx, na, kb, fail));
+  r = fmax(r, pipe_golden_compare("dW1", cname, dw[0], gdw[0], nw[0], kb, fail));
+  r = fmax(r, pipe_golden_compare("dW2", cname, dw[1], gdw[1], nw[1], kb, fail));
   cr_log_info("%s%s: worst |diff|/bound %.3g", cname, stale ? " (MaxText window)" : "", r);
   free(x); free(tgt); free(w[0]); free(w[1]); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
   free(y); free(dy); free(dx); free(dw[0]); free(dw[1]);

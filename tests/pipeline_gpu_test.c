@@ -26,6 +26,7 @@
 #include "pipeline/loopback_comm.h"
 #include "pipeline/threads.h"
 #include "test_util.h"
+#include "tests/pipeline_cases.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_pipeline.h"
 
@@ -229,39 +230,12 @@ Test(pipeline_gpu, four_gpus_nccl_pp2_fsdp2_bsw) {
  * whose S x F ranks fit the visible GPUs, one rank per GPU over NCCL, within the bound
  * pipeline_golden_test states for any f32-accumulating backend:
  *   forward L (E + H + 8) u (|exact| + rms), gradients L (E + H + 8 + M mb) u (|exact| + rms). */
-static int golden_key(const char *txt, const char *k) {
-  char pat[32];
-  snprintf(pat, sizeof pat, "\n%s = ", k);
-  const char *p = strstr(txt, pat);
-  cr_assert(p, "pipeline.txt lacks %s", k);
-  return atoi(p + strlen(pat));
-}
-
-static double golden_worst(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
-                           double k) {
-  double ss = 0, worst = 0;
-  for (int64_t i = 0; i < n; i++) ss += exact[i] * exact[i];
-  double rms = sqrt(ss / (double)(n ? n : 1));
-  for (int64_t i = 0; i < n; i++) {
-    double bound = k * ldexp(1.0, -24) * (fabs(exact[i]) + rms), err = fabs((double)got[i] - exact[i]);
-    cr_assert(err <= bound, "%s %s[%lld]: gpu %.9g, golden %.12g, |diff| %.3g > bound %.3g", cname, what,
-              (long long)i, (double)got[i], exact[i], err, bound);
-    worst = fmax(worst, err / bound);
-  }
-  return worst;
-}
-
 static int g_golden_ran, g_golden_skipped;
 
 static void golden_on_gpus(const char *dir, const char *cname) {
-  char path[1024], txt[2048] = "\n";
-  snprintf(path, sizeof path, "%s/pipeline.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "%s", path);
-  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
-  txt[got + 1] = 0;
-  fclose(f);
-  int S = golden_key(txt, "S"), F = golden_key(txt, "F");
+  pipe_golden g;
+  pipe_golden_read(dir, cname, &g);
+  const int S = g.cfg.stages, F = g.F, E = g.E, H = g.H;
   if (S * F > tw_gpu_device_count() || S * F < 2) { /* one rank has its own test above */
     g_golden_skipped++;
     return;
@@ -269,14 +243,7 @@ static void golden_on_gpus(const char *dir, const char *cname) {
   cr_log_info("pipeline golden %s on %d GPUs (NCCL): running", cname, S * F);
   problem p;
   memset(&p, 0, sizeof p);
-  tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
-  c.stages = S; c.microbatches = golden_key(txt, "M"); c.repeats = golden_key(txt, "R");
-  c.delay = golden_key(txt, "d"); c.layers_per_stage = golden_key(txt, "Lps");
-  c.layers = c.stages * c.repeats * c.layers_per_stage;
-  c.mb_rows = golden_key(txt, "mb");
-  c.fsdp = strstr(txt, "\nfsdp = bsw") ? TW_PIPELINE_FSDP_BSW : TW_PIPELINE_FSDP_PLAIN;
-  cr_assert(strstr(txt, "\nloss = half_sum_sq"), "%s: unknown loss", cname);
-  int E = golden_key(txt, "E"), H = golden_key(txt, "H");
+  const tw_pipeline_config c = g.cfg;
   p.run.cfg = c;
   p.run.fsdp = F;
   p.run.timeout_s = comm_timeout_s();
@@ -306,11 +273,11 @@ static void golden_on_gpus(const char *dir, const char *cname) {
   const int L = c.layers;
   double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows), r = 0;
   float lf = (float)loss;
-  r = fmax(r, golden_worst("y", cname, p.y, gy, p.na, kf));
-  r = fmax(r, golden_worst("loss", cname, &lf, gloss, 1, 2 * kf));
-  r = fmax(r, golden_worst("dx", cname, p.dx, gdx, p.na, kb));
-  r = fmax(r, golden_worst("dW1", cname, p.dw[0], gdw[0], p.nw[0], kb));
-  r = fmax(r, golden_worst("dW2", cname, p.dw[1], gdw[1], p.nw[1], kb));
+  r = fmax(r, pipe_golden_compare("y", cname, p.y, gy, p.na, kf, 1));
+  r = fmax(r, pipe_golden_compare("loss", cname, &lf, gloss, 1, 2 * kf, 1));
+  r = fmax(r, pipe_golden_compare("dx", cname, p.dx, gdx, p.na, kb, 1));
+  r = fmax(r, pipe_golden_compare("dW1", cname, p.dw[0], gdw[0], p.nw[0], kb, 1));
+  r = fmax(r, pipe_golden_compare("dW2", cname, p.dw[1], gdw[1], p.nw[1], kb, 1));
   cr_log_info("pipeline golden %s on %d GPUs (NCCL): worst |diff|/bound %.3g", cname, S * F, r);
   g_golden_ran++;
   free(tgt); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);

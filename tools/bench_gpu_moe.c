@@ -86,6 +86,28 @@ static void *dalloc(tw_ctx *ctx, size_t bytes, int *ok) {
   return p;
 }
 
+/* The block's bf16 tensors and f32 weight gradients in device memory: T tokens, E experts
+ * routed (the gate's width), nle of them held here (wi, wo and their gradients). */
+static void job_alloc(tw_ctx *ctx, job *j, int64_t E, int64_t nle, int64_t T, int64_t H, int64_t F, void **bufs,
+                      int *nb, int *ok) {
+  tw_mem D = TW_MEM_DEVICE;
+#define A(bytes) (bufs[(*nb)++] = dalloc(ctx, (bytes), ok))
+  j->x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j->out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j->d_out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j->d_x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
+  j->aux = tw_tensor_1d(A(4), TW_F32, 1, D);
+  j->w.gate = tw_tensor_2d(A((size_t)(H * E * 2)), TW_BF16, H, E, D);
+  j->w.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 2)), TW_BF16, nle, H, 2 * F, D);
+  j->w.wo = tw_tensor_3d(A((size_t)(nle * F * H * 2)), TW_BF16, nle, F, H, D);
+  j->w.bi = j->w.bo = tw_tensor_none();
+  j->g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
+  j->g.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 4)), TW_F32, nle, H, 2 * F, D);
+  j->g.wo = tw_tensor_3d(A((size_t)(nle * F * H * 4)), TW_F32, nle, F, H, D);
+  j->g.bi = j->g.bo = tw_tensor_none();
+#undef A
+}
+
 static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int64_t align, const char *peers,
                         const tw_bench_cfg *cfg) {
   const int64_t H = 7168, F = 2048;
@@ -104,25 +126,10 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int
   job j;
   memset(&j, 0, sizeof j);
   int ok = 1;
-  tw_mem D = TW_MEM_DEVICE;
   void *bufs[16];
   int nb = 0;
   if (tw_moe_create(ctx, NULL, &c, &j.m) != TW_OK) ok = 0;
-#define A(bytes) (bufs[nb++] = dalloc(ctx, (bytes), &ok))
-  j.x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.d_out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.d_x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.aux = tw_tensor_1d(A(4), TW_F32, 1, D);
-  j.w.gate = tw_tensor_2d(A((size_t)(H * E * 2)), TW_BF16, H, E, D);
-  j.w.wi = tw_tensor_3d(A((size_t)(E * H * 2 * F * 2)), TW_BF16, E, H, 2 * F, D);
-  j.w.wo = tw_tensor_3d(A((size_t)(E * F * H * 2)), TW_BF16, E, F, H, D);
-  j.w.bi = j.w.bo = tw_tensor_none();
-  j.g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
-  j.g.wi = tw_tensor_3d(A((size_t)(E * H * 2 * F * 4)), TW_F32, E, H, 2 * F, D);
-  j.g.wo = tw_tensor_3d(A((size_t)(E * F * H * 4)), TW_F32, E, F, H, D);
-  j.g.bi = j.g.bo = tw_tensor_none();
-#undef A
+  job_alloc(ctx, &j, E, E, T, H, F, bufs, &nb, &ok);
   uint64_t rs = 0x6d6f65ull + (uint64_t)E * 131 + (uint64_t)T;
   if (ok) ok = !fill_bf16(j.x.data, T * H, 0, &rs) && !fill_bf16(j.d_out.data, T * H, 0, &rs) &&
                !fill_bf16(j.w.gate.data, H * E, -6, &rs) && !fill_bf16(j.w.wi.data, E * H * 2 * F, -6, &rs) &&
@@ -225,22 +232,7 @@ static tw_status moe_ep_rank(int rank, tw_comm *comm, void *arg) {
   void *bufs[16] = {0};
   int nb = 0, ok = s == TW_OK;
   if (ok && tw_moe_create(ctx, &mesh, &c, &j.m) != TW_OK) ok = 0;
-  tw_mem D = TW_MEM_DEVICE;
-#define A(bytes) (bufs[nb++] = dalloc(ctx, (bytes), &ok))
-  j.x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.d_out = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.d_x = tw_tensor_2d(A((size_t)(T * H * 2)), TW_BF16, T, H, D);
-  j.aux = tw_tensor_1d(A(4), TW_F32, 1, D);
-  j.w.gate = tw_tensor_2d(A((size_t)(H * E * 2)), TW_BF16, H, E, D);
-  j.w.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 2)), TW_BF16, nle, H, 2 * F, D);
-  j.w.wo = tw_tensor_3d(A((size_t)(nle * F * H * 2)), TW_BF16, nle, F, H, D);
-  j.w.bi = j.w.bo = tw_tensor_none();
-  j.g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
-  j.g.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 4)), TW_F32, nle, H, 2 * F, D);
-  j.g.wo = tw_tensor_3d(A((size_t)(nle * F * H * 4)), TW_F32, nle, F, H, D);
-  j.g.bi = j.g.bo = tw_tensor_none();
-#undef A
+  job_alloc(ctx, &j, E, nle, T, H, F, bufs, &nb, &ok);
   uint64_t rs = 0x6d6f65ull + (uint64_t)E * 131 + (uint64_t)T + 977u * (uint64_t)rank, gs = 0x67617465ull;
   /* the gate is the same on every rank (replicated); tokens and experts differ */
   if (ok) ok = !fill_bf16(j.x.data, T * H, 0, &rs) && !fill_bf16(j.d_out.data, T * H, 0, &rs) &&
