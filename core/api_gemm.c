@@ -91,8 +91,13 @@ static tw_status check_operand(const char *op, const char *name, const tw_ctx *c
                     op, name, (long long)R, (long long)groups);
   if ((double)R * (double)C > 9.0e15)
     return tw_error(TW_ERR_SHAPE, "%s: %s's source [%lld, %lld] is too large", op, name, (long long)R, (long long)C);
-  /* token-padded: [C, 128*T_cap] (tw_quantize.h), 2-D */
-  const int64_t gn = groups < R ? groups : R, pitch = 128 * ((R + 127 * (gn > 0 ? gn : 0)) / 128);
+  /* token-padded: [C, 128*T_cap] (tw_quantize.h), 2-D. R + 127 G in double first: with C = 0 any
+   * R passes the size check above (libFuzzer, validators_fuzz: a signed overflow here). */
+  const int64_t gn = groups < R ? groups : R;
+  if (o->col_padded && (double)R + 127.0 * (double)(gn > 0 ? gn : 0) > 9.0e15)
+    return tw_error(TW_ERR_SHAPE, "%s: %s is token-padded with %lld source rows in %lld groups: too large", op, name,
+                    (long long)R, (long long)groups);
+  const int64_t pitch = o->col_padded ? 128 * ((R + 127 * (gn > 0 ? gn : 0)) / 128) : 0;
   if (o->col_padded && (o->data.ndim != 2 || o->data.shape[0] != C || o->data.shape[1] != pitch)) {
     char got[96];
     return tw_error(TW_ERR_SHAPE, "%s: %s is token-padded, so its data must be [%lld, %lld] (source [%lld, %lld] "

@@ -536,6 +536,20 @@ static void quantized_equals_dequantized(tw_scaling mode) {
     bad.col_padded = 1;
     tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_N, &rp, TW_OP_T, &tg, &tw2, 0), TW_ERR_INVALID_ARG,
                      "is marked token-padded but is not a per-group transposed colwise copy");
+    /* a source of INT64_MAX rows and 0 columns passes the element-count check; its padded width
+     * must be refused, not computed (R + 127 G overflowed: libFuzzer, validators_fuzz) */
+    bad = lp;
+    bad.src_rows = INT64_MAX;
+    bad.src_cols = 0;
+    tw_operand bad_r = rp;
+    bad_r.src_rows = INT64_MAX;
+    tt_expect_status(tw_grouped_gemm_wgrad(ctx, &bad, TW_OP_T, &bad_r, TW_OP_T, &tg, &tw2, 0), TW_ERR_SHAPE,
+                     "is token-padded with 9223372036854775807 source rows in 3 groups: too large");
+    bad = tw_operand_rowwise(&px.q); /* the same source through tw_gemm (where the fuzzer found it) */
+    bad.src_rows = INT64_MAX;
+    bad.src_cols = 0;
+    tt_expect_status(tw_gemm(ctx, &bad, TW_OP_N, &wr, TW_OP_T, &to3, 0), TW_ERR_SHAPE,
+                     "source is [9223372036854775807, 0]");
     free_q(&px), free_q(&pdy);
   }
 
