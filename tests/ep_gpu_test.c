@@ -19,8 +19,8 @@
  *           (EP_MX_N each), and dispatch captured in a CUDA graph with 3 replays of new routing;
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
- *           with "needs 2 GPUs, sees n" where fewer are visible; 4 GPUs: the same with ep_size 4.
- *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 4),
+ *           with "needs 2 GPUs, sees n" where fewer are visible; 4 and 8 GPUs: the same with ep_size 4, 8.
+ *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 8),
  *           as `mpirun -np N` would, each one rank over tw_comm_init_nccl_rank (the NCCL id
  *           handed out through a file), 100 cases per EP version against the ref threads, its
  *           own rank checked; on one GPU that is one process of world size 1. */
@@ -43,7 +43,7 @@
 
 #define NEED_GPUS(n) TT_NEED_GPUS(n)
 
-#define MAXR 4
+#define MAXR 8
 
 /* ---- a random scenario for n ranks --------------------------------------------------------- */
 typedef struct {
@@ -687,7 +687,7 @@ static void sweep_gpus(int n, const char *kernel) {
   int N = getenv("EP_SWEEP_N") ? atoi(getenv("EP_SWEEP_N")) : 200, failed = 0, drops = 0;
   for (int i = 0; i < N; i++) {
     scen c;
-    scen_make(&c, n, (n == 2 ? 0xe9200000u : 0xe9800000u) + (uint64_t)i);
+    scen_make(&c, n, (n == 2 ? 0xe9200000u : n == 4 ? 0xe9800000u : 0xe9a00000u) + (uint64_t)i);
     /* a failing rank aborts the NCCL group (tw_run_ranks): overflow is the 1-GPU test's */
     if (c.policy == TW_EP_OVERFLOW_ERROR) c.policy = TW_EP_OVERFLOW_DROP;
     char name[128];
@@ -724,6 +724,8 @@ Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl_lsa) { sweep_gpus(4, "ep_nccl_lsa"); }
+Test(ep_gpu_8, random_cases_ep_size_8_over_nccl) { sweep_gpus(8, "ep_nccl_slots"); }
+Test(ep_gpu_8, random_cases_ep_size_8_over_nccl_lsa) { sweep_gpus(8, "ep_nccl_lsa"); }
 
 /* ep_size 2 and 4 on ONE GPU: the ranks are threads with their own gpu contexts on GPU 0 over
  * the loopback communicator (pipeline/loopback_comm.h: device-to-device copies instead of

@@ -205,6 +205,17 @@ static void on_four_gpus(const char *dir, const char *name) {
   case_on_meshes(dir, name, meshes, 3, run_on_gpus, "4 GPUs");
 }
 
+/* Eight GPUs (issue 17): ep = 8, dp x ep = 2 x 4, fsdp x ep = 2 x 4. */
+static void on_eight_gpus(const char *dir, const char *name) {
+  static const int meshes[][3] = {{1, 1, 8}, {2, 1, 4}, {1, 2, 4}};
+  case_on_meshes(dir, name, meshes, 3, run_on_gpus, "8 GPUs");
+}
+
+Test(moe_gpu, every_stored_case_on_eight_gpus_ep8_dp2ep4_fsdp2ep4) {
+  NEED_GPUS(8);
+  cr_assert_geq(moe_each_case(on_eight_gpus), 18);
+}
+
 Test(moe_gpu, every_stored_case_on_four_gpus_ep4_dp2ep2_fsdp2ep2) {
   NEED_GPUS(4);
   cr_assert_geq(moe_each_case(on_four_gpus), 18);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a machine of 2 or 4 GPUs: every multi-GPU test and the multi-GPU benches, in
+# One call on a machine of 2, 4 or 8 GPUs: every multi-GPU test and the multi-GPU benches, in
 # phases that share the GPUs out so the call stays short. Usage (repo root, GPU machine):
 #   tools/gpu_multi.sh BUNDLE_DIR OUT_DIR [SECONDS [PACK_DIR]]
 # BUNDLE_DIR: tools/pack_gpu_bundle.sh's bund/. SECONDS (default 540): the whole budget; each
@@ -13,8 +13,9 @@
 #   phase 2 (4 GPUs): EP ep_size 4, MoE ep = 4 / dp x ep / fsdp x ep, pipeline S = 3, 4 and
 #           pp x fsdp, the pipeline goldens, shard_nccl, memcheck and racecheck of the 2-GPU EP
 #           sweep, every one-GPU EP case on GPU 0
-#   phase 3 (quiet machine): twin bench --op ep on 2 then 4 GPUs, --op moe with ep = 2,
-#           --op pipeline at S = 4, the sharding check over NCCL on 2-4 ranks
+#   phase 2b (8 GPUs): EP ep_size 8, 8 processes, MoE ep = 8 / dp x ep / fsdp x ep = 2 x 4
+#   phase 3 (quiet machine): twin bench --op ep on 2, 4 (and 8) GPUs, --op moe with ep = 2
+#           (and 8), --op pipeline at S = 4, the sharding check over NCCL on 2-4 (and 8) ranks
 set -uo pipefail
 B=${1:?bundle dir}; O=${2:?out dir}; budget=${3:-540}; P=${4:-}
 mkdir -p "$O"
@@ -111,15 +112,28 @@ if [ "$ngpu" -ge 4 ]; then
   wait
 fi
 
+# ---- phase 2b (8 GPUs): EP ep_size 8, one process per GPU (8), MoE ep = 8 / 2 x 4 ----
+if [ "$ngpu" -ge 8 ]; then
+  all8=0,1,2,3,4,5,6,7
+  step ep8_sweep 170 $all8 "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_8/*' &
+  step moe8 170 $all8 "$R" bin/moe_gpu_test --verbose --filter '*eight_gpus*' &
+  wait
+  step ep8_proc 90 $all8 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu'
+fi
+
 # ---- phase 3: benches, one at a time ----
 step bench_ep2 110 0,1 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep2.csv"
 [ "$ngpu" -ge 4 ] && step bench_ep4 110 0,1,2,3 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep4.csv"
+[ "$ngpu" -ge 8 ] && step bench_ep8 110 $all8 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep8.csv"
 step peers_moe 60 0 env TWIN_PEER_MOE_SHAPES=32x4096,256x4096 python3 tools/peers/torch_moe.py
 grep -a '^{' "$O/peers_moe.log" | tail -1 >"$O/moe_peers.json"
 step bench_moe_ep2 150 0,1 env TWIN_BENCH_MOE_EP=2 "$B/run.sh" bin/twin bench --backend gpu --op moe --iters 5 \
   --peers "$O/moe_peers.json"
 [ "$ngpu" -ge 4 ] && step bench_pipe4 60 0,1,2,3 "$R" bin/twin bench --backend gpu --op pipeline --stages 4 --iters 5
 [ "$ngpu" -ge 4 ] && step sharding4 60 0,1,2,3 "$R" bin/twin check --sharding --backend gpu --min-ranks 2 --max-ranks 4
+[ "$ngpu" -ge 8 ] && step bench_moe_ep8 150 $all8 env TWIN_BENCH_MOE_EP=8 "$B/run.sh" bin/twin bench --backend gpu \
+  --op moe --iters 5 --peers "$O/moe_peers.json"
+[ "$ngpu" -ge 8 ] && step sharding8 90 $all8 "$R" bin/twin check --sharding --backend gpu --min-ranks 8 --max-ranks 8
 echo "total $(($(date +%s) - t0))s" >>"$O/summary.txt"
 pack
 cat "$O/summary.txt"
