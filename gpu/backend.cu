@@ -162,9 +162,15 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
                       op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
     case GPU_ERR_EP_TIMEOUT:
       return tw_error(TW_ERR_DEVICE,
-                      "%s: rank %lld did not reach barrier %lld of the LSA exchange within 20 s (peer gone or "
-                      "stalled; the step's outputs are not valid; seen on the device)",
+                      "%s: rank %lld did not reach barrier %lld of the LSA exchange within the timeout "
+                      "(TWIN_EP_LSA_TIMEOUT_S, default 20 s: peer gone or stalled; the step's outputs are not valid, "
+                      "and this EP context no longer waits at its barriers; seen on the device)",
                       op, w[2], w[3]);
+    case GPU_ERR_EP_DESYNC:
+      return tw_error(TW_ERR_DEVICE,
+                      "%s: rank %lld is at barrier %lld of the LSA exchange while this rank is at %lld: a rank "
+                      "skipped a step (the step's outputs are not valid; seen on the device)",
+                      op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
     default:
       return tw_error(TW_ERR_DEVICE, "%s: device error code %lld (a = %lld, b = %lld)", op, w[0], w[2], w[3]);
   }

@@ -45,7 +45,8 @@
 // (ncclMemAlloc + ncclCommWindowRegister), the peers' windows mapped through ncclGetLsaPointer
 // and checked by a handshake word at creation. dispatch: counts stored into every window and a
 // barrier (flags in the window, release/acquire at system scope, epochs counted on the device, a
-// 20 s timeout that sets GPU_ERR_EP_TIMEOUT instead of hanging); the same layout and route
+// timeout (20 s, TWIN_EP_LSA_TIMEOUT_S) that sets GPU_ERR_EP_TIMEOUT instead of hanging, once per
+// context, and GPU_ERR_EP_DESYNC for a peer two barriers ahead); the same layout and route
 // tables as slots; each token stored once per destination rank into that rank's slab with
 // 16-byte stores (only rows that travel: no padding on the wire), its routes' row-map entries
 // beside it, this rank's own routes written straight into their final rows; a barrier; then
@@ -89,6 +90,8 @@ namespace {
 struct lsa_dev {
   unsigned char *const *peer;  // [n] device array: rank r's window as mapped on this GPU (LSA)
   unsigned long long *epoch;   // device: barriers this rank has passed (graph replays go on counting)
+  unsigned long long *dead;    // device, sticky: a barrier of this rank timed out; later ones do not wait
+  unsigned long long timeout_ns;  // a barrier's wait (TWIN_EP_LSA_TIMEOUT_S, default 20 s)
   int n, me;
   int64_t maxT;
   size_t off_flags, off_counts, off_rowmap, off_slab, off_comb;  // regions of every window
@@ -841,23 +844,33 @@ __device__ static unsigned long long global_ns() {
 
 // One warp, after its block's writes (the caller's __syncthreads or a kernel boundary): the
 // next epoch into this rank's flag in every window (release, system scope), then wait until
-// every rank's flag in this window reached it (acquire). A rank that does not come within 20 s
-// sets GPU_ERR_EP_TIMEOUT and the warp goes on (no hang; the step is reported invalid).
+// every rank's flag in this window reached it (acquire). A rank that does not come within the
+// timeout sets GPU_ERR_EP_TIMEOUT, the warp goes on (no hang; the step is reported invalid),
+// and this rank's later barriers store their flags without waiting (d.dead), so one lost peer
+// costs one timeout, not one per barrier. A peer two or more epochs ahead skipped a barrier:
+// GPU_ERR_EP_DESYNC (a correct peer is at most one ahead: it waits for this rank at the next).
 __device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op) {
   const int lane = threadIdx.x & 31;
-  unsigned long long e = 0;
-  if (lane == 0) e = *d.epoch + 1;
+  unsigned long long e = 0, dead = 0;
+  if (lane == 0) {
+    e = *d.epoch + 1;
+    dead = *(volatile unsigned long long *)d.dead;
+  }
   e = __shfl_sync(0xffffffffu, e, 0);
+  dead = __shfl_sync(0xffffffffu, dead, 0);
   __threadfence_system();
   for (int r = lane; r < d.n; r += 32) st_release_sys((unsigned long long *)(d.peer[r] + d.off_flags) + d.me, e);
   const unsigned long long *mine = (const unsigned long long *)(d.peer[d.me] + d.off_flags);
-  for (int r = lane; r < d.n; r += 32) {
+  for (int r = lane; r < d.n && !dead; r += 32) {
     const unsigned long long t0 = global_ns();
-    while (ld_acquire_sys(mine + r) < e)
-      if (global_ns() - t0 > 20000000000ull) {
+    unsigned long long v;
+    while ((v = ld_acquire_sys(mine + r)) < e)
+      if (global_ns() - t0 > d.timeout_ns) {
         gpu_report(err, GPU_ERR_EP_TIMEOUT, op, r, (long long)e);
+        *(volatile unsigned long long *)d.dead = 1;
         break;
       }
+    if (v > e + 1) gpu_report(err, GPU_ERR_EP_DESYNC, op, r, (long long)((v << 32) | (e & 0xffffffffull)));
   }
   __syncwarp();
   if (lane == 0) *d.epoch = e;
@@ -1332,6 +1345,12 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   unsigned char **peer = (unsigned char **)L->small;
   d.peer = peer;
   d.epoch = (unsigned long long *)((char *)L->small + (size_t)n * 8);
+  d.dead = (unsigned long long *)((char *)L->small + (size_t)n * 8 + 24);  // after the flag word at + 16
+  {
+    const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
+    double ts = te && atof(te) > 0 ? atof(te) : 20.0;
+    d.timeout_ns = (unsigned long long)(ts * 1e9);
+  }
   int32_t *flag = (int32_t *)((char *)L->small + (size_t)n * 8 + 16);
   int32_t all = 0;
   GPU_TRY_CUDA(cudaSetDevice(device), "ep_create: cudaSetDevice");
@@ -1386,6 +1405,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   if (s == TW_OK && !all) {
     cudaError_t e = cudaMemsetAsync(L->buf, 0, L->bytes, st->stream);
     if (e == cudaSuccess) e = cudaMemsetAsync(d.epoch, 0, 8, st->stream);
+    if (e == cudaSuccess) e = cudaMemsetAsync(d.dead, 0, 8, st->stream);
     if (e == cudaSuccess) {
       lsa_map_peers<<<1, 32, 0, st->stream>>>(L->win, n, me, team.rank, peer, (unsigned char *)L->buf);
       e = cudaGetLastError();

@@ -49,6 +49,7 @@ enum gpu_err_code {
   GPU_ERR_EXPERT_TWICE = 22,    // a = token, b = gpu_pack_id_slot(id, slot): id listed twice
   GPU_ERR_EP_CAPACITY = 23,     // a = rank, b = gpu_pack_rows(demand, recv_capacity)
   GPU_ERR_EP_TIMEOUT = 24,      // a = the peer rank waited for, b = the barrier epoch (ep_nccl_lsa)
+  GPU_ERR_EP_DESYNC = 25,       // a = the peer rank, b = its epoch << 32 | this rank's (ep_nccl_lsa)
 };
 enum gpu_op_id {
   GPU_OP_QUANTIZE = 1,

@@ -21,6 +21,7 @@ B=${1:?bundle dir}; O=${2:?out dir}; budget=${3:-540}; P=${4:-}
 mkdir -p "$O"
 [ -e "$B/golden" ] || ln -s "$PWD/golden" "$B/golden" # a bundle packed with TW_BUNDLE_GOLDEN=repo
 export NCCL_NVLS_ENABLE=0
+export TWIN_EP_LSA_TIMEOUT_S=${TWIN_EP_LSA_TIMEOUT_S:-5}  # a stalled LSA barrier costs 5 s, once per context
 t0=$(date +%s)
 ngpu=$(nvidia-smi -L | wc -l)
 left() { echo $((budget - ($(date +%s) - t0))); }
@@ -101,13 +102,13 @@ if [ "$ngpu" -ge 4 ]; then
   wait
   step ep4_proc 60 $all "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu' &
   step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
-  EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --print-limit 20 \
+  TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
   wait
   # every one-GPU EP case (ep_size 1, and 2 / 4 ranks on one GPU over loopback) beside the
   # 2-GPU racecheck: the slots staging changed (9028363) and these run every exchange path
   step ep1 170 0 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu/*' &
-  EP_SWEEP_N=2 step ep2_racecheck 150 2,3 compute-sanitizer --tool racecheck --print-limit 20 \
+  TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=2 step ep2_racecheck 150 2,3 compute-sanitizer --tool racecheck --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
   wait
 fi
