@@ -161,6 +161,11 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
                       "recv_capacity is %lld (overflow policy: error; nothing was written; seen on the device)",
                       op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
     case GPU_ERR_EP_TIMEOUT:
+      if (w[2] < 0)
+        return tw_error(TW_ERR_DEVICE,
+                        "%s: an earlier barrier of this EP context's LSA exchange timed out, so its barriers no "
+                        "longer wait (barrier %lld): the step's outputs are not valid; make a new EP context (seen "
+                        "on the device)", op, w[3]);
       return tw_error(TW_ERR_DEVICE,
                       "%s: rank %lld did not reach barrier %lld of the LSA exchange within the timeout "
                       "(TWIN_EP_LSA_TIMEOUT_S, default 20 s: peer gone or stalled; the step's outputs are not valid, "

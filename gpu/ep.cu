@@ -847,7 +847,8 @@ __device__ static unsigned long long global_ns() {
 // every rank's flag in this window reached it (acquire). A rank that does not come within the
 // timeout sets GPU_ERR_EP_TIMEOUT, the warp goes on (no hang; the step is reported invalid),
 // and this rank's later barriers store their flags without waiting (d.dead), so one lost peer
-// costs one timeout, not one per barrier. A peer two or more epochs ahead skipped a barrier:
+// costs one timeout, not one per barrier (each later step still sets the error word, with rank
+// -1: its outputs are not valid either). A peer two or more epochs ahead skipped a barrier:
 // GPU_ERR_EP_DESYNC (a correct peer is at most one ahead: it waits for this rank at the next).
 __device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op) {
   const int lane = threadIdx.x & 31;
@@ -861,6 +862,7 @@ __device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op
   __threadfence_system();
   for (int r = lane; r < d.n; r += 32) st_release_sys((unsigned long long *)(d.peer[r] + d.off_flags) + d.me, e);
   const unsigned long long *mine = (const unsigned long long *)(d.peer[d.me] + d.off_flags);
+  if (dead && lane == 0) gpu_report(err, GPU_ERR_EP_TIMEOUT, op, -1, (long long)e);  // each later step: invalid
   for (int r = lane; r < d.n && !dead; r += 32) {
     const unsigned long long t0 = global_ns();
     unsigned long long v;

@@ -26,12 +26,14 @@
  *           own rank checked; on one GPU that is one process of world size 1. */
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "golden/runner.h"
@@ -1105,6 +1107,103 @@ Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
     tw_comm_destroy(i < 2 ? g[i] : NULL);
     scen_free(&reps[i]);
   }
+}
+
+/* A rank that does not come to ep_nccl_lsa's barrier (2 ranks on GPU 0, the loopback test mode:
+ * rank 1 makes its EP context and then skips the dispatch): rank 0's dispatch waits
+ * TWIN_EP_LSA_TIMEOUT_S once and sets GPU_ERR_EP_TIMEOUT naming rank 1; its next dispatch
+ * does not wait again and is reported invalid too. */
+typedef struct {
+  scen *c;
+  pthread_barrier_t *bar;
+  double wait_s[2];
+  char msg[2][400];
+} skip_arg;
+
+static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
+  skip_arg *a = (skip_arg *)arg;
+  const scen *c = a->c;
+  int nle = c->E / 2, k = c->k;
+  int64_t T = c->T[0], H = c->H, R = c->R;
+  tw_ctx *ctx;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.comm = comm;
+  cc.kernel = "ep_nccl_lsa";
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
+  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ep *ep = NULL;
+  tw_ep_layer *layer = NULL;
+  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
+  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
+  void *b[9] = {0};
+  size_t sz[9] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                  (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
+                  (size_t)nle * 4 + 16, (size_t)nle * 4 + 16};
+  for (int i = 0; i < 9 && s == TW_OK; i++) s = tw_alloc(ctx, sz[i], &b[i]);
+  if (s == TW_OK && r == 0) {
+    tw_mem D = TW_MEM_DEVICE;
+    tw_tensor none = tw_tensor_none();
+    tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
+    tw_tensor scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
+    tw_tensor w = tw_tensor_2d(b[3], TW_F32, T, k, D), recv = tw_tensor_2d(b[4], c->dt, R, H, D);
+    tw_tensor rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
+    tw_tensor rw = tw_tensor_1d(b[6], TW_F32, R, D), gs = tw_tensor_1d(b[7], TW_I32, nle, D);
+    tw_tensor dr = tw_tensor_1d(b[8], TW_I32, nle, D);
+    cudaMemcpy(b[2], c->idx[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(b[3], c->w[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
+    for (int step = 0; step < 2; step++) {
+      struct timespec t0, t1;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      tw_status d = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+      tw_status chk = d == TW_OK ? tw_ctx_check(ctx) : d;
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      a->wait_s[step] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+      snprintf(a->msg[step], sizeof a->msg[step], "%s", chk == TW_ERR_DEVICE ? tw_last_error() : "no device error");
+    }
+  }
+  pthread_barrier_wait(a->bar); /* rank 1 keeps its context until rank 0 is done */
+  for (int i = 0; i < 9; i++)
+    if (b[i]) tw_free(ctx, b[i]);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  return s;
+}
+
+Test(ep_gpu, lsa_barrier_timeout_is_reported_and_not_waited_again) {
+  NEED_GPUS(1);
+  setenv("TWIN_EP_LSA_TIMEOUT_S", "1", 1);
+  scen c;
+  uint64_t seed = 0xe9600003u;
+  scen_make(&c, 2, seed);
+  while (c.T[0] == 0) { /* rank 0 needs tokens to dispatch */
+    scen_free(&c);
+    scen_make(&c, 2, ++seed);
+  }
+  c.policy = TW_EP_OVERFLOW_DROP;
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, 2);
+  tw_comm *g[2];
+  cr_assert_eq(tw_comm_init_loopback(2, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
+  skip_arg a;
+  memset(&a, 0, sizeof a);
+  a.c = &c;
+  a.bar = &bar;
+  tw_status s = tw_run_ranks(2, g, skip_rank, &a);
+  cr_assert_eq(s, TW_OK, "%s", tw_last_error());
+  cr_log_info("LSA barrier without rank 1: %.2f s, then %.2f s; '%s' / '%s'", a.wait_s[0], a.wait_s[1], a.msg[0],
+              a.msg[1]);
+  cr_assert(strstr(a.msg[0], "rank 1 did not reach barrier"), "first dispatch: %s", a.msg[0]);
+  cr_assert(a.wait_s[0] >= 0.9, "the first dispatch returned after %.2f s, before the 1 s timeout", a.wait_s[0]);
+  cr_assert(strstr(a.msg[1], "an earlier barrier of this EP context"), "second dispatch: %s", a.msg[1]);
+  cr_assert(a.wait_s[1] < 0.5, "the second dispatch waited %.2f s again", a.wait_s[1]);
+  for (int i = 0; i < 2; i++) tw_comm_destroy(g[i]);
+  pthread_barrier_destroy(&bar);
+  scen_free(&c);
+  unsetenv("TWIN_EP_LSA_TIMEOUT_S");
 }
 
 /* ---- one process per GPU (launched by mpirun, or by the test below) ------------------------- */
