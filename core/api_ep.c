@@ -15,6 +15,8 @@ int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size) {
   if (!cfg || ep_size < 1 || cfg->num_experts < ep_size) return 0;
   int64_t nle = cfg->num_experts / ep_size, A = cfg->alignment > 1 ? cfg->alignment : 1;
   int64_t per_src = cfg->topk < nle ? cfg->topk : nle; /* distinct ids: at most NLE per token here */
+  if (cfg->max_tokens < 0 || (double)ep_size * (double)cfg->max_tokens * (double)per_src + (double)nle * (double)A > 9.0e15)
+    return 0; /* no such R in int64 range (tw_ep_create refuses the config, naming it) */
   return tw_round_up((int64_t)ep_size * cfg->max_tokens * per_src + nle * (A - 1), A);
 }
 
@@ -52,6 +54,16 @@ static tw_status check_config(const char *op, const tw_ep_config *c, int ep_size
   if (c->recv_capacity < 0 || c->recv_capacity % A != 0)
     return tw_error(TW_ERR_ALIGNMENT, "%s: recv_capacity = %lld is not a non-negative multiple of alignment %lld", op,
                     (long long)c->recv_capacity, (long long)A);
+  /* keeps every size derived below (routes ep * T * k, R and its T_cap padding, R * H and T * H
+   * elements, workspace bytes) far from int64 overflow */
+  const double nle = (double)(c->num_experts / ep_size), routes = (double)ep_size * (double)c->max_tokens * c->topk;
+  const double R = c->recv_capacity ? (double)c->recv_capacity : routes + nle * (double)A;
+  if (routes + nle * (double)A > 9.0e15 || (R + 128.0 * nle) * (double)c->hidden > 9.0e15 ||
+      (double)c->max_tokens * (double)c->hidden > 9.0e15)
+    return tw_error(TW_ERR_SHAPE,
+                    "%s: max_tokens = %lld, topk = %d, ep_size = %d, alignment = %lld, hidden = %lld, recv_capacity = "
+                    "%lld: the sizes they give are too large", op, (long long)c->max_tokens, c->topk, ep_size,
+                    (long long)c->alignment, (long long)c->hidden, (long long)c->recv_capacity);
   if ((int)c->overflow != TW_EP_OVERFLOW_ERROR && (int)c->overflow != TW_EP_OVERFLOW_DROP)
     return tw_error(TW_ERR_INVALID_ARG, "%s: unknown overflow policy %d", op, (int)c->overflow);
   if (c->scales_gemm_layout != 0 && c->scales_gemm_layout != 1)

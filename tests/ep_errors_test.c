@@ -125,6 +125,20 @@ Test(ep_errors, config_topk_and_experts) {
   c.size = sizeof c;
   c.overflow = (tw_ep_overflow)5;
   EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_INVALID_ARG, "unknown overflow policy 5");
+  c.overflow = TW_EP_OVERFLOW_ERROR;
+  /* sizes whose products leave int64 (R + 127 NLE, ep T k, R H) are refused, not computed */
+  c.recv_capacity = (int64_t)1 << 62;
+  EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "recv_capacity = 4611686018427387904: the sizes");
+  c.recv_capacity = 0;
+  c.max_tokens = INT64_MAX / 2;
+  EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "max_tokens = 4611686018427387903");
+  cr_expect_eq(tw_ep_capacity_no_drop(&c, 1), 0, "no R in int64 range: 0");
+  c.max_tokens = 2;
+  c.alignment = (int64_t)1 << 60;
+  EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "alignment = 1152921504606846976");
+  c.alignment = 8;
+  c.hidden = (int64_t)1 << 61;
+  EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "the sizes they give are too large");
   cr_expect_null(ep);
   tw_ctx_destroy(ctx);
   tw_comm_destroy(comm);
