@@ -125,6 +125,13 @@ static tw_status check_config(const tw_moe_config *c) {
   if (c->global_tokens < 1)
     return tw_error(TW_ERR_INVALID_ARG, "%s: global_tokens = %lld must be >= 1 (the aux loss divides by it)", op,
                     (long long)c->global_tokens);
+  /* the weights (E H 2F elements) and the received rows' activations (at most max_tokens k E
+   * rows of 2F, whatever the ep size) stay far from size_t overflow; the EP context bounds the rest */
+  if ((double)c->num_experts * (double)c->hidden * 2.0 * (double)c->ffn > 9.0e15 ||
+      (double)c->max_tokens * c->router.topk * (double)c->num_experts * 2.0 * (double)c->ffn > 9.0e15)
+    return tw_error(TW_ERR_SHAPE, "%s: E = %d, H = %lld, F = %lld, k = %d, max_tokens = %lld: the sizes they give are "
+                    "too large", op, c->num_experts, (long long)c->hidden, (long long)c->ffn, c->router.topk,
+                    (long long)c->max_tokens);
   return TW_OK;
 }
 

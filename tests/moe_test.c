@@ -79,6 +79,10 @@ Test(moe_errors, config_values_are_named) {
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "aux_coeff = -1");
   c = base_cfg(); c.global_tokens = 0;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "global_tokens = 0");
+  c = base_cfg(); c.ffn = (int64_t)1 << 60; /* E H 2F and the activations would leave size_t */
+  expect_create(c, NULL, TW_ERR_SHAPE, "F = 1152921504606846976, k = 2");
+  c = base_cfg(); c.max_tokens = (int64_t)1 << 55;
+  expect_create(c, NULL, TW_ERR_SHAPE, "max_tokens = 36028797018963968: the sizes they give are too large");
   c = base_cfg(); c.recipe = TW_MOE_BF16; c.fp8_gather = 1;
   expect_create(c, NULL, TW_ERR_INVALID_ARG, "fp8_gather = 1 needs an fp8 recipe (fp8_current, fp8_block or fp8_mxfp8; got bf16)");
   c = base_cfg(); c.fp8_gather = 1; /* f32 */
