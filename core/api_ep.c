@@ -15,7 +15,8 @@ int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size) {
   if (!cfg || ep_size < 1 || cfg->num_experts < ep_size) return 0;
   int64_t nle = cfg->num_experts / ep_size, A = cfg->alignment > 1 ? cfg->alignment : 1;
   int64_t per_src = cfg->topk < nle ? cfg->topk : nle; /* distinct ids: at most NLE per token here */
-  if (cfg->max_tokens < 0 || (double)ep_size * (double)cfg->max_tokens * (double)per_src + (double)nle * (double)A > 9.0e15)
+  if (cfg->max_tokens < 0 || cfg->topk < 1 ||
+      (double)ep_size * (double)cfg->max_tokens * (double)per_src + (double)nle * (double)A > 9.0e15)
     return 0; /* no such R in int64 range (tw_ep_create refuses the config, naming it) */
   return tw_round_up((int64_t)ep_size * cfg->max_tokens * per_src + nle * (A - 1), A);
 }

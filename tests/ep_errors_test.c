@@ -133,6 +133,10 @@ Test(ep_errors, config_topk_and_experts) {
   c.max_tokens = INT64_MAX / 2;
   EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "max_tokens = 4611686018427387903");
   cr_expect_eq(tw_ep_capacity_no_drop(&c, 1), 0, "no R in int64 range: 0");
+  c.max_tokens = INT64_MAX / 4;
+  c.topk = -3; /* a negative k made the product negative, under the bound, and then overflow (libFuzzer) */
+  cr_expect_eq(tw_ep_capacity_no_drop(&c, 2), 0, "k < 1: 0");
+  c.topk = 1;
   c.max_tokens = 2;
   c.alignment = (int64_t)1 << 60;
   EXPECT_ERR(tw_ep_create(ctx, comm, &c, &ep), TW_ERR_SHAPE, "alignment = 1152921504606846976");

@@ -16,6 +16,7 @@
 
 #include "twin/tw_base.h"
 #include "twin/tw_check.h"
+#include "twin/tw_ep.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_npy.h"
 #include "twin/tw_numerics.h"
@@ -327,6 +328,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       tw_quantize_opts o = any_opts(&s);
       tw_qtensor q;
       st = tw_quantize_output_shapes(&o, dim(&s), dim(&s), dim(&s), &q);
+      /* then, on a further byte (inputs that end here are unchanged), the EP config's sizes:
+       * no-drop capacity, workspace bytes and recv_scales shape of any config */
+      if (!(u8(&s) & 1) || skipped("ep_config")) break;
+      touch_message(st);
+      tw_ep_config c = TW_EP_CONFIG_INIT;
+      c.num_experts = (int)dim(&s); c.topk = (int)dim(&s); c.max_tokens = dim(&s); c.hidden = dim(&s);
+      c.token_dtype = (tw_dtype)(u8(&s) % 14); c.scale_block = u8(&s) & 1 ? 128 : 32;
+      if (u8(&s) & 1) c.scale_block = (int)dim(&s);
+      c.recv_capacity = u8(&s) & 1 ? 0 : dim(&s);
+      c.alignment = dim(&s);
+      c.scales_gemm_layout = u8(&s) % 3;
+      int ep = (int)dim(&s);
+      (void)tw_ep_capacity_no_drop(&c, ep);
+      size_t ws = 0, ls = 0;
+      st = tw_ep_workspace_bytes(&c, ep, &ws, &ls);
+      touch_message(st);
+      int64_t sh[2];
+      tw_dtype sdt;
+      st = tw_ep_recv_scales_shape(&c, ep, sh, &sdt);
       break;
     }
     case 8: { /* delayed scale update */

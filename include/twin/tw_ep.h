@@ -113,7 +113,8 @@ typedef struct tw_ep tw_ep;             /* one EP group on one rank */
 typedef struct tw_ep_layer tw_ep_layer; /* one layer's routing state */
 
 /* The smallest R that never drops, for distinct ids per token:
- * roundup(ep_size * max_tokens * min(k, NLE) + NLE * (A - 1), A). */
+ * roundup(ep_size * max_tokens * min(k, NLE) + NLE * (A - 1), A); 0 for a config with no such
+ * R (ep_size < 1, E < ep_size, k < 1, max_tokens < 0, or sizes past 9e15). */
 int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size);
 /* Shape and dtype of recv_scales for an fp8 cfg on ep_size ranks (recv_capacity 0 resolved as
  * tw_ep_create does): [R, H/block], or with scales_gemm_layout = 1: [H/128, roundup(R, 4)] f32
