@@ -971,6 +971,31 @@ typedef struct {
   char msg[2][240];
 } graph2_arg;
 
+/* ep_nccl_lsa forced on a loopback rank: rank r's context (on stream, or its own when NULL), EP
+ * context and layer for scenario c, and its device buffers b[0..10]: tokens, scales, ids,
+ * weights, recv rows, recv scales, recv weights, group sizes, dropped, expert rows, out. */
+static tw_status lsa_rank_open(int r, tw_comm *comm, cudaStream_t stream, const scen *c, tw_ctx **ctx, tw_ep **ep,
+                               tw_ep_layer **layer, void *b[11]) {
+  int nle = c->E / 2, k = c->k;
+  int64_t T = c->T[r], R = c->R;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.stream = stream;
+  cc.comm = comm;
+  cc.kernel = "ep_nccl_lsa";
+  TW_TRY(tw_ctx_create(ctx, &cc));
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = c->H; cfg.token_dtype = c->dt;
+  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_status s = tw_ep_create(*ctx, comm, &cfg, ep);
+  if (s == TW_OK) s = tw_ep_layer_create(*ep, layer);
+  size_t sz[11] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                   (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
+                   (size_t)nle * 4 + 16, (size_t)nle * 4 + 16, yb(c) * (size_t)R + 16, yb(c) * (size_t)T + 16};
+  for (int i = 0; i < 11 && s == TW_OK; i++) s = tw_alloc(*ctx, sz[i], &b[i]);
+  return s;
+}
+
 static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   graph2_arg *a = (graph2_arg *)arg;
   const scen *c = &a->reps[0];
@@ -979,25 +1004,15 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   cudaStream_t stream;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
     return tw_error(TW_ERR_CUDA, "stream");
-  tw_ctx *ctx;
-  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.backend = TW_BACKEND_GPU;
-  cc.stream = stream;
-  cc.comm = comm;
-  cc.kernel = "ep_nccl_lsa";
-  TW_TRY(tw_ctx_create(&ctx, &cc));
-  tw_ep_config cfg = TW_EP_CONFIG_INIT;
-  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
-  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ctx *ctx = NULL;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
-  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
-  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
   void *b[12] = {0};
-  size_t sz[12] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
-                   (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
-                   (size_t)nle * 4 + 16, (size_t)nle * 4 + 16, yb(c) * (size_t)R + 16, yb(c) * (size_t)T + 16, 0};
-  for (int i = 0; i < 11 && s == TW_OK; i++) s = tw_alloc(ctx, sz[i], &b[i]);
+  tw_status s = lsa_rank_open(r, comm, stream, c, &ctx, &ep, &layer, b);
+  if (!ctx) {
+    cudaStreamDestroy(stream);
+    return s;
+  }
   tw_mem D = TW_MEM_DEVICE;
   tw_tensor none = tw_tensor_none();
   tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
@@ -1125,24 +1140,15 @@ static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
   const scen *c = a->c;
   int nle = c->E / 2, k = c->k;
   int64_t T = c->T[0], H = c->H, R = c->R;
-  tw_ctx *ctx;
-  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.backend = TW_BACKEND_GPU;
-  cc.comm = comm;
-  cc.kernel = "ep_nccl_lsa";
-  TW_TRY(tw_ctx_create(&ctx, &cc));
-  tw_ep_config cfg = TW_EP_CONFIG_INIT;
-  cfg.num_experts = c->E; cfg.topk = k; cfg.max_tokens = c->maxT; cfg.hidden = H; cfg.token_dtype = c->dt;
-  cfg.scale_block = c->scale_block; cfg.recv_capacity = R; cfg.alignment = c->A; cfg.overflow = c->policy;
+  tw_ctx *ctx = NULL;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
-  tw_status s = tw_ep_create(ctx, comm, &cfg, &ep);
-  if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
-  void *b[9] = {0};
-  size_t sz[9] = {tokb(c) * (size_t)T + 16, sclb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
-                  (size_t)(T * k) * 4 + 16, tokb(c) * (size_t)R + 16, sclb(c) * (size_t)R + 16, (size_t)R * 4 + 16,
-                  (size_t)nle * 4 + 16, (size_t)nle * 4 + 16};
-  for (int i = 0; i < 9 && s == TW_OK; i++) s = tw_alloc(ctx, sz[i], &b[i]);
+  void *b[11] = {0};
+  tw_status s = lsa_rank_open(r, comm, NULL, c, &ctx, &ep, &layer, b);
+  if (!ctx) {
+    pthread_barrier_wait(a->bar); /* the other rank waits there */
+    return s;
+  }
   if (s == TW_OK && r == 0) {
     tw_mem D = TW_MEM_DEVICE;
     tw_tensor none = tw_tensor_none();
@@ -1165,7 +1171,7 @@ static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
     }
   }
   pthread_barrier_wait(a->bar); /* rank 1 keeps its context until rank 0 is done */
-  for (int i = 0; i < 9; i++)
+  for (int i = 0; i < 11; i++)
     if (b[i]) tw_free(ctx, b[i]);
   tw_ep_layer_destroy(layer);
   tw_ep_destroy(ep);
