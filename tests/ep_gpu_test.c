@@ -996,11 +996,35 @@ static tw_status lsa_rank_open(int r, tw_comm *comm, cudaStream_t stream, const 
   return s;
 }
 
+/* Rank r's tensors over lsa_rank_open's buffers. */
+typedef struct {
+  tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, dr, y, out;
+} lsa_views;
+static lsa_views lsa_rank_views(const scen *c, int r, void *const b[11]) {
+  int nle = c->E / 2, k = c->k;
+  int64_t T = c->T[r], H = c->H, R = c->R;
+  tw_mem D = TW_MEM_DEVICE;
+  tw_tensor none = tw_tensor_none();
+  lsa_views v;
+  v.tok = tw_tensor_2d(b[0], c->dt, T, H, D);
+  v.scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
+  v.idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
+  v.w = tw_tensor_2d(b[3], TW_F32, T, k, D);
+  v.recv = tw_tensor_2d(b[4], c->dt, R, H, D);
+  v.rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
+  v.rw = tw_tensor_1d(b[6], TW_F32, R, D);
+  v.gs = tw_tensor_1d(b[7], TW_I32, nle, D);
+  v.dr = tw_tensor_1d(b[8], TW_I32, nle, D);
+  v.y = tw_tensor_2d(b[9], c->ydt, R, H, D);
+  v.out = tw_tensor_2d(b[10], c->ydt, T, H, D);
+  return v;
+}
+
 static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   graph2_arg *a = (graph2_arg *)arg;
   const scen *c = &a->reps[0];
   int nle = c->E / 2, k = c->k;
-  int64_t T = c->T[r], H = c->H, R = c->R;
+  int64_t T = c->T[r], R = c->R;
   cudaStream_t stream;
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess)
     return tw_error(TW_ERR_CUDA, "stream");
@@ -1013,15 +1037,9 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
     cudaStreamDestroy(stream);
     return s;
   }
-  tw_mem D = TW_MEM_DEVICE;
-  tw_tensor none = tw_tensor_none();
-  tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
-  tw_tensor scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
-  tw_tensor w = tw_tensor_2d(b[3], TW_F32, T, k, D), recv = tw_tensor_2d(b[4], c->dt, R, H, D);
-  tw_tensor rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
-  tw_tensor rw = tw_tensor_1d(b[6], TW_F32, R, D), gs = tw_tensor_1d(b[7], TW_I32, nle, D);
-  tw_tensor dr = tw_tensor_1d(b[8], TW_I32, nle, D), y = tw_tensor_2d(b[9], c->ydt, R, H, D);
-  tw_tensor out = tw_tensor_2d(b[10], c->ydt, T, H, D);
+  lsa_views v = lsa_rank_views(c, r, b);
+  tw_tensor tok = v.tok, scl = v.scl, idx = v.idx, w = v.w, recv = v.recv, rscl = v.rscl, rw = v.rw, gs = v.gs,
+            dr = v.dr, y = v.y, out = v.out;
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   for (int i = -1; i < NREP && s == TW_OK; i++) { /* i = -1: eager step, then capture */
@@ -1138,8 +1156,8 @@ typedef struct {
 static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
   skip_arg *a = (skip_arg *)arg;
   const scen *c = a->c;
-  int nle = c->E / 2, k = c->k;
-  int64_t T = c->T[0], H = c->H, R = c->R;
+  int k = c->k;
+  int64_t T = c->T[0];
   tw_ctx *ctx = NULL;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
@@ -1150,20 +1168,13 @@ static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
     return s;
   }
   if (s == TW_OK && r == 0) {
-    tw_mem D = TW_MEM_DEVICE;
-    tw_tensor none = tw_tensor_none();
-    tw_tensor tok = tw_tensor_2d(b[0], c->dt, T, H, D), idx = tw_tensor_2d(b[2], TW_I32, T, k, D);
-    tw_tensor scl = c->scale_block ? tw_tensor_2d(b[1], sdt(c), T, scols(c), D) : none;
-    tw_tensor w = tw_tensor_2d(b[3], TW_F32, T, k, D), recv = tw_tensor_2d(b[4], c->dt, R, H, D);
-    tw_tensor rscl = c->scale_block ? tw_tensor_2d(b[5], sdt(c), R, scols(c), D) : none;
-    tw_tensor rw = tw_tensor_1d(b[6], TW_F32, R, D), gs = tw_tensor_1d(b[7], TW_I32, nle, D);
-    tw_tensor dr = tw_tensor_1d(b[8], TW_I32, nle, D);
+    lsa_views v = lsa_rank_views(c, r, b);
     cudaMemcpy(b[2], c->idx[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(b[3], c->w[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
     for (int step = 0; step < 2; step++) {
       struct timespec t0, t1;
       clock_gettime(CLOCK_MONOTONIC, &t0);
-      tw_status d = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+      tw_status d = tw_ep_dispatch(ctx, layer, &v.tok, &v.scl, &v.idx, &v.w, &v.recv, &v.rscl, &v.rw, &v.gs, &v.dr);
       tw_status chk = d == TW_OK ? tw_ctx_check(ctx) : d;
       clock_gettime(CLOCK_MONOTONIC, &t1);
       a->wait_s[step] = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
