@@ -668,7 +668,7 @@ __global__ void ep_pack_back(const unsigned char *__restrict__ rows, size_t row_
 // load per element: 0.43 ms for the combine at E 32, T 4096 on an H200; vectorized 0.13 ms).
 // direct (one rank): slot_row != NULL, rows read from `send` = the destination rows themselves
 // (rb = their row bytes) and d_w from per_slot[row] (0 when per_slot is NULL).
-__global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb, int y_bf16, int64_t T, int k,
+__global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb, size_t slot_off, int y_bf16, int64_t T, int k,
                               int64_t H, const int64_t *__restrict__ route_pos, const float *__restrict__ w,
                               int weighted_form, void *__restrict__ out, int out_bf16, float *__restrict__ d_w,
                               const int64_t *__restrict__ slot_row, const float *__restrict__ per_slot, int vec) {
@@ -726,7 +726,7 @@ __global__ void ep_sum_routes(const unsigned char *__restrict__ send, size_t rb,
         int64_t p = route_pos[t * k + j];
         float g = 0.0f;
         if (p >= 0 && slot_row) g = per_slot ? per_slot[slot_row[p]] : 0.0f;
-        else if (p >= 0) memcpy(&g, send + (size_t)p * rb + (size_t)(y_bf16 ? 2 : 4) * H, 4);  // after the row
+        else if (p >= 0) memcpy(&g, send + (size_t)p * rb + slot_off, 4);  // the per-slot f32 after the row
         d_w[t * k + j] = g;
       }
   }
@@ -1197,9 +1197,9 @@ static size_t fwd_row_bytes(const tw_ep *ep) {
 // half an f32 one and an e4m3 row a quarter, and the exchange sends S rows of the stride to
 // every peer (2 x H200, H 7168, T 16384: 13.1 ms per bf16 dispatch with the f32 stride).
 static size_t step_rb_fwd(const tw_ep *ep) { return round16(fwd_row_bytes(ep)); }
-static size_t step_rb_back(const tw_ep *ep, tw_dtype dt) {  // a row back and its per-slot f32
-  return round16(tw_dtype_storage_bytes(dt, ep->cfg.hidden) + 4);
-}
+// The way back: a row of dt, its per-slot f32 at step_slot_off (right after the row), padded.
+static size_t step_slot_off(const tw_ep *ep, tw_dtype dt) { return tw_dtype_storage_bytes(dt, ep->cfg.hidden); }
+static size_t step_rb_back(const tw_ep *ep, tw_dtype dt) { return round16(step_slot_off(ep, dt) + 4); }
 
 // The version this context asks for: 0 auto, 1 ep_nccl_slots, 2 ep_nccl_lsa (names of other
 // families are left alone).
@@ -1418,13 +1418,10 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // the table on the host first: a pointer that is not mapped device memory (a window layout
     // misread) stops here, before a kernel loads through it and faults the context
     int32_t bad = 0;
-    unsigned char *tab[64] = {0};
+    unsigned char **tab = (unsigned char **)calloc((size_t)n, sizeof *tab);
     char whybad[160] = "a handshake word did not read back";
-    if (s == TW_OK && n > 64) {
-      bad = 1;
-      snprintf(whybad, sizeof whybad, "%d ranks: the host check reads at most 64 pointers", n);
-    }
-    if (s == TW_OK && n <= 64)
+    if (s == TW_OK && !tab) s = tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
+    if (s == TW_OK)
       s = gpu_cuda_status(cudaMemcpyAsync(tab, peer, sizeof(void *) * (size_t)n, cudaMemcpyDeviceToHost, st->stream),
                           "ep_create: LSA table");
     if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA table");
@@ -1438,6 +1435,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
                  (void *)tab[r], cudaGetErrorString(pe), pe == cudaSuccess ? (int)at.type : -1);
       }
     }
+    free(tab);
     if (s == TW_OK && !bad) {
       lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, flag);
       s = gpu_cuda_status(cudaGetLastError(), "ep_create: LSA check");
@@ -1823,7 +1821,7 @@ static tw_status rows_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *row
   int64_t R = ep->cfg.recv_capacity, H = ep->cfg.hidden;
   if (R) {
     ep_pack_back<<<grid_for(ctx, R, 8), 256, 0, gpu_of(ctx)->stream>>>(
-        (const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, H),
+        (const unsigned char *)rows->data, step_slot_off(ep, rows->dtype),
         per_slot && !tw_tensor_is_none(per_slot) ? (const float *)per_slot->data : NULL, R, L->recv_src, im->recv,
         step_rb_back(ep, rows->dtype), H);
     GPU_TRY_CUDA(cudaGetLastError(), "ep: pack-back launch");
@@ -1837,7 +1835,7 @@ static unsigned sum_threads(int64_t H) { return H >= 256 ? 256u : (unsigned)((H 
 // destination rows themselves through slot_row.
 struct row_src {
   const unsigned char *base;
-  size_t rb;
+  size_t rb, slot_off;  // row stride; where the per-slot f32 sits in a staging row
   const int64_t *slot_row;
 };
 static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const tw_tensor *per_slot,
@@ -1846,10 +1844,10 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
   ep_impl *im = (ep_impl *)ep->impl;
   layer_impl *L = (layer_impl *)layer->impl;
   if (L->slot_row) {
-    *src = {(const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, ep->cfg.hidden), L->slot_row};
+    *src = {(const unsigned char *)rows->data, tw_dtype_storage_bytes(rows->dtype, ep->cfg.hidden), 0, L->slot_row};
     return TW_OK;
   }
-  *src = {im->send, step_rb_back(ep, rows->dtype), NULL};
+  *src = {im->send, step_rb_back(ep, rows->dtype), step_slot_off(ep, rows->dtype), NULL};
   return rows_back(ctx, layer, rows, per_slot);
 }
 
@@ -1893,7 +1891,7 @@ static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor
   int64_t T = layer->tokens, H = ep->cfg.hidden;
   if (T == 0 || H == 0) return TW_OK;
   ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H), 0, gpu_of(ctx)->stream>>>(
-      src.base, src.rb, expert_out->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos,
+      src.base, src.rb, src.slot_off, expert_out->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos,
       tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data, 1, out->data,
       out->dtype == TW_BF16, NULL, src.slot_row, NULL, sum_vec_ok(src.base, src.rb, expert_out->dtype, out, H));
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: launch");
@@ -1911,7 +1909,7 @@ static tw_status gpu_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_t
   if (T == 0) return TW_OK;
   const float *per_slot = d_recv_weights && !tw_tensor_is_none(d_recv_weights) ? (const float *)d_recv_weights->data : NULL;
   ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, gpu_of(ctx)->stream>>>(
-      src.base, src.rb, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
+      src.base, src.rb, src.slot_off, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
       d_tokens->dtype == TW_BF16, tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data,
       src.slot_row, per_slot, sum_vec_ok(src.base, src.rb, d_recv->dtype, d_tokens, H));
   GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_bwd: launch");
