@@ -54,6 +54,7 @@ typedef struct {
   FILE *csv;             /* optional machine-readable copy of the rows */
   const tw_bench_pipeline *pipeline; /* --op pipeline's configuration, else NULL */
   const tw_bench_ep *ep; /* --op ep's choices, else NULL (the defaults) */
+  int moe_ep;            /* --op moe --ep N: the block with ep = N over N GPUs (0: one GPU) */
 } tw_bench_cfg;
 
 void tw_bench_print_header(void);

@@ -10,7 +10,7 @@
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
  * later microbatches of one optimizer step); fp8_current and fp8_block then again with the
  * experts' slabs padded to 16 rows ("A=16", tw_moe_config.alignment, as TransformerEngine pads
- * fp8 expert counts). TWIN_BENCH_MOE_EP=n instead runs the block with ep = n over n GPUs (NCCL,
+ * fp8 expert counts). --ep n (cfg->moe_ep) instead runs the block with ep = n over n GPUs (NCCL,
  * one thread per GPU), T = 4096 tokens per GPU, E 32 and 256, bf16, fp8_current and fp8_block,
  * against the same one-GPU torch block per GPU (bench_moe_ep). */
 #include <cuda_runtime.h>
@@ -194,7 +194,7 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int
     if (bufs[i]) tw_free(ctx, bufs[i]);
 }
 
-/* ---- ep = n over NCCL (TWIN_BENCH_MOE_EP=n, n of the visible GPUs) -------------------------- */
+/* ---- ep = n over NCCL (--ep n, n of the visible GPUs) --------------------------------------- */
 /* Each rank holds T tokens and E / n experts (wi, wo sharded on E), its own stream and context,
  * one thread per GPU over one NCCL communicator; rank r times its forward + backward on its
  * stream (the block's all-to-alls keep the ranks in step) and the row shows the slowest rank's
@@ -305,6 +305,19 @@ static void bench_moe_ep(int n, const char *peers, const tw_bench_cfg *cfg) {
 
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   if (!cfg->op || strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
+  if (cfg->moe_ep) { /* --ep N (2..8, checked by cmd_bench.c): the ep = N rows only, each rank its own context */
+    int have = 0;
+    if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;
+    if (cfg->moe_ep > have) {
+      fprintf(stderr, "bench gpu moe: --ep %d needs %d GPUs, sees %d\n", cfg->moe_ep, cfg->moe_ep, have);
+      return 1;
+    }
+    char *peers = tw_bench_peers_read(cfg->peers_json);
+    if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
+    bench_moe_ep(cfg->moe_ep, peers, cfg);
+    free(peers);
+    return 0;
+  }
   if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     fprintf(stderr, "bench gpu moe: no CUDA stream (no GPU?)\n");
     return 1;
@@ -324,17 +337,6 @@ int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   }
   char *peers = tw_bench_peers_read(cfg->peers_json);
   if (cfg->peers_json && !peers) fprintf(stderr, "bench gpu moe: cannot open --peers %s (rows without a peer)\n", cfg->peers_json);
-  const char *ep_env = getenv("TWIN_BENCH_MOE_EP");
-  if (ep_env && atoi(ep_env) > 1) { /* the ep = n rows only */
-    int n = atoi(ep_env), have = 0;
-    cudaGetDeviceCount(&have);
-    if (n > 8 || n > have) fprintf(stderr, "bench gpu moe: TWIN_BENCH_MOE_EP=%d needs %d GPUs, sees %d\n", n, n, have);
-    else bench_moe_ep(n, peers, cfg);
-    free(peers);
-    tw_ctx_destroy(ctx);
-    tw_comm_destroy(comm);
-    return 0;
-  }
   const tw_moe_recipe recipes[] = {TW_MOE_BF16, TW_MOE_FP8_CURRENT, TW_MOE_FP8_BLOCK, TW_MOE_FP8_MXFP8};
   /* TWIN_BENCH_MOE_RECIPE=name: only that recipe (e.g. a second call under a kernel knob) */
   const char *only = getenv("TWIN_BENCH_MOE_RECIPE");

@@ -137,6 +137,9 @@ expect bench_ep_bad_tokens 2 "--tokens wants up to 8 comma-separated integers 1.
 expect bench_ep_bad_version 2 "--ep-version wants all, ep_nccl_slots or ep_nccl_lsa, got 'ep_fast'" -- bench --backend gpu --op ep --ep-version ep_fast
 expect bench_ep_bad_routing 2 "--routing wants both, uniform or skewed, got 'zipf'" -- bench --backend gpu --op ep --routing zipf
 expect bench_ep_flag_needs_op 2 "--tokens applies to --op ep only" -- bench --backend gpu --op gemm --tokens 128
+expect bench_moe_bad_ep 2 "--ep wants an integer 2..8, got '1'" -- bench --backend gpu --op moe --ep 1
+expect bench_moe_ep_not_int 2 "--ep wants an integer 2..8, got 'two'" -- bench --backend gpu --op moe --ep two
+expect bench_moe_ep_needs_op 2 "--ep applies to --op moe only" -- bench --backend gpu --op ep --ep 2
 expect bench_ep_valid_reaches_backend 2 "gpu backend is not available" -- bench --backend gpu --op ep --tokens 128,4096 --routing skewed
 expect bench_ep_no_ref_bench 2 "ep has no ref bench" -- bench --op ep --tokens 128
 if "$TWIN" bench --help >"$T/help" 2>&1; then

@@ -18,6 +18,7 @@ static void usage(FILE *f) {
           "usage: twin bench [--backend ref|gpu] [--op all|OP] [--iters N]\n"
           "                  [--warmup N] [--peers FILE] [--csv FILE]\n"
           "       twin bench --backend gpu --op ep [--tokens LIST] [--ep-version NAME] [--routing NAME]\n"
+          "       twin bench --backend gpu --op moe [--ep N] [--peers FILE]\n"
           "       twin bench --backend gpu --op pipeline [--stages S] [--microbatches M] [--repeats R]\n"
           "                  [--delay 1|2] [--bsw] [--hidden E] [--ffn H] [--mb-rows N]\n"
           "                  [--mode auto|nccl|loopback] [--iters N] [--warmup N] [--csv FILE]\n"
@@ -56,7 +57,11 @@ static void usage(FILE *f) {
           "same call (ratio = nccl_ms / ms), plus the one-direction NVLink copy rate (cudaMemcpyPeer).\n"
           "  --tokens LIST       tokens per rank, comma-separated (default 128,4096,16384)\n"
           "  --ep-version NAME   all (default), ep_nccl_slots or ep_nccl_lsa\n"
-          "  --routing NAME      both (default), uniform or skewed (half the picks from experts 0-31)\n");
+          "  --routing NAME      both (default), uniform or skewed (half the picks from experts 0-31)\n"
+          "\n"
+          "--backend gpu --op moe: the MoE block's forward + backward against the torch block of --peers.\n"
+          "  --ep N              ep = N over GPUs 0..N-1 (2..8; NCCL, one thread per GPU), 4096 tokens\n"
+          "                      per GPU, E 32 and 256, bf16 and fp8 (default: one GPU, every shape)\n");
 }
 
 static const char *const pp_flags[] = {"--stages", "--microbatches", "--repeats", "--delay", "--hidden",
@@ -228,7 +233,7 @@ int twin_cmd_bench(int argc, char **argv) {
     static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup",
                                           "--stages", "--microbatches", "--repeats", "--delay", "--hidden",
                                           "--ffn", "--mb-rows", "--mode", "--tokens", "--ep-version",
-                                          "--routing", NULL};
+                                          "--routing", "--ep", NULL};
     const char *v = twin_option_value("bench", argc, argv, &i, options);
     if (!v) return TW_EXIT_USAGE;
     int is_pp = 0, is_ep = 0;
@@ -245,6 +250,11 @@ int twin_cmd_bench(int argc, char **argv) {
     else if (!strcmp(a, "--peers")) cfg.peers_json = v;
     else if (!strcmp(a, "--csv")) csv_path = v;
     else if (!strcmp(a, "--iters")) { if (positive_int(a, v, &cfg.iters) || cfg.iters < 1) return TW_EXIT_USAGE; }
+    else if (!strcmp(a, "--ep")) {
+      long long n;
+      if (pp_int(a, v, 2, 8, &n)) return TW_EXIT_USAGE;
+      cfg.moe_ep = (int)n;
+    }
     else if (positive_int(a, v, &cfg.warmup)) return TW_EXIT_USAGE;
   }
   const char *op = cfg.op && strcmp(cfg.op, "all") ? cfg.op : NULL;
@@ -266,6 +276,10 @@ int twin_cmd_bench(int argc, char **argv) {
     return TW_EXIT_USAGE;
   }
   if (ep_flag) cfg.ep = &epc;
+  if (cfg.moe_ep && !(op && tw_op_find(op) == tw_op_find("moe"))) {
+    fprintf(stderr, "twin bench: --ep applies to --op moe only\n");
+    return TW_EXIT_USAGE;
+  }
   tw_backend be;
   if (twin_parse_backend("bench", backend, 0, &be, NULL) != 0) return TW_EXIT_USAGE;
   if (be == TW_BACKEND_GPU && !tw_backend_available(TW_BACKEND_GPU)) {

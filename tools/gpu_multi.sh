@@ -128,12 +128,11 @@ step bench_ep2 110 0,1 "$R" bin/twin bench --backend gpu --op ep --iters 10 --cs
 [ "$ngpu" -ge 8 ] && step bench_ep8 110 $all8 "$R" bin/twin bench --backend gpu --op ep --iters 10 --csv "$O/bench_ep8.csv"
 step peers_moe 60 0 env TWIN_PEER_MOE_SHAPES=32x4096,256x4096 python3 tools/peers/torch_moe.py
 grep -a '^{' "$O/peers_moe.log" | tail -1 >"$O/moe_peers.json"
-step bench_moe_ep2 150 0,1 env TWIN_BENCH_MOE_EP=2 "$B/run.sh" bin/twin bench --backend gpu --op moe --iters 5 \
-  --peers "$O/moe_peers.json"
+step bench_moe_ep2 150 0,1 "$R" bin/twin bench --backend gpu --op moe --ep 2 --iters 5 --peers "$O/moe_peers.json"
 [ "$ngpu" -ge 4 ] && step bench_pipe4 60 0,1,2,3 "$R" bin/twin bench --backend gpu --op pipeline --stages 4 --iters 5
 [ "$ngpu" -ge 4 ] && step sharding4 60 0,1,2,3 "$R" bin/twin check --sharding --backend gpu --min-ranks 2 --max-ranks 4
-[ "$ngpu" -ge 8 ] && step bench_moe_ep8 150 $all8 env TWIN_BENCH_MOE_EP=8 "$B/run.sh" bin/twin bench --backend gpu \
-  --op moe --iters 5 --peers "$O/moe_peers.json"
+[ "$ngpu" -ge 8 ] && step bench_moe_ep8 150 $all8 "$R" bin/twin bench --backend gpu --op moe --ep 8 --iters 5 \
+  --peers "$O/moe_peers.json"
 [ "$ngpu" -ge 8 ] && step sharding8 90 $all8 "$R" bin/twin check --sharding --backend gpu --min-ranks 8 --max-ranks 8
 echo "total $(($(date +%s) - t0))s" >>"$O/summary.txt"
 pack
