@@ -11,13 +11,19 @@ static const tw_ep_backend *ep_table(const tw_backend_ops *ops) { return ops ? o
 
 static int pow2(int64_t a) { return a >= 1 && (a & (a - 1)) == 0; }
 
+/* The no-drop capacity's terms in double (ep * T * k routes + NLE * A): above 9e15 no R (nor
+ * its products) stays in int64. One bound for tw_ep_capacity_no_drop and check_config. */
+static double no_drop_estimate(const tw_ep_config *c, int ep_size) {
+  double nle = (double)(c->num_experts / ep_size), A = c->alignment > 1 ? (double)c->alignment : 1.0;
+  return (double)ep_size * (double)c->max_tokens * (double)c->topk + nle * A;
+}
+
 int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size) {
   if (!cfg || ep_size < 1 || cfg->num_experts < ep_size) return 0;
+  if (cfg->max_tokens < 0 || cfg->topk < 1 || no_drop_estimate(cfg, ep_size) > 9.0e15)
+    return 0; /* no such R in int64 range (tw_ep_create refuses the config, naming it) */
   int64_t nle = cfg->num_experts / ep_size, A = cfg->alignment > 1 ? cfg->alignment : 1;
   int64_t per_src = cfg->topk < nle ? cfg->topk : nle; /* distinct ids: at most NLE per token here */
-  if (cfg->max_tokens < 0 || cfg->topk < 1 ||
-      (double)ep_size * (double)cfg->max_tokens * (double)per_src + (double)nle * (double)A > 9.0e15)
-    return 0; /* no such R in int64 range (tw_ep_create refuses the config, naming it) */
   return tw_round_up((int64_t)ep_size * cfg->max_tokens * per_src + nle * (A - 1), A);
 }
 
@@ -57,9 +63,9 @@ static tw_status check_config(const char *op, const tw_ep_config *c, int ep_size
                     (long long)c->recv_capacity, (long long)A);
   /* keeps every size derived below (routes ep * T * k, R and its T_cap padding, R * H and T * H
    * elements, workspace bytes) far from int64 overflow */
-  const double nle = (double)(c->num_experts / ep_size), routes = (double)ep_size * (double)c->max_tokens * c->topk;
-  const double R = c->recv_capacity ? (double)c->recv_capacity : routes + nle * (double)A;
-  if (routes + nle * (double)A > 9.0e15 || (R + 128.0 * nle) * (double)c->hidden > 9.0e15 ||
+  const double nle = (double)(c->num_experts / ep_size), no_drop = no_drop_estimate(c, ep_size);
+  const double R = c->recv_capacity ? (double)c->recv_capacity : no_drop;
+  if (no_drop > 9.0e15 || (R + 128.0 * nle) * (double)c->hidden > 9.0e15 ||
       (double)c->max_tokens * (double)c->hidden > 9.0e15)
     return tw_error(TW_ERR_SHAPE,
                     "%s: max_tokens = %lld, topk = %d, ep_size = %d, alignment = %lld, hidden = %lld, recv_capacity = "
