@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline/threads.h"
+#include "tests/test_util.h"
+
 static int key(const char *txt, const char *k) {
   char pat[32];
   snprintf(pat, sizeof pat, "\n%s = ", k);
@@ -49,4 +52,52 @@ double pipe_golden_compare(const char *what, const char *cname, const float *got
     if (err / bound > worst) worst = err / bound;
   }
   return worst;
+}
+
+void pipe_golden_load(const char *dir, const pipe_golden *g, const tw_pipeline_body *body, pipe_golden_io *io) {
+  memset(io, 0, sizeof *io);
+  io->na = tw_pipeline_act_elems(&g->cfg, body);
+  for (int i = 0; i < 2; i++) io->nw[i] = tw_pipeline_param_elems(&g->cfg, body, i);
+  io->x = (float *)tt_load_npy(dir, "x", TW_F32, io->na);
+  io->tgt = (float *)tt_load_npy(dir, "tgt", TW_F32, io->na);
+  io->w[0] = (float *)tt_load_npy(dir, "w1", TW_F32, io->nw[0]);
+  io->w[1] = (float *)tt_load_npy(dir, "w2", TW_F32, io->nw[1]);
+  io->y = (float *)calloc((size_t)io->na, 4);
+  io->dy = (float *)calloc((size_t)io->na, 4);
+  io->dx = (float *)calloc((size_t)io->na, 4);
+  for (int i = 0; i < 2; i++) io->dw[i] = (float *)calloc((size_t)io->nw[i], 4);
+}
+
+void pipe_golden_io_free(pipe_golden_io *io) {
+  free(io->x); free(io->tgt); free(io->y); free(io->dy); free(io->dx);
+  for (int i = 0; i < 2; i++) { free(io->w[i]); free(io->dw[i]); }
+  memset(io, 0, sizeof *io);
+}
+
+double pipe_golden_set_dy(pipe_golden_io *io) {
+  double loss = 0;
+  for (int64_t i = 0; i < io->na; i++) {
+    io->dy[i] = io->y[i] - io->tgt[i];
+    loss += 0.5 * (double)io->dy[i] * io->dy[i];
+  }
+  return loss;
+}
+
+double pipe_golden_check(const char *dir, const char *cname, const pipe_golden *g, const pipe_golden_io *io, double loss,
+                         int fail) {
+  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, io->na), *gdx = (double *)tt_load_npy(dir, "dx", TW_F64, io->na);
+  double *gloss = (double *)tt_load_npy(dir, "loss", TW_F64, 1);
+  double *gdw[2] = {(double *)tt_load_npy(dir, "dw1", TW_F64, io->nw[0]),
+                    (double *)tt_load_npy(dir, "dw2", TW_F64, io->nw[1])};
+  const double L = g->cfg.layers;
+  const double kf = L * (g->E + g->H + 8), kb = L * (g->E + g->H + 8 + (double)g->cfg.microbatches * g->cfg.mb_rows);
+  const float lf = (float)loss;
+  double r = 0;
+  r = fmax(r, pipe_golden_compare("y", cname, io->y, gy, io->na, kf, fail));
+  r = fmax(r, pipe_golden_compare("loss", cname, &lf, gloss, 1, 2 * kf, fail));
+  r = fmax(r, pipe_golden_compare("dx", cname, io->dx, gdx, io->na, kb, fail));
+  r = fmax(r, pipe_golden_compare("dW1", cname, io->dw[0], gdw[0], io->nw[0], kb, fail));
+  r = fmax(r, pipe_golden_compare("dW2", cname, io->dw[1], gdw[1], io->nw[1], kb, fail));
+  free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
+  return r;
 }

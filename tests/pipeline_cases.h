@@ -24,4 +24,20 @@ void pipe_golden_read(const char *dir, const char *cname, pipe_golden *g);
 double pipe_golden_compare(const char *what, const char *cname, const float *got, const double *exact, int64_t n,
                            double k, int fail);
 
+/* A stored case's f32 arrays as a run takes them: x, tgt, w1, w2 loaded; y, dy, dx, dw zeroed. */
+typedef struct {
+  int64_t na, nw[2];
+  float *x, *tgt, *w[2], *y, *dy, *dx, *dw[2];
+} pipe_golden_io;
+void pipe_golden_load(const char *dir, const pipe_golden *g, const tw_pipeline_body *body, pipe_golden_io *io);
+void pipe_golden_io_free(pipe_golden_io *io);
+
+/* dy = y - tgt, the gradient of the loss 1/2 sum (y - tgt)^2, which it returns. */
+double pipe_golden_set_dy(pipe_golden_io *io);
+
+/* y, the loss, dx, dW1 and dW2 against the golden's f64 values within the bound above; the
+ * worst |diff|/bound (fail: as pipe_golden_compare). */
+double pipe_golden_check(const char *dir, const char *cname, const pipe_golden *g, const pipe_golden_io *io, double loss,
+                         int fail);
+
 #endif

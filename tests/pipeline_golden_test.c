@@ -41,38 +41,18 @@ static double run_case_opt(const char *dir, const char *cname, int stale, int fa
   run.cfg = c;
   run.fsdp = g.F;
   cr_assert_eq(tw_pipeline_dense_body(E, H, &run.body), TW_OK);
-  int64_t na = tw_pipeline_act_elems(&c, &run.body), nw[2];
-  for (int i = 0; i < 2; i++) nw[i] = tw_pipeline_param_elems(&c, &run.body, i);
-  float *x = (float *)tt_load_npy(dir, "x", TW_F32, na), *tgt = (float *)tt_load_npy(dir, "tgt", TW_F32, na);
-  float *w[2] = {(float *)tt_load_npy(dir, "w1", TW_F32, nw[0]), (float *)tt_load_npy(dir, "w2", TW_F32, nw[1])};
-  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, na), *gdx = (double *)tt_load_npy(dir, "dx", TW_F64, na);
-  double *gloss = (double *)tt_load_npy(dir, "loss", TW_F64, 1);
-  double *gdw[2] = {(double *)tt_load_npy(dir, "dw1", TW_F64, nw[0]), (double *)tt_load_npy(dir, "dw2", TW_F64, nw[1])};
-  float *y = (float *)calloc((size_t)na, 4), *dy = (float *)calloc((size_t)na, 4), *dx = (float *)calloc((size_t)na, 4);
-  float *dw[2] = {(float *)calloc((size_t)nw[0], 4), (float *)calloc((size_t)nw[1], 4)};
-  run.x = x; run.y = y;
-  run.w[0] = w[0]; run.w[1] = w[1];
+  pipe_golden_io io;
+  pipe_golden_load(dir, &g, &run.body, &io);
+  run.x = io.x; run.y = io.y;
+  run.w[0] = io.w[0]; run.w[1] = io.w[1];
   cr_assert_eq(tw_pipeline_run_threads(&run), TW_OK, "%s: %s", cname, tw_last_error()); /* forward: y */
-  double loss = 0;
-  for (int64_t i = 0; i < na; i++) {
-    dy[i] = y[i] - tgt[i]; /* dL/dy of 1/2 sum (y - tgt)^2 */
-    loss += 0.5 * (double)dy[i] * dy[i];
-  }
-  run.dy = dy; run.dx = dx;
-  run.dw[0] = dw[0]; run.dw[1] = dw[1];
+  double loss = pipe_golden_set_dy(&io);
+  run.dy = io.dy; run.dx = io.dx;
+  run.dw[0] = io.dw[0]; run.dw[1] = io.dw[1];
   cr_assert_eq(tw_pipeline_run_threads(&run), TW_OK, "%s: %s", cname, tw_last_error());
-  const int L = c.layers;
-  double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows);
-  double r = 0;
-  r = fmax(r, pipe_golden_compare("y", cname, y, gy, na, kf, fail));
-  float lf = (float)loss;
-  r = fmax(r, pipe_golden_compare("loss", cname, &lf, gloss, 1, kf * 2, fail));
-  r = fmax(r, pipe_golden_compare("dx", cname, dx, gdx, na, kb, fail));
-  r = fmax(r, pipe_golden_compare("dW1", cname, dw[0], gdw[0], nw[0], kb, fail));
-  r = fmax(r, pipe_golden_compare("dW2", cname, dw[1], gdw[1], nw[1], kb, fail));
+  double r = pipe_golden_check(dir, cname, &g, &io, loss, fail);
   cr_log_info("%s%s: worst |diff|/bound %.3g", cname, stale ? " (MaxText window)" : "", r);
-  free(x); free(tgt); free(w[0]); free(w[1]); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
-  free(y); free(dy); free(dx); free(dw[0]); free(dw[1]);
+  pipe_golden_io_free(&io);
   return r;
 }
 

@@ -243,45 +243,23 @@ static void golden_on_gpus(const char *dir, const char *cname) {
   cr_log_info("pipeline golden %s on %d GPUs (NCCL): running", cname, S * F);
   problem p;
   memset(&p, 0, sizeof p);
-  const tw_pipeline_config c = g.cfg;
-  p.run.cfg = c;
+  p.run.cfg = g.cfg;
   p.run.fsdp = F;
   p.run.timeout_s = comm_timeout_s();
   cr_assert_eq(tw_pipeline_dense_body(E, H, &p.run.body), TW_OK);
-  p.na = tw_pipeline_act_elems(&c, &p.run.body);
-  for (int i = 0; i < 2; i++) p.nw[i] = tw_pipeline_param_elems(&c, &p.run.body, i);
-  p.x = (float *)tt_load_npy(dir, "x", TW_F32, p.na);
-  float *tgt = (float *)tt_load_npy(dir, "tgt", TW_F32, p.na);
-  p.w[0] = (float *)tt_load_npy(dir, "w1", TW_F32, p.nw[0]);
-  p.w[1] = (float *)tt_load_npy(dir, "w2", TW_F32, p.nw[1]);
-  double *gy = (double *)tt_load_npy(dir, "y", TW_F64, p.na), *gdx = (double *)tt_load_npy(dir, "dx", TW_F64, p.na);
-  double *gloss = (double *)tt_load_npy(dir, "loss", TW_F64, 1);
-  double *gdw[2] = {(double *)tt_load_npy(dir, "dw1", TW_F64, p.nw[0]), (double *)tt_load_npy(dir, "dw2", TW_F64, p.nw[1])};
-  p.y = (float *)calloc((size_t)p.na, 4); p.dy = (float *)calloc((size_t)p.na, 4); p.dx = (float *)calloc((size_t)p.na, 4);
-  for (int i = 0; i < 2; i++) p.dw[i] = (float *)calloc((size_t)p.nw[i], 4);
-  p.run.x = p.x; p.run.y = p.y;
-  p.run.w[0] = p.w[0]; p.run.w[1] = p.w[1];
+  pipe_golden_io io;
+  pipe_golden_load(dir, &g, &p.run.body, &io);
+  p.run.x = io.x; p.run.y = io.y;
+  p.run.w[0] = io.w[0]; p.run.w[1] = io.w[1];
   run_on_gpus(&p); /* forward: y */
-  double loss = 0;
-  for (int64_t i = 0; i < p.na; i++) {
-    p.dy[i] = p.y[i] - tgt[i]; /* dL/dy of 1/2 sum (y - tgt)^2 */
-    loss += 0.5 * (double)p.dy[i] * p.dy[i];
-  }
-  p.run.dy = p.dy; p.run.dx = p.dx;
-  p.run.dw[0] = p.dw[0]; p.run.dw[1] = p.dw[1];
+  double loss = pipe_golden_set_dy(&io);
+  p.run.dy = io.dy; p.run.dx = io.dx;
+  p.run.dw[0] = io.dw[0]; p.run.dw[1] = io.dw[1];
   run_on_gpus(&p); /* forward + backward */
-  const int L = c.layers;
-  double kf = (double)L * (E + H + 8), kb = (double)L * (E + H + 8 + c.microbatches * c.mb_rows), r = 0;
-  float lf = (float)loss;
-  r = fmax(r, pipe_golden_compare("y", cname, p.y, gy, p.na, kf, 1));
-  r = fmax(r, pipe_golden_compare("loss", cname, &lf, gloss, 1, 2 * kf, 1));
-  r = fmax(r, pipe_golden_compare("dx", cname, p.dx, gdx, p.na, kb, 1));
-  r = fmax(r, pipe_golden_compare("dW1", cname, p.dw[0], gdw[0], p.nw[0], kb, 1));
-  r = fmax(r, pipe_golden_compare("dW2", cname, p.dw[1], gdw[1], p.nw[1], kb, 1));
+  double r = pipe_golden_check(dir, cname, &g, &io, loss, 1);
   cr_log_info("pipeline golden %s on %d GPUs (NCCL): worst |diff|/bound %.3g", cname, S * F, r);
   g_golden_ran++;
-  free(tgt); free(gy); free(gdx); free(gloss); free(gdw[0]); free(gdw[1]);
-  problem_free(&p);
+  pipe_golden_io_free(&io);
 }
 
 Test(pipeline_gpu, stored_goldens_over_nccl_on_the_visible_gpus) {
