@@ -37,7 +37,12 @@ def block(x, gate, wi, wo, E, T):
 # TWIN_PEER_MOE_SHAPES="32x4096,256x4096": only those (E x T) shapes
 shapes = ((32, 4096), (32, 16384), (256, 4096))
 if os.environ.get("TWIN_PEER_MOE_SHAPES"):
-    shapes = tuple(tuple(int(v) for v in s.split("x")) for s in os.environ["TWIN_PEER_MOE_SHAPES"].split(","))
+    try:
+        shapes = tuple(tuple(int(v) for v in s.split("x")) for s in os.environ["TWIN_PEER_MOE_SHAPES"].split(","))
+        assert all(len(t) == 2 and t[0] >= K and t[1] >= 1 for t in shapes)
+    except (ValueError, AssertionError):
+        sys.exit("torch_moe.py: TWIN_PEER_MOE_SHAPES wants ExT pairs like 32x4096,256x4096 (E >= %d, T >= 1), got '%s'"
+                 % (K, os.environ["TWIN_PEER_MOE_SHAPES"]))
 for (E, T) in shapes:
     key = f"moe_E{E}_T{T}"
     try:
