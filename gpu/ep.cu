@@ -40,8 +40,8 @@
 // of the step's stride per peer; every rank must pass the same dtypes, else the counts disagree
 // and the communicator's timeout aborts the step), so a bad step cannot hang the peers.
 //
-// Version ep_nccl_lsa (NCCL >= 2.28's symmetric windows; forced by name, auto keeps slots until
-// the 2-GPU sweep has passed on the device): one window per EP context, registered once
+// Version ep_nccl_lsa (NCCL >= 2.28's symmetric windows; auto's pick for ep_size >= 2 on NCCL
+// since its 2-GPU sweep passed on 2 H200s, 2026-11-27): one window per EP context, registered once
 // (ncclMemAlloc + ncclCommWindowRegister), the peers' windows mapped through ncclGetLsaPointer
 // and checked by a handshake word at creation. dispatch: counts stored into every window and a
 // barrier (flags in the window, release/acquire at system scope, epochs counted on the device, a
@@ -50,10 +50,13 @@
 // tables as slots; each token stored once per destination rank into that rank's slab with
 // 16-byte stores (only rows that travel: no padding on the wire), its routes' row-map entries
 // beside it, this rank's own routes written straight into their final rows; a barrier; then
-// every other row expanded from the slab into the expert-major layout. combine: each expert
-// row stored into its token's rank's combine slab, a barrier, the oracle's j-order sums. No
-// host sync, no allocation per step: capturable. The backward ops run on the slots exchange
-// (same tables). Not used: ncclDevCommCreate and NCCL's LSA barrier: the headers here are
+// every other row expanded from the slab into the expert-major layout. combine and
+// dispatch_bwd: an entry barrier, each route's row (and dispatch_bwd's per-slot f32) stored
+// into its token's rank's way-back slab, a barrier, the oracle's j-order sums. combine_bwd: an
+// entry barrier, d_out once per (token, rank) with its routes' weights in the row map, a
+// barrier, w * d_out and the d_topk_weights dots on the expert side (the dots stored into the
+// tokens' ranks), a barrier. With LSA no slots staging is allocated. No host sync, no
+// allocation per step: capturable. Not used: ncclDevCommCreate and NCCL's LSA barrier: the headers here are
 // 2.28.9 and the GPU machines run 2.28.3, and ncclDevComm's layout changed in between (GIN
 // fields, 2.28.7), with no device ABI promise before 2.29; the window's LSA pointer fields are
 // read by ncclGetLsaPointer and verified by the handshake. Where the runtime lacks the device
@@ -72,7 +75,7 @@
 #define EP_HAVE_LSA 0
 #endif
 // Whether auto picks ep_nccl_lsa where it can run (1) or only a forced name runs it (0).
-#define EP_LSA_AUTO 0
+#define EP_LSA_AUTO 1
 
 #include "core/backend_moe.h"
 #include "gpu/comm_nccl.h"
@@ -94,8 +97,8 @@ struct lsa_dev {
   unsigned long long timeout_ns;  // a barrier's wait (TWIN_EP_LSA_TIMEOUT_S, default 20 s)
   int n, me;
   int64_t maxT;
-  size_t off_flags, off_counts, off_rowmap, off_slab, off_comb;  // regions of every window
-  size_t srb, crb;  // slab row bytes (token + scales), combine row bytes (4 H: f32 or bf16 rows)
+  size_t off_flags, off_counts, off_rowmap, off_slab, off_comb, off_dw;  // regions of every window
+  size_t srb, crb;  // slab row bytes (token + scales); way-back row bytes (4 H + 4: an f32 or bf16 row and a per-slot f32)
 };
 
 struct lsa_impl {
@@ -819,8 +822,11 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
 // Regions of each window: barrier flags [n] u64, counts [n][E] i32 (row s written by rank s),
 // row map [R] (destination row -> route and weight, written by the route's source), token slab
 // [n][max_tokens] rows of srb bytes (row (s, t) written by rank s: token t's bytes and scales,
-// once per destination rank however many of its experts live there), combine slab
-// [max_tokens * k] rows of crb bytes (route q's expert output, written by the expert's rank).
+// once per destination rank however many of its experts live there), way-back slab
+// [max_tokens * max(k, n)] rows of crb bytes (combine / dispatch_bwd: route q's row and per-slot
+// f32, written by the expert's rank; combine_bwd: d_out of (s, t), written by rank s), d_w
+// [max_tokens * k] f32 (combine_bwd's dot of route q, written by the expert's rank). The row
+// map also carries combine_bwd's weights (written by the token's rank).
 
 struct lsa_rowmap {  // 16 bytes: one store per routed row
   long long gid;     // (s * max_tokens + t) * k + j
@@ -988,10 +994,12 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
   }
 }
 
-// combine, expert side: one warp per destination row of another rank's route: the expert's
-// output row into that rank's combine slab at the route's index (own routes stay in place).
-__global__ void lsa_push_combine(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int64_t R, int k,
-                                 const int64_t *__restrict__ recv_route) {
+// combine and dispatch_bwd, expert side: one warp per destination row of another rank's route:
+// row i of `y` (expert_out, or d_recv) into that rank's way-back slab at the route's index (own
+// routes stay in place), and with `slot` the per-slot f32 right after the row (per_slot[i], 0
+// without it: the oracle's d_topk_weights of dispatch_bwd).
+__global__ void lsa_push_back(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int64_t R, int k,
+                              const int64_t *__restrict__ recv_route, int slot, const float *__restrict__ per_slot) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   const int64_t per = d.maxT * k;
   for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
@@ -999,17 +1007,26 @@ __global__ void lsa_push_combine(lsa_dev d, const unsigned char *__restrict__ y,
     if (gid < 0) continue;
     const int s = (int)(gid / per);
     if (s == d.me) continue;
-    warp_copy_wide(d.peer[s] + d.off_comb + (size_t)(gid % per) * d.crb, y + (size_t)i * yb, yb);
+    unsigned char *row = d.peer[s] + d.off_comb + (size_t)(gid % per) * d.crb;
+    warp_copy_wide(row, y + (size_t)i * yb, yb);
+    if (slot && (threadIdx.x & 31) == 0) {
+      const float v = per_slot ? per_slot[i] : 0.0f;
+      memcpy(row + yb, &v, 4);
+    }
   }
 }
 
-// combine, token side: out[t] = sum_j w[t, j] * y(route) in f32, j order (ep_sum_routes'
-// arithmetic); y(route) from this window's combine slab, or expert_out itself for this rank's
-// own routes. Eight bf16 per thread where rows allow (the same sums, element by element).
+// combine and dispatch_bwd, token side: out[t] = sum_j w[t, j] * y(route) (combine,
+// weighted_form) or sum_j g(route) (dispatch_bwd: no product, as the oracle adds g itself) in
+// f32, j order (ep_sum_routes' arithmetic); the row from this window's way-back slab, or `y`
+// itself (expert_out / d_recv) for this rank's own routes. d_w (dispatch_bwd): each kept
+// route's per-slot f32 (after the slab row; per_slot[row] for own routes, 0 without per_slot),
+// 0 for a dropped one. Eight bf16 per thread where rows allow (the same sums, element by element).
 __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int y_bf16, int64_t T, int k,
                         int64_t H, int64_t S, const int64_t *__restrict__ route_pos,
-                        const int64_t *__restrict__ route_dst, const float *__restrict__ w, void *__restrict__ out,
-                        int out_bf16) {
+                        const int64_t *__restrict__ route_dst, const float *__restrict__ w, int weighted_form,
+                        void *__restrict__ out, int out_bf16, float *__restrict__ d_w,
+                        const float *__restrict__ per_slot) {
   __shared__ const unsigned char *row_of[EP_SUM_MAXK];
   __shared__ float w_of[EP_SUM_MAXK];
   const unsigned char *comb = d.peer[d.me] + d.off_comb;
@@ -1033,12 +1050,21 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
           if (!row_of[j]) continue;
           float y8[8];
           load8_bf16(row_of[j], 8 * h8, y8);
-          for (int e = 0; e < 8; e++) acc[e] = __fadd_rn(acc[e], __fmul_rn(w_of[j], y8[e]));
+          for (int e = 0; e < 8; e++)
+            acc[e] = weighted_form ? __fadd_rn(acc[e], __fmul_rn(w_of[j], y8[e])) : __fadd_rn(acc[e], y8[e]);
         }
         store8(out, 1, t * H + 8 * h8, acc);
       }
-      continue;
     }
+    if (d_w)
+      for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const int64_t q = t * k + j, p = route_pos[q];
+        float g = 0.0f;
+        if (p >= 0 && p / S == d.me) g = per_slot ? per_slot[route_dst[q]] : 0.0f;
+        else if (p >= 0) memcpy(&g, comb + (size_t)q * d.crb + yb, 4);
+        d_w[q] = g;
+      }
+    if (vec) continue;
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
       float acc = 0.0f;
       for (int j = 0; j < k; j++) {
@@ -1053,11 +1079,121 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
           wj = w ? w[q] : 1.0f;
         }
         if (!row) continue;
-        acc = __fadd_rn(acc, __fmul_rn(wj, load_f32(row, y_bf16, h)));
+        const float yv = load_f32(row, y_bf16, h);
+        acc = weighted_form ? __fadd_rn(acc, __fmul_rn(wj, yv)) : __fadd_rn(acc, yv);
       }
       store_f32(out, out_bf16, t * H + h, acc);
     }
   }
+}
+
+// combine_bwd, token side (after the entry barrier): one warp per (token t, rank r): each of t's
+// routes kept on r gets its row-map entry (route, the weight this call passes: 1 without one)
+// in r's window, and when t has any there and r is another rank, d_out[t] (ob bytes) goes once
+// into r's way-back slab at (me, t): the expert side forms w * d_out and the dots itself.
+__global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
+                              const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = it / d.n;
+    const int r = (int)(it % d.n);
+    lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
+    unsigned any = 0;
+    for (int j0 = 0; j0 < k; j0 += 32) {
+      const int j = j0 + lane;
+      const int64_t q = t * k + j;
+      const int64_t p = j < k ? L.route_pos[q] : -1;
+      const bool hit = p >= 0 && p / S == r;
+      if (hit) {
+        lsa_rowmap m;
+        m.gid = ((long long)d.me * d.maxT + t) * k + j;
+        m.w = w ? w[q] : 1.0f;
+        m.pad = 0;
+        map[L.route_dst[q]] = m;
+      }
+      any |= __ballot_sync(0xffffffffu, hit);
+    }
+    if (!any || r == d.me) continue;
+    warp_copy_wide(d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb,
+                   d_out + (size_t)t * ob, ob);
+  }
+}
+
+// The d_out row of destination row i's route (gid >= 0): this rank's own d_out, or the slab row
+// its token's rank stored by lsa_push_dout.
+__device__ static const unsigned char *lsa_dout_row(const lsa_dev &d, long long gid, int k,
+                                                    const unsigned char *d_out, size_t ob) {
+  const int64_t per = d.maxT * k;
+  const int s = (int)(gid / per);
+  const int64_t t = (gid % per) / k;
+  return s == d.me ? d_out + (size_t)t * ob : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
+}
+
+// combine_bwd, expert side: one block per destination row: d_expert_out[i] = w * d_out(route)
+// (ep_pack_dout's product, in d_out's dtype), zeros for rows without a route. vec as in
+// ep_dout_direct (bf16, H % 8 == 0, 16-byte aligned rows).
+__global__ void lsa_dout_rows(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob, int bf16, int k, int64_t H,
+                              int64_t R, const int64_t *__restrict__ recv_route, unsigned char *__restrict__ out, int vec) {
+  const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+  for (int64_t i = blockIdx.x; i < R; i += gridDim.x) {
+    const long long gid = recv_route[i];
+    unsigned char *row = out + (size_t)i * ob;
+    if (gid < 0) {
+      for (size_t b = threadIdx.x; b < ob; b += blockDim.x) row[b] = 0;
+      continue;
+    }
+    const unsigned char *src = lsa_dout_row(d, gid, k, d_out, ob);
+    const float wq = map[i].w;
+    if (vec) {
+      for (int64_t h = 8 * (int64_t)threadIdx.x; h < H; h += 8 * (int64_t)blockDim.x) {
+        float v[8];
+        load8_bf16(src, h, v);
+        for (int e = 0; e < 8; e++) v[e] = __fmul_rn(wq, v[e]);
+        store8(row, 1, h, v);
+      }
+      continue;
+    }
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) store_f32(row, bf16, h, __fmul_rn(wq, load_f32(src, bf16, h)));
+  }
+}
+
+// combine_bwd d_topk_weights, expert side: one thread per destination row with a route:
+// sum_h d_out[t, h] * y[i, h] in f32, h order (ep_dot_routes' sum, vec alike), stored into the
+// token's rank's window at the route's index (own routes too: lsa_take_dw reads them all).
+__global__ void lsa_dot_rows(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob, int d_bf16,
+                             const unsigned char *__restrict__ y, size_t yb, int y_bf16, int k, int64_t H, int64_t R,
+                             const int64_t *__restrict__ recv_route, int vec) {
+  const int64_t per = d.maxT * k;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R; i += (int64_t)gridDim.x * blockDim.x) {
+    const long long gid = recv_route[i];
+    if (gid < 0) continue;
+    const unsigned char *dr = lsa_dout_row(d, gid, k, d_out, ob), *yr = y + (size_t)i * yb;
+    float acc = 0.0f;
+    if (vec) {
+      const uint4 *yv4 = (const uint4 *)yr, *dv4 = (const uint4 *)dr;
+      for (int64_t c = 0; c < H / 8; c += 4) {
+        uint4 dv[4], yv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          dv[u] = dv4[c + u];
+          yv[u] = yv4[c + u];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc = dot8_bf16(acc, dv[u], yv[u]);
+      }
+    } else {
+      for (int64_t h = 0; h < H; h++) acc = __fadd_rn(acc, __fmul_rn(load_f32(dr, d_bf16, h), load_f32(yr, y_bf16, h)));
+    }
+    const int s = (int)(gid / per);
+    ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
+  }
+}
+
+// combine_bwd d_topk_weights, token side (after the barrier): the dot of each kept route, 0 for a dropped one.
+__global__ void lsa_take_dw(lsa_dev d, int64_t routes, const int64_t *__restrict__ route_pos, float *__restrict__ d_w) {
+  const float *dw = (const float *)(d.peer[d.me] + d.off_dw);
+  for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
+    d_w[q] = route_pos[q] >= 0 ? dw[q] : 0.0f;
 }
 
 #if EP_HAVE_LSA
@@ -1310,7 +1446,9 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_combine,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_back,
+                         (const void *)lsa_push_dout, (const void *)lsa_dout_rows, (const void *)lsa_dot_rows,
+                         (const void *)lsa_take_dw,
                          (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
                          (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
                          (const void *)ep_dout_direct};
@@ -1330,13 +1468,17 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   size_t tb = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) : 0;
   d.srb = round16(tb + sb);
-  d.crb = round16((size_t)c->hidden * 4);
+  d.crb = round16((size_t)c->hidden * 4 + 4);
   size_t o = 256;  // [0, 8): the handshake word
   d.off_flags = o; o += round_to((size_t)n * 8, 256);
   d.off_counts = o; o += round_to((size_t)n * (size_t)c->num_experts * 4, 256);
   d.off_rowmap = o; o += round_to((size_t)c->recv_capacity * sizeof(lsa_rowmap), 256);
   d.off_slab = o; o += round_to((size_t)n * (size_t)c->max_tokens * d.srb, 256);
-  d.off_comb = o; o += (size_t)c->max_tokens * (size_t)c->topk * d.crb;
+  // way-back slab: combine's and dispatch_bwd's [max_tokens * k] route rows, combine_bwd's
+  // [n][max_tokens] d_out rows
+  const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
+  d.off_comb = o; o += round_to(back_rows * d.crb, 256);
+  d.off_dw = o; o += (size_t)c->max_tokens * (size_t)c->topk * 4;
   L->bytes = round_to(o, (size_t)2 << 20);
   gpu_state *st = gpu_of(ep->ctx);
   tw_status s = tw_alloc(ep->ctx, (size_t)n * 8 + 64, &L->small);
@@ -1543,14 +1685,7 @@ static tw_status gpu_ep_create(tw_ep *ep) {
   im->rb = round16(fwd > back ? fwd : back);
   size_t bytes = (size_t)ep->ep_size * (size_t)im->S * im->rb;
   tw_status s = TW_OK;
-  if (bytes) {
-    s = tw_alloc(ep->ctx, bytes, (void **)&im->send);
-    // one rank: the exchange is the identity on the slots, so both sides share one staging
-    // buffer and exchange() moves nothing (5 whole-slot copies fewer per fwd + bwd)
-    if (s == TW_OK && ep->ep_size == 1) im->recv = im->send;
-    else if (s == TW_OK) s = tw_alloc(ep->ctx, bytes, (void **)&im->recv);
-  }
-  if (s == TW_OK && c->scales_gemm_layout && c->scale_block == 32) {
+  if (c->scales_gemm_layout && c->scale_block == 32) {
     if (c->recv_capacity) s = tw_alloc(ep->ctx, (size_t)c->recv_capacity * (size_t)ep->scale_cols, (void **)&im->mx_rows);
     if (s == TW_OK) s = tw_alloc(ep->ctx, (size_t)(ep->nle + 1) * 16, (void **)&im->mx_tab);
   }
@@ -1563,6 +1698,14 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     s = lsa_create(ep, im, want == 2);  // every rank asks alike
   if (s == TW_OK && want == 2 && !im->lsa)
     s = tw_error(TW_ERR_UNSUPPORTED, "ep_create: ep_nccl_lsa was forced but cannot run here: %s", im->why);
+  // the slots' staging (ep_nccl_slots only: with LSA every step runs in the window)
+  if (s == TW_OK && bytes && !im->lsa) {
+    s = tw_alloc(ep->ctx, bytes, (void **)&im->send);
+    // one rank: the exchange is the identity on the slots, so both sides share one staging
+    // buffer and exchange() moves nothing (5 whole-slot copies fewer per fwd + bwd)
+    if (s == TW_OK && ep->ep_size == 1) im->recv = im->send;
+    else if (s == TW_OK) s = tw_alloc(ep->ctx, bytes, (void **)&im->recv);
+  }
   if (s != TW_OK) {
     if (im->lsa) lsa_destroy(ep, im->lsa);
     if (im->send) tw_free(ep->ctx, im->send);
@@ -1671,6 +1814,7 @@ static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward, size_t rb) 
   ep_impl *im = (ep_impl *)ep->impl;
   if (rb > im->rb) return tw_error(TW_ERR_INTERNAL, "ep: a staging row of %zu bytes exceeds the slots' %zu", rb, im->rb);
   int n = ep->ep_size;
+  if (!im->send) return tw_error(TW_ERR_INTERNAL, "ep: a slots exchange on a context without staging (ep_nccl_lsa)");
   if (n == 1 && im->recv == im->send) return TW_OK;  // one rank: one shared staging buffer
   int64_t cnt[2 * 8], *counts = cnt, *displs = cnt + n;
   int64_t *heap = NULL;
@@ -1851,8 +1995,12 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
   return rows_back(ctx, layer, rows, per_slot);
 }
 
-static tw_status lsa_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
-                             const tw_tensor *topk_weights, tw_tensor *out) {
+// ep_nccl_lsa's way back, combine (weighted_form, w = the weights or NULL) and dispatch_bwd
+// (the plain sum; d_w and per_slot: d_topk_weights and d_recv_weights, or NULL): an entry
+// barrier (every rank finished reading its way-back slab of the previous step), each route's row
+// into its token's rank, a barrier, the oracle's j-order sums.
+static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const float *w, int weighted_form,
+                          tw_tensor *out, float *d_w, const float *per_slot, int op) {
   const tw_ep *ep = layer->ep;
   ep_impl *im = (ep_impl *)ep->impl;
   layer_impl *L = (layer_impl *)layer->impl;
@@ -1861,29 +2009,79 @@ static tw_status lsa_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *e
   cudaStream_t stream = st->stream;
   int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
   int k = ep->cfg.topk;
-  size_t yb = tw_dtype_storage_bytes(expert_out->dtype, H);
-  // entry barrier: every rank finished reading its combine slab of the previous combine
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA barrier launch");
+  size_t yb = tw_dtype_storage_bytes(rows->dtype, H);
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
   if (R) {
-    lsa_push_combine<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, (const unsigned char *)expert_out->data, yb, R, k,
-                                                               L->recv_route);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA push launch");
+    lsa_push_back<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, (const unsigned char *)rows->data, yb, R, k,
+                                                            L->recv_route, d_w != NULL, per_slot);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA push-back launch");
+  }
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
+  if (T == 0) return TW_OK;
+  lsa_sum<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
+      d, (const unsigned char *)rows->data, yb, rows->dtype == TW_BF16, T, k, H, im->S, L->route_pos, L->route_dst, w,
+      weighted_form, out->data, out->dtype == TW_BF16, d_w, per_slot);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA sum launch");
+  return TW_OK;
+}
+
+// ep_nccl_lsa's combine_bwd: an entry barrier; d_out once per (token, rank) with the routes'
+// weights beside it; a barrier; d_expert_out = w * d_out and the dots on the expert side, the
+// dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window.
+static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const float *w,
+                                 const tw_tensor *expert_out, tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  const lsa_dev &d = im->lsa->d;
+  gpu_state *st = gpu_of(ctx);
+  cudaStream_t stream = st->stream;
+  int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
+  int k = ep->cfg.topk;
+  const int bf16 = d_out->dtype == TW_BF16;
+  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H);
+  const unsigned char *dout = (const unsigned char *)d_out->data;
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+  if (T) {
+    lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA barrier launch");
-  if (T == 0 || H == 0) return TW_OK;
-  lsa_sum<<<grid_for(ctx, T, 1), sum_threads(H), 0, stream>>>(
-      d, (const unsigned char *)expert_out->data, yb, expert_out->dtype == TW_BF16, T, k, H, im->S, L->route_pos,
-      L->route_dst, tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data, out->data,
-      out->dtype == TW_BF16);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine: LSA sum launch");
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+  if (R) {
+    lsa_dout_rows<<<grid_for(ctx, R, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
+        d, dout, ob, bf16, k, H, R, L->recv_route, (unsigned char *)d_expert_out->data,
+        bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
+            (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA rows launch");
+  }
+  if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
+  const size_t eb = tw_dtype_storage_bytes(expert_out->dtype, H);
+  const int ebf = expert_out->dtype == TW_BF16;
+  if (R) {
+    lsa_dot_rows<<<grid_for(ctx, R, 128), 128, 0, stream>>>(
+        d, dout, ob, bf16, (const unsigned char *)expert_out->data, eb, ebf, k, H, R, L->recv_route,
+        ebf && bf16 && H % 32 == 0 && (uintptr_t)expert_out->data % 16 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
+            d.crb % 16 == 0);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA dot launch");
+  }
+  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
+  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+  if (T * k) {
+    lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA d_w launch");
+  }
   return TW_OK;
 }
 
 static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
                                 const tw_tensor *topk_weights, tw_tensor *out) {
-  if (((ep_impl *)layer->ep->impl)->lsa) return lsa_combine(ctx, layer, expert_out, topk_weights, out);
+  if (((ep_impl *)layer->ep->impl)->lsa)
+    return lsa_back(ctx, layer, expert_out, tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data,
+                    1, out, NULL, NULL, GPU_OP_EP_COMBINE);
   row_src src;
   TW_TRY(rows_for_sum(ctx, layer, expert_out, NULL, &src));
   const tw_ep *ep = layer->ep;
@@ -1901,13 +2099,17 @@ static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor
 static tw_status gpu_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,
                                      const tw_tensor *d_recv_weights, tw_tensor *d_tokens,
                                      tw_tensor *d_topk_weights) {
-  row_src src;
-  TW_TRY(rows_for_sum(ctx, layer, d_recv, d_recv_weights, &src));
   const tw_ep *ep = layer->ep;
   layer_impl *L = (layer_impl *)layer->impl;
+  const float *per_slot = d_recv_weights && !tw_tensor_is_none(d_recv_weights) ? (const float *)d_recv_weights->data : NULL;
+  if (((ep_impl *)ep->impl)->lsa && !L->slot_row)  // one rank keeps the direct path
+    return lsa_back(ctx, layer, d_recv, NULL, 0, d_tokens,
+                    tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data, per_slot,
+                    GPU_OP_EP_DISPATCH);
+  row_src src;
+  TW_TRY(rows_for_sum(ctx, layer, d_recv, d_recv_weights, &src));
   int64_t T = layer->tokens, H = ep->cfg.hidden;
   if (T == 0) return TW_OK;
-  const float *per_slot = d_recv_weights && !tw_tensor_is_none(d_recv_weights) ? (const float *)d_recv_weights->data : NULL;
   ep_sum_routes<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, gpu_of(ctx)->stream>>>(
       src.base, src.rb, src.slot_off, d_recv->dtype == TW_BF16, T, ep->cfg.topk, H, L->route_pos, NULL, 0, d_tokens->data,
       d_tokens->dtype == TW_BF16, tw_tensor_is_none(d_topk_weights) ? NULL : (float *)d_topk_weights->data,
@@ -1927,6 +2129,7 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   int k = ep->cfg.topk;
   int bf16 = d_out->dtype == TW_BF16;
   const float *w = tw_tensor_is_none(topk_weights) ? NULL : (const float *)topk_weights->data;
+  if (im->lsa && !L->slot_row) return lsa_combine_bwd(ctx, layer, d_out, w, expert_out, d_expert_out, d_topk_weights);
   if (L->slot_row) {  // one rank: the destination rows straight from d_out, the dots from expert_out
     if (R) {
       ep_dout_direct<<<grid_for(ctx, R, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(

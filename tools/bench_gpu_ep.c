@@ -5,7 +5,9 @@
  * Shapes (issue 13): H 7168, top-8, 256 experts spread over the EP ranks, tokens per rank from
  * --tokens (default 128, 4096, 16384); dispatch of bf16 rows and of fp8 e4m3 rows with 1x128
  * f32 scales (TWIN_BENCH_EP_MXFP8=1 adds e4m3 with MXFP8 E8M0 scales in rows and in the grouped
- * GEMM's layout, compact and swizzled), combine of bf16 expert outputs (weighted); uniform routing (8 distinct experts of
+ * GEMM's layout, compact and swizzled), combine of bf16 expert outputs (weighted), and with bf16
+ * the two backward ops (dispatch_bwd: bf16 rows back with their per-slot f32, the peer being
+ * combine's NCCL figure; combine_bwd with d_topk_weights: the peer being bf16 dispatch's); uniform routing (8 distinct experts of
  * 256) and skewed routing (each pick from experts 0-31 with probability 1/2, else from all 256:
  * rank 0 owns the hot experts). recv_capacity = the rows this routing needs on its busiest rank,
  * rounded up to 128 (error policy: nothing drops); the no-drop bound (ep_size * T * k rows)
@@ -102,12 +104,13 @@ typedef struct {
   int warmup, iters;
   pthread_barrier_t bar;
   volatile int failed;
-  double ms[5][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route */
+  double ms[7][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
+                        * dispatch_bwd, combine_bwd */
   char used[MAXN][32];
   char err[MAXN][320];
 } bcase;
 
-enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR };
+enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD };
 
 static size_t row_bytes(tw_dtype dt, int mx) {
   return dt == TW_BF16 ? (size_t)HIDDEN * 2 : mx ? (size_t)HIDDEN + (size_t)(HIDDEN / 32) : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
@@ -160,7 +163,7 @@ typedef struct {
   tw_ctx *ctx;
   tw_ep_layer *layer;
   tw_comm *comm;
-  tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, y, out;
+  tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, y, out, dtw;
   void *sbuf, *rbuf;
   int64_t sc[MAXN], sd[MAXN], rc[MAXN], rd[MAXN];
   cudaStream_t stream;
@@ -171,6 +174,14 @@ static tw_status do_dispatch(rank_job *j) {
   return tw_ep_dispatch(j->ctx, j->layer, &j->tok, &j->scl, &j->idx, &j->w, &j->recv, &j->rscl, &j->rw, &j->gs, &none);
 }
 static tw_status do_combine(rank_job *j) { return tw_ep_combine(j->ctx, j->layer, &j->y, &j->w, &j->out); }
+/* the backward ops, bf16 rows: d_recv = y (its rows travel back like combine's), d_tokens into
+ * out; d_out = out (token rows travel out like dispatch's), d_expert_out into recv */
+static tw_status do_dispatch_bwd(rank_job *j) {
+  return tw_ep_dispatch_bwd(j->ctx, j->layer, &j->y, &j->rw, &j->out, &j->dtw);
+}
+static tw_status do_combine_bwd(rank_job *j) {
+  return tw_ep_combine_bwd(j->ctx, j->layer, &j->out, &j->w, &j->y, &j->recv, &j->dtw);
+}
 /* The peer calls NCCL itself (grouped ncclSend/ncclRecv on the same communicator and stream)
  * and polls a non-blocking group without sleeping: tw_comm's all_to_allv naps 100 us per poll,
  * which would charge the peer (and ep_nccl_slots, which goes through it) host latency. */
@@ -224,7 +235,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   const routing *ro = c->ro;
   const int n = ro->n, nle = EXPERTS / n;
   const int64_t T = ro->T, H = HIDDEN;
-  for (int q = 0; q < 5; q++) c->ms[q][r] = -1;
+  for (int q = 0; q < 7; q++) c->ms[q][r] = -1;
   cudaSetDevice(r);
   cudaStream_t stream = NULL;
   rank_job j;
@@ -283,6 +294,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (c->combine) {
     j.y = tw_tensor_2d(A((size_t)(R * H) * 2 + 16), TW_BF16, R, H, D);
     j.out = tw_tensor_2d(A((size_t)(T * H) * 2 + 16), TW_BF16, T, H, D);
+    j.dtw = tw_tensor_2d(A((size_t)(T * TOPK) * 4 + 16), TW_F32, T, TOPK, D);
   }
 #undef A
   if (ok) {
@@ -297,6 +309,9 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   }
   if (together(c)) c->ms[T_DISPATCH][r] = time_op(c, r, stream, &j, do_dispatch, "dispatch");
   if (c->combine && together(c)) c->ms[T_COMBINE][r] = time_op(c, r, stream, &j, do_combine, "combine");
+  if (c->combine && together(c))
+    c->ms[T_DISPATCH_BWD][r] = time_op(c, r, stream, &j, do_dispatch_bwd, "dispatch_bwd");
+  if (c->combine && together(c)) c->ms[T_COMBINE_BWD][r] = time_op(c, r, stream, &j, do_combine_bwd, "combine_bwd");
   /* the peers: the same per-pair bytes through grouped ncclSend/ncclRecv */
   for (int p = 0; p < 3 && c->peers && n > 1; p++) {
     if (p == 1 && !c->combine) continue;
@@ -523,6 +538,13 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
             recv_bytes(&ro, 1, (size_t)HIDDEN * 2, &incl, &excl);
             emit(cfg, &ro, "combine", "bf16", c->used[0], slowest(c->ms[T_COMBINE], n), peer_c, incl, excl, nvl, -1,
                  0);
+            /* dispatch_bwd moves combine's bytes (a row per route back), combine_bwd dispatch's
+             * bf16 token rows (d_out once per token and rank) */
+            emit(cfg, &ro, "dispatch_bwd", "bf16", c->used[0], slowest(c->ms[T_DISPATCH_BWD], n), peer_c, incl, excl,
+                 nvl, -1, 0);
+            recv_bytes(&ro, 0, (size_t)HIDDEN * 2, &incl, &excl);
+            emit(cfg, &ro, "combine_bwd", "bf16", c->used[0], slowest(c->ms[T_COMBINE_BWD], n), peer_d, incl, excl,
+                 nvl, -1, 0);
           }
           fflush(stdout);
           free(c);

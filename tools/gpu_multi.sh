@@ -25,9 +25,12 @@ export TWIN_EP_LSA_TIMEOUT_S=${TWIN_EP_LSA_TIMEOUT_S:-5}  # a stalled LSA barrie
 t0=$(date +%s)
 ngpu=$(nvidia-smi -L | wc -l)
 left() { echo $((budget - ($(date +%s) - t0))); }
-# step NAME CAP DEVICES CMD...: runs CMD under `timeout` with CUDA_VISIBLE_DEVICES=DEVICES
+# step NAME CAP DEVICES CMD...: runs CMD under `timeout` with CUDA_VISIBLE_DEVICES=DEVICES.
+# GPU_MULTI_ONLY (an extended regex over step names) runs the matching steps only, so a short
+# call can take one slice of the list.
 step() {
   local name=$1 cap=$2 devs=$3; shift 3
+  if [ -n "${GPU_MULTI_ONLY:-}" ] && ! [[ $name =~ ^(${GPU_MULTI_ONLY})$ ]]; then return 0; fi
   local l; l=$(left)
   [ "$l" -gt 20 ] || { echo "$name: not run (budget spent)" >>"$O/summary.txt"; return; }
   [ "$cap" -lt "$l" ] || cap=$((l - 10))
@@ -111,6 +114,16 @@ if [ "$ngpu" -ge 4 ]; then
   TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=2 step ep2_racecheck 150 2,3 compute-sanitizer --tool racecheck --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
   wait
+fi
+
+# ---- phase 2 on a 2-GPU machine: the sanitizers on the 2-GPU sweep, the one-GPU EP cases ----
+if [ "$ngpu" -lt 4 ]; then
+  TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=3 step ep2_memcheck 150 0,1 compute-sanitizer --tool memcheck --print-limit 20 \
+    "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*'
+  TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=2 step ep2_racecheck 150 0,1 compute-sanitizer --tool racecheck --print-limit 20 \
+    "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*'
+  step ep1 170 0 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu/*'
+  step sharding2 60 0,1 "$R" bin/twin check --sharding --backend gpu --min-ranks 2 --max-ranks 2
 fi
 
 # ---- phase 2b (8 GPUs): EP ep_size 8, one process per GPU (8), MoE ep = 8 / 2 x 4 ----
