@@ -108,6 +108,7 @@ struct lsa_impl {
   void *buf;        // this rank's window (ncclMemAlloc)
   size_t bytes;
   void *small;      // peer table, epoch, handshake words (tw_alloc)
+  int fused_grid;   // blocks of lsa_dispatch_fused resident at once on this GPU; 0: the three-kernel dispatch (loopback)
   lsa_dev d;
 };
 
@@ -828,10 +829,10 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
 // [max_tokens * k] f32 (combine_bwd's dot of route q, written by the expert's rank). The row
 // map also carries combine_bwd's weights (written by the token's rank).
 
-struct lsa_rowmap {  // 16 bytes: one store per routed row
+struct lsa_rowmap {  // 16 bytes per destination row
   long long gid;     // (s * max_tokens + t) * k + j
   float w;
-  int pad;
+  unsigned tag;      // the fused dispatch: the dispatch's tag once the row's source is in place
 };
 
 __device__ static unsigned long long ld_acquire_sys(const unsigned long long *p) {
@@ -899,98 +900,181 @@ __global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *count
   for (int64_t i = threadIdx.x; i < (int64_t)d.n * E; i += blockDim.x) counts_all[i] = all[i];
 }
 
-// One warp per (token t, rank r): the row map entry of each of t's routes kept on r (written
-// into r's window at the route's destination row), then, when t has any, its token bytes and
-// scales once into r's slab at (me, t). For r = me the routes' rows go straight into their
-// final rows of recv_tokens (the expansion of this rank's own tokens overlaps the remote
-// stores; lsa_expand skips them). A failed step (capacity) has no kept routes: nothing is written.
+__device__ static unsigned ld_acquire_sys_u32(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ static void st_release_sys_u32(unsigned *p, unsigned v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Dispatch push, one warp for (token t, rank r): the row map entry of each of t's routes kept
+// on r (written into r's window at the route's destination row), then, when t has any, its
+// token bytes and scales once into r's slab at (me, t). For r = me the routes' rows go straight
+// into their final rows of recv_tokens (the expansion of this rank's own tokens overlaps the
+// remote stores). A failed step (capacity) has no kept routes: nothing is written. tag != 0
+// (the fused kernel): after the rows, each route's entry gets `tag` with a release at system
+// scope, the signal its destination row waits for (the warp's stores are ordered before it by
+// __syncwarp, the release is cumulative).
+__device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsigned char *__restrict__ tokens,
+                                  const unsigned char *__restrict__ scales, const float *__restrict__ w, int k,
+                                  int64_t S, size_t tb, size_t sb, int64_t sld, const layer_impl &L,
+                                  unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
+                                  float *__restrict__ rw, unsigned tag) {
+  const int lane = threadIdx.x & 31;
+  lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
+  unsigned any = 0;
+  for (int j0 = 0; j0 < k; j0 += 32) {
+    const int j = j0 + lane;
+    const int64_t q = t * k + j;
+    const int64_t p = j < k ? L.route_pos[q] : -1;
+    const bool hit = p >= 0 && p / S == r;
+    if (hit) {
+      lsa_rowmap *m = map + L.route_dst[q];
+      m->gid = ((long long)d.me * d.maxT + t) * k + j;
+      m->w = w[q];
+      if (r == d.me) rw[L.route_dst[q]] = w[q];
+    }
+    unsigned hits = __ballot_sync(0xffffffffu, hit);
+    any |= hits;
+    if (r == d.me)
+      while (hits) {  // own routes: the token into each final row, the warp together
+        const int b = __ffs(hits) - 1;
+        hits &= hits - 1;
+        const int64_t dst = L.route_dst[t * k + j0 + b];
+        warp_copy_wide(rtok + (size_t)dst * tb, tokens + (size_t)t * tb, tb);
+        if (sb) put_scale_row(rscl, sb, sld, dst, scales + (size_t)t * sb);
+      }
+  }
+  if (any && r != d.me) {
+    unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
+    warp_copy_wide(row, tokens + (size_t)t * tb, tb);
+    if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
+  }
+  if (!tag || !any) return;
+  __syncwarp();
+  for (int j0 = 0; j0 < k; j0 += 32) {
+    const int j = j0 + lane;
+    const int64_t p = j < k ? L.route_pos[t * k + j] : -1;
+    if (p >= 0 && p / S == r) st_release_sys_u32((unsigned *)&map[L.route_dst[t * k + j]].tag, tag);
+  }
+}
+
+// Dispatch expansion, one warp for destination row i whose map entry is in place: records
+// recv_src (the row's place in the layout) and recv_route (combine's way back), then the row
+// from the slab (own routes: written by the push already); zeros for padding and the tail.
+__device__ static void expand_row(const lsa_dev &d, int64_t i, int64_t p, long long gid, float wv, int64_t R, int k,
+                                  const layer_impl &L, const unsigned char *__restrict__ tokens,
+                                  const unsigned char *__restrict__ scales, size_t tb, size_t sb, int64_t sld,
+                                  unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
+                                  float *__restrict__ rw) {
+  const int lane = threadIdx.x & 31;
+  const int64_t per = d.maxT * k;
+  zero_scale_tail(rscl, sb, sld, R, i);
+  if (p >= 0 && (gid < 0 || gid >= (long long)d.n * per)) gid = -1;  // never: both sides derive i alike
+  if (p < 0) gid = -1;
+  if (lane == 0) {
+    L.recv_src[i] = p;
+    L.recv_route[i] = gid;
+    if (L.slot_row && p >= 0) L.slot_row[p] = i;  // one rank: the backward's direct path reads it
+  }
+  if (gid >= 0 && gid / per == d.me) return;  // written by the push
+  if (gid >= 0) {
+    const int s = (int)(gid / per);
+    const int64_t t = (gid % per) / k;
+    const unsigned char *src = d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
+    warp_copy_wide(rtok + (size_t)i * tb, src, tb);
+    if (sb) put_scale_row(rscl, sb, sld, i, src + tb);
+    if (lane == 0) rw[i] = wv;
+  } else {
+    warp_zero(rtok + (size_t)i * tb, tb);
+    if (sb) zero_scale_row(rscl, sb, sld, i);
+    if (lane == 0) rw[i] = 0.0f;
+  }
+}
+
+// The three-kernel dispatch (lsa_push_dispatch, lsa_barrier, lsa_expand): for ranks that share
+// a GPU (the loopback test mode), where one rank's kernel must not wait on another's blocks.
 __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ tokens,
                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
                                   int k, int64_t S, size_t tb, size_t sb, int64_t sld, layer_impl L,
                                   unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
                                   float *__restrict__ rw) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
-    const int64_t t = it / d.n;
-    const int r = (int)(it % d.n);
-    lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
-    unsigned any = 0;
-    for (int j0 = 0; j0 < k; j0 += 32) {
-      const int j = j0 + lane;
-      const int64_t q = t * k + j;
-      const int64_t p = j < k ? L.route_pos[q] : -1;
-      const bool hit = p >= 0 && p / S == r;
-      if (hit) {
-        lsa_rowmap m;
-        m.gid = ((long long)d.me * d.maxT + t) * k + j;
-        m.w = w[q];
-        m.pad = 0;
-        map[L.route_dst[q]] = m;
-        if (r == d.me) rw[L.route_dst[q]] = m.w;
-      }
-      unsigned hits = __ballot_sync(0xffffffffu, hit);
-      any |= hits;
-      if (r == d.me)
-        while (hits) {  // own routes: the token into each final row, the warp together
-          const int b = __ffs(hits) - 1;
-          hits &= hits - 1;
-          const int64_t dst = L.route_dst[t * k + j0 + b];
-          warp_copy_wide(rtok + (size_t)dst * tb, tokens + (size_t)t * tb, tb);
-          if (sb) put_scale_row(rscl, sb, sld, dst, scales + (size_t)t * sb);
-        }
-    }
-    if (!any || r == d.me) continue;
-    unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
-    warp_copy_wide(row, tokens + (size_t)t * tb, tb);
-    if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
-  }
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps)
+    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, 0);
 }
 
-// One warp per destination row (after the barrier): the row map names the route, the row
-// comes from the slab (or this rank's own tokens); zeros for padding and the tail. Records
-// recv_src (the slots layout's staging row: the backward ops run on ep_nccl_slots) and
-// recv_route (combine's way back).
 __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
                            const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
                            size_t tb, size_t sb, int64_t sld, unsigned char *__restrict__ rtok,
                            unsigned char *__restrict__ rscl, float *__restrict__ rw) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int warps = (gridDim.x * blockDim.x) >> 5;
   const int failed = *L.flag;
   const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
-  const int64_t per = d.maxT * k;
   for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
     if (failed) {  // nothing is written, as ep_nccl_slots
+      if ((threadIdx.x & 31) == 0) L.recv_src[i] = L.recv_route[i] = -1;
+      continue;
+    }
+    const int64_t p = source_row(i, L, d.n, d.me, nle, S);
+    expand_row(d, i, p, p >= 0 ? map[i].gid : -1, p >= 0 ? map[i].w : 0.0f, R, k, L, tokens, scales, tb, sb, sld,
+               rtok, rscl, rw);
+  }
+}
+
+// The fused dispatch (one rank per GPU): every warp pushes its (token, rank) items as above,
+// each route's map entry tagged after its row, then expands its destination rows, each once its
+// entry carries this dispatch's tag: the expansion overlaps the transfer, no barrier between.
+// The tag is the barrier epoch after the counts' barrier (the same on every rank, new every
+// dispatch). Every block must be resident at once (a spinning block would otherwise hold the
+// SMs a pushing one needs): the grid is capped by the occupancy (lsa_impl.fused_blocks). A row
+// whose tag does not come within the timeout sets GPU_ERR_EP_TIMEOUT and marks the context
+// (d.dead), as a barrier does; the row is zeroed and the step is invalid.
+__global__ void __launch_bounds__(256) lsa_dispatch_fused(lsa_dev d, const unsigned char *__restrict__ tokens,
+                                                          const unsigned char *__restrict__ scales,
+                                                          const float *__restrict__ w, int64_t T, int64_t R, int nle,
+                                                          int k, int64_t S, size_t tb, size_t sb, int64_t sld,
+                                                          layer_impl L, unsigned char *__restrict__ rtok,
+                                                          unsigned char *__restrict__ rscl, float *__restrict__ rw,
+                                                          long long *err) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int64_t w0 = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  const unsigned long long e = *d.epoch;
+  const unsigned tag = (unsigned)e ? (unsigned)e : 1u;
+  const int failed = *L.flag;
+  for (int64_t it = w0; it < T * d.n && !failed; it += warps)
+    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, tag);
+  lsa_rowmap *map = (lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+  for (int64_t i = w0; i < R; i += warps) {
+    if (failed) {
       if (lane == 0) L.recv_src[i] = L.recv_route[i] = -1;
       continue;
     }
-    zero_scale_tail(rscl, sb, sld, R, i);
     const int64_t p = source_row(i, L, d.n, d.me, nle, S);
-    long long gid = -1;
-    float wv = 0.0f;
-    if (p >= 0) {
-      gid = map[i].gid;
-      wv = map[i].w;
-      if (gid < 0 || gid >= (long long)d.n * per) gid = -1;  // never: both sides derive i alike
+    int ok = 1;
+    if (p >= 0 && lane == 0) {
+      const unsigned long long t0 = global_ns();
+      while (ld_acquire_sys_u32(&map[i].tag) != tag) {
+        if (*(volatile unsigned long long *)d.dead) {
+          ok = 0;
+          break;
+        }
+        if (global_ns() - t0 > d.timeout_ns) {
+          gpu_report(err, GPU_ERR_EP_TIMEOUT, GPU_OP_EP_DISPATCH, -1, (long long)i);
+          *(volatile unsigned long long *)d.dead = 1;
+          ok = 0;
+          break;
+        }
+      }
     }
-    if (lane == 0) {
-      L.recv_src[i] = p;
-      L.recv_route[i] = gid;
-      if (L.slot_row && p >= 0) L.slot_row[p] = i;  // one rank: the backward's direct path reads it
-    }
-    if (gid >= 0 && gid / per == d.me) continue;  // written by lsa_push_dispatch
-    if (gid >= 0) {
-      const int s = (int)(gid / per);
-      const int64_t t = (gid % per) / k;
-      const unsigned char *src = s == d.me ? tokens + (size_t)t * tb
-                                           : d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
-      warp_copy_wide(rtok + (size_t)i * tb, src, tb);
-      if (sb) put_scale_row(rscl, sb, sld, i, s == d.me ? scales + (size_t)t * sb : src + tb);
-      if (lane == 0) rw[i] = wv;
-    } else {
-      warp_zero(rtok + (size_t)i * tb, tb);
-      if (sb) zero_scale_row(rscl, sb, sld, i);
-      if (lane == 0) rw[i] = 0.0f;
-    }
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    __syncwarp();
+    if (lane == 0 && p >= 0 && !ok) gpu_report(err, GPU_ERR_EP_TIMEOUT, GPU_OP_EP_DISPATCH, -1, (long long)e);
+    const long long gid = p >= 0 && ok ? ((volatile lsa_rowmap *)map)[i].gid : -1;
+    const float wv = p >= 0 && ok ? ((volatile lsa_rowmap *)map)[i].w : 0.0f;
+    expand_row(d, i, ok ? p : -1, gid, wv, R, k, L, tokens, scales, tb, sb, sld, rtok, rscl, rw);
   }
 }
 
@@ -1108,7 +1192,7 @@ __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out
         lsa_rowmap m;
         m.gid = ((long long)d.me * d.maxT + t) * k + j;
         m.w = w ? w[q] : 1.0f;
-        m.pad = 0;
+        m.tag = 0;
         map[L.route_dst[q]] = m;
       }
       any |= __ballot_sync(0xffffffffu, hit);
@@ -1446,7 +1530,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_back,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_dispatch_fused, (const void *)lsa_push_back,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows, (const void *)lsa_dot_rows,
                          (const void *)lsa_take_dw,
                          (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
@@ -1457,10 +1541,17 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
       GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, fns[i]), "ep_create: load the LSA step's kernels");
     }
   }
+  int per_sm = 0;  // blocks of the fused dispatch one SM holds at once
+  GPU_TRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_dispatch_fused, 256, 0),
+               "ep_create: the fused dispatch's occupancy");
   lsa_impl *L = (lsa_impl *)calloc(1, sizeof *L);
   if (!L) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
   L->nc = nc;
   L->loopback = loop;
+  {  // TWIN_EP_LSA_FUSED=0: the three-kernel dispatch (A/B timing)
+    const char *fz = getenv("TWIN_EP_LSA_FUSED");
+    L->fused_grid = loop || (fz && !atoi(fz)) ? 0 : per_sm * gpu_of(ep->ctx)->num_sms;
+  }
   lsa_dev &d = L->d;
   d.n = n;
   d.me = me;
@@ -1887,6 +1978,19 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
   }
+  if (im->lsa && im->lsa->fused_grid) {
+    const int64_t work = T * n > R ? T * n : R;
+    int g = grid_for(ctx, work, 8);
+    if (g > im->lsa->fused_grid) g = im->lsa->fused_grid;
+    if (work) {
+      lsa_dispatch_fused<<<g, 256, 0, stream>>>(
+          im->lsa->d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
+          (const float *)topk_weights->data, T, R, nle, k, im->S, tb, sb, sld, *L, (unsigned char *)recv_tokens->data,
+          rscl, (float *)recv_weights->data, st->err_word);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA fused launch");
+    }
+    return TW_OK;
+  }
   if (im->lsa) {
     const lsa_dev &d = im->lsa->d;
     if (T) {
@@ -1998,7 +2102,9 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
 // ep_nccl_lsa's way back, combine (weighted_form, w = the weights or NULL) and dispatch_bwd
 // (the plain sum; d_w and per_slot: d_topk_weights and d_recv_weights, or NULL): an entry
 // barrier (every rank finished reading its way-back slab of the previous step), each route's row
-// into its token's rank, a barrier, the oracle's j-order sums.
+// into its token's rank, a barrier, the oracle's j-order sums. dispatch_bwd always sends the
+// per-slot f32: whether a rank wants d_topk_weights is its own affair (a rank with no tokens
+// passes none), the rows it receives are its peers' to write.
 static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const float *w, int weighted_form,
                           tw_tensor *out, float *d_w, const float *per_slot, int op) {
   const tw_ep *ep = layer->ep;
@@ -2014,7 +2120,7 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
   if (R) {
     lsa_push_back<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, (const unsigned char *)rows->data, yb, R, k,
-                                                            L->recv_route, d_w != NULL, per_slot);
+                                                            L->recv_route, !weighted_form, per_slot);
     GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA push-back launch");
   }
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
