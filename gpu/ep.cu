@@ -108,7 +108,6 @@ struct lsa_impl {
   void *buf;        // this rank's window (ncclMemAlloc)
   size_t bytes;
   void *small;      // peer table, epoch, handshake words (tw_alloc)
-  int fused_grid;   // blocks of lsa_dispatch_fused resident at once on this GPU; 0: the three-kernel dispatch (loopback)
   lsa_dev d;
 };
 
@@ -832,7 +831,7 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
 struct lsa_rowmap {  // 16 bytes per destination row
   long long gid;     // (s * max_tokens + t) * k + j
   float w;
-  unsigned tag;      // the fused dispatch: the dispatch's tag once the row's source is in place
+  int pad;
 };
 
 __device__ static unsigned long long ld_acquire_sys(const unsigned long long *p) {
@@ -900,28 +899,17 @@ __global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *count
   for (int64_t i = threadIdx.x; i < (int64_t)d.n * E; i += blockDim.x) counts_all[i] = all[i];
 }
 
-__device__ static unsigned ld_acquire_sys_u32(const unsigned *p) {
-  unsigned v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ static void st_release_sys_u32(unsigned *p, unsigned v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
 
 // Dispatch push, one warp for (token t, rank r): the row map entry of each of t's routes kept
 // on r (written into r's window at the route's destination row), then, when t has any, its
 // token bytes and scales once into r's slab at (me, t). For r = me the routes' rows go straight
 // into their final rows of recv_tokens (the expansion of this rank's own tokens overlaps the
-// remote stores). A failed step (capacity) has no kept routes: nothing is written. tag != 0
-// (the fused kernel): after the rows, each route's entry gets `tag` with a release at system
-// scope, the signal its destination row waits for (the warp's stores are ordered before it by
-// __syncwarp, the release is cumulative).
+// remote stores). A failed step (capacity) has no kept routes: nothing is written.
 __device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsigned char *__restrict__ tokens,
                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int k,
                                   int64_t S, size_t tb, size_t sb, int64_t sld, const layer_impl &L,
                                   unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
-                                  float *__restrict__ rw, unsigned tag) {
+                                  float *__restrict__ rw) {
   const int lane = threadIdx.x & 31;
   lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
   unsigned any = 0;
@@ -951,13 +939,6 @@ __device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsi
     unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
     warp_copy_wide(row, tokens + (size_t)t * tb, tb);
     if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
-  }
-  if (!tag || !any) return;
-  __syncwarp();
-  for (int j0 = 0; j0 < k; j0 += 32) {
-    const int j = j0 + lane;
-    const int64_t p = j < k ? L.route_pos[t * k + j] : -1;
-    if (p >= 0 && p / S == r) st_release_sys_u32((unsigned *)&map[L.route_dst[t * k + j]].tag, tag);
   }
 }
 
@@ -994,8 +975,9 @@ __device__ static void expand_row(const lsa_dev &d, int64_t i, int64_t p, long l
   }
 }
 
-// The three-kernel dispatch (lsa_push_dispatch, lsa_barrier, lsa_expand): for ranks that share
-// a GPU (the loopback test mode), where one rank's kernel must not wait on another's blocks.
+// The dispatch: lsa_push_dispatch, lsa_barrier, lsa_expand. (A fused kernel that expanded each
+// row once its source was tagged in place, without the barrier, ran 15-20% slower on 2 H200s,
+// with acquire polls and with relaxed polls and backoff alike: gpu/NOTES-routing.md, session 11.)
 __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ tokens,
                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
                                   int k, int64_t S, size_t tb, size_t sb, int64_t sld, layer_impl L,
@@ -1003,7 +985,7 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
                                   float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps)
-    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, 0);
+    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw);
 }
 
 __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
@@ -1021,60 +1003,6 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
     const int64_t p = source_row(i, L, d.n, d.me, nle, S);
     expand_row(d, i, p, p >= 0 ? map[i].gid : -1, p >= 0 ? map[i].w : 0.0f, R, k, L, tokens, scales, tb, sb, sld,
                rtok, rscl, rw);
-  }
-}
-
-// The fused dispatch (one rank per GPU): every warp pushes its (token, rank) items as above,
-// each route's map entry tagged after its row, then expands its destination rows, each once its
-// entry carries this dispatch's tag: the expansion overlaps the transfer, no barrier between.
-// The tag is the barrier epoch after the counts' barrier (the same on every rank, new every
-// dispatch). Every block must be resident at once (a spinning block would otherwise hold the
-// SMs a pushing one needs): the grid is capped by the occupancy (lsa_impl.fused_blocks). A row
-// whose tag does not come within the timeout sets GPU_ERR_EP_TIMEOUT and marks the context
-// (d.dead), as a barrier does; the row is zeroed and the step is invalid.
-__global__ void __launch_bounds__(256) lsa_dispatch_fused(lsa_dev d, const unsigned char *__restrict__ tokens,
-                                                          const unsigned char *__restrict__ scales,
-                                                          const float *__restrict__ w, int64_t T, int64_t R, int nle,
-                                                          int k, int64_t S, size_t tb, size_t sb, int64_t sld,
-                                                          layer_impl L, unsigned char *__restrict__ rtok,
-                                                          unsigned char *__restrict__ rscl, float *__restrict__ rw,
-                                                          long long *err) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
-  const int64_t w0 = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const unsigned long long e = *d.epoch;
-  const unsigned tag = (unsigned)e ? (unsigned)e : 1u;
-  const int failed = *L.flag;
-  for (int64_t it = w0; it < T * d.n && !failed; it += warps)
-    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, tag);
-  lsa_rowmap *map = (lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
-  for (int64_t i = w0; i < R; i += warps) {
-    if (failed) {
-      if (lane == 0) L.recv_src[i] = L.recv_route[i] = -1;
-      continue;
-    }
-    const int64_t p = source_row(i, L, d.n, d.me, nle, S);
-    int ok = 1;
-    if (p >= 0 && lane == 0) {
-      const unsigned long long t0 = global_ns();
-      while (ld_acquire_sys_u32(&map[i].tag) != tag) {
-        if (*(volatile unsigned long long *)d.dead) {
-          ok = 0;
-          break;
-        }
-        if (global_ns() - t0 > d.timeout_ns) {
-          gpu_report(err, GPU_ERR_EP_TIMEOUT, GPU_OP_EP_DISPATCH, -1, (long long)i);
-          *(volatile unsigned long long *)d.dead = 1;
-          ok = 0;
-          break;
-        }
-      }
-    }
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    __syncwarp();
-    if (lane == 0 && p >= 0 && !ok) gpu_report(err, GPU_ERR_EP_TIMEOUT, GPU_OP_EP_DISPATCH, -1, (long long)e);
-    const long long gid = p >= 0 && ok ? ((volatile lsa_rowmap *)map)[i].gid : -1;
-    const float wv = p >= 0 && ok ? ((volatile lsa_rowmap *)map)[i].w : 0.0f;
-    expand_row(d, i, ok ? p : -1, gid, wv, R, k, L, tokens, scales, tb, sb, sld, rtok, rscl, rw);
   }
 }
 
@@ -1192,7 +1120,7 @@ __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out
         lsa_rowmap m;
         m.gid = ((long long)d.me * d.maxT + t) * k + j;
         m.w = w ? w[q] : 1.0f;
-        m.tag = 0;
+        m.pad = 0;
         map[L.route_dst[q]] = m;
       }
       any |= __ballot_sync(0xffffffffu, hit);
@@ -1253,17 +1181,29 @@ __global__ void lsa_dot_rows(lsa_dev d, const unsigned char *__restrict__ d_out,
     if (gid < 0) continue;
     const unsigned char *dr = lsa_dout_row(d, gid, k, d_out, ob), *yr = y + (size_t)i * yb;
     float acc = 0.0f;
-    if (vec) {
+    if (vec) {  // the next 32 elements' loads issued before this 32's sum (the chain is latency-bound)
       const uint4 *yv4 = (const uint4 *)yr, *dv4 = (const uint4 *)dr;
+      uint4 dv[4], yv[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        dv[u] = dv4[u];
+        yv[u] = yv4[u];
+      }
       for (int64_t c = 0; c < H / 8; c += 4) {
-        uint4 dv[4], yv[4];
+        uint4 dn[4], yn[4];
+        const int64_t cn = c + 4 < H / 8 ? c + 4 : c;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-          dv[u] = dv4[c + u];
-          yv[u] = yv4[c + u];
+          dn[u] = dv4[cn + u];
+          yn[u] = yv4[cn + u];
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) acc = dot8_bf16(acc, dv[u], yv[u]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          dv[u] = dn[u];
+          yv[u] = yn[u];
+        }
       }
     } else {
       for (int64_t h = 0; h < H; h++) acc = __fadd_rn(acc, __fmul_rn(load_f32(dr, d_bf16, h), load_f32(yr, y_bf16, h)));
@@ -1530,7 +1470,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_dispatch_fused, (const void *)lsa_push_back,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_back,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows, (const void *)lsa_dot_rows,
                          (const void *)lsa_take_dw,
                          (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
@@ -1541,17 +1481,10 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
       GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, fns[i]), "ep_create: load the LSA step's kernels");
     }
   }
-  int per_sm = 0;  // blocks of the fused dispatch one SM holds at once
-  GPU_TRY_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_dispatch_fused, 256, 0),
-               "ep_create: the fused dispatch's occupancy");
   lsa_impl *L = (lsa_impl *)calloc(1, sizeof *L);
   if (!L) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
   L->nc = nc;
   L->loopback = loop;
-  {  // TWIN_EP_LSA_FUSED=0: the three-kernel dispatch (A/B timing)
-    const char *fz = getenv("TWIN_EP_LSA_FUSED");
-    L->fused_grid = loop || (fz && !atoi(fz)) ? 0 : per_sm * gpu_of(ep->ctx)->num_sms;
-  }
   lsa_dev &d = L->d;
   d.n = n;
   d.me = me;
@@ -1977,19 +1910,6 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   if (nch > 1) {
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
-  }
-  if (im->lsa && im->lsa->fused_grid) {
-    const int64_t work = T * n > R ? T * n : R;
-    int g = grid_for(ctx, work, 8);
-    if (g > im->lsa->fused_grid) g = im->lsa->fused_grid;
-    if (work) {
-      lsa_dispatch_fused<<<g, 256, 0, stream>>>(
-          im->lsa->d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
-          (const float *)topk_weights->data, T, R, nle, k, im->S, tb, sb, sld, *L, (unsigned char *)recv_tokens->data,
-          rscl, (float *)recv_weights->data, st->err_word);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA fused launch");
-    }
-    return TW_OK;
   }
   if (im->lsa) {
     const lsa_dev &d = im->lsa->d;
