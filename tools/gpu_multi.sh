@@ -123,6 +123,10 @@ if [ "$ngpu" -lt 4 ]; then
   TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=2 step ep2_racecheck 150 0,1 compute-sanitizer --tool racecheck --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*'
   step ep1 170 0 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu/*'
+  # ep_nccl_lsa's kernels (every op, backward included) with 2 and 4 ranks on one GPU
+  TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=12 step ep1_lsa_memcheck 120 0 compute-sanitizer --tool memcheck \
+    --report-api-errors no --print-limit 20 "$B/run.sh" bin/ep_gpu_test -j1 \
+    --filter 'ep_gpu/random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced'
   step sharding2 60 0,1 "$R" bin/twin check --sharding --backend gpu --min-ranks 2 --max-ranks 2
 fi
 
