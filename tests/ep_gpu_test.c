@@ -260,6 +260,7 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
   if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
   o->st = s;
+  if (s != TW_OK) snprintf(o->msg, sizeof o->msg, "%s", tw_last_error());
   get(&m, o->recv, &recv); get(&m, o->rw, &rw); get(&m, o->gs, &gs); get(&m, o->dr, &dr);
   if (c->scale_block) get(&m, o->rscl, &rscl);
   if (s == TW_OK) {
@@ -274,6 +275,10 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
     if (s == TW_OK) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
     if (s == TW_OK) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
     if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
+    if (s != TW_OK) {  /* a failure after a good dispatch (a barrier timeout, say) shows as a status, not as zeros */
+      o->st = s;
+      snprintf(o->msg, sizeof o->msg, "%s", tw_last_error());
+    }
     if (s == TW_OK) {
       get(&m, o->out, &out); get(&m, o->outu, &outu); get(&m, o->dtok, &dtok); get(&m, o->dtw, &dtw);
       get(&m, o->dexp, &dexp); get(&m, o->dtwc, &dtwc);
