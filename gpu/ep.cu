@@ -900,6 +900,17 @@ __global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *count
 }
 
 
+// Route (t, j) when it is kept on rank r (its staging row's rank): its index t * k + j, else -1.
+__device__ static int64_t kept_on(const layer_impl &L, int64_t t, int k, int j, int64_t S, int r) {
+  if (j >= k) return -1;
+  const int64_t q = t * k + j, p = L.route_pos[q];
+  return p >= 0 && p / S == r ? q : -1;
+}
+// The route's id in every rank's row map and way-back slab: (me * max_tokens + t) * k + j.
+__device__ static long long route_gid(const lsa_dev &d, int64_t t, int k, int j) {
+  return ((long long)d.me * d.maxT + t) * k + j;
+}
+
 // Dispatch push, one warp for (token t, rank r): the row map entry of each of t's routes kept
 // on r (written into r's window at the route's destination row), then, when t has any, its
 // token bytes and scales once into r's slab at (me, t). For r = me the routes' rows go straight
@@ -915,13 +926,14 @@ __device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsi
   unsigned any = 0;
   for (int j0 = 0; j0 < k; j0 += 32) {
     const int j = j0 + lane;
-    const int64_t q = t * k + j;
-    const int64_t p = j < k ? L.route_pos[q] : -1;
-    const bool hit = p >= 0 && p / S == r;
+    const int64_t q = kept_on(L, t, k, j, S, r);
+    const bool hit = q >= 0;
     if (hit) {
-      lsa_rowmap *m = map + L.route_dst[q];
-      m->gid = ((long long)d.me * d.maxT + t) * k + j;
-      m->w = w[q];
+      lsa_rowmap m;
+      m.gid = route_gid(d, t, k, j);
+      m.w = w[q];
+      m.pad = 0;
+      map[L.route_dst[q]] = m;
       if (r == d.me) rw[L.route_dst[q]] = w[q];
     }
     unsigned hits = __ballot_sync(0xffffffffu, hit);
@@ -1113,12 +1125,11 @@ __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out
     unsigned any = 0;
     for (int j0 = 0; j0 < k; j0 += 32) {
       const int j = j0 + lane;
-      const int64_t q = t * k + j;
-      const int64_t p = j < k ? L.route_pos[q] : -1;
-      const bool hit = p >= 0 && p / S == r;
+      const int64_t q = kept_on(L, t, k, j, S, r);
+      const bool hit = q >= 0;
       if (hit) {
         lsa_rowmap m;
-        m.gid = ((long long)d.me * d.maxT + t) * k + j;
+        m.gid = route_gid(d, t, k, j);
         m.w = w ? w[q] : 1.0f;
         m.pad = 0;
         map[L.route_dst[q]] = m;
