@@ -39,13 +39,8 @@ static double compare(const char *cname, const char *what, const float *got, con
 }
 
 void moe_load_case(const char *dir, gcase *c) {
-  char path[1200], txt[4096] = "\n";
-  snprintf(path, sizeof path, "%s/moe.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "%s", path);
-  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
-  txt[got + 1] = 0;
-  fclose(f);
+  char txt[4096];
+  tt_read_text(dir, "moe.txt", txt, sizeof txt);
   memset(c, 0, sizeof *c);
   tw_moe_config cfg = TW_MOE_CONFIG_INIT;
   c->T = ikey(txt, "T"); c->H = ikey(txt, "H"); c->F = ikey(txt, "F"); c->E = ikey(txt, "E");

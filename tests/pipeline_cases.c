@@ -18,13 +18,8 @@ static int key(const char *txt, const char *k) {
 }
 
 void pipe_golden_read(const char *dir, const char *cname, pipe_golden *g) {
-  char path[1024], txt[2048] = "\n";
-  snprintf(path, sizeof path, "%s/pipeline.txt", dir);
-  FILE *f = fopen(path, "r");
-  cr_assert(f, "%s", path);
-  size_t got = fread(txt + 1, 1, sizeof txt - 2, f);
-  txt[got + 1] = 0;
-  fclose(f);
+  char txt[2048];
+  tt_read_text(dir, "pipeline.txt", txt, sizeof txt);
   tw_pipeline_config c = TW_PIPELINE_CONFIG_INIT;
   c.stages = key(txt, "S"); c.microbatches = key(txt, "M"); c.repeats = key(txt, "R"); c.delay = key(txt, "d");
   c.layers_per_stage = key(txt, "Lps");

@@ -122,3 +122,14 @@ void *tt_load_npy(const char *dir, const char *name, tw_dtype want, int64_t n) {
   cr_assert_eq(tw_tensor_numel(&t), n, "%s: %lld elements, want %lld", path, (long long)tw_tensor_numel(&t), (long long)n);
   return t.data;
 }
+
+void tt_read_text(const char *dir, const char *name, char *txt, size_t cap) {
+  char path[1200];
+  tt_path(path, sizeof path, dir, name);
+  FILE *f = fopen(path, "r");
+  cr_assert(f, "%s", path);
+  txt[0] = '\n';
+  size_t got = fread(txt + 1, 1, cap - 2, f);
+  txt[got + 1] = 0;
+  fclose(f);
+}

@@ -37,6 +37,10 @@ void tt_fill_uniform_f32(float *x, int64_t n, uint64_t seed, float lo, float hi)
 char *tt_make_tmpdir(const char *tag);
 /* path = dir + "/" + name into buf; returns buf. */
 const char *tt_path(char *buf, size_t n, const char *dir, const char *name);
+/* dir/name, a stored case's key=value text, into txt as "\n" + its first cap - 2 bytes,
+ * NUL-terminated (the leading newline lets a key be found as "\nkey="); the test fails if the
+ * file cannot be opened. */
+void tt_read_text(const char *dir, const char *name, char *txt, size_t cap);
 /* Writes raw bytes to a file (for hand-made, possibly broken, .npy files). */
 void tt_write_file(const char *path, const void *bytes, size_t n);
 
