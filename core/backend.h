@@ -60,6 +60,7 @@ struct tw_ctx {
   const tw_backend_ops *ops;
   void *state;     /* the backend's own (gpu: stream, cuBLASLt handle, workspace, error word) */
   char kernel[64]; /* forced kernel version name, "" = auto */
+  uint64_t id;     /* tw_ctx_id: from a process-wide counter, never reused */
   /* tw_alloc's ledger: open addressing on the pointer, tombstones for freed slots */
   struct tw_ledger_slot *ledger;
   size_t ledger_cap, ledger_used; /* used counts live slots and tombstones */

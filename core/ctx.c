@@ -72,6 +72,8 @@ tw_status tw_ctx_create(tw_ctx **out, const tw_ctx_config *cfg) {
     strcpy(ctx->kernel, c.kernel);
   }
   ctx->cfg.kernel = NULL; /* not owned; use tw_ctx_kernel() */
+  static uint64_t next_id;
+  ctx->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   if (ops->ctx_init) {
     tw_status s = ops->ctx_init(ctx);
     if (s != TW_OK) {
@@ -96,6 +98,7 @@ tw_backend tw_ctx_backend(const tw_ctx *ctx) { return ctx ? ctx->cfg.backend : T
 tw_mem tw_ctx_mem(const tw_ctx *ctx) { return ctx ? ctx->ops->mem : TW_MEM_HOST; }
 tw_comm *tw_ctx_comm(const tw_ctx *ctx) { return ctx ? ctx->cfg.comm : NULL; }
 const char *tw_ctx_kernel(const tw_ctx *ctx) { return ctx && ctx->kernel[0] ? ctx->kernel : NULL; }
+uint64_t tw_ctx_id(const tw_ctx *ctx) { return ctx ? ctx->id : 0; }
 
 tw_status tw_ctx_sync(tw_ctx *ctx) {
   if (!ctx) return tw_error(TW_ERR_NULL, "ctx_sync: ctx is NULL");

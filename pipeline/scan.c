@@ -2,6 +2,8 @@
  * the interface: activations move with tw_ppermute on the pp communicator, FSDP weights with
  * tw_all_gather / tw_reduce_scatter on the fsdp communicator, the layer through the body's
  * function pointers. Buffers live in ctx memory; nothing here knows the backend. */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -154,6 +156,71 @@ static tw_status stage_vjp(run *r, float *wb, int rep, float *gb, const float *i
   return TW_OK;
 }
 
+/* ---- warm-up before the first collective ----------------------------------------------- */
+/* A device loads kernels lazily: a kernel's first launch, and cuBLASLt's first heuristic query
+ * of a GEMM shape (which loads its kernels while it holds a process-wide lock), wait for the
+ * device to drain. When one process drives several GPUs, one thread per rank, such a wait in
+ * the middle of a run can close a cycle: the device drains only once a peer's matching NCCL op
+ * is enqueued, and the peer's thread waits for the lock. On 4 H200s every S >= 3 run stalled so
+ * (tests/test_util.h's stall watch, 2026-11-27: one rank inside its first VJP's
+ * cublasLtMatmulAlgoGetHeuristic loading a kernel, two ranks waiting for cuBLASLt's lock, one in
+ * cudaFree). So before its first collective a device rank runs the body once on zeros, forward
+ * and (for the backward) the VJP, which loads every kernel and resolves every GEMM shape the
+ * scan will use. Its outputs land in scratch; the VJP adds exact zeros (x = dy = 0, finite
+ * weights) to the window's gradient or, in place, to the shards'. Once per context, body shape
+ * and row count: later calls find them loaded. */
+typedef tw_status (*body_forward_fn)(const tw_pipeline_body *, tw_ctx *, const tw_pipeline_params *,
+                                     const float *, float *, int64_t, void *);
+typedef struct {
+  uint64_t ctx;
+  body_forward_fn fwd;
+  int64_t rows, width, dims[2 * TW_PIPELINE_MAX_PARAMS];
+  int backward;
+} warm_key;
+static warm_key warmed[256];
+static int n_warmed;
+static pthread_mutex_t warm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static warm_key warm_key_of(const run *r, int backward) {
+  warm_key k;
+  memset(&k, 0, sizeof k);
+  k.ctx = tw_ctx_id(r->ctx);
+  k.fwd = r->body->forward;
+  k.rows = r->rows;
+  k.width = r->E;
+  for (int i = 0; i < r->body->nparams; i++) {
+    k.dims[2 * i] = r->body->param_rows[i];
+    k.dims[2 * i + 1] = r->body->param_cols[i];
+  }
+  k.backward = backward;
+  return k;
+}
+
+/* 1 if k was warmed before; else records it (while there is room) and returns 0. */
+static int warm_seen(const warm_key *k) {
+  int seen = 0;
+  pthread_mutex_lock(&warm_mu);
+  for (int i = 0; i < n_warmed && !seen; i++) seen = !memcmp(&warmed[i], k, sizeof *k);
+  if (!seen && n_warmed < (int)(sizeof warmed / sizeof warmed[0])) warmed[n_warmed++] = *k;
+  pthread_mutex_unlock(&warm_mu);
+  return seen;
+}
+
+static tw_status warm_up(run *r, int backward) {
+  if (tw_ctx_backend(r->ctx) != TW_BACKEND_GPU || (!r->pp && !r->fs)) return TW_OK;
+  warm_key k = warm_key_of(r, backward);
+  if (warm_seen(&k)) return TW_OK;
+  float *wb = r->in_place ? NULL : r->wbuf[0];
+  if (wb) TW_TRY(zero(r, wb, r->P)); /* layer 0 of the window: finite weights */
+  TW_TRY(zero(r, r->g0, r->act));
+  tw_pipeline_params p = weight_params(r, wb, 0, 0);
+  TW_TRY(r->body->forward(r->body, r->ctx, &p, r->g0, r->g1, r->rows, r->scratch));
+  TW_TRY(tw_pipeline_add(r->ctx, r->g1, r->g0, r->act));
+  if (!backward) return TW_OK;
+  tw_pipeline_params dp = params_of(r, r->in_place ? NULL : r->gbuf[0], r->w->dw, 0, 0);
+  return r->body->vjp(r->body, r->ctx, &p, r->g0, r->g0, r->g1, &dp, r->rows, r->scratch);
+}
+
 static void run_free(run *r) {
   if (r->scratch) tw_free(r->ctx, r->scratch);
   r->scratch = NULL;
@@ -216,6 +283,7 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
    * have kernels in flight; on 4 H200s (NCCL 2.28.3) S = 3 and 4 stalled there and S = 2, whose
    * pairs all connect at t = 0, did not. Both rotations once here, on scratch, connect every
    * pair the scan uses while nothing is in flight; the results do not change. */
+  if (s == TW_OK) s = warm_up(r, backward);
   if (s == TW_OK && r->pp && r->S >= 3) s = zero(r, r->g0, r->act);
   if (s == TW_OK && r->pp && r->S >= 3) s = move(r, RIGHT_ROTATE, r->g0, r->tmp);
   if (s == TW_OK && r->pp && r->S >= 3) s = move(r, LEFT_ROTATE, r->g0, r->tmp);

@@ -120,7 +120,12 @@ static void run_on_gpus_as(problem *p, int one_gpu) {
   if (one_gpu) cr_assert_eq(tw_comm_init_loopback(n, TW_MEM_DEVICE, comms), TW_OK, "%s", tw_last_error());
   else cr_assert_eq(tw_comm_init_nccl_local(n, dev, comms), TW_OK, "%s", tw_last_error());
   for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], comm_timeout_s());
+  char tag[96];
+  snprintf(tag, sizeof tag, "pipeline S=%d M=%d R=%d F=%d on %s", p->run.cfg.stages, p->run.cfg.microbatches,
+           p->run.cfg.repeats, p->run.fsdp, one_gpu ? "one GPU" : "NCCL");
+  tt_stall_watch_start(tag);
   tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
+  tt_stall_watch_stop();
   char msg[1024];
   snprintf(msg, sizeof msg, "%s", tw_last_error());
   for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);

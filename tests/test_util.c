@@ -1,7 +1,16 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* syscall(), for the stall watch's per-thread signals */
+#endif
 #include "tests/test_util.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,3 +142,65 @@ void tt_read_text(const char *dir, const char *name, char *txt, size_t cap) {
   txt[got + 1] = 0;
   fclose(f);
 }
+
+/* ---- stall watch ----------------------------------------------------------------------- */
+static volatile int stall_armed;  /* generation of the armed watch; 0: none */
+static int stall_gen;
+static char stall_tag[160];
+
+static void stall_on_signal(int sig) {
+  (void)sig;
+  void *frames[48];
+  int n = backtrace(frames, 48);
+  char head[64];
+  int len = snprintf(head, sizeof head, "--- thread %ld:\n", (long)syscall(SYS_gettid));
+  if (write(2, head, (size_t)len) < 0) return;
+  backtrace_symbols_fd(frames, n, 2);
+}
+
+static void *stall_watch(void *arg) {
+  int gen = (int)(intptr_t)arg;
+  const char *e = getenv("TWIN_STALL_DUMP_S");
+  double secs = e ? atof(e) : 0;
+  struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+  nanosleep(&ts, NULL);
+  if (stall_armed != gen) return NULL;
+  fprintf(stderr, "=== stall watch: %s still running after %.0f s; every thread's stack:\n", stall_tag, secs);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = stall_on_signal;
+  sa.sa_flags = SA_RESTART; /* a blocked call resumes after its stack is printed */
+  sigaction(SIGURG, &sa, NULL);
+  long self = (long)syscall(SYS_gettid);
+  DIR *d = opendir("/proc/self/task");
+  struct dirent *t;
+  while (d && (t = readdir(d))) {
+    long tid = atol(t->d_name);
+    if (tid <= 0 || tid == self) continue;
+    syscall(SYS_tgkill, (long)getpid(), tid, SIGURG);
+    struct timespec gap = {0, 50 * 1000 * 1000}; /* one thread's stack at a time */
+    nanosleep(&gap, NULL);
+  }
+  if (d) closedir(d);
+  FILE *m = fopen("/proc/self/maps", "r");
+  char line[512];
+  fprintf(stderr, "=== executable mappings:\n");
+  while (m && fgets(line, sizeof line, m))
+    if (strstr(line, " r-xp ")) fputs(line, stderr);
+  if (m) fclose(m);
+  fflush(stderr);
+  return NULL;
+}
+
+void tt_stall_watch_start(const char *tag) {
+  const char *e = getenv("TWIN_STALL_DUMP_S");
+  if (!e || atof(e) <= 0) return;
+  void *warm[2];
+  backtrace(warm, 2); /* loads libgcc's unwinder now, not inside the signal handler */
+  snprintf(stall_tag, sizeof stall_tag, "%s", tag);
+  stall_armed = ++stall_gen;
+  pthread_t th;
+  if (pthread_create(&th, NULL, stall_watch, (void *)(intptr_t)stall_armed) == 0) pthread_detach(th);
+}
+
+void tt_stall_watch_stop(void) { stall_armed = 0; }

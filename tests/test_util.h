@@ -63,6 +63,15 @@ void tt_expect_exact_at(const tw_tensor *got, const tw_tensor *expected, const c
 void tt_expect_bound_at(const tw_tensor *got, const tw_tensor *expected, const tw_tensor *bound,
                         const char *what, const char *file, int line);
 
+/* A stall watch for multi-GPU tests (the device machine has no gdb): with TWIN_STALL_DUMP_S
+ * set, tt_stall_watch_start arms a thread that, if tt_stall_watch_stop has not been called
+ * within that many seconds, prints every thread's native stack (glibc backtrace, taken in a
+ * SIGURG handler on each thread) and the process's executable mappings to stderr, once. The
+ * frames read "binary(+offset)": `addr2line -f -e binary offset` names them. Without the
+ * variable both are no-ops. */
+void tt_stall_watch_start(const char *tag);
+void tt_stall_watch_stop(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -98,12 +98,23 @@ wait $p1
 # ---- phase 2 ----
 if [ "$ngpu" -ge 4 ]; then
   all=0,1,2,3
+  # The pipeline alone first: its S >= 3 runs over NCCL stalled on 4 GPUs (2026-11-27), so it
+  # runs as built, then under each suspect's switch (lazy kernel loading, which waits for the
+  # device under the context lock; NCCL connecting a pair mid-run). A stall prints every
+  # thread's stack (TWIN_STALL_DUMP_S, tests/test_util.h) before the step's cap.
+  export TWIN_STALL_DUMP_S=${TWIN_STALL_DUMP_S:-40}
+  PIPE_TIMEOUT_S=30 step pipe4 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
+  CUDA_MODULE_LOADING=EAGER PIPE_TIMEOUT_S=30 step pipe4_eager 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
+  NCCL_RUNTIME_CONNECT=0 PIPE_TIMEOUT_S=30 step pipe4_connect_at_init 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
+  PIPE_TIMEOUT_S=30 step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*'
   step ep4_sweep 170 $all "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_4/*' &
   step moe4 170 $all "$R" bin/moe_gpu_test --verbose --filter '*four_gpus*' &
-  ( PIPE_TIMEOUT_S=30 step pipe4 120 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
-    PIPE_TIMEOUT_S=30 step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*' ) &
   wait
   step ep4_proc 60 $all "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu' &
+  ( rm -f /tmp/twin_mpi_id4
+    step ep4_mpirun 90 $all mpirun --allow-run-as-root --oversubscribe -np 4 -x NCCL_NVLS_ENABLE -x CUDA_VISIBLE_DEVICES \
+      -x TWIN_EP_CHILD=1 -x TWIN_COMM_ID_FILE=/tmp/twin_mpi_id4 -x EP_PROC_N=40 \
+      "$B/run.sh" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/rank_of_one_process_per_gpu' ) &
   step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
   TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &

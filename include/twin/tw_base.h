@@ -170,6 +170,9 @@ tw_backend tw_ctx_backend(const tw_ctx *ctx);
 tw_mem tw_ctx_mem(const tw_ctx *ctx);  /* where this context's tensors must live */
 tw_comm *tw_ctx_comm(const tw_ctx *ctx);
 const char *tw_ctx_kernel(const tw_ctx *ctx); /* the forced kernel name or NULL */
+/* A number no other context of this process has had or will have (0 for NULL): a key for
+ * caches of per-context work that must not outlive the context's address. */
+uint64_t tw_ctx_id(const tw_ctx *ctx);
 /* Waits for the enqueued work; reports asynchronous errors (device error word, CUDA). */
 tw_status tw_ctx_sync(tw_ctx *ctx);
 /* tw_ctx_sync, then clears and reports the device error word (TW_ERR_DEVICE + message). */
