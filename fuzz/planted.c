@@ -138,7 +138,8 @@ static tw_status w_split(tw_comm *c, int color, int key, tw_comm **out) {
 
 static const tw_comm_ops wrapped_ops = {
     "threads+planted", TW_MEM_HOST, w_all_gather, w_reduce_scatter, w_all_reduce, w_all_to_allv,
-    w_ppermute,        w_barrier,   w_wait,       w_split,          w_abort,      w_destroy};
+    w_ppermute,        w_barrier,   w_wait,       w_split,          w_abort,      w_destroy,
+    NULL /* ppermute_n: core runs w_ppermute n times, planted bugs included */};
 
 static tw_status wrap(tw_comm *inner, int bug, tw_comm **out) {
   wrapped_comm *w = malloc(sizeof *w);

@@ -281,6 +281,29 @@ static tw_status nc_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *re
   return settle(c, queued(r) ? e : r, "ppermute");
 }
 
+// n ppermutes in one NCCL group: one kernel moves them side by side over their links.
+static tw_status nc_ppermute_n(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv,
+                               int64_t count, tw_dtype dt, const int *const *perm) {
+  cudaStream_t s;
+  TW_TRY(stream_of(c, ctx, "ppermute_n", &s));
+  size_t bytes = (size_t)count * esize(dt);
+  int src[TW_PPERMUTE_N_MAX];
+  for (int k = 0; k < n; k++) {
+    src[k] = -1;
+    for (int j = 0; j < c->size; j++)
+      if (perm[k][j] == c->rank) src[k] = j;
+    if (src[k] < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute_n: zero fill");
+  }
+  ncclComm_t comm = I(c)->comm;
+  ncclResult_t r = ncclGroupStart();
+  for (int k = 0; k < n && queued(r) && bytes; k++) {
+    if (perm[k][c->rank] >= 0) r = ncclSend(send[k], bytes, ncclUint8, perm[k][c->rank], comm, s);
+    if (queued(r) && src[k] >= 0) r = ncclRecv(recv[k], bytes, ncclUint8, src[k], comm, s);
+  }
+  ncclResult_t e = ncclGroupEnd();
+  return settle(c, queued(r) ? e : r, "ppermute_n");
+}
+
 static tw_status nc_wait(tw_comm *c, tw_ctx *ctx) {
   cudaStream_t s;
   TW_TRY(stream_of(c, ctx, "comm_wait", &s));
@@ -355,6 +378,7 @@ static tw_status nc_split(tw_comm *c, int color, int key, tw_comm **out);
 static const tw_comm_ops nccl_ops = {
     "nccl",           TW_MEM_DEVICE, nc_all_gather, nc_reduce_scatter, nc_all_reduce, nc_all_to_allv,
     nc_ppermute,      nc_barrier,    nc_wait,       nc_split,          nc_abort,      nc_destroy,
+    nc_ppermute_n,
 };
 
 // Wraps a ready NCCL communicator of family fam (takes ownership; aborts it on failure).

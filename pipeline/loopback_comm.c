@@ -254,9 +254,9 @@ static tw_status lb_destroy(tw_comm *c) {
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out);
 
 static const tw_comm_ops lb_host = {"loopback", TW_MEM_HOST, lb_all_gather, lb_reduce_scatter, lb_all_reduce, lb_all_to_allv,
-                                    lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
+                                    lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy, NULL};
 static const tw_comm_ops lb_device = {"loopback", TW_MEM_DEVICE, lb_all_gather, lb_reduce_scatter, lb_all_reduce, lb_all_to_allv,
-                                      lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy};
+                                      lb_ppermute, lb_barrier, lb_wait, lb_split, lb_abort, lb_destroy, NULL};
 
 static tw_status lb_split(tw_comm *c, int color, int key, tw_comm **out) {
   lgroup *g = (lgroup *)c->impl;

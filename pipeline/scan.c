@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "twin/tw_comm.h"
 #include "twin/tw_pipeline.h"
 
 struct tw_pipeline_saved {
@@ -58,10 +59,7 @@ static void free_f(run *r, float **p) {
   *p = NULL;
 }
 
-/* recv = what the stage that sends to this one sent (zeros if none), along the pp axis. */
-static tw_status move(run *r, move_kind k, const float *send, float *recv) {
-  int perm[MAX_STAGES];
-  int S = r->S;
+static void perm_of(move_kind k, int S, int *perm) {
   for (int i = 0; i < S; i++) {
     switch (k) {
       case RIGHT_ROTATE: perm[i] = (i + 1) % S; break;
@@ -72,8 +70,41 @@ static tw_status move(run *r, move_kind k, const float *send, float *recv) {
       case FIRST_TO_LAST: perm[i] = i == 0 ? S - 1 : -1; break;
     }
   }
+}
+
+/* recv = what the stage that sends to this one sent (zeros if none), along the pp axis. */
+static tw_status move(run *r, move_kind k, const float *send, float *recv) {
+  int perm[MAX_STAGES];
+  perm_of(k, r->S, perm);
   if (!r->pp) return perm[0] == 0 ? copy(r, recv, send, r->act) : zero(r, recv, r->act);
   return tw_ppermute(r->ctx, r->pp, send, recv, r->act, TW_F32, perm);
+}
+
+/* An iteration's n independent moves as one collective (tw_ppermute_n: over NCCL one group,
+ * whose transfers to different stages run side by side instead of one after another). Their
+ * recv buffers overlap nothing else of the call. TWIN_PIPE_SEPARATE_MOVES=1 issues them one
+ * by one (same results; for timing the difference). */
+static tw_status moves(run *r, int n, const move_kind *kind, const float *const *send, float *const *recv) {
+  static int separate = -1;
+  if (separate < 0) {
+    const char *e = getenv("TWIN_PIPE_SEPARATE_MOVES");
+    separate = e && atoi(e) == 1;
+  }
+  if (!r->pp || separate || n == 1) {
+    for (int k = 0; k < n; k++) TW_TRY(move(r, kind[k], send[k], recv[k]));
+    return TW_OK;
+  }
+  static __thread int perms[TW_PPERMUTE_N_MAX][MAX_STAGES];
+  const int *pp[TW_PPERMUTE_N_MAX];
+  const void *sp[TW_PPERMUTE_N_MAX];
+  void *rp[TW_PPERMUTE_N_MAX];
+  for (int k = 0; k < n; k++) {
+    perm_of(kind[k], r->S, perms[k]);
+    pp[k] = perms[k];
+    sp[k] = send[k];
+    rp[k] = recv[k];
+  }
+  return tw_ppermute_n(r->ctx, r->pp, n, sp, rp, r->act, TW_F32, pp);
 }
 
 /* Gathers the Lps layers of W[rep][s] into dst ([Lps, P]). */
@@ -367,15 +398,19 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
       st = zero(&r, out, act); /* a bubble computes nothing and sends zeros */
     }
     if (st != TW_OK) break;
-    if (r.use_circ) { /* last stage's previous output reaches stage 0's circ one step late */
-      st = move(&r, LAST_TO_FIRST, mover, r.tmp);
-      if (st == TW_OK && s == 0) st = copy(&r, circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act, r.tmp, act);
-      if (st == TW_OK) st = copy(&r, mover, out, act);
+    /* The iteration's moves, as one collective: the output (or prev) shifts right into shift
+     * (free once this step's compute is enqueued); the state_io column moves left; with circ,
+     * the last stage's previous output (mover) reaches stage 0 one step late. */
+    {
+      move_kind kind[3] = {r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, LEFT_SHIFT, LAST_TO_FIRST};
+      const float *snd[3] = {d == 2 ? prev : out, state_io + c * act, mover};
+      float *rcv[3] = {shift, tmp2, r.tmp};
+      st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
     }
-    if (st == TW_OK) st = move(&r, r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, d == 2 ? prev : out, r.tmp);
-    if (st == TW_OK) st = copy(&r, shift, r.tmp, act);
-    /* the state_io column moves left; the last stage puts its output in */
-    if (st == TW_OK) st = move(&r, LEFT_SHIFT, state_io + c * act, tmp2);
+    if (st == TW_OK && r.use_circ && s == 0)
+      st = copy(&r, circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act, r.tmp, act);
+    if (st == TW_OK && r.use_circ) st = copy(&r, mover, out, act);
+    /* the last stage puts its output into the state_io column */
     if (st == TW_OK) st = copy(&r, state_io + c * act, s == S - 1 ? out : tmp2, act);
     if (st == TW_OK && d == 2) st = copy(&r, prev, out, act);
   }
@@ -455,10 +490,18 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
     /* state_io column: the last stage's output took the column, the others received it */
     if (s == S - 1) st = copy(&r, d_out, d_io + c * act, act);
     else st = zero(&r, d_out, act);
-    if (st == TW_OK) st = move(&r, RIGHT_SHIFT, d_io + c * act, r.tmp);
+    /* The iteration's moves, as one collective (the forward's, transposed): the state_io
+     * column's cotangent moves right, shift's returns left, and with circ stage 0's circ slot
+     * returns to the last stage's mover; that one lands in d_in (free until the VJP writes it)
+     * because d_out takes the previous d_mover first, as before. */
+    float *slot = r.use_circ && s == 0 ? d_circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act : NULL;
+    if (st == TW_OK) {
+      move_kind kind[3] = {RIGHT_SHIFT, r.rotate ? LEFT_ROTATE : LEFT_SHIFT, FIRST_TO_LAST};
+      const float *snd[3] = {d_io + c * act, d_shift, slot ? slot : d_io + c * act}; /* only stage 0 sends the third */
+      float *rcv[3] = {r.tmp, d_src, d_in};
+      st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
+    }
     if (st == TW_OK) st = copy(&r, d_io + c * act, r.tmp, act);
-    /* shift: its cotangent returns left (the transpose of the right move) */
-    if (st == TW_OK) st = move(&r, r.rotate ? LEFT_ROTATE : LEFT_SHIFT, d_shift, d_src);
     if (st == TW_OK) st = zero(&r, d_shift, act);
     if (st == TW_OK && d == 2) {
       st = tw_pipeline_add(ctx, d_out, d_prev, act); /* prev = out */
@@ -468,8 +511,7 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
     }
     if (st == TW_OK && r.use_circ) { /* mover = out; circ slot <- S-1's mover */
       st = tw_pipeline_add(ctx, d_out, d_mover, act);
-      float *slot = s == 0 ? d_circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act : NULL;
-      if (st == TW_OK) st = move(&r, FIRST_TO_LAST, slot ? slot : r.tmp, d_mover);
+      if (st == TW_OK) st = copy(&r, d_mover, d_in, act);
       if (st == TW_OK && slot) st = zero(&r, slot, act);
     }
     if (st != TW_OK || !valid) continue; /* a bubble's output is constant: no cotangent flows back */

@@ -1,5 +1,6 @@
 /* Public entry points of tw_comm.h: argument validation written once, then the
  * implementation's table (ref threads, NCCL, or a custom one). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -168,11 +169,7 @@ tw_status tw_all_to_all(tw_ctx *ctx, tw_comm *c, const void *send, void *recv, i
   return s;
 }
 
-tw_status tw_ppermute(tw_ctx *ctx, tw_comm *c, const void *send, void *recv, int64_t count,
-                      tw_dtype dtype, const int *perm) {
-  const char *op = "ppermute";
-  TW_TRY(check_common(op, ctx, c, count, dtype));
-  TW_TRY(check_bufs(op, count, send, recv));
+static tw_status check_perm(const char *op, const tw_comm *c, const int *perm) {
   if (!perm) return tw_error(TW_ERR_NULL, "%s: perm is NULL", op);
   for (int j = 0; j < c->size; j++) {
     if (perm[j] < -1 || perm[j] >= c->size)
@@ -181,6 +178,41 @@ tw_status tw_ppermute(tw_ctx *ctx, tw_comm *c, const void *send, void *recv, int
       if (perm[j] >= 0 && perm[k] == perm[j])
         return tw_error(TW_ERR_INVALID_ARG, "%s: ranks %d and %d both send to rank %d", op, k, j, perm[j]);
   }
+  return TW_OK;
+}
+
+tw_status tw_ppermute_n(tw_ctx *ctx, tw_comm *c, int n, const void *const *send, void *const *recv, int64_t count,
+                        tw_dtype dtype, const int *const *perm) {
+  const char *op = "ppermute_n";
+  TW_TRY(check_common(op, ctx, c, count, dtype));
+  if (n < 1 || n > TW_PPERMUTE_N_MAX)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: n = %d, need 1 <= n <= %d", op, n, TW_PPERMUTE_N_MAX);
+  if (!send || !recv || !perm) return tw_error(TW_ERR_NULL, "%s: send, recv or perm array is NULL", op);
+  size_t b = tw_dtype_storage_bytes(dtype, count);
+  for (int k = 0; k < n; k++) {
+    char what[32];
+    snprintf(what, sizeof what, "%s op %d", op, k);
+    TW_TRY(check_bufs(what, count, send[k], recv[k]));
+    TW_TRY(check_perm(what, c, perm[k]));
+    for (int i = 0; i < n; i++) {
+      if (overlap(send[i], b, recv[k], b))
+        return tw_error(TW_ERR_INVALID_ARG, "%s: recv of op %d overlaps send of op %d", op, k, i);
+      if (i != k && overlap(recv[i], b, recv[k], b))
+        return tw_error(TW_ERR_INVALID_ARG, "%s: recv of ops %d and %d overlap", op, i < k ? i : k, i < k ? k : i);
+    }
+  }
+  if (c->ops->ppermute_n) return c->ops->ppermute_n(c, ctx, n, send, recv, count, dtype, perm);
+  if (!c->ops->ppermute) return unsupported(op, c);
+  for (int k = 0; k < n; k++) TW_TRY(c->ops->ppermute(c, ctx, send[k], recv[k], count, dtype, perm[k]));
+  return TW_OK;
+}
+
+tw_status tw_ppermute(tw_ctx *ctx, tw_comm *c, const void *send, void *recv, int64_t count,
+                      tw_dtype dtype, const int *perm) {
+  const char *op = "ppermute";
+  TW_TRY(check_common(op, ctx, c, count, dtype));
+  TW_TRY(check_bufs(op, count, send, recv));
+  TW_TRY(check_perm(op, c, perm));
   size_t b = tw_dtype_storage_bytes(dtype, count);
   if (overlap(send, b, recv, b)) return tw_error(TW_ERR_INVALID_ARG, "%s: send and recv overlap", op);
   if (!c->ops->ppermute) return unsupported(op, c);

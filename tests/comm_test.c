@@ -190,6 +190,53 @@ Test(comm, split_groups_by_color_ordered_by_key) {
   cr_assert_eq(run(8, body_split, NULL, 10), TW_OK, "%s", tw_last_error());
 }
 
+/* Three ppermutes in one call (a right shift, a left rotation, the last rank to the first)
+ * give what three tw_ppermute calls give; bad groups are refused with the op named. */
+static tw_status body_ppermute_n(int r, tw_comm *c, tw_ctx *ctx, void *arg) {
+  int n = tw_comm_size(c);
+  int right[MAXR], left[MAXR], last[MAXR];
+  for (int j = 0; j < n; j++) {
+    right[j] = j == n - 1 ? -1 : j + 1;
+    left[j] = (j + n - 1) % n;
+    last[j] = j == n - 1 ? 0 : -1;
+  }
+  int64_t a[2] = {r, -r}, b[2] = {10 + r, 20 + r}, cc[2] = {100 + r, 200 + r};
+  int64_t ra[2] = {99, 99}, rb[2] = {99, 99}, rc[2] = {99, 99};
+  const void *snd[3] = {a, b, cc};
+  void *rcv[3] = {ra, rb, rc};
+  const int *perms[3] = {right, left, last};
+  TW_TRY(tw_ppermute_n(ctx, c, 3, snd, rcv, 2, TW_I64, perms));
+  if (r == 0) CHECK(ra[0] == 0 && ra[1] == 0, "rank 0: shift gives zeros, got %lld", (long long)ra[0]);
+  else CHECK(ra[0] == r - 1 && ra[1] == -(r - 1), "rank %d: shift got %lld", r, (long long)ra[0]);
+  int from = (r + 1) % n;
+  CHECK(rb[0] == 10 + from && rb[1] == 20 + from, "rank %d: rotation got %lld", r, (long long)rb[0]);
+  if (r == 0) CHECK(rc[0] == 100 + n - 1, "rank 0: from the last got %lld", (long long)rc[0]);
+  else CHECK(rc[0] == 0 && rc[1] == 0, "rank %d: receives nothing from the last: zeros", r);
+  /* refused: n out of range, a recv overlapping another op's send, two recvs overlapping */
+  tw_status s = tw_ppermute_n(ctx, c, 0, snd, rcv, 2, TW_I64, perms);
+  CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "n = 0"), "n = 0: %s", tw_last_error());
+  s = tw_ppermute_n(ctx, c, TW_PPERMUTE_N_MAX + 1, snd, rcv, 2, TW_I64, perms);
+  CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "n = 9"), "n = 9: %s", tw_last_error());
+  void *bad[3] = {ra, (void *)a, rc};
+  s = tw_ppermute_n(ctx, c, 3, snd, bad, 2, TW_I64, perms);
+  CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "recv of op 1 overlaps send of op 0"), "overlap: %s",
+        tw_last_error());
+  void *twice[3] = {ra, ra + 1, rc};
+  s = tw_ppermute_n(ctx, c, 3, snd, twice, 2, TW_I64, perms);
+  CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "recv of ops 0 and 1 overlap"), "recvs: %s", tw_last_error());
+  int dup[MAXR];
+  for (int j = 0; j < n; j++) dup[j] = 0;
+  const int *bad_perm[3] = {right, dup, last};
+  s = tw_ppermute_n(ctx, c, 3, snd, rcv, 2, TW_I64, bad_perm);
+  if (n > 1) CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "ppermute_n op 1: ranks 0 and 1 both send to rank 0"),
+                   "perm: %s", tw_last_error());
+  return TW_OK;
+}
+
+Test(comm, ppermute_n_equals_separate_ppermutes) {
+  for (int n = 1; n <= MAXR; n *= 2) cr_assert_eq(run(n, body_ppermute_n, NULL, 10), TW_OK, "n=%d: %s", n, tw_last_error());
+}
+
 static tw_status body_bad_args(int r, tw_comm *c, tw_ctx *ctx, void *arg) {
   uint16_t h[4] = {0};
   float f[4] = {0};

@@ -83,7 +83,7 @@ static tw_status body_collectives(int r, tw_comm *c, tw_ctx *ctx) {
   int n = tw_comm_size(c);
   float hs[8 * 3], hr[8 * 3];
   void *ds = NULL, *dr = NULL;
-  for (int i = 0; i < 3 * n; i++) hs[i] = (float)(r * 100 + i);
+  for (int i = 0; i < 8 * 3; i++) hs[i] = (float)(r * 100 + i);
   TW_TRY(up(ctx, hs, sizeof hs, &ds));
   TW_TRY(up(ctx, hs, sizeof hs, &dr));
   /* all_gather of 3 */
@@ -113,6 +113,23 @@ static tw_status body_collectives(int r, tw_comm *c, tw_ctx *ctx) {
   TW_TRY(tw_ppermute(ctx, c, ds, dr, 3, TW_F32, perm));
   TW_TRY(down(ctx, dr, sizeof(float) * 3, hr));
   CHECK(hr[0] == (float)(((r + n - 1) % n) * 100), "rank %d ppermute = %g", r, hr[0]);
+  /* ppermute_n, one NCCL group: the ring shift into dr[0..2], a right shift without wrap
+   * (rank 0 gets zeros) into dr[3..5], rank n-1 to rank 0 (others get zeros) into dr[6..8] */
+  int shift[8], last[8];
+  for (int j = 0; j < n; j++) {
+    shift[j] = j + 1 < n ? j + 1 : -1;
+    last[j] = j == n - 1 ? 0 : -1;
+  }
+  {
+    const void *snd[3] = {ds, (float *)ds + 3, (float *)ds + 6};
+    void *rcv[3] = {dr, (float *)dr + 3, (float *)dr + 6};
+    const int *perms[3] = {perm, shift, last};
+    TW_TRY(tw_ppermute_n(ctx, c, 3, snd, rcv, 3, TW_F32, perms));
+  }
+  TW_TRY(down(ctx, dr, sizeof(float) * 9, hr));
+  CHECK(hr[0] == (float)(((r + n - 1) % n) * 100) && hr[2] == hr[0] + 2, "rank %d ppermute_n ring = %g", r, hr[0]);
+  CHECK(r == 0 ? hr[3] == 0 && hr[5] == 0 : hr[3] == (float)((r - 1) * 100 + 3), "rank %d ppermute_n shift = %g", r, hr[3]);
+  CHECK(r == 0 ? hr[6] == (float)((n - 1) * 100 + 6) : hr[6] == 0 && hr[8] == 0, "rank %d ppermute_n last = %g", r, hr[6]);
   TW_TRY(tw_comm_barrier(ctx, c));
   /* split into even/odd ranks */
   tw_comm *half = NULL;

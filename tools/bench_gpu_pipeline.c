@@ -89,19 +89,23 @@ static int layer_step(void *arg) {
   return 0;
 }
 
-/* Median ms of one layer's fwd + vjp (and of each alone) on GPU 0; < 0 on failure. */
-static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int iters, double *fwd_ms, double *vjp_ms) {
+/* Median ms of one layer's fwd + vjp (and of each alone) on GPU dev; < 0 on failure. With bar,
+ * the timing starts once every thread of the barrier has set up (layers on all GPUs at once). */
+static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int iters, double *fwd_ms, double *vjp_ms,
+                         int dev, pthread_barrier_t *bar) {
   cudaStream_t stream;
-  if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    fprintf(stderr, "bench gpu pipeline: no CUDA stream on GPU 0\n");
+  if (cudaSetDevice(dev) != cudaSuccess || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    fprintf(stderr, "bench gpu pipeline: no CUDA stream on GPU %d\n", dev);
+    if (bar) pthread_barrier_wait(bar);
     return -1;
   }
   tw_ctx *ctx = NULL;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
-  cc.backend = TW_BACKEND_GPU; cc.stream = stream;
+  cc.backend = TW_BACKEND_GPU; cc.stream = stream; cc.device = dev;
   if (tw_ctx_create(&ctx, &cc) != TW_OK) {
     fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
     cudaStreamDestroy(stream);
+    if (bar) pthread_barrier_wait(bar);
     return -1;
   }
   const int64_t E = b->width, H = b->param_cols[0];
@@ -121,6 +125,10 @@ static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int 
          !fill_f32(j.dy, rows * E, 1, 14) && cudaMemset(j.dw.p[0], 0, (size_t)(E * H) * 4) == cudaSuccess &&
          cudaMemset(j.dw.p[1], 0, (size_t)(H * E) * 4) == cudaSuccess;
   double ms = -1;
+  if (bar) {
+    cudaDeviceSynchronize();
+    pthread_barrier_wait(bar);
+  }
   if (!ok) {
     fprintf(stderr, "bench gpu pipeline: one layer does not fit or failed to set up: %s\n", tw_last_error());
   } else {
@@ -142,6 +150,40 @@ static double time_layer(const tw_pipeline_body *b, int64_t rows, int warm, int 
   tw_ctx_destroy(ctx);
   cudaStreamDestroy(stream);
   return ms;
+}
+
+/* The same on GPUs 0..n-1 at once, a thread each (what the pipeline's stages do side by side):
+ * the slowest GPU's median fwd + vjp. */
+typedef struct {
+  const tw_pipeline_body *b;
+  int64_t rows;
+  int warm, iters, dev;
+  pthread_barrier_t *bar;
+  double ms, fwd, vjp;
+} layer_thread;
+
+static void *layer_thread_main(void *arg) {
+  layer_thread *t = (layer_thread *)arg;
+  t->ms = time_layer(t->b, t->rows, t->warm, t->iters, &t->fwd, &t->vjp, t->dev, t->bar);
+  return NULL;
+}
+
+static double time_layer_all(const tw_pipeline_body *b, int64_t rows, int warm, int iters, int n) {
+  layer_thread th[MAX_RANKS];
+  pthread_t tid[MAX_RANKS];
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)n);
+  for (int i = 0; i < n; i++) {
+    th[i] = (layer_thread){b, rows, warm, iters, i, &bar, -1, -1, -1};
+    pthread_create(&tid[i], NULL, layer_thread_main, &th[i]);
+  }
+  double worst = 0;
+  for (int i = 0; i < n; i++) {
+    pthread_join(tid[i], NULL);
+    worst = th[i].ms < 0 || worst < 0 ? -1 : fmax(worst, th[i].ms);
+  }
+  pthread_barrier_destroy(&bar);
+  return worst;
 }
 
 /* ---- the pipeline on S ranks ------------------------------------------------------------- */
@@ -390,7 +432,12 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   /* one layer alone */
   double fwd_ms = -1, vjp_ms = -1;
   const double layer_ms = time_layer(&j->dense, mb, cfg->warmup > 2 ? cfg->warmup : 2, j->iters > 5 ? j->iters : 5,
-                                     &fwd_ms, &vjp_ms);
+                                     &fwd_ms, &vjp_ms, 0, NULL);
+  /* the same on every stage's GPU at once: the pipeline's GPUs are all busy */
+  const double layer_all_ms =
+      !loopback && S > 1 && layer_ms > 0
+          ? time_layer_all(&j->dense, mb, cfg->warmup > 2 ? cfg->warmup : 2, j->iters > 5 ? j->iters : 5, S)
+          : -1;
   tw_bench_row r;
   memset(&r, 0, sizeof r);
   r.op = "pipeline";
@@ -479,10 +526,17 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
            steps_per_stage, layer_ms, ideal_ms, bubble, ideal_ms, bubble, theory_ms);
     printf("  measured / theory = %.3f (target <= 1.05: %s)\n", step_ms / theory_ms,
            step_ms / theory_ms <= 1.05 ? "met" : "NOT met");
+    if (layer_all_ms > 0)
+      printf("  one layer on all %d GPUs at once (a thread each, as the stages run): %.3f ms on the slowest GPU, %.3f x "
+             "alone; the theory with it %.2f ms, measured / that = %.3f\n",
+             S, layer_all_ms, layer_all_ms / layer_ms, theory_ms * layer_all_ms / layer_ms,
+             step_ms / (theory_ms * layer_all_ms / layer_ms));
     const int moves = 2 * (2 + (R > 1 && M > d * S)) * T; /* forward and backward: shift, state_io (+ circ) */
     printf("  where the rest goes: one ppermute of a microbatch block (%.1f MiB, every rank sends and receives) %.3f ms "
-           "(%.1f GB/s per direction), %d of them per step = %.2f ms\n",
-           (double)act_bytes(j) / MiB, move_ms, (double)act_bytes(j) / (move_ms * 1e6), moves, moves * move_ms);
+           "(%.1f GB/s per direction); %d block moves per step, %d iterations of %d or %d moves issued as one group each "
+           "(tw_ppermute_n; TWIN_PIPE_SEPARATE_MOVES=1: one by one), one by one they would take %.2f ms\n",
+           (double)act_bytes(j) / MiB, move_ms, (double)act_bytes(j) / (move_ms * 1e6), moves, 2 * T,
+           2 + (R > 1 && M > d * S), 2 + (R > 1 && M > d * S), moves * move_ms);
   }
   printf("  the schedule alone (a body that computes nothing: moves, copies, %s, the scan's allocations): %.2f ms "
          "= %.3f of the %s\n",

@@ -28,6 +28,10 @@
  *   ppermute:       recv = send of the rank src with perm[src] == r; zeros if none sends to r.
  *                   perm [n] (host): perm[j] = destination of rank j, or -1; no destination
  *                   twice. All ranks pass the same perm.
+ *   ppermute_n:     n ppermutes (n <= TW_PPERMUTE_N_MAX) of count elements each, as one call:
+ *                   op k moves send[k] by perm[k]. No recv buffer may overlap another op's
+ *                   send or recv. NCCL runs their transfers in one group, side by side
+ *                   (one kernel); the ref communicators run them in order. Same results.
  *   barrier:        returns when every rank entered it.
  * op_j is applied over j = 0, 1, ..., n-1 in that order (ref). Reductions take f32, f64, i32
  * and i64 (sum, max); max propagates NaN. 16-bit floats are reduced by widening to f32 first
@@ -77,6 +81,9 @@ tw_status tw_all_to_allv(tw_ctx *ctx, tw_comm *comm, const void *send, const int
                          const int64_t *recv_displs, tw_dtype dtype);
 tw_status tw_ppermute(tw_ctx *ctx, tw_comm *comm, const void *send, void *recv, int64_t count,
                       tw_dtype dtype, const int *perm);
+#define TW_PPERMUTE_N_MAX 8
+tw_status tw_ppermute_n(tw_ctx *ctx, tw_comm *comm, int n, const void *const *send, void *const *recv,
+                        int64_t count, tw_dtype dtype, const int *const *perm);
 tw_status tw_comm_barrier(tw_ctx *ctx, tw_comm *comm);
 
 /* gpu: waits for this rank's enqueued collectives on ctx's stream (polling NCCL's async
@@ -140,6 +147,9 @@ typedef struct tw_comm_ops {
   tw_status (*split)(tw_comm *c, int color, int key, tw_comm **out);
   tw_status (*abort)(tw_comm *c);
   tw_status (*destroy)(tw_comm *c); /* frees impl, not the tw_comm */
+  /* optional (NULL: tw_ppermute_n calls ppermute n times); arguments already checked */
+  tw_status (*ppermute_n)(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv,
+                          int64_t count, tw_dtype dtype, const int *const *perm);
 } tw_comm_ops;
 
 struct tw_comm {
