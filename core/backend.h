@@ -53,6 +53,9 @@ typedef struct tw_backend_ops {
   /* MoE routing (core/backend_moe.h); NULL = not provided */
   const struct tw_router_backend *router;
   const struct tw_ep_backend *ep;
+  /* tw_alloc_stream's memory (NULL: alloc / free); free_stream returns it */
+  tw_status (*alloc_stream)(tw_ctx *ctx, size_t bytes, void **out);
+  tw_status (*free_stream)(tw_ctx *ctx, void *p);
 } tw_backend_ops;
 
 struct tw_ctx {

@@ -115,6 +115,7 @@ tw_status tw_ctx_check(tw_ctx *ctx) {
 struct tw_ledger_slot {
   void *p; /* NULL: empty; TOMB: freed */
   size_t bytes;
+  int stream_ordered; /* from tw_alloc_stream: tw_free returns it with free_stream */
 };
 static char tomb_mark;
 #define TOMB ((void *)&tomb_mark)
@@ -156,21 +157,27 @@ static struct tw_ledger_slot *ledger_find(tw_ctx *ctx, const void *p) {
   }
 }
 
-tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out) {
-  if (!ctx || !out) return tw_error(TW_ERR_NULL, "alloc: NULL argument");
+static tw_status alloc_as(tw_ctx *ctx, size_t bytes, void **out, int stream_ordered) {
+  const char *op = stream_ordered ? "alloc_stream" : "alloc";
+  if (!ctx || !out) return tw_error(TW_ERR_NULL, "%s: NULL argument", op);
   *out = NULL;
   if (bytes == 0) return TW_OK;
-  if (ledger_reserve(ctx)) return tw_error(TW_ERR_MEMORY, "alloc: out of host memory for the allocation ledger");
-  TW_TRY(ctx->ops->alloc(ctx, bytes, out));
+  if (ledger_reserve(ctx)) return tw_error(TW_ERR_MEMORY, "%s: out of host memory for the allocation ledger", op);
+  stream_ordered = stream_ordered && ctx->ops->alloc_stream && ctx->ops->free_stream;
+  TW_TRY(stream_ordered ? ctx->ops->alloc_stream(ctx, bytes, out) : ctx->ops->alloc(ctx, bytes, out));
   size_t k = ledger_hash(*out, ctx->ledger_cap);
   while (ctx->ledger[k].p && ctx->ledger[k].p != TOMB) k = (k + 1) & (ctx->ledger_cap - 1);
   if (!ctx->ledger[k].p) ctx->ledger_used++;
   ctx->ledger[k].p = *out;
   ctx->ledger[k].bytes = bytes;
+  ctx->ledger[k].stream_ordered = stream_ordered;
   ctx->live_bytes += bytes;
   if (ctx->live_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->live_bytes;
   return TW_OK;
 }
+
+tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out) { return alloc_as(ctx, bytes, out, 0); }
+tw_status tw_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) { return alloc_as(ctx, bytes, out, 1); }
 
 /* A pointer this context did not hand out is still given to the backend (contexts on one
  * device share it); the ledger only counts its own. */
@@ -178,12 +185,15 @@ tw_status tw_free(tw_ctx *ctx, void *p) {
   if (!ctx) return tw_error(TW_ERR_NULL, "free: ctx is NULL");
   if (!p) return TW_OK;
   struct tw_ledger_slot *e = ledger_find(ctx, p);
+  int stream_ordered = 0;
   if (e) {
     ctx->live_bytes -= e->bytes;
+    stream_ordered = e->stream_ordered;
     e->p = TOMB;
     e->bytes = 0;
+    e->stream_ordered = 0;
   }
-  return ctx->ops->free(ctx, p);
+  return stream_ordered ? ctx->ops->free_stream(ctx, p) : ctx->ops->free(ctx, p);
 }
 
 tw_status tw_ctx_memory(const tw_ctx *ctx, size_t *live, size_t *peak) {

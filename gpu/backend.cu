@@ -208,6 +208,23 @@ static tw_status gpu_free(tw_ctx *ctx, void *p) {
   return TW_OK;
 }
 
+static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
+  gpu_state *st = gpu_of(ctx);
+  GPU_TRY_CUDA(cudaSetDevice(st->device), "alloc_stream: cudaSetDevice");
+  cudaError_t e = cudaMallocAsync(out, bytes, st->stream);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *out = NULL;
+    return tw_error(TW_ERR_MEMORY, "alloc_stream: cudaMallocAsync of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  }
+  return TW_OK;
+}
+
+static tw_status gpu_free_stream(tw_ctx *ctx, void *p) {
+  GPU_TRY_CUDA(cudaFreeAsync(p, gpu_of(ctx)->stream), "free_stream");
+  return TW_OK;
+}
+
 static tw_status gpu_copy(tw_ctx *ctx, void *dst, tw_mem dst_mem, const void *src, tw_mem src_mem,
                           size_t bytes) {
   gpu_state *st = gpu_of(ctx);
@@ -349,4 +366,6 @@ const tw_backend_ops tw_gpu_ops = {
     /* grouped_gemm_wgrad */ gpu_grouped_gemm_wgrad,
     /* router */ &gpu_router,
     /* ep */ &gpu_ep,
+    /* alloc_stream */ gpu_alloc_stream,
+    /* free_stream */ gpu_free_stream,
 };

@@ -50,9 +50,12 @@ static tw_status copy(run *r, float *dst, const float *src, int64_t n) {
   return tw_tensor_copy(r->ctx, &d, &s);
 }
 
+/* The scan's buffers live on the context's stream only: stream-ordered (tw_alloc_stream), so
+ * the frees at the end of a call never wait for the device while peers' NCCL work is queued,
+ * and the backward's buffers reuse the forward's without a device round trip. */
 static tw_status alloc_f(run *r, float **p, int64_t n) {
   *p = NULL;
-  return tw_alloc(r->ctx, (size_t)(n > 0 ? n : 1) * sizeof(float), (void **)p);
+  return tw_alloc_stream(r->ctx, (size_t)(n > 0 ? n : 1) * sizeof(float), (void **)p);
 }
 static void free_f(run *r, float **p) {
   if (*p) tw_free(r->ctx, *p);
@@ -295,7 +298,7 @@ static tw_status run_init(run *r, tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipel
   }
   tw_status s = TW_OK;
   size_t sb = body->scratch_bytes ? body->scratch_bytes(body, r->rows) : 0;
-  if (sb) s = tw_alloc(ctx, sb, &r->scratch);
+  if (sb) s = tw_alloc_stream(ctx, sb, &r->scratch);
   int64_t nin = r->Lps > 1 ? (int64_t)(r->Lps - 1) * r->act : r->act;
   if (s == TW_OK) s = alloc_f(r, &r->layer_in, backward ? nin : (r->Lps > 1 ? 2 * r->act : r->act));
   if (s == TW_OK) s = alloc_f(r, &r->g0, r->act);

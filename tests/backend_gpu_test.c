@@ -91,6 +91,42 @@ Test(backend_gpu, alloc_copy_memset_round_trip) {
   tw_ctx_destroy(ctx);
 }
 
+/* Stream-ordered memory: used on the context's stream, counted by the ledger, given back by
+ * tw_free in stream order; a second allocation after the free may reuse it (the pool). */
+Test(backend_gpu, stream_ordered_alloc_round_trip_and_ledger) {
+  tw_ctx *ctx = gpu_ctx();
+  enum { N = 1 << 20 };
+  float *h = malloc(N * sizeof *h), *back = malloc(N * sizeof *back);
+  for (int i = 0; i < N; i++) h[i] = (float)i - 3.0f;
+  void *d = NULL, *e = NULL;
+  cr_assert_eq(tw_alloc_stream(ctx, N * sizeof(float), &d), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_alloc(ctx, 64, &e), TW_OK);
+  size_t live = 0, peak = 0;
+  cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);
+  cr_assert_eq(live, N * sizeof(float) + 64);
+  tw_tensor th = tw_tensor_1d(h, TW_F32, N, TW_MEM_HOST), tb = tw_tensor_1d(back, TW_F32, N, TW_MEM_HOST);
+  tw_tensor td = tw_tensor_1d(d, TW_F32, N, TW_MEM_DEVICE);
+  cr_assert_eq(tw_tensor_copy(ctx, &td, &th), TW_OK);
+  cr_assert_eq(tw_tensor_copy(ctx, &tb, &td), TW_OK);
+  cr_assert_eq(memcmp(h, back, N * sizeof(float)), 0);
+  cr_assert_eq(tw_free(ctx, d), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_alloc_stream(ctx, N * sizeof(float), &d), TW_OK);
+  cr_assert_eq(tw_memset(ctx, d, 0, N * sizeof(float)), TW_OK);
+  cr_assert_eq(tw_free(ctx, d), TW_OK);
+  cr_assert_eq(tw_free(ctx, e), TW_OK);
+  cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);
+  cr_assert(live == 0 && peak == N * sizeof(float) + 64, "live %zu peak %zu", live, peak);
+  cr_assert_eq(tw_ctx_check(ctx), TW_OK, "%s", tw_last_error());
+  void *p = (void *)1;
+  cr_assert_eq(tw_alloc_stream(ctx, (size_t)1 << 52, &p), TW_ERR_MEMORY);
+  cr_assert_null(p);
+  cr_assert(strstr(tw_last_error(), "cudaMallocAsync") != NULL, "%s", tw_last_error());
+  cr_assert_eq(tw_ctx_check(ctx), TW_OK, "the failed allocation is not sticky: %s", tw_last_error());
+  free(h);
+  free(back);
+  tw_ctx_destroy(ctx);
+}
+
 Test(backend_gpu, huge_alloc_fails_with_a_message) {
   tw_ctx *ctx = gpu_ctx();
   void *p = (void *)1;

@@ -119,6 +119,10 @@ Test(base, ctx_memory_ledger_counts_live_and_peak_bytes) {
   void *q = NULL;
   cr_assert_eq(tw_alloc(ctx, 1000, &q), TW_OK);
   cr_assert_eq(tw_free(ctx, q), TW_OK);
+  cr_assert_eq(tw_alloc_stream(ctx, 24, &q), TW_OK); /* ref: plain memory, counted the same */
+  cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
+  cr_assert_eq(live, want + 24);
+  cr_assert_eq(tw_free(ctx, q), TW_OK);
   cr_assert_eq(tw_alloc(ctx, 0, &q), TW_OK); /* nothing handed out, nothing counted */
   cr_assert_null(q);
   cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);

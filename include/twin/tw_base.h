@@ -181,6 +181,13 @@ tw_status tw_ctx_check(tw_ctx *ctx);
 /* Memory in the context's space (host for ref, device for gpu). */
 tw_status tw_alloc(tw_ctx *ctx, size_t bytes, void **out);
 tw_status tw_free(tw_ctx *ctx, void *p);
+/* tw_alloc for memory that only this context's stream uses (another stream or the host only
+ * after tw_ctx_sync): gpu takes it from the device's stream-ordered pool (cudaMallocAsync on
+ * the context's stream) and tw_free gives it back in stream order (cudaFreeAsync), so neither
+ * waits for the device, whose every stream (NCCL's kernels waiting on peers included) a
+ * cudaFree would wait for. Freed memory stays in the pool for the stream's next allocations
+ * until a synchronization trims it. ref: tw_alloc. Same ledger. */
+tw_status tw_alloc_stream(tw_ctx *ctx, size_t bytes, void **out);
 /* The context's ledger of tw_alloc / tw_free: the bytes it holds now (`live`) and the most it
  * held at once since it was created or since tw_ctx_reset_peak (`peak`), exact to the byte and
  * private to this context (no other process or context disturbs it, unlike cudaMemGetInfo).
