@@ -1,7 +1,8 @@
 /* The pipeline scan for one rank (§2.4) and its custom VJP (§3.3, §4.2), written once over
  * the interface: activations move with tw_ppermute on the pp communicator, FSDP weights with
  * tw_all_gather / tw_reduce_scatter on the fsdp communicator, the layer through the body's
- * function pointers. Buffers live in ctx memory; nothing here knows the backend. */
+ * function pointers. Buffers live in ctx memory (stream-ordered); nothing here knows the backend
+ * except that a device rank warms its kernels up before its first collective (warm_up). */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>

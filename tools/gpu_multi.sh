@@ -10,9 +10,9 @@
 #   phase 1 (2 GPUs each, side by side): EP on GPUs 0,1 (ep_size 2 sweep, both versions; one
 #           process per GPU, by the test's own launcher and by mpirun); MoE and the pipeline
 #           on GPUs 2,3 (skipped where only 2 GPUs exist: they run in phase 2 then)
-#   phase 2 (4 GPUs): EP ep_size 4, MoE ep = 4 / dp x ep / fsdp x ep, pipeline S = 3, 4 and
-#           pp x fsdp, the pipeline goldens, shard_nccl, memcheck and racecheck of the 2-GPU EP
-#           sweep, every one-GPU EP case on GPU 0
+#   phase 2 (4 GPUs): the pipeline S = 3, 4 and pp x fsdp and its goldens (alone), then EP
+#           ep_size 4 beside MoE ep = 4 / dp x ep / fsdp x ep, 4 processes and `mpirun -np 4`,
+#           shard_nccl, memcheck and racecheck of the 2-GPU EP sweep, every one-GPU EP case
 #   phase 2b (8 GPUs): EP ep_size 8, 8 processes, MoE ep = 8 / dp x ep / fsdp x ep = 2 x 4
 #   phase 3 (quiet machine): twin bench --op ep on 2, 4 (and 8) GPUs, --op moe with ep = 2
 #           (and 8), --op pipeline at S = 4, the sharding check over NCCL on 2-4 (and 8) ranks
@@ -98,14 +98,11 @@ wait $p1
 # ---- phase 2 ----
 if [ "$ngpu" -ge 4 ]; then
   all=0,1,2,3
-  # The pipeline alone first: its S >= 3 runs over NCCL stalled on 4 GPUs (2026-11-27), so it
-  # runs as built, then under each suspect's switch (lazy kernel loading, which waits for the
-  # device under the context lock; NCCL connecting a pair mid-run). A stall prints every
-  # thread's stack (TWIN_STALL_DUMP_S, tests/test_util.h) before the step's cap.
+  # The pipeline alone first (its S >= 3 runs once stalled beside EP and MoE: a cuBLASLt lazy
+  # load, pipeline/README.md "Session 12"). A stall prints every thread's stack
+  # (TWIN_STALL_DUMP_S, tests/test_util.h) before the step's cap.
   export TWIN_STALL_DUMP_S=${TWIN_STALL_DUMP_S:-40}
   PIPE_TIMEOUT_S=30 step pipe4 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
-  CUDA_MODULE_LOADING=EAGER PIPE_TIMEOUT_S=30 step pipe4_eager 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
-  NCCL_RUNTIME_CONNECT=0 PIPE_TIMEOUT_S=30 step pipe4_connect_at_init 70 $all "$R" bin/pipeline_gpu_test --verbose -j1 --filter '*_gpus_nccl_*'
   PIPE_TIMEOUT_S=30 step pipe_goldens4 60 $all "$R" bin/pipeline_gpu_test --verbose --filter '*stored_goldens*'
   step ep4_sweep 170 $all "$R" bin/ep_gpu_test --verbose -j2 --filter 'ep_gpu_4/*' &
   step moe4 170 $all "$R" bin/moe_gpu_test --verbose --filter '*four_gpus*' &
