@@ -194,7 +194,12 @@ typedef struct tw_pipeline_saved tw_pipeline_saved; /* the light state for the V
 
 /* Collective over the mesh's ranks (mc from tw_mesh_comms_create on a mesh with a pp axis).
  * saved may be NULL (inference: nothing is kept); else *saved is created and must be passed
- * to tw_pipeline_backward or freed with tw_pipeline_saved_free. */
+ * to tw_pipeline_backward or freed with tw_pipeline_saved_free, on the same ctx: the scan's
+ * buffers and the saved state are stream-ordered (tw_alloc_stream), never freed with a wait
+ * for the device. On a device backend with a communicator, a rank's first call for a body
+ * shape and row count runs the body once on zeros before its first collective (forward, and
+ * for the backward the VJP), so that no kernel loads lazily while peers' collectives are
+ * queued: its outputs go to scratch, and its VJP adds exact zeros to w->dw (a -0 may become +0). */
 tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_config *cfg,
                               const tw_pipeline_body *body, const tw_pipeline_weights *w,
                               const float *x, float *y, tw_pipeline_saved **saved);
