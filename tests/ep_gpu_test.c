@@ -707,7 +707,9 @@ static void sweep_gpus(int n, const char *kernel) {
     }
     cr_assert_eq(tw_comm_init_threads(n, f), TW_OK);
     rank_arg ga = {&c, go, 1, kernel}, fa = {&c, fo, 0, NULL};
+    tt_stall_watch_start(name);
     tw_status gs = tw_run_ranks(n, g, rank_fn, &ga);
+    tt_stall_watch_stop();
     cr_assert_eq(gs, TW_OK, "%s: %s", name, tw_last_error());
     tw_run_ranks(n, f, rank_fn, &fa);
     for (int r = 0; r < n; r++) {

@@ -51,7 +51,9 @@ static tw_status run_ranks_on(tw_moe_threads_run *run, int one_gpu) {
   TW_TRY(one_gpu ? tw_comm_init_loopback(n, TW_MEM_DEVICE, comms) : tw_comm_init_nccl_local(n, dev, comms));
   for (int i = 0; i < n; i++) tw_comm_set_timeout(comms[i], 120);
   gjob j = {run, n, one_gpu};
+  tt_stall_watch_start(one_gpu ? "moe block on one GPU (loopback)" : "moe block over NCCL");
   tw_status s = tw_run_ranks(n, comms, gpu_rank, &j);
+  tt_stall_watch_stop();
   char msg[TW_ERROR_MAX];
   snprintf(msg, sizeof msg, "%s", tw_last_error());
   for (int i = 0; i < n; i++) tw_comm_destroy(comms[i]);
