@@ -208,8 +208,16 @@ static tw_status gpu_free(tw_ctx *ctx, void *p) {
   return TW_OK;
 }
 
+// A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
+// cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
+static int gpu_has_pools(int device) {
+  int v = 0;
+  return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess && v;
+}
+
 static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
   gpu_state *st = gpu_of(ctx);
+  if (!gpu_has_pools(st->device)) return gpu_alloc(ctx, bytes, out);
   GPU_TRY_CUDA(cudaSetDevice(st->device), "alloc_stream: cudaSetDevice");
   cudaError_t e = cudaMallocAsync(out, bytes, st->stream);
   if (e != cudaSuccess) {
@@ -221,6 +229,7 @@ static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
 }
 
 static tw_status gpu_free_stream(tw_ctx *ctx, void *p) {
+  if (!gpu_has_pools(gpu_of(ctx)->device)) return gpu_free(ctx, p);
   GPU_TRY_CUDA(cudaFreeAsync(p, gpu_of(ctx)->stream), "free_stream");
   return TW_OK;
 }
