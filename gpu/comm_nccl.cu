@@ -264,35 +264,19 @@ static tw_status nc_all_to_allv(tw_comm *c, tw_ctx *ctx, const void *send, const
   return settle(c, queued(r) ? e : r, "all_to_allv");
 }
 
-static tw_status nc_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
-                             const int *perm) {
+// n ppermutes in one NCCL group: one kernel moves them side by side over their links. A rank
+// that receives nothing in op k gets zeros there.
+static tw_status permutes(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv, int64_t count,
+                          tw_dtype dt, const int *const *perm, const char *what) {
   cudaStream_t s;
-  TW_TRY(stream_of(c, ctx, "ppermute", &s));
-  size_t bytes = (size_t)count * esize(dt);
-  int src = -1;
-  for (int j = 0; j < c->size; j++)
-    if (perm[j] == c->rank) src = j;
-  if (src < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv, 0, bytes, s), "ppermute: zero fill");
-  ncclComm_t comm = I(c)->comm;
-  ncclResult_t r = ncclGroupStart();
-  if (queued(r) && perm[c->rank] >= 0 && bytes) r = ncclSend(send, bytes, ncclUint8, perm[c->rank], comm, s);
-  if (queued(r) && src >= 0 && bytes) r = ncclRecv(recv, bytes, ncclUint8, src, comm, s);
-  ncclResult_t e = ncclGroupEnd();
-  return settle(c, queued(r) ? e : r, "ppermute");
-}
-
-// n ppermutes in one NCCL group: one kernel moves them side by side over their links.
-static tw_status nc_ppermute_n(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv,
-                               int64_t count, tw_dtype dt, const int *const *perm) {
-  cudaStream_t s;
-  TW_TRY(stream_of(c, ctx, "ppermute_n", &s));
+  TW_TRY(stream_of(c, ctx, what, &s));
   size_t bytes = (size_t)count * esize(dt);
   int src[TW_PPERMUTE_N_MAX];
   for (int k = 0; k < n; k++) {
     src[k] = -1;
     for (int j = 0; j < c->size; j++)
       if (perm[k][j] == c->rank) src[k] = j;
-    if (src[k] < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute_n: zero fill");
+    if (src[k] < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute: zero fill");
   }
   ncclComm_t comm = I(c)->comm;
   ncclResult_t r = ncclGroupStart();
@@ -301,7 +285,17 @@ static tw_status nc_ppermute_n(tw_comm *c, tw_ctx *ctx, int n, const void *const
     if (queued(r) && src[k] >= 0) r = ncclRecv(recv[k], bytes, ncclUint8, src[k], comm, s);
   }
   ncclResult_t e = ncclGroupEnd();
-  return settle(c, queued(r) ? e : r, "ppermute_n");
+  return settle(c, queued(r) ? e : r, what);
+}
+
+static tw_status nc_ppermute(tw_comm *c, tw_ctx *ctx, const void *send, void *recv, int64_t count, tw_dtype dt,
+                             const int *perm) {
+  return permutes(c, ctx, 1, &send, &recv, count, dt, &perm, "ppermute");
+}
+
+static tw_status nc_ppermute_n(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv,
+                               int64_t count, tw_dtype dt, const int *const *perm) {
+  return permutes(c, ctx, n, send, recv, count, dt, perm, "ppermute_n");
 }
 
 static tw_status nc_wait(tw_comm *c, tw_ctx *ctx) {

@@ -98,7 +98,7 @@ static tw_status moves(run *r, int n, const move_kind *kind, const float *const 
     for (int k = 0; k < n; k++) TW_TRY(move(r, kind[k], send[k], recv[k]));
     return TW_OK;
   }
-  static __thread int perms[TW_PPERMUTE_N_MAX][MAX_STAGES];
+  int perms[TW_PPERMUTE_N_MAX][MAX_STAGES];
   const int *pp[TW_PPERMUTE_N_MAX];
   const void *sp[TW_PPERMUTE_N_MAX];
   void *rp[TW_PPERMUTE_N_MAX];
