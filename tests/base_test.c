@@ -119,6 +119,10 @@ Test(base, ctx_memory_ledger_counts_live_and_peak_bytes) {
   void *q = NULL;
   cr_assert_eq(tw_alloc(ctx, 1000, &q), TW_OK);
   cr_assert_eq(tw_free(ctx, q), TW_OK);
+  cr_assert_eq(tw_alloc_stream(NULL, 24, &q), TW_ERR_NULL);
+  cr_assert(strstr(tw_last_error(), "alloc_stream: NULL argument"), "%s", tw_last_error());
+  cr_assert_eq(tw_alloc_stream(ctx, 24, NULL), TW_ERR_NULL);
+  cr_assert(strstr(tw_last_error(), "alloc_stream: NULL argument"), "%s", tw_last_error());
   cr_assert_eq(tw_alloc_stream(ctx, 24, &q), TW_OK); /* ref: plain memory, counted the same */
   cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
   cr_assert_eq(live, want + 24);
@@ -132,4 +136,18 @@ Test(base, ctx_memory_ledger_counts_live_and_peak_bytes) {
   cr_assert_eq(live, 0);
   cr_assert_eq(tw_ctx_memory(NULL, &live, NULL), TW_ERR_NULL);
   tw_ctx_destroy(ctx);
+}
+
+/* tw_ctx_id: distinct for every context made, never reused after a destroy; 0 for NULL. */
+Test(base, ctx_ids_are_never_reused) {
+  cr_assert_eq(tw_ctx_id(NULL), 0u);
+  tw_ctx *a = NULL, *b = NULL;
+  cr_assert_eq(tw_ctx_create(&a, NULL), TW_OK);
+  uint64_t ia = tw_ctx_id(a);
+  cr_assert_neq(ia, 0u);
+  tw_ctx_destroy(a);
+  cr_assert_eq(tw_ctx_create(&b, NULL), TW_OK);
+  cr_assert_neq(tw_ctx_id(b), ia, "a new context (maybe at the old address) gets a new id");
+  cr_assert_neq(tw_ctx_id(b), 0u);
+  tw_ctx_destroy(b);
 }

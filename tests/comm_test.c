@@ -217,6 +217,10 @@ static tw_status body_ppermute_n(int r, tw_comm *c, tw_ctx *ctx, void *arg) {
   CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "n = 0"), "n = 0: %s", tw_last_error());
   s = tw_ppermute_n(ctx, c, TW_PPERMUTE_N_MAX + 1, snd, rcv, 2, TW_I64, perms);
   CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "n = 9"), "n = 9: %s", tw_last_error());
+  s = tw_ppermute_n(ctx, c, 3, NULL, rcv, 2, TW_I64, perms);
+  CHECK(s == TW_ERR_NULL && strstr(tw_last_error(), "array is NULL"), "NULL send array: %s", tw_last_error());
+  s = tw_ppermute_n(ctx, c, 3, snd, rcv, 2, TW_I64, NULL);
+  CHECK(s == TW_ERR_NULL && strstr(tw_last_error(), "array is NULL"), "NULL perm array: %s", tw_last_error());
   void *bad[3] = {ra, (void *)a, rc};
   s = tw_ppermute_n(ctx, c, 3, snd, bad, 2, TW_I64, perms);
   CHECK(s == TW_ERR_INVALID_ARG && strstr(tw_last_error(), "recv of op 1 overlaps send of op 0"), "overlap: %s",
