@@ -15,8 +15,9 @@ Per rank r (expected, exact): recv_tokens_r, recv_scales_r (fp8), recv_weights_r
 dispatch; twin fixes the slot order (source rank, t, j), so rows compare exactly; a backend
 with a free order compares each slab as a multiset), out_r (weighted combine), out_unweighted_r,
 d_tokens_r and d_topk_weights_r (dispatch_bwd), d_expert_out_r and d_topk_weights_combine_r
-(combine_bwd). Every f32 sum runs in the documented order (j, or h for d_topk_weights) with
-one f32 rounding per operation, as the header states, so the oracle must match bit for bit.
+(combine_bwd). Every f32 sum runs in the documented order (j; combine_bwd's d_topk_weights
+in the warp order: 32 partials over h, then a fold) with one f32 rounding per operation, as
+the header states, so the oracle must match bit for bit.
 """
 import argparse
 import os
@@ -63,6 +64,20 @@ def f32_sum(terms):
     for x in terms:
         acc = (acc + x).astype(F32)
     return acc
+
+
+def warp_order_dot(a, b):
+    """combine_bwd's d_topk_weights: sum_h a[h] * b[h] in the header's warp order. Each product
+    rounded to f32; partial l in 0..31 adds the products of the h with (h // 8) % 32 == l, from
+    +0, one at a time in increasing h; then for m = 16, 8, 4, 2, 1: P[l] += P[l + m] for l < m."""
+    P = [F32(0)] * 32
+    for h in range(len(a)):
+        p = F32(F32(a[h]) * F32(b[h]))
+        P[(h // 8) % 32] = F32(P[(h // 8) % 32] + p)
+    for m in (16, 8, 4, 2, 1):
+        for l in range(m):
+            P[l] = F32(P[l] + P[l + m])
+    return P[0]
 
 
 def make_case(root, name, c, rng):
@@ -168,7 +183,7 @@ def make_case(root, name, c, rng):
             dtok[t] = f32_sum([zero] + [dy[r][i] for j, (r, i) in kept])
             for j, (r, i) in kept:
                 dtw[t, j] = dyw[r][i]
-                dtwc[t, j] = f32_sum([F32(0)] + [F32(dout[s][t, h] * y[r][i][h]) for h in range(H)])
+                dtwc[t, j] = warp_order_dot(dout[s][t], y[r][i])
         np.save(os.path.join(d, "out_%d.npy" % s), out)
         np.save(os.path.join(d, "out_unweighted_%d.npy" % s), outu)
         np.save(os.path.join(d, "d_tokens_%d.npy" % s), dtok)

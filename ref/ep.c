@@ -374,6 +374,21 @@ static tw_status ref_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_t
   return TW_OK;
 }
 
+/* combine_bwd's d_topk_weights dot, sum_h d_out[off + h] * y[h], in tw_ep.h's warp order: each
+ * product rounded to f32 on its own, added into partial (h / 8) % 32 in increasing h, then the
+ * fold. Never an FMA: the product is its own statement (clang contracts only within one), and
+ * GCC contracts across statements only outside ISO C (.bazelrc builds -std=c11). */
+static float dot_warp_order(const tw_tensor *d_out, int64_t off, const float *y, int64_t H) {
+  float P[32] = {0.0f};
+  for (int64_t h = 0; h < H; h++) {
+    float p = row_f32(d_out, off + h) * y[h];
+    P[(h / 8) % 32] += p;
+  }
+  for (int m = 16; m >= 1; m /= 2)
+    for (int l = 0; l < m; l++) P[l] += P[l + m];
+  return P[0];
+}
+
 static tw_status ref_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                                     const tw_tensor *topk_weights, const tw_tensor *expert_out,
                                     tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
@@ -399,9 +414,7 @@ static tw_status ref_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   for (int64_t t = 0; t < T; t++)
     for (int64_t j = 0; j < k; j++) {
       const float *y = route_row(layer, t * k + j);
-      float acc = 0.0f;
-      for (int64_t h = 0; y && h < H; h++) acc += row_f32(d_out, t * H + h) * y[h];
-      ((float *)d_topk_weights->data)[t * k + j] = acc;
+      ((float *)d_topk_weights->data)[t * k + j] = y ? dot_warp_order(d_out, t * H, y, H) : 0.0f;
     }
   return TW_OK;
 }

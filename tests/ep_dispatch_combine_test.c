@@ -145,6 +145,7 @@ typedef struct {
 typedef struct {
   unsigned char *recv, *rscl;
   float *rw, *y, *dy, *drw, *out, *dtok, *dtw, *dexp, *dtw2;
+  float *prod; /* [H] one route's d_topk_weights products */
   int32_t gs[64], dropped[64];
   tw_ep_layer *layer;
 } layer_bufs;
@@ -269,11 +270,13 @@ static tw_status check_rest(tw_ctx *ctx, const scenario *c, int me, layer_bufs *
     for (int64_t t = 0; t < T; t++)
       for (int j = 0; j < k; j++) {
         float acc = 0.0f;
-        if (kept(c, me, t, j))
+        if (kept(c, me, t, j)) {
           for (int64_t h = 0; h < H; h++)
-            acc += c->dout[me][t * H + h] * expert_fn(tok_f32(c, c->tok[me], t * H + h), c->idx[me][t * k + j], h);
+            b->prod[h] = c->dout[me][t * H + h] * expert_fn(tok_f32(c, c->tok[me], t * H + h), c->idx[me][t * k + j], h);
+          acc = tt_warp_order_sum(b->prod, H);
+        }
         if (memcmp(&acc, &b->dtw2[t * k + j], 4) != 0)
-          FAIL("rank %d: combine_bwd d_topk_weights[%lld, %d] = %g, formula %g", me, (long long)t, j, b->dtw2[t * k + j], acc);
+          FAIL("rank %d: combine_bwd d_topk_weights[%lld, %d] = %.9g, formula %.9g", me, (long long)t, j, b->dtw2[t * k + j], acc);
       }
     return TW_OK;
   }
@@ -309,11 +312,12 @@ static void bufs_alloc(const scenario *c, layer_bufs *b) {
   b->dtok = calloc((size_t)(T * H) + 1, 4);
   b->dtw = calloc((size_t)(T * k) + 1, 4);
   b->dtw2 = calloc((size_t)(T * k) + 1, 4);
+  b->prod = calloc((size_t)H + 1, 4);
 }
 
 static void bufs_free(layer_bufs *b) {
   free(b->recv); free(b->rscl); free(b->rw); free(b->y); free(b->dy); free(b->drw); free(b->dexp);
-  free(b->out); free(b->dtok); free(b->dtw); free(b->dtw2);
+  free(b->out); free(b->dtok); free(b->dtw); free(b->dtw2); free(b->prod);
 }
 
 static tw_status rank_body(int me, tw_comm *comm, void *arg) {
@@ -482,6 +486,15 @@ Test(ep, fp8_rows_carry_their_scales) {
   m.scale_block = 32; /* MXFP8: e8m0 scales */
   m.A = 4;
   run_scenario(&m, 1);
+}
+
+Test(ep, combine_bwd_dot_in_the_warp_order) {
+  /* H past 256 and not a multiple of 8: lane (h / 8) % 32 wraps and the last chunk is short */
+  scenario c = base(2, 4, 2, 8 * 32 * 2 + 13, TW_F32, DIST_UNIFORM, 120);
+  run_scenario(&c, 1);
+  scenario b = base(4, 8, 3, 300, TW_BF16, DIST_HOT, 121);
+  b.A = 4;
+  run_scenario(&b, 1);
 }
 
 Test(ep, drop_policy_reports_every_drop) {

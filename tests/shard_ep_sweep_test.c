@@ -188,8 +188,9 @@ static tw_status rank_body(int rank, tw_comm *world, void *arg) {
       if (memcmp(&gacc, &dtok[t * H + h], 4)) FAIL("rank %d: d_tokens[%lld, %lld] = %.9g, formula %.9g", rank, (long long)gt, (long long)h, dtok[t * H + h], gacc);
     }
     for (int j = 0; j < k; j++) {
-      float acc = 0.0f;
-      for (int64_t h = 0; h < H; h++) acc += c->dout[gt * H + h] * expert_fn(xval(c, gt * H + h), c->idx[gt * k + j], h);
+      float prod[GH]; /* combine_bwd's d_topk_weights in tw_ep.h's warp order */
+      for (int64_t h = 0; h < H; h++) prod[h] = c->dout[gt * H + h] * expert_fn(xval(c, gt * H + h), c->idx[gt * k + j], h);
+      float acc = tt_warp_order_sum(prod, H);
       if (memcmp(&acc, &dtw[t * k + j], 4)) FAIL("rank %d: d_topk_weights[%lld, %d] = %.9g, formula %.9g", rank, (long long)gt, j, dtw[t * k + j], acc);
     }
   }

@@ -44,6 +44,14 @@ void tt_fill_uniform_f32(float *x, int64_t n, uint64_t seed, float lo, float hi)
   for (int64_t i = 0; i < n; i++) x[i] = (float)tt_rand_uniform(&s, lo, hi);
 }
 
+float tt_warp_order_sum(const float *products, int64_t H) {
+  float P[32] = {0.0f};
+  for (int64_t h = 0; h < H; h++) P[(h / 8) % 32] += products[h];
+  for (int m = 16; m >= 1; m /= 2)
+    for (int l = 0; l < m; l++) P[l] += P[l + m];
+  return P[0];
+}
+
 char *tt_make_tmpdir(const char *tag) {
   const char *base = getenv("TEST_TMPDIR");
   if (!base || !*base) base = "/tmp";

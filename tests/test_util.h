@@ -33,6 +33,11 @@ uint64_t tt_rand_u64(uint64_t *state);
 double tt_rand_uniform(uint64_t *state, double lo, double hi); /* [lo, hi) */
 void tt_fill_uniform_f32(float *x, int64_t n, uint64_t seed, float lo, float hi);
 
+/* tw_ep.h's warp order (combine_bwd's d_topk_weights) over products[0..H-1], each already
+ * rounded to f32: 32 partials from +0, partial (h / 8) % 32 adding products[h] in increasing
+ * h, then for m = 16, 8, 4, 2, 1: P[l] += P[l + m] for l < m; returns P[0]. */
+float tt_warp_order_sum(const float *products, int64_t H);
+
 /* A fresh directory under $TEST_TMPDIR (or /tmp); the path is malloc'd. */
 char *tt_make_tmpdir(const char *tag);
 /* path = dir + "/" + name into buf; returns buf. */

@@ -71,7 +71,12 @@
  *               routes give 0.
  * combine_bwd:  d_expert_out[slot(t, j)] = w[t, j] * d_out[t] (w = 1 unweighted), padding
  *               and unused rows 0; d_topk_weights[t, j] = sum_h d_out[t, h] * y[slot, h] (f32,
- *               weighted form only; needs expert_out).
+ *               weighted form only; needs expert_out; a dropped route gives 0), summed in
+ *               the warp order, for any H: p_h = f32(d_out[t, h] * y[slot, h]) (rounded, never
+ *               fused into an FMA); 32 partials P[0..31] start at +0 and P[l] adds the p_h
+ *               with (h / 8) % 32 == l one at a time in increasing h; then for m = 16, 8, 4,
+ *               2, 1 and every l < m: P[l] = P[l] + P[l + m]; the sum is P[0]. One f32
+ *               rounding per add (a warp: lane l's 8-wide chunks, then a shuffle tree).
  *
  * Errors: E % ep_size, k < 1 or k > E, T > max_tokens, H % scale block (fp8), R % A, A not a
  * power of two, an expert id < 0 or >= E (token, slot and id named), the same id twice in one
