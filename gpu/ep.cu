@@ -49,17 +49,14 @@
 // context, and GPU_ERR_EP_DESYNC for a peer two barriers ahead); the same layout and route
 // tables as slots; each token stored once per destination rank into that rank's slab with
 // 16-byte stores (only rows that travel: no padding on the wire), its routes' row-map entries
-// beside it, this rank's own routes written straight into their final rows. On separate GPUs
-// the receiver expands each slab row into its expert-major rows as soon as its tag arrives
-// (lsa_push_expand: pusher and expander warps in one kernel, the HBM writes of the expansion
-// under the NVLink transfer); ranks sharing a GPU (the loopback test mode) and
-// TWIN_EP_LSA_OVERLAP=0 take a barrier and then the expansion. combine and
+// beside it, this rank's own routes written straight into their final rows; a barrier; then
+// every other row expanded from the slab into the expert-major layout. combine and
 // dispatch_bwd: an entry barrier, each route's row (and dispatch_bwd's per-slot f32) stored
 // into its token's rank's way-back slab, a barrier, the oracle's j-order sums. combine_bwd: an
 // entry barrier, d_out once per (token, rank) with its routes' weights in the row map, a
 // barrier, w * d_out and the d_topk_weights dots on the expert side in one pass, a warp per
-// row (the dots in tw_ep.h's warp order, stored into the tokens' ranks), a barrier. With LSA no slots staging is allocated. No host sync, no
-// allocation per step: capturable. Not used: ncclDevCommCreate and NCCL's LSA barrier: the headers here are
+// row (the dots in tw_ep.h's warp order, stored into the tokens' ranks), a barrier. With LSA
+// no slots staging is allocated. No host sync, no allocation per step: capturable. Not used: ncclDevCommCreate and NCCL's LSA barrier: the headers here are
 // 2.28.9 and the GPU machines run 2.28.3, and ncclDevComm's layout changed in between (GIN
 // fields, 2.28.7), with no device ABI promise before 2.29; the window's LSA pointer fields are
 // read by ncclGetLsaPointer and verified by the handshake. Where the runtime lacks the device
@@ -97,19 +94,15 @@ struct lsa_dev {
   unsigned char *const *peer;  // [n] device array: rank r's window as mapped on this GPU (LSA)
   unsigned long long *epoch;   // device: barriers this rank has passed (graph replays go on counting)
   unsigned long long *dead;    // device, sticky: a barrier of this rank timed out; later ones do not wait
-  unsigned long long *queue;   // device: lsa_push_expand's next slab row to expand (zeroed before each)
   unsigned long long timeout_ns;  // a barrier's wait (TWIN_EP_LSA_TIMEOUT_S, default 20 s)
   int n, me;
   int64_t maxT;
   size_t off_flags, off_counts, off_rowmap, off_slab, off_comb, off_dw;  // regions of every window
-  size_t off_ntok, off_tags, off_dsts;  // the overlapped dispatch's (lsa_push_expand)
-  int kcap;                             // rows one token can have on one rank: min(k, experts per rank)
   size_t srb, crb;  // slab row bytes (token + scales); way-back row bytes (4 H + 4: an f32 or bf16 row and a per-slot f32)
 };
 
 struct lsa_impl {
   int loopback;     // test mode: ranks are threads on one GPU (loopback communicator), cudaMalloc'd windows
-  int overlap_blocks;  // lsa_push_expand's grid (every block resident); 0: push, barrier, expand
   ncclComm_t nc;
   ncclWindow_t win;
   void *buf;        // this rank's window (ncclMemAlloc)
@@ -917,15 +910,12 @@ __device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op
 
 __global__ void lsa_barrier(lsa_dev d, long long *err, int op) { lsa_barrier_warp(d, err, op); }
 
-// One block: this rank's per-expert counts into row `me` of every window's counts (and its token
-// count T into slot `me` of every ntok), a barrier, then all n rows back into counts_all (what
-// ep_layout reads). `mine` is counts_all's row me.
-__global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int64_t T, int32_t *counts_all, long long *err) {
-  for (int r = 0; r < d.n; r++) {
+// One block: this rank's per-expert counts into row `me` of every window's counts, a barrier,
+// then all n rows back into counts_all (what ep_layout reads). `mine` is counts_all's row me.
+__global__ void lsa_counts(lsa_dev d, const int32_t *mine, int E, int32_t *counts_all, long long *err) {
+  for (int r = 0; r < d.n; r++)
     for (int e = threadIdx.x; e < E; e += blockDim.x)
       ((int32_t *)(d.peer[r] + d.off_counts))[(int64_t)d.me * E + e] = mine[e];
-    if (threadIdx.x == 0) ((int64_t *)(d.peer[r] + d.off_ntok))[d.me] = T;
-  }
   __syncthreads();
   if (threadIdx.x < 32) lsa_barrier_warp(d, err, GPU_OP_EP_DISPATCH);
   __syncthreads();
@@ -949,17 +939,15 @@ __device__ static long long route_gid(const lsa_dev &d, int64_t t, int k, int j)
 // on r (written into r's window at the route's destination row), then, when t has any, its
 // token bytes and scales once into r's slab at (me, t). For r = me the routes' rows go straight
 // into their final rows of recv_tokens (the expansion of this rank's own tokens overlaps the
-// remote stores). A failed step (capacity) has no kept routes: nothing is written. Returns the
-// number of t's routes kept on r; with `list`, their destination rows go there in j order (r's
-// list of (me, t): lsa_push_expand's receiver copies the slab row into each).
-__device__ static int push_token(const lsa_dev &d, int64_t t, int r, const unsigned char *__restrict__ tokens,
-                                 const unsigned char *__restrict__ scales, const float *__restrict__ w, int k,
-                                 int64_t S, size_t tb, size_t sb, int64_t sld, const layer_impl &L,
-                                 unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
-                                 float *__restrict__ rw, long long *list) {
+// remote stores). A failed step (capacity) has no kept routes: nothing is written.
+__device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsigned char *__restrict__ tokens,
+                                  const unsigned char *__restrict__ scales, const float *__restrict__ w, int k,
+                                  int64_t S, size_t tb, size_t sb, int64_t sld, const layer_impl &L,
+                                  unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
+                                  float *__restrict__ rw) {
   const int lane = threadIdx.x & 31;
   lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
-  int rows = 0;
+  unsigned any = 0;
   for (int j0 = 0; j0 < k; j0 += 32) {
     const int j = j0 + lane;
     const int64_t q = kept_on(L, t, k, j, S, r);
@@ -973,8 +961,7 @@ __device__ static int push_token(const lsa_dev &d, int64_t t, int r, const unsig
       if (r == d.me) rw[L.route_dst[q]] = w[q];
     }
     unsigned hits = __ballot_sync(0xffffffffu, hit);
-    if (hit && list) list[rows + __popc(hits & ((1u << lane) - 1u))] = L.route_dst[q];
-    rows += __popc(hits);
+    any |= hits;
     if (r == d.me)
       while (hits) {  // own routes: the token into each final row, the warp together
         const int b = __ffs(hits) - 1;
@@ -984,20 +971,17 @@ __device__ static int push_token(const lsa_dev &d, int64_t t, int r, const unsig
         if (sb) put_scale_row(rscl, sb, sld, dst, scales + (size_t)t * sb);
       }
   }
-  if (rows && r != d.me) {
+  if (any && r != d.me) {
     unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
     warp_copy_wide(row, tokens + (size_t)t * tb, tb);
     if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
   }
-  return rows;
 }
 
 // Dispatch expansion, one warp for destination row i whose map entry is in place: records
 // recv_src (the row's place in the layout) and recv_route (combine's way back), then the row
-// from the slab (own routes: written by the push already; rows_done: every routed row's bytes
-// are in place, lsa_push_expand copied them) and its weight; zeros for padding and the tail.
-__device__ static void expand_row(const lsa_dev &d, int rows_done, int64_t i, int64_t p, long long gid, float wv,
-                                  int64_t R, int k,
+// from the slab (own routes: written by the push already); zeros for padding and the tail.
+__device__ static void expand_row(const lsa_dev &d, int64_t i, int64_t p, long long gid, float wv, int64_t R, int k,
                                   const layer_impl &L, const unsigned char *__restrict__ tokens,
                                   const unsigned char *__restrict__ scales, size_t tb, size_t sb, int64_t sld,
                                   unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
@@ -1017,10 +1001,8 @@ __device__ static void expand_row(const lsa_dev &d, int rows_done, int64_t i, in
     const int s = (int)(gid / per);
     const int64_t t = (gid % per) / k;
     const unsigned char *src = d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
-    if (!rows_done) {
-      warp_copy_wide(rtok + (size_t)i * tb, src, tb);
-      if (sb) put_scale_row(rscl, sb, sld, i, src + tb);
-    }
+    warp_copy_wide(rtok + (size_t)i * tb, src, tb);
+    if (sb) put_scale_row(rscl, sb, sld, i, src + tb);
     if (lane == 0) rw[i] = wv;
   } else {
     warp_zero(rtok + (size_t)i * tb, tb);
@@ -1039,10 +1021,10 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
                                   float *__restrict__ rw) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps)
-    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, NULL);
+    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw);
 }
 
-__global__ void lsa_expand(lsa_dev d, int rows_done, int64_t R, int nle, int64_t S, int k, layer_impl L,
+__global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
                            const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
                            size_t tb, size_t sb, int64_t sld, unsigned char *__restrict__ rtok,
                            unsigned char *__restrict__ rscl, float *__restrict__ rw) {
@@ -1055,117 +1037,8 @@ __global__ void lsa_expand(lsa_dev d, int rows_done, int64_t R, int nle, int64_t
       continue;
     }
     const int64_t p = source_row(i, L, d.n, d.me, nle, S);
-    expand_row(d, rows_done, i, p, p >= 0 ? map[i].gid : -1, p >= 0 ? map[i].w : 0.0f, R, k, L, tokens, scales, tb, sb, sld,
+    expand_row(d, i, p, p >= 0 ? map[i].gid : -1, p >= 0 ? map[i].w : 0.0f, R, k, L, tokens, scales, tb, sb, sld,
                rtok, rscl, rw);
-  }
-}
-
-// The dispatch with the expansion overlapped with the transfer (ep_nccl_lsa on separate GPUs;
-// lsa_impl.overlap_blocks). Warps 0-3 of a block push first, warps 4-7 expand from the start.
-//  * Pusher j (of W = 4 * gridDim.x) takes tokens t = j, j + W, ...: for every other rank r,
-//    push_token (the slab row, the row-map entries), the destination rows of its routes there
-//    into r's list at (me, t), then a system-scope fence and a tag (epoch << 16 | rows) into r's
-//    tags at (me, t), for a token with no rows there too. Then it expands as well. Pushers
-//    only store over NVLink, so the link is fed at the rate of the plain push.
-//  * Expanders take items from one counter (d.queue): first this rank's own tokens (push_token
-//    to itself: the rows straight from tokens, no wait), then slab rows (s, t) in t order,
-//    then s, skipping t >= T_s (s's token count, exchanged with the counts): wait for the tag
-//    of this step's epoch, then copy the slab row (and its scales) into each listed
-//    destination row. By the time the own rows are written most peer rows have arrived.
-// Pushers never wait, so with every block resident (the grid is sized so) a slow peer delays
-// the step but cannot deadlock it (ranks sharing one GPU could: the loopback test mode keeps
-// push, barrier, expand unless TWIN_EP_LSA_OVERLAP=1, with 4 blocks a rank). A tag that does not come within
-// the barrier's timeout sets GPU_ERR_EP_TIMEOUT and marks the context dead (the step is invalid,
-// later waits do not wait). lsa_expand (rows_done) then records each row and zeroes the padding;
-// it reads the row map, whose entries every tag released. No barrier after: the next op's entry
-// barrier (or the next dispatch's counts barrier) waits for every peer to be past this kernel.
-#define EP_OVERLAP_THREADS 256
-__device__ static void wait_tag(const lsa_dev &d, const unsigned long long *tag, unsigned long long e, int s,
-                                unsigned long long *v, bool *ok, long long *err) {
-  const int lane = threadIdx.x & 31;
-  unsigned long long x = 0;
-  int good = 0;
-  if (lane == 0 && !*(volatile unsigned long long *)d.dead) {
-    const unsigned long long t0 = global_ns();
-    unsigned ns = 32;
-    while (((x = ld_acquire_sys(tag)) >> 16) != e) {
-      if (global_ns() - t0 > d.timeout_ns || *(volatile unsigned long long *)d.dead) {
-        if (!*(volatile unsigned long long *)d.dead) gpu_report(err, GPU_ERR_EP_TIMEOUT, GPU_OP_EP_DISPATCH, s, (long long)e);
-        *(volatile unsigned long long *)d.dead = 1;
-        break;
-      }
-      __nanosleep(ns);
-      if (ns < 512) ns *= 2;
-    }
-    good = (x >> 16) == e;
-  }
-  good = __shfl_sync(0xffffffffu, good, 0);
-  if (good) x = ld_acquire_sys(tag);  // every lane's own acquire before it reads the row
-  *v = x;
-  *ok = good;
-}
-
-__global__ void __launch_bounds__(EP_OVERLAP_THREADS)
-    lsa_push_expand(lsa_dev d, const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
-                    const float *__restrict__ w, int64_t T, int k, int64_t S, size_t tb, size_t sb, int64_t sld,
-                    layer_impl L, int64_t R, unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
-                    float *__restrict__ rw, long long *err) {
-  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
-  const int64_t W = 4 * (int64_t)gridDim.x, j = 4 * (int64_t)blockIdx.x + (wib & 3);
-  const unsigned long long e = *d.epoch;  // the counts barrier's, the same on every rank
-  if (wib < 4) {
-    for (int64_t t = j; t < T; t += W)
-      for (int r0 = 0; r0 < d.n; r0 += 32) {  // up to 32 ranks, then one fence and their tags
-        int held = 0;
-        const int r1 = r0 + 32 < d.n ? r0 + 32 : d.n;
-        for (int r = r0; r < r1; r++) {
-          if (r == d.me) continue;  // own rows: queue items, below
-          long long *list = (long long *)(d.peer[r] + d.off_dsts) +
-                            ((size_t)d.me * (size_t)d.maxT + (size_t)t) * (size_t)d.kcap;
-          const int rows = push_token(d, t, r, tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, list);
-          if (lane == r - r0) held = rows;
-        }
-        __threadfence_system();
-        __syncwarp();
-        const int r = r0 + lane;
-        if (r < r1 && r != d.me)
-          st_release_sys((unsigned long long *)(d.peer[r] + d.off_tags) + (size_t)d.me * (size_t)d.maxT + (size_t)t,
-                         (e << 16) | (unsigned long long)held);
-      }
-  }
-  const int64_t *ntok = (const int64_t *)(d.peer[d.me] + d.off_ntok);
-  const unsigned long long *tags = (const unsigned long long *)(d.peer[d.me] + d.off_tags);
-  const long long *dsts = (const long long *)(d.peer[d.me] + d.off_dsts);
-  int64_t tmax = 0;
-  for (int s = 0; s < d.n; s++)
-    if (s != d.me && ntok[s] > tmax) tmax = ntok[s] < d.maxT ? ntok[s] : d.maxT;
-  const int others = d.n - 1;
-  for (;;) {
-    unsigned long long it = 0;
-    if (lane == 0) it = atomicAdd(d.queue, 1ull);
-    it = __shfl_sync(0xffffffffu, it, 0);
-    if (it < (unsigned long long)T) {  // an own token: its rows on this rank, straight from tokens
-      push_token(d, (int64_t)it, d.me, tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw, NULL);
-      continue;
-    }
-    it -= (unsigned long long)T;
-    const int64_t t = (int64_t)(it / (unsigned long long)others);
-    if (others < 1 || t >= tmax) break;
-    int s = (int)(it % (unsigned long long)others);
-    s += s >= d.me;  // the others in rank order
-    if (t >= ntok[s]) continue;
-    const size_t at = (size_t)s * (size_t)d.maxT + (size_t)t;
-    unsigned long long v;
-    bool ok;
-    wait_tag(d, tags + at, e, s, &v, &ok, err);
-    const int rows = ok ? (int)(v & 0xffffu) : 0;
-    const unsigned char *src = d.peer[d.me] + d.off_slab + at * d.srb;
-    for (int m = 0; m < rows && m < d.kcap; m++) {
-      const long long dst = dsts[at * (size_t)d.kcap + m];
-      if (dst < 0 || dst >= R) continue;  // never: the pusher took it from the shared layout
-      warp_copy_wide(rtok + (size_t)dst * tb, src, tb);
-      if (sb) put_scale_row(rscl, sb, sld, dst, src + tb);
-    }
   }
 }
 
@@ -1627,7 +1500,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
                          (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_back,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
-                         (const void *)lsa_take_dw, (const void *)lsa_push_expand,
+                         (const void *)lsa_take_dw,
                          (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
                          (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
                          (const void *)ep_dout_direct};
@@ -1657,12 +1530,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   // [n][max_tokens] d_out rows
   const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
   d.off_comb = o; o += round_to(back_rows * d.crb, 256);
-  d.off_dw = o; o += round_to((size_t)c->max_tokens * (size_t)c->topk * 4, 256);
-  // lsa_push_expand: every rank's token count, the tags and destination lists of (s, t)
-  d.kcap = c->topk < ep->nle ? c->topk : ep->nle;
-  d.off_ntok = o; o += round_to((size_t)n * 8, 256);
-  d.off_tags = o; o += round_to((size_t)n * (size_t)c->max_tokens * 8, 256);
-  d.off_dsts = o; o += (size_t)n * (size_t)c->max_tokens * (size_t)d.kcap * 8;
+  d.off_dw = o; o += (size_t)c->max_tokens * (size_t)c->topk * 4;
   L->bytes = round_to(o, (size_t)2 << 20);
   gpu_state *st = gpu_of(ep->ctx);
   tw_status s = tw_alloc(ep->ctx, (size_t)n * 8 + 64, &L->small);
@@ -1674,7 +1542,6 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   d.peer = peer;
   d.epoch = (unsigned long long *)((char *)L->small + (size_t)n * 8);
   d.dead = (unsigned long long *)((char *)L->small + (size_t)n * 8 + 24);  // after the flag word at + 16
-  d.queue = (unsigned long long *)((char *)L->small + (size_t)n * 8 + 32);
   {
     const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
     double ts = te && atof(te) > 0 ? atof(te) : 20.0;
@@ -1775,25 +1642,6 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
       snprintf(im->why, sizeof im->why,
                "the LSA pointers did not reach every rank's window (on this rank: %s%s; headers of NCCL %d, runtime %d)",
                bad ? whybad : "fine", bad ? "" : ", on another rank not", NCCL_VERSION_CODE, ver);
-  }
-  if (s == TW_OK && !all) {  // the overlapped dispatch where every rank can run it
-    int per_sm = 0, off = 1, any_off = 0;
-    // TWIN_EP_LSA_OVERLAP: 0 push, barrier, expand (A/B runs); 1 the overlapped kernel also for
-    // ranks sharing a GPU (tests), with 4 blocks a rank so that every rank's kernel finds SMs
-    const char *ov = getenv("TWIN_EP_LSA_OVERLAP");
-    const int want_ov = ov && !strcmp(ov, "0") ? 0 : loop ? ov && !strcmp(ov, "1") : 1;
-    if (want_ov && d.kcap < 65536 &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_push_expand, EP_OVERLAP_THREADS, 0) == cudaSuccess &&
-        per_sm > 0) {
-      const char *ob = getenv("TWIN_EP_LSA_OVERLAP_BLOCKS");  // a smaller grid: tests (many tokens a warp)
-      int64_t want = (c->max_tokens + 3) / 4, cap = loop ? 4 : (int64_t)per_sm * st->num_sms;
-      if (ob && atoi(ob) > 0 && atoi(ob) < cap) cap = atoi(ob);
-      L->overlap_blocks = (int)(want < cap ? (want > 0 ? want : 1) : cap);
-      off = 0;
-    }
-    cudaGetLastError();
-    s = any_rank(ep, flag, off, &any_off);  // every rank takes the same path: their barriers pair up
-    if (any_off) L->overlap_blocks = 0;
   }
   if (s == TW_OK && !all) {
     im->lsa = L;
@@ -2070,7 +1918,7 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: scan launch");
   }
   if (im->lsa) {  // counts into every window, one barrier, all rows back
-    lsa_counts<<<1, 256, 0, stream>>>(im->lsa->d, mine, E, T, L->counts_all, st->err_word);
+    lsa_counts<<<1, 256, 0, stream>>>(im->lsa->d, mine, E, L->counts_all, st->err_word);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA counts launch");
   } else if (n > 1) {  // one rank: counts_all is `mine` already (an in-place gather of itself)
     TW_TRY(ep->comm->ops->all_gather(ep->comm, ctx, mine, L->counts_all, E, TW_I32));
@@ -2091,23 +1939,6 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
   }
-  if (im->lsa && im->lsa->overlap_blocks) {  // peers' rows arrive even when T = 0 here
-    const lsa_dev &d = im->lsa->d;
-    GPU_TRY_CUDA(cudaMemsetAsync(d.queue, 0, 8, stream), "ep_dispatch: LSA queue");
-    lsa_push_expand<<<im->lsa->overlap_blocks, EP_OVERLAP_THREADS, 0, stream>>>(
-        d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
-        (const float *)topk_weights->data, T, k, im->S, tb, sb, sld, *L, R, (unsigned char *)recv_tokens->data, rscl,
-        (float *)recv_weights->data, st->err_word);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push-expand launch");
-    if (R) {
-      lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
-          d, 1, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
-          sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, sld, (unsigned char *)recv_tokens->data,
-          rscl, (float *)recv_weights->data);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA rows launch");
-    }
-    return TW_OK;
-  }
   if (im->lsa) {
     const lsa_dev &d = im->lsa->d;
     if (T) {
@@ -2121,7 +1952,7 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA barrier launch");
     if (R) {
       lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
-          d, 0, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
+          d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
           sb ? (const unsigned char *)token_scales->data : NULL, tb, sb, sld, (unsigned char *)recv_tokens->data,
           rscl, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA expand launch");

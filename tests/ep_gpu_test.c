@@ -731,18 +731,6 @@ static void sweep_gpus(int n, const char *kernel) {
 
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"); }
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
-/* ep_nccl_lsa without the overlapped dispatch (push, barrier, expand), and with it on one block
- * a rank (4 pusher and 4 expander warps: up to 24 tokens each, the tags' loop wraps) */
-Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa_no_overlap) {
-  setenv("TWIN_EP_LSA_OVERLAP", "0", 1);
-  sweep_gpus(2, "ep_nccl_lsa");
-  unsetenv("TWIN_EP_LSA_OVERLAP");
-}
-Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa_one_block) {
-  setenv("TWIN_EP_LSA_OVERLAP_BLOCKS", "1", 1);
-  sweep_gpus(2, "ep_nccl_lsa");
-  unsetenv("TWIN_EP_LSA_OVERLAP_BLOCKS");
-}
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl_lsa) { sweep_gpus(4, "ep_nccl_lsa"); }
 Test(ep_gpu_8, random_cases_ep_size_8_over_nccl) { sweep_gpus(8, "ep_nccl_slots"); }
@@ -799,14 +787,6 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, s
  * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
-/* the same with the overlapped dispatch (lsa_push_expand: pusher and expander warps, each slab
- * row expanded when its tag arrives), which auto takes on separate GPUs only;
- * TWIN_EP_LSA_OVERLAP=1 runs it for ranks sharing a GPU (4 blocks a rank) */
-Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_overlap) {
-  setenv("TWIN_EP_LSA_OVERLAP", "1", 1);
-  loop_24("ep_nccl_lsa", sweep_n());
-  unsetenv("TWIN_EP_LSA_OVERLAP");
-}
 
 /* T * k over several counting chunks (up to 12 of 1024 routes), E up to 2048: ep_size 1 and 2 / 4
  * ranks on one GPU (loopback; auto and ep_nccl_lsa forced), bit for bit vs the oracle */
