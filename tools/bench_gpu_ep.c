@@ -26,7 +26,11 @@
  * (the self pair included, which NCCL copies locally); ratio = nccl_ms / ms (> 1: twin faster).
  * Below each dispatch row, a second NCCL figure: one row per route (a token row for every one
  * of its experts, what a dispatch without deduplication moves to fill tw_ep's expert-major
- * rows; ep_nccl_slots moves these, in worst-case slots).
+ * rows; ep_nccl_slots moves these, in worst-case slots). And "a2a, then expand": per rank, the
+ * NCCL time for the same bytes plus a cudaMemsetAsync of the expert-major rows it receives (one
+ * token row per route, no scales), the writes any expansion after an all-to-all must make,
+ * timed one after the other; the slowest rank's sum. A lower bound for NCCL (or DeepEP) followed
+ * by a permute, the work tw_ep's dispatch and combine_bwd do in one op.
  * Floor: the one-direction NVLink copy rate (cudaMemcpyPeerAsync, 1 GiB, GPU 0 -> 1) measured
  * here; %floor = excl-local GB/s / that rate. */
 #include <cuda_runtime.h>
@@ -104,13 +108,13 @@ typedef struct {
   int warmup, iters;
   pthread_barrier_t bar;
   volatile int failed;
-  double ms[7][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
-                        * dispatch_bwd, combine_bwd */
+  double ms[8][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
+                        * dispatch_bwd, combine_bwd; a memset of the expert-major rows this rank receives */
   char used[MAXN][32];
   char err[MAXN][320];
 } bcase;
 
-enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD };
+enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD, T_FILL };
 
 static size_t row_bytes(tw_dtype dt, int mx) {
   return dt == TW_BF16 ? (size_t)HIDDEN * 2 : mx ? (size_t)HIDDEN + (size_t)(HIDDEN / 32) : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
@@ -166,6 +170,7 @@ typedef struct {
   tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, y, out, dtw;
   void *sbuf, *rbuf;
   int64_t sc[MAXN], sd[MAXN], rc[MAXN], rd[MAXN];
+  size_t fill_bytes; /* do_fill: bytes of recv written */
   cudaStream_t stream;
 } rank_job;
 
@@ -204,6 +209,14 @@ static tw_status do_a2a(rank_job *j) {
   return r == ncclSuccess ? TW_OK : tw_error(TW_ERR_NCCL, "bench ep: nccl send/recv: %s", ncclGetErrorString(r));
 }
 
+/* The writes any permute into the expert-major rows must make (one row per route received,
+ * without scales): a memset of that many bytes, the HBM write floor of "a2a, then expand". */
+static tw_status do_fill(rank_job *j) {
+  return cudaMemsetAsync(j->recv.data, 0, j->fill_bytes, j->stream) == cudaSuccess
+             ? TW_OK
+             : tw_error(TW_ERR_DEVICE, "bench ep: cudaMemsetAsync of %zu bytes", j->fill_bytes);
+}
+
 /* Median ms of `iters` calls, every iteration started on all ranks together. */
 static double time_op(bcase *c, int r, cudaStream_t s, rank_job *j, tw_status (*fn)(rank_job *), const char *what) {
   double v[64];
@@ -235,7 +248,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   const routing *ro = c->ro;
   const int n = ro->n, nle = EXPERTS / n;
   const int64_t T = ro->T, H = HIDDEN;
-  for (int q = 0; q < 7; q++) c->ms[q][r] = -1;
+  for (int q = 0; q < 8; q++) c->ms[q][r] = -1;
   cudaSetDevice(r);
   cudaStream_t stream = NULL;
   rank_job j;
@@ -312,6 +325,14 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (c->combine && together(c))
     c->ms[T_DISPATCH_BWD][r] = time_op(c, r, stream, &j, do_dispatch_bwd, "dispatch_bwd");
   if (c->combine && together(c)) c->ms[T_COMBINE_BWD][r] = time_op(c, r, stream, &j, do_combine_bwd, "combine_bwd");
+  /* the expansion's write floor: dispatch's rows in its dtype (bf16: combine_bwd's d_expert_out too) */
+  if (c->peers && n > 1) {
+    int64_t routes_in = 0;
+    for (int s = 0; s < n; s++) routes_in += ro->route_pairs[s][r];
+    j.fill_bytes = tb * (size_t)routes_in;
+    if (j.fill_bytes > tb * (size_t)R) j.fill_bytes = tb * (size_t)R;
+    if (together(c)) c->ms[T_FILL][r] = time_op(c, r, stream, &j, do_fill, "memset");
+  }
   /* the peers: the same per-pair bytes through grouped ncclSend/ncclRecv */
   for (int p = 0; p < 3 && c->peers && n > 1; p++) {
     if (p == 1 && !c->combine) continue;
@@ -409,7 +430,8 @@ static void recv_bytes(const routing *ro, int combine, size_t rb, double *incl, 
 }
 
 static void emit(const tw_bench_cfg *cfg, const routing *ro, const char *what, const char *dtname, const char *ver,
-                 double ms, double peer_ms, double incl, double excl, double nvl, double peer_routes_ms, double routes_bytes) {
+                 double ms, double peer_ms, double incl, double excl, double nvl, double peer_routes_ms, double routes_bytes,
+                 double peer_fill_ms) {
   int n = ro->n;
   tw_bench_row row;
   memset(&row, 0, sizeof row);
@@ -439,6 +461,20 @@ static void emit(const tw_bench_cfg *cfg, const routing *ro, const char *what, c
   if (ms > 0 && peer_routes_ms > 0)
     printf("    %s %s: nccl moving one row per route instead (%.2f MB per rank) %.3f ms; nccl_ms/ms %.2f\n", ver, what,
            routes_bytes / n / 1e6, peer_routes_ms, peer_routes_ms / ms);
+  if (ms > 0 && peer_fill_ms > 0)
+    printf("    %s %s: nccl same bytes, then a memset of the expert-major rows on the same rank (the writes any "
+           "expansion makes; slowest rank) %.3f ms; that/ms %.2f\n",
+           ver, what, peer_fill_ms, peer_fill_ms / ms);
+}
+
+/* the slowest rank's a + b (two steps one rank would run in turn), -1 if any is missing */
+static double slowest_sum(const double *a, const double *b, int n) {
+  double m = -1;
+  for (int r = 0; r < n; r++) {
+    if (a[r] < 0 || b[r] < 0) return -1;
+    if (a[r] + b[r] > m) m = a[r] + b[r];
+  }
+  return m;
 }
 
 int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
@@ -491,7 +527,7 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
         static const char *names[5] = {"bf16", "e4m3", "e4m3 mx rows", "e4m3 mx gemm", "e4m3 mx gemm swz"};
         const char *dtname = names[di];
         const int mx = di >= 2 ? di - 1 : 0;
-        double peer_d = -1, peer_c = -1, peer_dr = -1;
+        double peer_d = -1, peer_c = -1, peer_dr = -1, peer_df = -1;
         for (int vi = 0; vi < nv; vi++) {
           if (o->version && strcmp(o->version, versions[vi])) continue;
           bcase *c = (bcase *)calloc(1, sizeof *c);
@@ -528,23 +564,27 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
             peer_d = slowest(c->ms[T_PEER_D], n);
             peer_c = slowest(c->ms[T_PEER_C], n);
           }
-          if (c->peers) peer_dr = slowest(c->ms[T_PEER_DR], n);
+          if (c->peers) {
+            peer_dr = slowest(c->ms[T_PEER_DR], n);
+            peer_df = slowest_sum(c->ms[T_PEER_D], c->ms[T_FILL], n);
+          }
           double incl, excl, rincl, rexcl;
           recv_bytes(&ro, 0, row_bytes(dt, mx), &incl, &excl);
           recv_bytes(&ro, 1, row_bytes(dt, mx), &rincl, &rexcl);
           emit(cfg, &ro, "dispatch", dtname, c->used[0], slowest(c->ms[T_DISPATCH], n), peer_d, incl, excl, nvl,
-               peer_dr, rincl);
+               peer_dr, rincl, peer_df);
           if (c->combine) {
             recv_bytes(&ro, 1, (size_t)HIDDEN * 2, &incl, &excl);
             emit(cfg, &ro, "combine", "bf16", c->used[0], slowest(c->ms[T_COMBINE], n), peer_c, incl, excl, nvl, -1,
-                 0);
+                 0, -1);
             /* dispatch_bwd moves combine's bytes (a row per route back), combine_bwd dispatch's
              * bf16 token rows (d_out once per token and rank) */
             emit(cfg, &ro, "dispatch_bwd", "bf16", c->used[0], slowest(c->ms[T_DISPATCH_BWD], n), peer_c, incl, excl,
-                 nvl, -1, 0);
+                 nvl, -1, 0, -1);
             recv_bytes(&ro, 0, (size_t)HIDDEN * 2, &incl, &excl);
+            /* combine_bwd's d_expert_out rows are bf16 dispatch's rows: the same floor */
             emit(cfg, &ro, "combine_bwd", "bf16", c->used[0], slowest(c->ms[T_COMBINE_BWD], n), peer_d, incl, excl,
-                 nvl, -1, 0);
+                 nvl, -1, 0, peer_df);
           }
           fflush(stdout);
           free(c);
