@@ -729,6 +729,153 @@ static void sweep_gpus(int n, const char *kernel) {
   cr_assert_eq(failed, 0, "%d rank results of %d %d-rank cases (%s) differ from ref", failed, N, n, kernel);
 }
 
+/* Device-side errors with the ranks on two GPUs over NCCL (issue 13: "test it on 2 GPUs"), each
+ * version forced. Every rank runs the same collective steps and never returns an error from its
+ * thread (that would abort the group): it records what it saw, checked after the join.
+ *   A: rank 1 lists expert 99: rank 1's error word names it, rank 0's step is clean, and the 15
+ *      good routes are dispatched (the bad one counted nowhere, so both ranks agree on layouts);
+ *   B: a good step on both afterwards: 16 routes;
+ *   C: recv_capacity 4 under the error policy (each rank needs 8 rows): the capacity error on
+ *      both ranks, recv_tokens and group_sizes left unwritten;
+ *   D: the same capacity with the drop policy: no error, kept + dropped = 16 over both ranks;
+ *   E: the first context again: a good step. */
+typedef struct {
+  const char *kernel;
+  int gs_sum[2][5], dropped_sum[2];
+  tw_status st[2][5];
+  char msg[2][5][200];
+  int unwritten[2]; /* C: recv_tokens and group_sizes still hold the fill byte */
+  char fail[2][200];
+} err2_arg;
+
+static void err2_step(err2_arg *a, int r, int step, tw_ctx *ctx, tw_ep_layer *layer, const int32_t *ids, int E, int k,
+                      int64_t T, int64_t H, int64_t R, int with_dropped) {
+  dmem m = {ctx, {0}, 0};
+  float tok[64], w[8];
+  tt_fill_uniform_f32(tok, T * H, 1 + (uint64_t)r, -1, 1);
+  tt_fill_uniform_f32(w, T * k, 2 + (uint64_t)r, -1, 1);
+  tw_tensor none = tw_tensor_none();
+  tw_tensor dtok = put(&m, tok, TW_F32, 2, T, H, 1), dw = put(&m, w, TW_F32, 2, T, k, 1);
+  tw_tensor didx = put(&m, ids, TW_I32, 2, T, k, 1);
+  tw_tensor recv = put(&m, NULL, TW_F32, 2, R, H, 0), rw = put(&m, NULL, TW_F32, 1, R, 0, 0);
+  int nle = E / 2;
+  tw_tensor gs = put(&m, NULL, TW_I32, 1, nle, 0, 0), dr = with_dropped ? put(&m, NULL, TW_I32, 1, nle, 0, 0) : none;
+  tw_status s = tw_ep_dispatch(ctx, layer, &dtok, &none, &didx, &dw, &recv, &none, &rw, &gs, &dr);
+  if (s == TW_OK) s = tw_ctx_check(ctx);
+  a->st[r][step] = s;
+  snprintf(a->msg[r][step], sizeof a->msg[r][step], "%s", s == TW_OK ? "" : tw_last_error());
+  int32_t g[8], d[8];
+  get(&m, g, &gs);
+  a->gs_sum[r][step] = 0;
+  for (int e = 0; e < nle; e++) a->gs_sum[r][step] += g[e];
+  if (with_dropped) {
+    get(&m, d, &dr);
+    a->dropped_sum[r] = 0;
+    for (int e = 0; e < nle; e++) a->dropped_sum[r] += d[e];
+  }
+  if (step == 2) {
+    unsigned char rb[4 * 16 * 4];
+    get(&m, rb, &recv);
+    int same = 1;
+    for (size_t i = 0; i < sizeof rb; i++) same &= rb[i] == 0xAB;
+    for (int e = 0; e < nle; e++) same &= (uint32_t)g[e] == 0xABABABABu;
+    a->unwritten[r] = same;
+  }
+  for (int i = 0; i < m.nb; i++) tw_free(ctx, m.b[i]);
+}
+
+static tw_status err2_rank(int r, tw_comm *comm, void *arg) {
+  err2_arg *a = (err2_arg *)arg;
+  const int E = 8, k = 2;
+  const int64_t T = 4, H = 16;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.device = r;
+  cc.comm = comm;
+  cc.kernel = a->kernel;
+  tw_ep *ep = NULL, *small = NULL;
+  tw_ep_layer *layer = NULL, *slayer = NULL;
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = E; cfg.topk = k; cfg.max_tokens = T; cfg.hidden = H; cfg.token_dtype = TW_F32;
+  const int32_t good[8] = {0, 1, 2, 3, 4, 5, 6, 7}, bad[8] = {0, 1, 2, 3, 4, 99, 6, 7};
+  if (tw_ctx_create(&ctx, &cc) != TW_OK || tw_ep_create(ctx, comm, &cfg, &ep) != TW_OK ||
+      tw_ep_layer_create(ep, &layer) != TW_OK) {
+    snprintf(a->fail[r], sizeof a->fail[r], "setup: %s", tw_last_error());
+    goto out; /* the peer fails its collective create too, or times out: reported, not hung */
+  }
+  const int64_t R = tw_ep_recv_capacity(ep);
+  err2_step(a, r, 0, ctx, layer, r == 1 ? bad : good, E, k, T, H, R, 0);
+  err2_step(a, r, 1, ctx, layer, good, E, k, T, H, R, 0);
+  cfg.recv_capacity = 4;
+  if (tw_ep_create(ctx, comm, &cfg, &small) != TW_OK || tw_ep_layer_create(small, &slayer) != TW_OK) {
+    snprintf(a->fail[r], sizeof a->fail[r], "setup (capacity 4): %s", tw_last_error());
+    goto out;
+  }
+  err2_step(a, r, 2, ctx, slayer, good, E, k, T, H, 4, 0);
+  tw_ep_layer_destroy(slayer);
+  tw_ep_destroy(small);
+  slayer = NULL;
+  small = NULL;
+  cfg.overflow = TW_EP_OVERFLOW_DROP;
+  if (tw_ep_create(ctx, comm, &cfg, &small) != TW_OK || tw_ep_layer_create(small, &slayer) != TW_OK) {
+    snprintf(a->fail[r], sizeof a->fail[r], "setup (drop): %s", tw_last_error());
+    goto out;
+  }
+  err2_step(a, r, 3, ctx, slayer, good, E, k, T, H, 4, 1);
+  err2_step(a, r, 4, ctx, layer, good, E, k, T, H, R, 0);
+out:
+  tw_ep_layer_destroy(slayer);
+  tw_ep_destroy(small);
+  tw_ep_layer_destroy(layer);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  return TW_OK;
+}
+
+static void errors_2(const char *kernel) {
+  NEED_GPUS(2);
+  tw_comm *g[2];
+  int devs[2] = {0, 1};
+  cr_assert_eq(tw_comm_init_nccl_local(2, devs, g), TW_OK, "%s", tw_last_error());
+  err2_arg a;
+  memset(&a, 0, sizeof a);
+  a.kernel = kernel;
+  tt_stall_watch_start(kernel);
+  cr_assert_eq(tw_run_ranks(2, g, err2_rank, &a), TW_OK, "%s", tw_last_error());
+  tt_stall_watch_stop();
+  for (int r = 0; r < 2; r++) {
+    tw_comm_destroy(g[r]);
+    cr_assert_eq(a.fail[r][0], 0, "%s rank %d: %s", kernel, r, a.fail[r]);
+  }
+  /* A */
+  cr_assert_eq(a.st[0][0], TW_OK, "%s rank 0, clean ids: %s", kernel, a.msg[0][0]);
+  cr_assert_eq(a.st[1][0], TW_ERR_DEVICE, "%s rank 1, id 99: status %d", kernel, (int)a.st[1][0]);
+  cr_assert(strstr(a.msg[1][0], "topk_idx[2, 1] = 99 is not an expert id"), "%s: %s", kernel, a.msg[1][0]);
+  cr_assert_eq(a.gs_sum[0][0] + a.gs_sum[1][0], 15, "%s: the 15 good routes dispatched (got %d)", kernel,
+               a.gs_sum[0][0] + a.gs_sum[1][0]);
+  /* B, E */
+  for (int st = 1; st <= 4; st += 3)
+    for (int r = 0; r < 2; r++) {
+      cr_assert_eq(a.st[r][st], TW_OK, "%s rank %d, good step %d: %s", kernel, r, st, a.msg[r][st]);
+      cr_assert_eq(a.gs_sum[r][st], 8, "%s rank %d, good step %d: %d rows", kernel, r, st, a.gs_sum[r][st]);
+    }
+  /* C */
+  for (int r = 0; r < 2; r++) {
+    cr_assert_eq(a.st[r][2], TW_ERR_DEVICE, "%s rank %d, capacity 4: status %d", kernel, r, (int)a.st[r][2]);
+    cr_assert(strstr(a.msg[r][2], "needs 8 receive rows") && strstr(a.msg[r][2], "recv_capacity is 4"), "%s: %s",
+              kernel, a.msg[r][2]);
+    cr_assert(a.unwritten[r], "%s rank %d: an output written by the failed step", kernel, r);
+  }
+  /* D */
+  for (int r = 0; r < 2; r++) cr_assert_eq(a.st[r][3], TW_OK, "%s rank %d, drop: %s", kernel, r, a.msg[r][3]);
+  int kept = a.gs_sum[0][3] + a.gs_sum[1][3], dropped = a.dropped_sum[0] + a.dropped_sum[1];
+  cr_assert(kept == 8 && dropped == 8, "%s drop policy: %d kept + %d dropped, want 8 + 8", kernel, kept, dropped);
+  cr_log_info("EP device errors on 2 GPUs (%s): bad id, capacity (error and drop policies), good steps after", kernel);
+}
+Test(ep_gpu_2, device_errors_over_nccl) { errors_2("ep_nccl_slots"); }
+Test(ep_gpu_2, device_errors_over_nccl_lsa) { errors_2("ep_nccl_lsa"); }
+
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"); }
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
