@@ -935,6 +935,23 @@ __device__ static long long route_gid(const lsa_dev &d, int64_t t, int k, int j)
   return ((long long)d.me * d.maxT + t) * k + j;
 }
 
+// The row-map entries of t's routes j0 .. j0 + 31 (a lane each) that are kept on rank r: the
+// route's id and weight (w[q], 1 without w) into r's window at the route's destination row.
+// Returns the warp's ballot of those routes. (The dispatch push and combine_bwd's push.)
+__device__ static unsigned put_route_maps(const lsa_dev &d, int64_t t, int r, int j0, int k, int64_t S,
+                                          const layer_impl &L, const float *__restrict__ w) {
+  const int j = j0 + (threadIdx.x & 31);
+  const int64_t q = kept_on(L, t, k, j, S, r);
+  if (q >= 0) {
+    lsa_rowmap m;
+    m.gid = route_gid(d, t, k, j);
+    m.w = w ? w[q] : 1.0f;
+    m.pad = 0;
+    ((lsa_rowmap *)(d.peer[r] + d.off_rowmap))[L.route_dst[q]] = m;
+  }
+  return __ballot_sync(0xffffffffu, q >= 0);
+}
+
 // Dispatch push, one warp for (token t, rank r): the row map entry of each of t's routes kept
 // on r (written into r's window at the route's destination row), then, when t has any, its
 // token bytes and scales once into r's slab at (me, t). For r = me the routes' rows go straight
@@ -946,22 +963,14 @@ __device__ static void push_token(const lsa_dev &d, int64_t t, int r, const unsi
                                   unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
                                   float *__restrict__ rw) {
   const int lane = threadIdx.x & 31;
-  lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
   unsigned any = 0;
   for (int j0 = 0; j0 < k; j0 += 32) {
-    const int j = j0 + lane;
-    const int64_t q = kept_on(L, t, k, j, S, r);
-    const bool hit = q >= 0;
-    if (hit) {
-      lsa_rowmap m;
-      m.gid = route_gid(d, t, k, j);
-      m.w = w[q];
-      m.pad = 0;
-      map[L.route_dst[q]] = m;
-      if (r == d.me) rw[L.route_dst[q]] = w[q];
-    }
-    unsigned hits = __ballot_sync(0xffffffffu, hit);
+    unsigned hits = put_route_maps(d, t, r, j0, k, S, L, w);
     any |= hits;
+    if (r == d.me && ((hits >> lane) & 1u)) {  // own routes: their weights into recv_weights
+      const int64_t q = t * k + j0 + lane;
+      rw[L.route_dst[q]] = w[q];
+    }
     if (r == d.me)
       while (hits) {  // own routes: the token into each final row, the warp together
         const int b = __ffs(hits) - 1;
@@ -1141,25 +1150,12 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
 // into r's way-back slab at (me, t): the expert side forms w * d_out and the dots itself.
 __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
                               const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int warps = (gridDim.x * blockDim.x) >> 5;
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
     const int64_t t = it / d.n;
     const int r = (int)(it % d.n);
-    lsa_rowmap *map = (lsa_rowmap *)(d.peer[r] + d.off_rowmap);
     unsigned any = 0;
-    for (int j0 = 0; j0 < k; j0 += 32) {
-      const int j = j0 + lane;
-      const int64_t q = kept_on(L, t, k, j, S, r);
-      const bool hit = q >= 0;
-      if (hit) {
-        lsa_rowmap m;
-        m.gid = route_gid(d, t, k, j);
-        m.w = w ? w[q] : 1.0f;
-        m.pad = 0;
-        map[L.route_dst[q]] = m;
-      }
-      any |= __ballot_sync(0xffffffffu, hit);
-    }
+    for (int j0 = 0; j0 < k; j0 += 32) any |= put_route_maps(d, t, r, j0, k, S, L, w);
     if (!any || r == d.me) continue;
     warp_copy_wide(d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb,
                    d_out + (size_t)t * ob, ob);
