@@ -760,10 +760,8 @@ __global__ void ep_unpack_rows(const unsigned char *__restrict__ recv, size_t rb
   }
 }
 
-// combine_bwd d_topk_weights: one thread per route, sum_h d_out[t, h] * y[h] in f32, h order.
-// vec (both bf16, H % 32 == 0, rows 16-byte aligned): the same sum in the same order, its
-// operands read 4 x 16 bytes at a time per row (one 2-byte load per element left the kernel
-// latency-bound: 1.22 ms for 32768 routes x 7168 at E 32, T 4096, H200 2026-11-24).
+// The bf16 halves of a 32-bit word as f32; dot8_bf16 adds the eight products of two uint4 of bf16
+// into acc in element order (lo, hi of x, y, z, w), one f32 rounding per multiply and per add.
 __device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xFFFF0000u); }
 __device__ __forceinline__ float dot8_bf16(float acc, uint4 a, uint4 b) {
@@ -2188,7 +2186,7 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
     if (tw_tensor_is_none(d_topk_weights) || !(T * k)) return TW_OK;
     const size_t erb = tw_dtype_storage_bytes(expert_out->dtype, H);
     const int ebf = expert_out->dtype == TW_BF16;
-    ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(
+    ep_dot_routes<<<grid_for(ctx, T * k, 8), 256, 0, stream>>>(
         (const unsigned char *)expert_out->data, erb, ebf, d_out->data, bf16, T * k, k, H, L->route_pos,
         (float *)d_topk_weights->data, L->slot_row, dot_vec_ok(expert_out->data, erb, ebf, d_out->data, bf16, H));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
@@ -2214,7 +2212,7 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
   if (T * k) {
     const int ebf = expert_out->dtype == TW_BF16;
     const size_t rbe = step_rb_back(ep, expert_out->dtype);  // rows_back's stride
-    ep_dot_routes<<<grid_for(ctx, T * k, 128), 128, 0, stream>>>(
+    ep_dot_routes<<<grid_for(ctx, T * k, 8), 256, 0, stream>>>(
         im->send, rbe, ebf, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data, NULL,
         dot_vec_ok(im->send, rbe, ebf, d_out->data, bf16, H));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");

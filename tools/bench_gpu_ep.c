@@ -29,7 +29,7 @@
  * rows; ep_nccl_slots moves these, in worst-case slots). And "a2a, then expand": per rank, the
  * NCCL time for the same bytes plus a cudaMemsetAsync of the expert-major rows it receives (one
  * token row per route, no scales), the writes any expansion after an all-to-all must make,
- * timed one after the other; the slowest rank's sum. A lower bound for NCCL (or DeepEP) followed
+ * timed separately (medians), summed per rank; the slowest rank's sum. A lower bound for NCCL (or DeepEP) followed
  * by a permute, the work tw_ep's dispatch and combine_bwd do in one op.
  * Floor: the one-direction NVLink copy rate (cudaMemcpyPeerAsync, 1 GiB, GPU 0 -> 1) measured
  * here; %floor = excl-local GB/s / that rate. */
