@@ -89,11 +89,8 @@ static tw_status move(run *r, move_kind k, const float *send, float *recv) {
  * recv buffers overlap nothing else of the call. TWIN_PIPE_SEPARATE_MOVES=1 issues them one
  * by one (same results; for timing the difference). */
 static tw_status moves(run *r, int n, const move_kind *kind, const float *const *send, float *const *recv) {
-  static int separate = -1;
-  if (separate < 0) {
-    const char *e = getenv("TWIN_PIPE_SEPARATE_MOVES");
-    separate = e && atoi(e) == 1;
-  }
+  const char *e = getenv("TWIN_PIPE_SEPARATE_MOVES"); /* read per call: rank threads share no state */
+  const int separate = e && atoi(e) == 1;
   if (!r->pp || separate || n == 1) {
     for (int k = 0; k < n; k++) TW_TRY(move(r, kind[k], send[k], recv[k]));
     return TW_OK;
