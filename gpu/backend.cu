@@ -129,6 +129,7 @@ static const char *op_name(long long op) {
     case GPU_OP_ROUTER_AUX_BWD: return "router_aux_loss_bwd";
     case GPU_OP_EP_DISPATCH: return "ep_dispatch";
     case GPU_OP_EP_COMBINE: return "ep_combine";
+    case GPU_OP_PPERMUTE: return "ppermute";
     default: return "gpu operation";
   }
 }
@@ -176,6 +177,17 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
                       "%s: rank %lld is at barrier %lld of the LSA exchange while this rank is at %lld: a rank "
                       "skipped a step (the step's outputs are not valid; seen on the device)",
                       op, w[2], (long long)((unsigned long long)w[3] >> 32), (long long)(w[3] & 0xffffffffll));
+    case GPU_ERR_PP_TIMEOUT:
+      if (w[2] < 0)
+        return tw_error(TW_ERR_DEVICE,
+                        "%s: an earlier wait of this communicator's window exchange timed out, so it no longer waits "
+                        "(call %lld): the moved data is not valid; make a new communicator (seen on the device)",
+                        op, w[3]);
+      return tw_error(TW_ERR_DEVICE,
+                      "%s: rank %lld did not reach call %lld of the window exchange within the timeout "
+                      "(TWIN_PPERMUTE_TIMEOUT_S, default the communicator's: peer gone, stalled or given another "
+                      "perm; the moved data is not valid, and this communicator's window no longer waits; seen on "
+                      "the device)", op, w[2], w[3]);
     default:
       return tw_error(TW_ERR_DEVICE, "%s: device error code %lld (a = %lld, b = %lld)", op, w[0], w[2], w[3]);
   }

@@ -271,13 +271,18 @@ static tw_status permutes(tw_comm *c, tw_ctx *ctx, int n, const void *const *sen
   cudaStream_t s;
   TW_TRY(stream_of(c, ctx, what, &s));
   size_t bytes = (size_t)count * esize(dt);
-  int src[TW_PPERMUTE_N_MAX];
+  int src[TW_PPERMUTE_N_MAX], dst[TW_PPERMUTE_N_MAX];
   for (int k = 0; k < n; k++) {
     src[k] = -1;
+    dst[k] = perm[k][c->rank];
     for (int j = 0; j < c->size; j++)
       if (perm[k][j] == c->rank) src[k] = j;
-    if (src[k] < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute: zero fill");
   }
+  int done = 0;  // over the communicator's window where every rank is one LSA team (gpu/ppermute_lsa.cu)
+  TW_TRY(gpu_ppermute_lsa(c, ctx, n, send, recv, bytes, dst, src, &done));
+  if (done) return TW_OK;
+  for (int k = 0; k < n; k++)
+    if (src[k] < 0 && bytes) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute: zero fill");
   ncclComm_t comm = I(c)->comm;
   ncclResult_t r = ncclGroupStart();
   for (int k = 0; k < n && queued(r) && bytes; k++) {
@@ -338,6 +343,9 @@ static tw_status nc_destroy(tw_comm *c) {
   tw_status s = TW_OK;
   cudaSetDevice(im->device);
   if (!im->aborted && family_aborted(im->fam)) abort_comm(c, TW_OK);
+  void *pp_park = NULL;
+  s = gpu_ppermute_lsa_close(c, &pp_park);  // collective, before the finalize
+  if (pp_park) family_park(im->fam, pp_park, im->device);
   if (!im->aborted) {
     int gave_up = KEPT_ON;
     ncclResult_t r = ncclCommFinalize(im->comm);

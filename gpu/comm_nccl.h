@@ -9,7 +9,8 @@
 
 #include "twin/tw_comm.h"
 
-struct family;  // the communicators made together (gpu/comm_nccl.cu)
+struct family;         // the communicators made together (gpu/comm_nccl.cu)
+struct ppermute_lsa;   // the ppermute over the communicator's window (gpu/ppermute_lsa.cu)
 
 typedef struct nccl_impl {
   ncclComm_t comm;
@@ -17,7 +18,26 @@ typedef struct nccl_impl {
   int aborted;
   struct family *fam;
   int *flag;  // device int for the barrier's all-reduce
+  struct ppermute_lsa *pp;  // NULL until the first ppermute asks for the window
 } nccl_impl;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+// ppermute_n over a symmetric window on the communicator (gpu/ppermute_lsa.cu): *done = 1 when
+// it enqueued the moves (and the zero fills of ranks nothing reaches), 0 when the caller must
+// use the NCCL group (no LSA team, forced off, too big for a window during a capture). dst[k] /
+// src[k]: where this rank sends op k / from whom it receives (-1: none). Collective.
+tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv, size_t bytes,
+                           const int *dst, const int *src, int *done);
+// At the communicator's destroy, before NCCL's finalize: deregisters the window (collective).
+// After an abort it only hands back in *park the device buffer the caller must free later.
+tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park);
+// What the last ppermute of this communicator used and why ("window" / "nccl: <why>").
+const char *gpu_ppermute_lsa_why(const tw_comm *c);
+#ifdef __cplusplus
+}
+#endif
 
 // The ncclComm_t of an NCCL handle (and its device), or NULL for any other communicator
 // (threads, loopback, custom) and for an aborted one.

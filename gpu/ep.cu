@@ -80,6 +80,7 @@
 #include "core/backend_moe.h"
 #include "gpu/comm_nccl.h"
 #include "gpu/gpu.h"
+#include "gpu/lsa_window.h"
 #include "gpu/moe.h"
 #include "gpu/numerics.cuh"
 #include "twin/tw_comm.h"
@@ -102,12 +103,7 @@ struct lsa_dev {
 };
 
 struct lsa_impl {
-  int loopback;     // test mode: ranks are threads on one GPU (loopback communicator), cudaMalloc'd windows
-  ncclComm_t nc;
-  ncclWindow_t win;
-  void *buf;        // this rank's window (ncclMemAlloc)
-  size_t bytes;
-  void *small;      // peer table, epoch, handshake words (tw_alloc)
+  gpu_lsa_window *w;  // the window (gpu/lsa_window.h): opened, mapped and checked there
   lsa_dev d;
 };
 
@@ -856,20 +852,6 @@ struct lsa_rowmap {  // 16 bytes per destination row
   int pad;
 };
 
-__device__ static unsigned long long ld_acquire_sys(const unsigned long long *p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ static void st_release_sys(unsigned long long *p, unsigned long long v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ static unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // One warp, after its block's writes (the caller's __syncthreads or a kernel boundary): the
 // next epoch into this rank's flag in every window (release, system scope), then wait until
 // every rank's flag in this window reached it (acquire). A rank that does not come within the
@@ -888,14 +870,14 @@ __device__ static void lsa_barrier_warp(const lsa_dev &d, long long *err, int op
   e = __shfl_sync(0xffffffffu, e, 0);
   dead = __shfl_sync(0xffffffffu, dead, 0);
   __threadfence_system();
-  for (int r = lane; r < d.n; r += 32) st_release_sys((unsigned long long *)(d.peer[r] + d.off_flags) + d.me, e);
+  for (int r = lane; r < d.n; r += 32) gpu_st_release_sys((unsigned long long *)(d.peer[r] + d.off_flags) + d.me, e);
   const unsigned long long *mine = (const unsigned long long *)(d.peer[d.me] + d.off_flags);
   if (dead && lane == 0) gpu_report(err, GPU_ERR_EP_TIMEOUT, op, -1, (long long)e);  // each later step: invalid
   for (int r = lane; r < d.n && !dead; r += 32) {
-    const unsigned long long t0 = global_ns();
+    const unsigned long long t0 = gpu_global_ns();
     unsigned long long v;
-    while ((v = ld_acquire_sys(mine + r)) < e)
-      if (global_ns() - t0 > d.timeout_ns) {
+    while ((v = gpu_ld_acquire_sys(mine + r)) < e)
+      if (gpu_global_ns() - t0 > d.timeout_ns) {
         gpu_report(err, GPU_ERR_EP_TIMEOUT, op, r, (long long)e);
         *(volatile unsigned long long *)d.dead = 1;
         break;
@@ -1242,32 +1224,6 @@ __global__ void lsa_take_dw(lsa_dev d, int64_t routes, const int64_t *__restrict
     d_w[q] = route_pos[q] >= 0 ? dw[q] : 0.0f;
 }
 
-#if EP_HAVE_LSA
-// Create-time: the LSA pointer of every rank's window (lsa index = the rank's place in the LSA
-// team), and this rank's handshake word (magic | rank) at offset 0 of its own window.
-__global__ void lsa_map_peers(ncclWindow_t win, int n, int me, int lsa_rank, unsigned char **peer,
-                              unsigned char *own) {
-  for (int r = threadIdx.x; win && r < n; r += blockDim.x)  // loopback test mode: the table is gathered
-    peer[r] = (unsigned char *)ncclGetLsaPointer(win, 0, lsa_rank + (r - me));
-  if (threadIdx.x == 0) *(unsigned long long *)own = 0x7477696e4c534100ull | (unsigned long long)me;
-}
-#endif
-
-// Create-time, after a host barrier and after the host checked that every pointer of the table
-// is mapped device memory: 1 in *bad unless every rank's handshake word reads back through its
-// LSA pointer, this rank's own included. The own LSA pointer is NCCL's flat-VA alias of the
-// window (lsaFlatBase + lsaRank * stride), not the ncclMemAlloc pointer: same memory, another
-// address (NCCL 2.28.3 and 2.28.9 alike; the first 2-GPU run refused LSA on comparing the two).
-__global__ void lsa_check_peers(unsigned char *const *peer, int n, int32_t *bad) {
-  int b = 0;
-  for (int r = 0; r < n; r++) b |= peer[r] == NULL;
-  for (int r = 0; r < n && !b; r++) {
-    unsigned long long v = *(const volatile unsigned long long *)peer[r];
-    if (v != (0x7477696e4c534100ull | (unsigned long long)r)) b = 1;
-  }
-  *bad = b;
-}
-
 // ---- MXFP8 scales in the grouped GEMM's layout (cfg.scales_gemm_layout, scale_block 32) ----
 //
 // The row kernels put the received scale rows into mx_rows [R, sc] (the row layout); then
@@ -1395,49 +1351,6 @@ static tw_status ep_version(tw_ctx *ctx, const char *op, int *want) {
   return TW_OK;
 }
 
-static double ep_now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-// Polls a non-blocking communicator's call until it left ncclInProgress (under the handle's
-// timeout); a failure or a timeout aborts the communicator (its existing abort path).
-static tw_status nccl_done(tw_comm *comm, ncclComm_t nc, ncclResult_t r, const char *what) {
-  const double t0 = ep_now_s();
-  while (r == ncclInProgress) {
-    ncclResult_t st = ncclInProgress;
-    ncclResult_t q = ncclCommGetAsyncError(nc, &st);
-    r = q != ncclSuccess ? q : st;
-    if (r == ncclInProgress && comm->timeout_s > 0 && ep_now_s() - t0 > comm->timeout_s) {
-      tw_status s = tw_error(TW_ERR_TIMEOUT, "%s: rank %d of %d still in progress after %.3g s; communicator aborted",
-                             what, comm->rank, comm->size, comm->timeout_s);
-      comm->ops->abort(comm);
-      return s;
-    }
-    if (r == ncclInProgress) {
-      struct timespec ns = {0, 100000L};
-      nanosleep(&ns, NULL);
-    }
-  }
-  if (r == ncclSuccess) return TW_OK;
-  const char *last = ncclGetLastError(nc);
-  tw_status s = tw_error(TW_ERR_NCCL, "%s: rank %d: %s%s%s", what, comm->rank, ncclGetErrorString(r),
-                         last && *last ? " — " : "", last && *last ? last : "");
-  comm->ops->abort(comm);
-  return s;
-}
-
-// The sum of a 0/1 flag over the group (device int32 at dev, host answer: > 0 if any rank set it).
-static tw_status any_rank(tw_ep *ep, int32_t *dev, int32_t mine, int32_t *all) {
-  gpu_state *st = gpu_of(ep->ctx);
-  GPU_TRY_CUDA(cudaMemcpyAsync(dev, &mine, 4, cudaMemcpyHostToDevice, st->stream), "ep_create: flag");
-  TW_TRY(ep->comm->ops->all_reduce(ep->comm, ep->ctx, dev, dev, 1, TW_I32, TW_REDUCE_SUM));
-  GPU_TRY_CUDA(cudaMemcpyAsync(all, dev, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: flag");
-  GPU_TRY_CUDA(cudaStreamSynchronize(st->stream), "ep_create: flag");
-  return TW_OK;
-}
-
 static size_t round_to(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Leaves im->lsa NULL with im->why when ep_nccl_lsa cannot run here; every rank reaches the
@@ -1450,9 +1363,6 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
 #else
   const tw_ep_config *c = &ep->cfg;
   const int n = ep->ep_size, me = ep->rank;
-  int device = 0;
-  ncclComm_t nc = gpu_nccl_comm(ep->comm, &device);
-  int ver = 0;
   if (n < 2 && !forced) {  // forced on one rank, it runs (to self): tests cover its kernels on 1 GPU
     snprintf(im->why, sizeof im->why, "ep_size 1: one rank's dispatch is a local permutation (ep_nccl_slots' direct path)");
     return TW_OK;
@@ -1460,32 +1370,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   // Test mode, forced only: the ranks of a loopback communicator (threads on one GPU) share one
   // address space, so each window is a cudaMalloc and the peer table an all_gather of the
   // pointers; every kernel of the version then runs as over NVLink (tests/ep_gpu_test.c).
-  const int loop = !nc && forced && !strcmp(ep->comm->ops->name, "loopback") && ep->comm->ops->mem == TW_MEM_DEVICE;
-  if (!nc && !loop) {
-    snprintf(im->why, sizeof im->why, "the '%s' communicator is not NCCL (LSA needs an NCCL window)", ep->comm->ops->name);
-    return TW_OK;
-  }
-  ncclTeam_t team = {n, me, 1};
-  if (!loop) {  // the NCCL checks
-    if (ncclGetVersion(&ver) != ncclSuccess || ver < 22800) {
-      snprintf(im->why, sizeof im->why, "NCCL runtime %d lacks the device API (LSA windows need 2.28)", ver);
-      return TW_OK;
-    }
-    // ncclTeamLsa is looked up at run time: a binary that names it would not load on an older NCCL
-    typedef ncclTeam_t (*team_fn)(ncclComm_t);
-    team_fn team_lsa = (team_fn)dlsym(RTLD_DEFAULT, "ncclTeamLsa");
-    if (!team_lsa) {
-      snprintf(im->why, sizeof im->why, "NCCL runtime %d has no ncclTeamLsa", ver);
-      return TW_OK;
-    }
-    team = team_lsa(nc);
-    if (team.nRanks != n || team.stride != 1) {
-      snprintf(im->why, sizeof im->why,
-               "the %d ranks are not one LSA team (NCCL's LSA team: %d ranks, stride %d: no NVLink/P2P path between "
-               "every pair of GPUs)", n, team.nRanks, team.stride);
-      return TW_OK;
-    }
-  }
+  const int loopback_ok = forced;
   {
     // Load every kernel a step launches now: with lazy module loading (CUDA's default) the first
     // launch of a kernel waits for the GPU, and a peer's barrier kernel spinning there (ranks
@@ -1505,8 +1390,6 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   }
   lsa_impl *L = (lsa_impl *)calloc(1, sizeof *L);
   if (!L) return tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
-  L->nc = nc;
-  L->loopback = loop;
   lsa_dev &d = L->d;
   d.n = n;
   d.me = me;
@@ -1515,7 +1398,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) : 0;
   d.srb = round16(tb + sb);
   d.crb = round16((size_t)c->hidden * 4 + 4);
-  size_t o = 256;  // [0, 8): the handshake word
+  size_t o = GPU_LSA_HEADER_BYTES;  // the handshake word before it
   d.off_flags = o; o += round_to((size_t)n * 8, 256);
   d.off_counts = o; o += round_to((size_t)n * (size_t)c->num_experts * 4, 256);
   d.off_rowmap = o; o += round_to((size_t)c->recv_capacity * sizeof(lsa_rowmap), 256);
@@ -1525,156 +1408,29 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
   d.off_comb = o; o += round_to(back_rows * d.crb, 256);
   d.off_dw = o; o += (size_t)c->max_tokens * (size_t)c->topk * 4;
-  L->bytes = round_to(o, (size_t)2 << 20);
-  gpu_state *st = gpu_of(ep->ctx);
-  tw_status s = tw_alloc(ep->ctx, (size_t)n * 8 + 64, &L->small);
-  if (s != TW_OK) {
-    free(L);
-    return s;
-  }
-  unsigned char **peer = (unsigned char **)L->small;
-  d.peer = peer;
-  d.epoch = (unsigned long long *)((char *)L->small + (size_t)n * 8);
-  d.dead = (unsigned long long *)((char *)L->small + (size_t)n * 8 + 24);  // after the flag word at + 16
   {
     const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
     double ts = te && atof(te) > 0 ? atof(te) : 20.0;
     d.timeout_ns = (unsigned long long)(ts * 1e9);
   }
-  int32_t *flag = (int32_t *)((char *)L->small + (size_t)n * 8 + 16);
-  int32_t all = 0;
-  GPU_TRY_CUDA(cudaSetDevice(device), "ep_create: cudaSetDevice");
-  ncclResult_t ar = ncclSuccess;
-  if (loop) {
-    if (cudaMalloc(&L->buf, L->bytes) != cudaSuccess) {
-      cudaGetLastError();
-      L->buf = NULL;
-      ar = ncclUnhandledCudaError;
-    }
-  } else {
-    ar = ncclMemAlloc(&L->buf, L->bytes);
-    if (ar != ncclSuccess) L->buf = NULL;
+  tw_status s = gpu_lsa_window_open(ep->comm, ep->ctx, o - GPU_LSA_HEADER_BYTES, loopback_ok, 1, "ep_create: LSA window",
+                                    &L->w, im->why, sizeof im->why);
+  if (s != TW_OK || !L->w) {
+    free(L);
+    return s;
   }
-  s = any_rank(ep, flag, L->buf == NULL, &all);
-  if (s == TW_OK && all) {
-    snprintf(im->why, sizeof im->why, "ncclMemAlloc of the %zu-byte window failed on a rank (%s)", L->bytes,
-             ar != ncclSuccess ? ncclGetErrorString(ar) : "another rank");
-  } else if (s == TW_OK && loop) {  // the peer table: every rank's buffer pointer, gathered
-    unsigned char *mine = (unsigned char *)L->buf;
-    s = gpu_cuda_status(cudaMemcpyAsync(d.epoch, &mine, 8, cudaMemcpyHostToDevice, st->stream), "ep_create: pointer");
-    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: pointer");
-    if (s == TW_OK) s = ep->comm->ops->all_gather(ep->comm, ep->ctx, d.epoch, peer, 1, TW_I64);
-  } else if (s == TW_OK) {
-    s = nccl_done(ep->comm, nc, ncclCommWindowRegister(nc, L->buf, L->bytes, &L->win, NCCL_WIN_COLL_SYMMETRIC),
-                  "ep_create: ncclCommWindowRegister");
-    if (s != TW_OK) L->win = NULL;
-    // A non-blocking communicator registers in a group job, which can still run after the call
-    // returned ncclSuccess (2-GPU H200 run, NCCL 2.28.3: the next all_reduce failed with "Attempt
-    // to use communicator before the previous operation returned ncclSuccess"): poll it until
-    // it leaves ncclInProgress. The job stores the handle when it ends (seen on an H200: a NULL
-    // window read by the first kernel), so wait for that too, briefly; a communicator without
-    // symmetric memory gives none.
-    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: ncclCommWindowRegister (settling)");
-    const double t0 = ep_now_s();
-    while (s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE) && ep_now_s() - t0 < 5.0) {
-      struct timespec ns = {0, 100000L};
-      nanosleep(&ns, NULL);
-    }
-    int nowin = s == TW_OK && !__atomic_load_n(&L->win, __ATOMIC_ACQUIRE);
-    if (!nowin && s == TW_OK) {  // the handle must be device memory: the kernels read it
-      cudaPointerAttributes at;
-      nowin = cudaPointerGetAttributes(&at, (const void *)L->win) != cudaSuccess || at.type != cudaMemoryTypeDevice;
-      cudaGetLastError();
-    }
-    if (s == TW_OK) s = any_rank(ep, flag, nowin, &all);
-    if (s == TW_OK && all)
-      snprintf(im->why, sizeof im->why,
-               "ncclCommWindowRegister gave no device window on a rank (NCCL runtime %d: no symmetric memory on this "
-               "communicator)", ver);
-  }
-  if (s == TW_OK && !all) {
-    cudaError_t e = cudaMemsetAsync(L->buf, 0, L->bytes, st->stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(d.epoch, 0, 8, st->stream);
-    if (e == cudaSuccess) e = cudaMemsetAsync(d.dead, 0, 8, st->stream);
-    if (e == cudaSuccess) {
-      lsa_map_peers<<<1, 32, 0, st->stream>>>(L->win, n, me, team.rank, peer, (unsigned char *)L->buf);
-      e = cudaGetLastError();
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(st->stream);  // a host-only barrier must see it done
-    s = gpu_cuda_status(e, "ep_create: LSA pointers");
-    if (s == TW_OK) s = ep->comm->ops->barrier(ep->comm, ep->ctx);  // every handshake word is written
-    // the table on the host first: a pointer that is not mapped device memory (a window layout
-    // misread) stops here, before a kernel loads through it and faults the context
-    int32_t bad = 0;
-    unsigned char **tab = (unsigned char **)calloc((size_t)n, sizeof *tab);
-    char whybad[160] = "a handshake word did not read back";
-    if (s == TW_OK && !tab) s = tw_error(TW_ERR_MEMORY, "ep_create: out of host memory");
-    if (s == TW_OK)
-      s = gpu_cuda_status(cudaMemcpyAsync(tab, peer, sizeof(void *) * (size_t)n, cudaMemcpyDeviceToHost, st->stream),
-                          "ep_create: LSA table");
-    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA table");
-    for (int r = 0; s == TW_OK && r < n && !bad; r++) {
-      cudaPointerAttributes at;
-      cudaError_t pe = tab[r] ? cudaPointerGetAttributes(&at, tab[r]) : cudaErrorInvalidValue;
-      cudaGetLastError();
-      if (pe != cudaSuccess || at.type != cudaMemoryTypeDevice) {
-        bad = 1;
-        snprintf(whybad, sizeof whybad, "rank %d's pointer %p is not mapped device memory (%s, type %d)", r,
-                 (void *)tab[r], cudaGetErrorString(pe), pe == cudaSuccess ? (int)at.type : -1);
-      }
-    }
-    free(tab);
-    if (s == TW_OK && !bad) {
-      lsa_check_peers<<<1, 1, 0, st->stream>>>(peer, n, flag);
-      s = gpu_cuda_status(cudaGetLastError(), "ep_create: LSA check");
-    }
-    if (s == TW_OK && !bad)
-      s = gpu_cuda_status(cudaMemcpyAsync(&bad, flag, 4, cudaMemcpyDeviceToHost, st->stream), "ep_create: LSA check");
-    if (s == TW_OK) s = gpu_cuda_status(cudaStreamSynchronize(st->stream), "ep_create: LSA check");
-    if (s == TW_OK) s = any_rank(ep, flag, bad, &all);
-    if (s == TW_OK && all)
-      snprintf(im->why, sizeof im->why,
-               "the LSA pointers did not reach every rank's window (on this rank: %s%s; headers of NCCL %d, runtime %d)",
-               bad ? whybad : "fine", bad ? "" : ", on another rank not", NCCL_VERSION_CODE, ver);
-  }
-  if (s == TW_OK && !all) {
-    im->lsa = L;
-    return TW_OK;
-  }
-  if (L->win && gpu_nccl_comm(ep->comm, NULL)) {  // a failure here aborted the communicator: say so
-    tw_status sd = nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_create: deregister");
-    if (sd == TW_OK) sd = nccl_done(ep->comm, nc, ncclInProgress, "ep_create: deregister (settling)");
-    if (s == TW_OK) s = sd;
-  }
-  if (L->buf && loop) cudaFree(L->buf);
-  else if (L->buf && gpu_nccl_comm(ep->comm, NULL)) ncclMemFree(L->buf);
-  tw_free(ep->ctx, L->small);
-  free(L);
-  return s;
+  d.peer = L->w->peer;
+  d.epoch = L->w->epoch;
+  d.dead = L->w->dead;
+  im->lsa = L;
+  return TW_OK;
 #endif
 }
 
 static tw_status lsa_destroy(tw_ep *ep, lsa_impl *L) {
-  tw_status s = TW_OK;
-  if (L->loopback) {
-    cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
-    cudaFree(L->buf);
-  }
-#if EP_HAVE_LSA
-  int device = 0;
-  ncclComm_t nc = L->loopback ? NULL : gpu_nccl_comm(ep->comm, &device);
-  if (nc) {  // after an abort the window goes with the communicator (NCCL frees it)
-    cudaSetDevice(device);
-    cudaStreamSynchronize(gpu_of(ep->ctx)->stream);
-    s = nccl_done(ep->comm, nc, ncclCommWindowDeregister(nc, L->win), "ep_destroy: ncclCommWindowDeregister");
-    if (s == TW_OK) s = nccl_done(ep->comm, nc, ncclInProgress, "ep_destroy: ncclCommWindowDeregister (settling)");
-    if (s == TW_OK && ncclMemFree(L->buf) != ncclSuccess)
-      s = tw_error(TW_ERR_NCCL, "ep_destroy: ncclMemFree failed");
-  }
-#endif
-  tw_status s2 = tw_free(ep->ctx, L->small);
+  tw_status s = gpu_lsa_window_close(ep->comm, ep->ctx, L->w, "ep_destroy: LSA window");
   free(L);
-  return s != TW_OK ? s : s2;
+  return s;
 }
 
 extern "C" const char *gpu_ep_version_name(const tw_ep *ep) {

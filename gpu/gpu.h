@@ -50,6 +50,7 @@ enum gpu_err_code {
   GPU_ERR_EP_CAPACITY = 23,     // a = rank, b = gpu_pack_rows(demand, recv_capacity)
   GPU_ERR_EP_TIMEOUT = 24,      // a = the peer rank waited for, b = the barrier epoch (ep_nccl_lsa)
   GPU_ERR_EP_DESYNC = 25,       // a = the peer rank, b = its epoch << 32 | this rank's (ep_nccl_lsa)
+  GPU_ERR_PP_TIMEOUT = 26,      // a = the peer rank waited for (-1: an earlier wait timed out), b = the call's epoch
 };
 enum gpu_op_id {
   GPU_OP_QUANTIZE = 1,
@@ -62,6 +63,7 @@ enum gpu_op_id {
   GPU_OP_ROUTER_AUX_BWD = 23,
   GPU_OP_EP_DISPATCH = 24,
   GPU_OP_EP_COMBINE = 25,
+  GPU_OP_PPERMUTE = 30,  // ppermute / ppermute_n over the communicator's window (gpu/ppermute_lsa.cu)
 };
 
 #ifdef __CUDACC__

@@ -14,7 +14,8 @@
 #include "shard/golden.h"
 #include "twin/tw_comm.h"
 
-int tw_gpu_device_count(void); /* gpu/probe.cu */
+int tw_gpu_device_count(void);                     /* gpu/probe.cu */
+const char *gpu_ppermute_lsa_why(const tw_comm *c); /* gpu/ppermute_lsa.cu: which path the last ppermute took */
 
 /* NVLink multicast stays off on shared hosts (it can take the GPUs out of service); set it
  * here too in case the launcher's environment lost it. */
@@ -230,6 +231,133 @@ Test(shard_nccl, an_abort_reaches_a_rank_waiting_on_the_device, .timeout = 60) {
   cr_assert_eq(run_gpus(2, body_abort_reaches_a_waiting_rank, 30.0), TW_OK, "%s", tw_last_error());
 }
 
+/* ppermute_n over the communicator's window (gpu/ppermute_lsa.cu) on GPUs that share NVLink:
+ * sizes from 1 byte to 33 MiB + 5 (the window grows twice, then stays), 1 to 3 ops of ring, shift,
+ * last-to-first and identity perms, several calls per size (the epochs), every byte against the
+ * formula; the NCCL group (TWIN_PPERMUTE=nccl) runs the same body. */
+static unsigned char pp_byte(int rank, int k, int call, size_t i) {
+  return (unsigned char)(rank * 131 + k * 17 + call * 29 + (int)(i % 251) * 7 + (int)(i / 251));
+}
+
+static tw_status body_ppermute_sizes(int r, tw_comm *c, tw_ctx *ctx) {
+  const int n = tw_comm_size(c);
+  const size_t sizes[] = {1, 13, 4096, ((size_t)1 << 20) + 3, 256, ((size_t)33 << 20) + 5, 7, ((size_t)2 << 20)};
+  const size_t nsz = sizeof sizes / sizeof sizes[0], maxb = ((size_t)33 << 20) + 5;
+  int ring[8], shift[8], last[8], self[8];
+  for (int j = 0; j < n; j++) {
+    ring[j] = (j + 1) % n;
+    shift[j] = j + 1 < n ? j + 1 : -1;
+    last[j] = j == n - 1 ? 0 : -1;
+    self[j] = j;
+  }
+  const int *kinds[4] = {ring, shift, last, self};
+  unsigned char *h = (unsigned char *)malloc(maxb), *want = (unsigned char *)malloc(maxb);
+  void *ds[3] = {NULL, NULL, NULL}, *dr[3] = {NULL, NULL, NULL};
+  tw_status s = h && want ? TW_OK : tw_error(TW_ERR_MEMORY, "out of host memory");
+  for (int k = 0; k < 3 && s == TW_OK; k++) {
+    s = tw_alloc(ctx, maxb, &ds[k]);
+    if (s == TW_OK) s = tw_alloc(ctx, maxb, &dr[k]);
+  }
+  int call = 0;
+  for (size_t z = 0; z < nsz && s == TW_OK; z++) {
+    const size_t b = sizes[z];
+    const int reps = b > ((size_t)4 << 20) ? 2 : 4;
+    for (int rep = 0; rep < reps && s == TW_OK; rep++, call++) {
+      const int nops = 1 + call % 3;
+      const int *perms[3];
+      const void *snd[3];
+      void *rcv[3];
+      for (int k = 0; k < nops && s == TW_OK; k++) {
+        perms[k] = kinds[(call + k) % 4];
+        snd[k] = ds[k];
+        rcv[k] = dr[k];
+        for (size_t i = 0; i < b; i++) h[i] = pp_byte(r, k, call, i);
+        tw_tensor dt = tw_tensor_1d(ds[k], TW_U8, (int64_t)b, TW_MEM_DEVICE), ht = tw_tensor_1d(h, TW_U8, (int64_t)b, TW_MEM_HOST);
+        s = tw_tensor_copy(ctx, &dt, &ht);
+        if (s == TW_OK) s = tw_memset(ctx, dr[k], 0xa5, b); /* a byte left unwritten shows */
+      }
+      if (s == TW_OK) s = tw_ppermute_n(ctx, c, nops, snd, rcv, (int64_t)b, TW_U8, perms);
+      if (s == TW_OK) s = tw_comm_wait(ctx, c);
+      if (s == TW_OK) s = tw_ctx_check(ctx);
+      for (int k = 0; k < nops && s == TW_OK; k++) {
+        int from = -1;
+        for (int j = 0; j < n; j++)
+          if (perms[k][j] == r) from = j;
+        for (size_t i = 0; i < b; i++) want[i] = from < 0 ? 0 : pp_byte(from, k, call, i);
+        s = down(ctx, dr[k], b, h);
+        size_t bad = b;
+        for (size_t i = 0; i < b && s == TW_OK && bad == b; i++)
+          if (h[i] != want[i]) bad = i;
+        if (s == TW_OK && bad < b)
+          s = tw_error(TW_ERR_INTERNAL, "rank %d call %d (%d ops, %zu bytes) op %d from %d: byte %zu = %d, want %d (%s)", r,
+                       call, nops, b, k, from, bad, h[bad], want[bad], gpu_ppermute_lsa_why(c));
+      }
+    }
+  }
+  const char *force = getenv("TWIN_PPERMUTE");
+  const int nccl_forced = force && !strcmp(force, "nccl");
+  if (s == TW_OK && !nccl_forced && strncmp(gpu_ppermute_lsa_why(c), "window", 6) != 0)
+    s = tw_error(TW_ERR_INTERNAL, "rank %d: the ppermutes did not use the window: %s", r, gpu_ppermute_lsa_why(c));
+  if (s == TW_OK && r == 0) printf("ppermute path on %d GPUs: %s\n", n, nccl_forced ? "nccl (forced)" : gpu_ppermute_lsa_why(c));
+  for (int k = 0; k < 3; k++) {
+    if (ds[k]) tw_free(ctx, ds[k]);
+    if (dr[k]) tw_free(ctx, dr[k]);
+  }
+  free(h);
+  free(want);
+  return s;
+}
+
+Test(shard_nccl, ppermute_window_sizes_2_gpus, .timeout = 300) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+}
+Test(shard_nccl, ppermute_window_sizes_4_gpus, .timeout = 300) {
+  need_gpus(4);
+  cr_assert_eq(run_gpus(4, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+}
+Test(shard_nccl, ppermute_nccl_group_sizes_2_gpus, .timeout = 300) {
+  need_gpus(2);
+  setenv("TWIN_PPERMUTE", "nccl", 1);
+  cr_assert_eq(run_gpus(2, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+}
+
+/* Rank 1 takes part in the first ppermute (which opens the window) and skips the second:
+ * rank 0's wait must give up after TWIN_PPERMUTE_TIMEOUT_S, name rank 1 in the device error
+ * word, and its next call must report at once (the window no longer waits), with no hang. */
+static tw_status body_ppermute_missing_peer(int r, tw_comm *c, tw_ctx *ctx) {
+  void *d = NULL;
+  TW_TRY(tw_alloc(ctx, 8192, &d));
+  int ring[2] = {1, 0};
+  TW_TRY(tw_ppermute(ctx, c, d, (char *)d + 4096, 4096, TW_U8, ring));
+  TW_TRY(tw_comm_wait(ctx, c));
+  TW_TRY(tw_ctx_check(ctx));
+  CHECK(!strncmp(gpu_ppermute_lsa_why(c), "window", 6), "rank %d: the ppermute did not use the window: %s", r,
+        gpu_ppermute_lsa_why(c));
+  if (r == 0) {
+    double t0 = secs();
+    TW_TRY(tw_ppermute(ctx, c, d, (char *)d + 4096, 4096, TW_U8, ring));
+    tw_status s = tw_ctx_check(ctx);
+    CHECK(s == TW_ERR_DEVICE && strstr(tw_last_error(), "rank 1 did not reach"), "rank 0: expected the device timeout, got %s: %s",
+          tw_status_name(s), tw_last_error());
+    CHECK(secs() - t0 < 10, "rank 0: the 1 s timeout took %.3g s", secs() - t0);
+    t0 = secs();
+    TW_TRY(tw_ppermute(ctx, c, d, (char *)d + 4096, 4096, TW_U8, ring));
+    s = tw_ctx_check(ctx);
+    CHECK(s == TW_ERR_DEVICE && strstr(tw_last_error(), "no longer waits"), "rank 0: expected the dead window, got %s: %s",
+          tw_status_name(s), tw_last_error());
+    CHECK(secs() - t0 < 0.5, "rank 0: a dead window still waited %.3g s", secs() - t0);
+  }
+  tw_free(ctx, d);
+  return TW_OK;
+}
+
+Test(shard_nccl, ppermute_window_missing_peer_sets_the_error_word, .timeout = 120) {
+  need_gpus(2);
+  setenv("TWIN_PPERMUTE_TIMEOUT_S", "1", 1);
+  cr_assert_eq(run_gpus(2, body_ppermute_missing_peer, 30), TW_OK, "%s", tw_last_error());
+}
+
 /* One process per GPU, the way users scale past one node: rank 0 makes the NCCL id, the
  * launcher (here: this process, over pipes) hands it to the others, each process reads its
  * rank from the environment and joins. Every process then all-reduces its rank. */
@@ -265,7 +393,25 @@ static int child(int rank, int n, int id_in, int id_out) {
   if (!rc && tw_comm_wait(ctx, c) != TW_OK) rc = 18;
   if (!rc && down(ctx, d, sizeof sum, &sum) != TW_OK) rc = 19;
   if (!rc && sum != (float)(n * (n + 1) / 2)) rc = 20;
+  /* a ring ppermute of 1 MiB: over the window across processes where the GPUs share NVLink */
+  enum { PN = 1 << 18 };
+  float *hp = (float *)malloc(2 * PN * sizeof(float));
+  void *dp = NULL;
+  int ring[8];
+  for (int j = 0; j < n; j++) ring[j] = (j + 1) % n;
+  if (!rc && !hp) rc = 21;
+  for (int i = 0; !rc && i < PN; i++) hp[i] = (float)(rank * 1000 + i % 1000);
+  if (!rc && up(ctx, hp, 2 * PN * sizeof(float), &dp) != TW_OK) rc = 22;
+  if (!rc && tw_ppermute(ctx, c, dp, (float *)dp + PN, PN, TW_F32, ring) != TW_OK) rc = 23;
+  if (!rc && tw_comm_wait(ctx, c) != TW_OK) rc = 24;
+  if (!rc && tw_ctx_check(ctx) != TW_OK) rc = 25;
+  if (!rc && down(ctx, (float *)dp + PN, PN * sizeof(float), hp) != TW_OK) rc = 26;
+  for (int i = 0; !rc && i < PN; i++)
+    if (hp[i] != (float)(((rank + n - 1) % n) * 1000 + i % 1000)) rc = 27;
+  if (!rc && rank == 0) printf("one process per GPU, ppermute path: %s\n", gpu_ppermute_lsa_why(c));
   if (rc) fprintf(stderr, "rank %d: step %d: %s (sum %g)\n", rank, rc, tw_last_error(), sum);
+  if (dp) tw_free(ctx, dp);
+  free(hp);
   tw_free(ctx, d);
   tw_ctx_destroy(ctx);
   tw_comm_destroy(c);

@@ -37,7 +37,8 @@
 #include "twin/tw_pipeline.h"
 #include "twin/tw_shard.h"
 
-int tw_gpu_device_count(void); /* gpu/probe.cu */
+int tw_gpu_device_count(void);                     /* gpu/probe.cu */
+const char *gpu_ppermute_lsa_why(const tw_comm *c); /* gpu/ppermute_lsa.cu: the path the last ppermute took */
 
 enum { MAX_RANKS = 16, MAX_ITERS = 64 };
 
@@ -195,6 +196,8 @@ typedef struct {
   double step_s[MAX_ITERS + 8][MAX_RANKS];
   double sched_s[MAX_ITERS + 8][MAX_RANKS]; /* the same steps with the no-op body */
   double move_ms[MAX_RANKS];                /* one ppermute of a microbatch block, median */
+  double move3_ms[MAX_RANKS];               /* a forward iteration's three moves as one ppermute_n, median */
+  char move_path[160];                      /* rank 0's: over the window or NCCL's group, and why */
   size_t saved_size[MAX_RANKS], window_size[MAX_RANKS], ledger_peak[MAX_RANKS];
   size_t base_free[MAX_RANKS], min_free[MAX_RANKS]; /* per device */
   pthread_mutex_t mu;
@@ -235,10 +238,21 @@ static tw_status noop_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipel
   return TW_OK;
 }
 
-/* Median ms of one ppermute of n floats around the pp ring (every rank sends and receives). */
-static double time_move(tw_ctx *ctx, cudaStream_t s, tw_comm *comm, int S, float *a, float *b, int64_t n, int iters) {
-  int perm[MAX_RANKS];
-  for (int i = 0; i < S; i++) perm[i] = (i + 1) % S;
+/* Median ms of one ppermute of n floats around the pp ring (every rank sends and receives), or
+ * (three) of a forward iteration's three moves as one ppermute_n: right shift, left shift, last
+ * to first, from a, a + n, a + 2n into b, b + n, b + 2n. */
+static double time_move(tw_ctx *ctx, cudaStream_t s, tw_comm *comm, int S, float *a, float *b, int64_t n, int iters,
+                        int three) {
+  int perm[MAX_RANKS], right[MAX_RANKS], left[MAX_RANKS], last[MAX_RANKS];
+  for (int i = 0; i < S; i++) {
+    perm[i] = (i + 1) % S;
+    right[i] = i + 1 < S ? i + 1 : -1;
+    left[i] = i >= 1 ? i - 1 : -1;
+    last[i] = i == S - 1 ? 0 : -1;
+  }
+  const int *perms[3] = {right, left, last};
+  const void *snd[3] = {a, a + n, a + 2 * n};
+  void *rcv[3] = {b, b + n, b + 2 * n};
   double ms[MAX_ITERS + 8];
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
@@ -248,7 +262,9 @@ static double time_move(tw_ctx *ctx, cudaStream_t s, tw_comm *comm, int S, float
   for (int it = 0; it < iters + 2; it++) {
     if (tw_comm_barrier(ctx, comm) != TW_OK || tw_ctx_sync(ctx) != TW_OK) break;
     cudaEventRecord(e0, s);
-    if (tw_ppermute(ctx, comm, a, b, n, TW_F32, perm) != TW_OK) break;
+    if (three ? tw_ppermute_n(ctx, comm, 3, snd, rcv, n, TW_F32, perms) != TW_OK
+              : tw_ppermute(ctx, comm, a, b, n, TW_F32, perm) != TW_OK)
+      break;
     cudaEventRecord(e1, s);
     cudaEventSynchronize(e1);
     float t = 0;
@@ -341,8 +357,20 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
     else j->step_s[it][rank] = now_s() - t0;
   }
   if (st == TW_OK && comm) { /* one move of a microbatch block, as the scan makes 2-3 per iteration each way */
-    j->move_ms[rank] = time_move(ctx, stream, comm, S, x, y, act, j->iters);
+    j->move_ms[rank] = time_move(ctx, stream, comm, S, x, y, act, j->iters, 0);
     if (j->move_ms[rank] < 0) st = tw_error(TW_ERR_NCCL, "pipeline bench: rank %d: timing one ppermute failed: %s", rank, tw_last_error());
+    int ok3 = 1; /* after the steps: the memory figures above do not see these */
+    float *a3 = st == TW_OK ? dalloc(ctx, 3 * act, &ok3) : NULL, *b3 = ok3 && a3 ? dalloc(ctx, 3 * act, &ok3) : NULL;
+    j->move3_ms[rank] = ok3 && a3 && b3 ? time_move(ctx, stream, comm, S, a3, b3, act, j->iters, 1) : -1;
+    if (st == TW_OK && j->move3_ms[rank] < 0)
+      st = tw_error(TW_ERR_NCCL, "pipeline bench: rank %d: timing three moves failed: %s", rank, tw_last_error());
+    if (a3) tw_free(ctx, a3);
+    if (b3) tw_free(ctx, b3);
+    if (rank == 0 && !strcmp(tw_comm_kind(comm), "nccl")) {
+      const char *f = getenv("TWIN_PPERMUTE");
+      snprintf(j->move_path, sizeof j->move_path, "%s", f && !strcmp(f, "nccl") ? "NCCL's group (TWIN_PPERMUTE=nccl)"
+                                                                               : gpu_ppermute_lsa_why(comm));
+    }
   }
   if (st == TW_OK) st = tw_ctx_check(ctx);
   for (int i = 0; i < j->dense.nparams; i++) {
@@ -484,8 +512,9 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
     }
   }
   const double step_ms = 1e3 * tw_bench_median(steps, j->iters), sched_ms = 1e3 * tw_bench_median(sched, j->iters);
-  double move_ms = 0;
+  double move_ms = 0, move3_ms = 0;
   for (int k = 0; k < S; k++) move_ms = fmax(move_ms, j->move_ms[k]);
+  for (int k = 0; k < S; k++) move3_ms = fmax(move3_ms, j->move3_ms[k]);
   const double steps_per_stage = (double)M * R * Lps;
   double ideal_ms, theory_ms;
   if (loopback) {
@@ -532,6 +561,10 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
              S, layer_all_ms, layer_all_ms / layer_ms, theory_ms * layer_all_ms / layer_ms,
              step_ms / (theory_ms * layer_all_ms / layer_ms));
     const int moves = 2 * (2 + (R > 1 && M > d * S)) * T; /* forward and backward: shift, state_io (+ circ) */
+    if (j->move_path[0]) printf("  ppermute path: %s\n", j->move_path);
+    if (move3_ms > 0)
+      printf("  a forward iteration's three moves (right shift, left shift, last to first) as one ppermute_n: %.3f ms, "
+             "slowest rank; x %d iterations each way = %.2f ms per step\n", move3_ms, T, move3_ms * 2 * T);
     printf("  where the rest goes: one ppermute of a microbatch block (%.1f MiB, every rank sends and receives) %.3f ms "
            "(%.1f GB/s per direction); %d block moves per step, %d iterations of %d or %d moves issued as one group each "
            "(tw_ppermute_n; TWIN_PIPE_SEPARATE_MOVES=1: one by one), one by one they would take %.2f ms\n",

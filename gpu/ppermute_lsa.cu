@@ -1,0 +1,305 @@
+// gpu/ppermute_lsa.cu — ppermute / ppermute_n over a symmetric window on an NCCL communicator.
+//
+// Why: over NCCL's p2p a pipeline's 32 MiB activation moves at 80-122 GB/s (H100 and H200,
+// NCCL 2.28.3, whatever the channel settings), while one NVLink direction copies at ~396 GB/s.
+// The scan's shift sits on the critical path of every iteration (pipeline/README.md), so the
+// move's rate is the step's overhead.
+//
+// The communicator opens one window (gpu/lsa_window.h) at its first ppermute with room for the
+// call's n slots and keeps it; a later call that needs more opens a larger one (collectively,
+// after every rank drained the old one). Window layout after the header: landed[k] for
+// k < TW_PPERMUTE_N_MAX, done[r] for every rank r, then slot k of `slot` bytes per op. One call,
+// epoch e (counted on the device, so graph replays go on counting), on the context's stream:
+//   1. wait_free: for each op k this rank sends in, wait until its receiver finished the
+//      previous call (done[receiver] >= e - 1 in this rank's window). Per rank, not per slot:
+//      the perms change between calls, so slot k's last sender may be another rank;
+//   2. SMs store send[k] into slot k of the receiver's window (its LSA pointer, 16-byte stores);
+//   3. landed: store e into the receiver's landed[k] (release, system scope), then wait until
+//      landed[k] >= e in this rank's own window for every op it receives in;
+//   4. SMs copy its own slot k into recv[k]; zeros where nothing arrives;
+//   5. done: store e into done[this rank] of every rank's window; the epoch becomes e.
+// Every wait has a timeout (TWIN_PPERMUTE_TIMEOUT_S, default the communicator's timeout_s) that
+// sets GPU_ERR_PP_TIMEOUT in the context's error word (tw_ctx_check reports it) and marks the
+// window dead: its later waits do not wait and each later call reports again (peer -1). A rank
+// given another perm than its peers waits for a slot that never fills: the same timeout.
+//
+// Used when every rank of the communicator is in one LSA team (NVLink / P2P between every pair)
+// on NCCL >= 2.28, for n ops of any size; else the NCCL group (gpu/comm_nccl.cu). Forced off by
+// TWIN_PPERMUTE=nccl (every rank must see the same value). A call inside a stream capture that
+// would need a new window takes the NCCL group instead.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/comm_nccl.h"
+#include "gpu/gpu.h"
+#include "gpu/lsa_window.h"
+
+#define PP_MAX TW_PPERMUTE_N_MAX
+#define PP_OFF_LANDED GPU_LSA_HEADER_BYTES
+#define PP_OFF_DONE (PP_OFF_LANDED + 8 * PP_MAX)
+#define PP_OLD_MAX 8
+
+// Where the slots start in a window of an n-rank communicator.
+static size_t off_slots(int n) { return ((size_t)PP_OFF_DONE + 8 * (size_t)n + 255) & ~(size_t)255; }
+
+struct ppermute_lsa {
+  int state;                   // 0: not tried yet, 1: a window is open, -1: not available here (why)
+  gpu_lsa_window *w;           // the open window
+  size_t slot;                 // bytes per op slot in w (n_max * slot fit)
+  int n_max;                   // slots in w
+  char why[256];
+};
+
+namespace {
+
+struct pp_args {  // passed by value to the three kernels
+  unsigned char *const *peer;
+  unsigned long long *epoch, *dead;
+  long long *err;
+  unsigned long long timeout_ns;
+  int me, n, ranks;
+  int dst[PP_MAX], src[PP_MAX];
+};
+
+// Waits until *flag >= e (acquire); on timeout reports `peer` and marks the window dead.
+__device__ void wait_for(const pp_args &a, const unsigned long long *flag, unsigned long long e, int peer) {
+  if (*(volatile unsigned long long *)a.dead) {
+    gpu_report(a.err, GPU_ERR_PP_TIMEOUT, GPU_OP_PPERMUTE, -1, (long long)e);
+    return;
+  }
+  const unsigned long long t0 = gpu_global_ns();
+  while (gpu_ld_acquire_sys(flag) < e)
+    if (gpu_global_ns() - t0 > a.timeout_ns) {
+      gpu_report(a.err, GPU_ERR_PP_TIMEOUT, GPU_OP_PPERMUTE, peer, (long long)e);
+      *(volatile unsigned long long *)a.dead = 1;
+      return;
+    }
+}
+
+__device__ unsigned long long *flag_at(unsigned char *win, size_t off, int k) {
+  return (unsigned long long *)(win + off) + k;
+}
+
+// Step 1, one thread per op: the receiver of op k finished the previous call (its slots are free).
+__global__ void pp_wait_free(pp_args a) {
+  const int k = threadIdx.x;
+  const unsigned long long e = *a.epoch + 1;
+  if (k < a.n && a.dst[k] >= 0) wait_for(a, flag_at(a.peer[a.me], PP_OFF_DONE, a.dst[k]), e - 1, a.dst[k]);
+}
+
+// Step 3: the copies into the receivers' slots are complete (stream order); publish them, then
+// wait for what this rank receives.
+__global__ void pp_landed(pp_args a) {
+  const int k = threadIdx.x;
+  const unsigned long long e = *a.epoch + 1;
+  __threadfence_system();
+  if (k < a.n && a.dst[k] >= 0) gpu_st_release_sys(flag_at(a.peer[a.dst[k]], PP_OFF_LANDED, k), e);
+  if (k < a.n && a.src[k] >= 0) wait_for(a, flag_at(a.peer[a.me], PP_OFF_LANDED, k), e, a.src[k]);
+}
+
+// Step 5: this rank's slots are copied out: say so in every window (whoever sends to this rank
+// next), count the call.
+__global__ void pp_release(pp_args a) {
+  const unsigned long long e = *a.epoch + 1;
+  __threadfence_system();
+  for (int r = threadIdx.x; r < a.ranks; r += blockDim.x)
+    gpu_st_release_sys(flag_at(a.peer[r], PP_OFF_DONE, a.me), e);
+  __syncthreads();  // every thread read the epoch before it moves
+  if (threadIdx.x == 0) *a.epoch = e;
+}
+
+// Steps 2 and 4: op k's bytes from src[k] to dst[k] (blockIdx.y = k; NULL dst: none), 16-byte
+// loads and stores, four in flight per thread. The stores into a peer's slot go through its LSA
+// pointer from SMs, as ep_nccl_lsa's pushes do: a copy-engine copy (cudaMemcpyAsync) into a
+// peer's mapping stalled on 4 H200s (2026-11-28) while the peer's wait kernel spun.
+struct pp_copy_args {
+  const unsigned char *src[PP_MAX];
+  unsigned char *dst[PP_MAX];
+  size_t bytes;
+};
+
+__global__ void __launch_bounds__(512) pp_copy(pp_copy_args c) {
+  const int k = blockIdx.y;
+  const unsigned char *s = c.src[k];
+  unsigned char *d = c.dst[k];
+  if (!d) return;
+  const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
+  const size_t nvec = (uintptr_t)s % 16 == 0 && (uintptr_t)d % 16 == 0 ? c.bytes / 16 : 0;
+  const uint4 *sv = (const uint4 *)s;
+  uint4 *dv = (uint4 *)d;
+  size_t i = tid;
+  for (; i + 3 * nt < nvec; i += 4 * nt) {
+    const uint4 a0 = sv[i], a1 = sv[i + nt], a2 = sv[i + 2 * nt], a3 = sv[i + 3 * nt];
+    dv[i] = a0;
+    dv[i + nt] = a1;
+    dv[i + 2 * nt] = a2;
+    dv[i + 3 * nt] = a3;
+  }
+  for (; i < nvec; i += nt) dv[i] = sv[i];
+  for (size_t b = nvec * 16 + tid; b < c.bytes; b += nt) d[b] = s[b];
+}
+
+size_t round256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+double timeout_s(const tw_comm *c) {
+  const char *t = getenv("TWIN_PPERMUTE_TIMEOUT_S");
+  if (t && atof(t) > 0) return atof(t);
+  return c->timeout_s > 0 ? c->timeout_s : 60.0;
+}
+
+// Opens (or grows) the window so that n slots of `bytes` fit. Collective; every rank passes the
+// same n and bytes, so every rank reaches the same answer.
+tw_status ensure_window(tw_comm *c, tw_ctx *ctx, ppermute_lsa *p, int n, size_t bytes) {
+  const size_t slot = round256(bytes);
+  if (p->state == 1 && n <= p->n_max && slot <= p->slot) return TW_OK;
+  // grow to at least what the old window held, so alternating sizes do not reopen each time
+  int n_max = n;
+  size_t want = slot;
+  if (p->state == 1) {
+    if (p->n_max > n_max) n_max = p->n_max;
+    if (p->slot > want) want = p->slot;
+    // every rank drains its calls on the old window before anyone closes it
+    cudaStream_t s = gpu_of(ctx)->stream;
+    GPU_TRY_CUDA(cudaStreamSynchronize(s), "ppermute: draining the old window");
+    TW_TRY(c->ops->barrier(c, ctx));
+    tw_status cs = gpu_lsa_window_close(c, ctx, p->w, "ppermute: closing the outgrown window");
+    p->w = NULL;
+    p->state = 0;
+    TW_TRY(cs);
+  }
+  gpu_lsa_window *w = NULL;
+  TW_TRY(gpu_lsa_window_open(c, ctx, off_slots(c->size) - GPU_LSA_HEADER_BYTES + (size_t)n_max * want, 0, 0,
+                             "ppermute: window", &w, p->why, sizeof p->why));
+  if (!w) {
+    p->state = -1;
+    return TW_OK;
+  }
+  // load the three kernels now: a lazy load waits for the GPU, where a peer's wait may spin
+  cudaFuncAttributes fa;
+  GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, (const void *)pp_wait_free), "ppermute: loading kernels");
+  GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, (const void *)pp_landed), "ppermute: loading kernels");
+  GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, (const void *)pp_release), "ppermute: loading kernels");
+  GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, (const void *)pp_copy), "ppermute: loading kernels");
+  p->w = w;
+  p->slot = want;
+  p->n_max = n_max;
+  p->state = 1;
+  snprintf(p->why, sizeof p->why, "window (16-byte stores into the peers' LSA slots)");
+  return TW_OK;
+}
+
+}  // namespace
+
+extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv,
+                                      size_t bytes, const int *dst, const int *src, int *done) {
+  *done = 0;
+  nccl_impl *im = (nccl_impl *)c->impl;
+  const char *force = getenv("TWIN_PPERMUTE");
+  if (c->size < 2 || !bytes || (force && !strcmp(force, "nccl"))) return TW_OK;
+  if (!im->pp) {
+    im->pp = (ppermute_lsa *)calloc(1, sizeof *im->pp);
+    if (!im->pp) return tw_error(TW_ERR_MEMORY, "ppermute: out of host memory");
+  }
+  ppermute_lsa *p = im->pp;
+  if (p->state < 0) return TW_OK;
+  cudaStream_t s = gpu_of(ctx)->stream;
+  if (p->state == 0 || n > p->n_max || round256(bytes) > p->slot) {
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    GPU_TRY_CUDA(cudaStreamIsCapturing(s, &cap), "ppermute: capture status");
+    if (cap != cudaStreamCaptureStatusNone) return TW_OK;  // no collective setup inside a capture
+    TW_TRY(ensure_window(c, ctx, p, n, bytes));
+    if (p->state < 0) return TW_OK;
+  }
+  const gpu_lsa_window *w = p->w;
+  pp_args a;
+  memset(&a, 0, sizeof a);
+  a.peer = w->peer;
+  a.epoch = w->epoch;
+  a.dead = w->dead;
+  a.err = gpu_of(ctx)->err_word;
+  a.timeout_ns = (unsigned long long)(timeout_s(c) * 1e9);
+  a.me = c->rank;
+  a.n = n;
+  a.ranks = c->size;
+  for (int k = 0; k < n; k++) {
+    a.dst[k] = dst[k];
+    a.src[k] = src[k];
+  }
+  unsigned char *const *peer = w->peer_host;
+  unsigned char *own = peer[c->rank];  // this rank's window through its LSA alias, as the peers write it
+  // TWIN_PPERMUTE_COPY=ce: the copy engines move the bytes (cudaMemcpyAsync into the peers' LSA
+  // mappings and out of the own window) instead of SMs; every rank may choose alike or not
+  const char *ce_env = getenv("TWIN_PPERMUTE_COPY");
+  const int ce = ce_env && !strcmp(ce_env, "ce");
+  // SM copies: two blocks of 512 per SM spread over the ops, at least 64 KiB a block
+  const int sms = gpu_of(ctx)->num_sms;
+  size_t per = (size_t)(2 * sms + n - 1) / (size_t)n;
+  if (per * 65536 > bytes) per = (bytes + 65535) / 65536;
+  const dim3 grid((unsigned)(per < 1 ? 1 : per), (unsigned)n);
+  const size_t slots = off_slots(c->size);
+  pp_copy_args in, out;
+  memset(&in, 0, sizeof in);
+  memset(&out, 0, sizeof out);
+  in.bytes = out.bytes = bytes;
+  for (int k = 0; k < n; k++) {
+    in.src[k] = (const unsigned char *)send[k];
+    in.dst[k] = dst[k] >= 0 ? peer[dst[k]] + slots + (size_t)k * p->slot : NULL;
+    out.src[k] = own + slots + (size_t)k * p->slot;
+    out.dst[k] = src[k] >= 0 ? (unsigned char *)recv[k] : NULL;
+  }
+  pp_wait_free<<<1, 32, 0, s>>>(a);
+  GPU_TRY_CUDA(cudaGetLastError(), "ppermute: wait_free");
+  if (ce) {
+    for (int k = 0; k < n; k++)
+      if (in.dst[k])
+        GPU_TRY_CUDA(cudaMemcpyAsync(in.dst[k], in.src[k], bytes, cudaMemcpyDeviceToDevice, s),
+                     "ppermute: copy into the peer's window");
+  } else {
+    pp_copy<<<grid, 512, 0, s>>>(in);
+    GPU_TRY_CUDA(cudaGetLastError(), "ppermute: copy into the peers' windows");
+  }
+  pp_landed<<<1, 32, 0, s>>>(a);
+  GPU_TRY_CUDA(cudaGetLastError(), "ppermute: landed");
+  for (int k = 0; k < n; k++)
+    if (src[k] < 0) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute: zero fill");
+  if (ce) {
+    for (int k = 0; k < n; k++)
+      if (out.dst[k])
+        GPU_TRY_CUDA(cudaMemcpyAsync(out.dst[k], out.src[k], bytes, cudaMemcpyDeviceToDevice, s),
+                     "ppermute: copy out of the window");
+  } else {
+    pp_copy<<<dim3((unsigned)(2 * sms / n > 0 ? 2 * sms / n : 1), (unsigned)n), 512, 0, s>>>(out);
+    GPU_TRY_CUDA(cudaGetLastError(), "ppermute: copy out of the window");
+  }
+  pp_release<<<1, 32, 0, s>>>(a);
+  GPU_TRY_CUDA(cudaGetLastError(), "ppermute: release");
+  *done = 1;
+  return TW_OK;
+}
+
+extern "C" tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park) {
+  *park = NULL;
+  nccl_impl *im = (nccl_impl *)c->impl;
+  ppermute_lsa *p = im ? im->pp : NULL;
+  if (!p) return TW_OK;
+  tw_status s = TW_OK;
+  if (p->state == 1 && !im->aborted) {
+    s = gpu_lsa_window_close(c, NULL, p->w, "comm_destroy: the ppermute window");
+  } else if (p->state == 1) {  // aborted: NCCL frees the window; cudaFree could wait for a stuck peer
+    *park = p->w->small;
+    free(p->w->peer_host);
+    free(p->w);
+  }
+  free(p);
+  im->pp = NULL;
+  return s;
+}
+
+extern "C" const char *gpu_ppermute_lsa_why(const tw_comm *c) {
+  const nccl_impl *im = c ? (const nccl_impl *)c->impl : NULL;
+  if (!im || !im->pp) return "nccl (no ppermute over two or more ranks yet)";
+  return im->pp->state == 1 ? im->pp->why : im->pp->state < 0 ? im->pp->why : "not decided yet";
+}
