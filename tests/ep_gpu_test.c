@@ -945,14 +945,14 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, s
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
 /* bf16 rows wide enough for the warp dot's four-vector loop (combine_bwd: ep_dot_routes on the
- * direct path and the slots staging, lsa_dout_rows): ep_size 1 (auto and LSA forced) and 2 / 4
- * ranks on one GPU (loopback, both versions), bit for bit */
+ * direct path and the slots staging, lsa_dout_rows): ep_size 1 (auto) and 2 / 4 ranks on one GPU
+ * (loopback, both versions), bit for bit */
 Test(ep_gpu, random_cases_wide_bf16_rows) {
   wide_rows = 1;
   random_1(NULL, 40);
   loop_24(NULL, 24);
-  loop_24("ep_nccl_lsa", 24);
-  random_1("ep_nccl_lsa", 24); /* last: it skips the test where a 1-rank NCCL communicator has no window */
+  loop_24("ep_nccl_lsa", 24); /* LSA at ep_size 1 is left out: a 1-rank NCCL communicator has no window on
+                               * NCCL 2.28.3, and its skip would hide this test's result */
   wide_rows = 0;
 }
 
