@@ -28,6 +28,7 @@
 // TWIN_PPERMUTE=nccl (every rank must see the same value). A call inside a stream capture that
 // would need a new window takes the NCCL group instead.
 #include <cuda_runtime.h>
+#include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,4 +303,18 @@ extern "C" const char *gpu_ppermute_lsa_why(const tw_comm *c) {
   const nccl_impl *im = c ? (const nccl_impl *)c->impl : NULL;
   if (!im || !im->pp) return "nccl (no ppermute over two or more ranks yet)";
   return im->pp->state == 1 ? im->pp->why : im->pp->state < 0 ? im->pp->why : "not decided yet";
+}
+
+// `twin backends`: how ppermute moves data on NCCL communicators here (decided per communicator
+// at its first ppermute; gpu_ppermute_lsa_why says what it chose).
+extern "C" void gpu_ppermute_describe(char *buf, size_t n) {
+  int ver = 0;
+  ncclGetVersion(&ver);
+  const char *f = getenv("TWIN_PPERMUTE");
+  if (f && !strcmp(f, "nccl"))
+    snprintf(buf, n, "NCCL's group (TWIN_PPERMUTE=nccl; NCCL runtime %d)", ver);
+  else
+    snprintf(buf, n, "over a symmetric window per communicator (16-byte stores into the peers' LSA slots) where "
+                     "its ranks are one LSA team on NCCL >= 2.28 (runtime %d), else NCCL's group; "
+                     "TWIN_PPERMUTE=nccl forces the group", ver);
 }

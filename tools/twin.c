@@ -46,6 +46,8 @@ extern const tw_backend_ops tw_gpu_ops __attribute__((weak));
 
 #pragma weak gpu_ep_describe
 void gpu_ep_describe(char *buf, size_t n); /* gpu/ep.cu; absent from twin_cpu */
+#pragma weak gpu_ppermute_describe
+void gpu_ppermute_describe(char *buf, size_t n); /* gpu/ppermute_lsa.cu; absent from twin_cpu */
 
 static int cmd_backends(void) {
   const tw_backend_ops *tables[TW_BACKEND_COUNT] = {&tw_ref_ops, &tw_gpu_ops};
@@ -65,6 +67,11 @@ static int cmd_backends(void) {
     char why[400];
     gpu_ep_describe(why, sizeof why);
     printf("\nep (gpu): %s\n", why);
+  }
+  if (gpu_ppermute_describe && tw_backend_available(TW_BACKEND_GPU)) {
+    char why[400];
+    gpu_ppermute_describe(why, sizeof why);
+    printf("ppermute (gpu, NCCL communicators): %s\n", why);
   }
   return TW_EXIT_OK;
 }

@@ -30,8 +30,12 @@
  *                   twice. All ranks pass the same perm.
  *   ppermute_n:     n ppermutes (n <= TW_PPERMUTE_N_MAX) of count elements each, as one call:
  *                   op k moves send[k] by perm[k]. No recv buffer may overlap another op's
- *                   send or recv. NCCL runs their transfers in one group, side by side
- *                   (one kernel); the ref communicators run them in order. Same results.
+ *                   send or recv. On NCCL whose ranks share NVLink / P2P (one LSA team, NCCL
+ *                   >= 2.28) the blocks go through a symmetric window the communicator opens at
+ *                   its first ppermute (n x count elements, kept until it is destroyed; a peer
+ *                   that never comes sets the context's device error word after the timeout:
+ *                   tw_ctx_check); elsewhere in one NCCL group, side by side; the ref
+ *                   communicators run them in order. Same results.
  *   barrier:        returns when every rank entered it.
  * op_j is applied over j = 0, 1, ..., n-1 in that order (ref). Reductions take f32, f64, i32
  * and i64 (sum, max); max propagates NaN. 16-bit floats are reduced by widening to f32 first
