@@ -19,7 +19,12 @@
  *           device's peak use beyond what was in use before the step (inputs, contexts) against
  *           tw_pipeline_peak_bytes (summed over the ranks that share the device); the window
  *           the scan allocated (tw_pipeline_peak_window_bytes) against tw_pipeline_window_bytes,
- *           the saved state (tw_pipeline_saved_size) against tw_pipeline_saved_bytes. */
+ *           the saved state (tw_pipeline_saved_size) against tw_pipeline_saved_bytes.
+ *   trace   (NCCL mode) one more step with a body that records CUDA events around every layer
+ *           call on its stage's stream: per stage the layer calls' device time and the gaps
+ *           between consecutive calls (the schedule's moves, copies and adds, and the waits for
+ *           other stages), forward and backward apart, so the step's overhead over the theory
+ *           can be placed without a profiler. */
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
@@ -188,9 +193,26 @@ static double time_layer_all(const tw_pipeline_body *b, int64_t rows, int warm, 
 }
 
 /* ---- the pipeline on S ranks ------------------------------------------------------------- */
+#define TRACE_MAX 512 /* layer calls traced per rank (fwd + bwd of one step) */
+typedef struct {
+  tw_ctx *ctx;
+  cudaStream_t stream;
+  cudaEvent_t a[TRACE_MAX], b[TRACE_MAX]; /* before / after each layer call */
+  char bwd[TRACE_MAX];
+  int n, made;
+} trace_rank;
+
+typedef struct {  /* one rank's trace step */
+  int calls[2];   /* [0] forward, [1] backward layer calls */
+  double busy_ms[2], gap_med_ms[2], gap_sum_ms[2], span_ms;
+  int ok;
+} trace_sum;
+
 typedef struct {
   tw_pipeline_config c;
-  tw_pipeline_body dense, probe, noop;
+  tw_pipeline_body dense, probe, noop, traced;
+  trace_rank *trace; /* [MAX_RANKS] by GPU, NCCL mode only */
+  trace_sum tsum[MAX_RANKS];
   tw_mesh mesh;
   int loopback, warm, iters;
   double step_s[MAX_ITERS + 8][MAX_RANKS];
@@ -236,6 +258,64 @@ static tw_status noop_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipel
                           const float *dy, float *dx, tw_pipeline_params *dw, int64_t rows, void *scratch) {
   (void)b; (void)ctx; (void)w; (void)x; (void)dy; (void)dx; (void)dw; (void)rows; (void)scratch;
   return TW_OK;
+}
+
+/* The dense body with CUDA events around each call (the trace step); ranks are found by ctx. */
+static trace_rank *trace_of(pjob *j, tw_ctx *ctx) { /* NCCL mode: stage r runs on GPU r */
+  int d = -1;
+  if (!j->trace || cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= MAX_RANKS) return NULL;
+  return j->trace[d].ctx == ctx ? &j->trace[d] : NULL;
+}
+static tw_status traced_forward(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                                float *y, int64_t rows, void *scratch) {
+  pjob *j = (pjob *)b->user;
+  trace_rank *t = trace_of(j, ctx);
+  const int i = t && t->n < TRACE_MAX ? t->n++ : -1;
+  if (i >= 0) { t->bwd[i] = 0; cudaEventRecord(t->a[i], t->stream); }
+  tw_status s = j->dense.forward(b, ctx, w, x, y, rows, scratch);
+  if (i >= 0) cudaEventRecord(t->b[i], t->stream);
+  return s;
+}
+static tw_status traced_vjp(const tw_pipeline_body *b, tw_ctx *ctx, const tw_pipeline_params *w, const float *x,
+                            const float *dy, float *dx, tw_pipeline_params *dw, int64_t rows, void *scratch) {
+  pjob *j = (pjob *)b->user;
+  trace_rank *t = trace_of(j, ctx);
+  const int i = t && t->n < TRACE_MAX ? t->n++ : -1;
+  if (i >= 0) { t->bwd[i] = 1; cudaEventRecord(t->a[i], t->stream); }
+  tw_status s = j->dense.vjp(b, ctx, w, x, dy, dx, dw, rows, scratch);
+  if (i >= 0) cudaEventRecord(t->b[i], t->stream);
+  return s;
+}
+
+/* After the trace step (stream synchronized): rank r's calls and gaps, printed by the caller. */
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static trace_sum trace_summary(trace_rank *t) {
+  trace_sum r;
+  memset(&r, 0, sizeof r);
+  double g[2][TRACE_MAX]; /* per thread: every rank summarizes its own trace at once */
+  int ng[2] = {0, 0};
+  for (int i = 0; i < t->n; i++) {
+    float ms = 0;
+    const int k = t->bwd[i];
+    r.calls[k]++;
+    if (cudaEventElapsedTime(&ms, t->a[i], t->b[i]) == cudaSuccess) r.busy_ms[k] += ms;
+    if (i + 1 < t->n && t->bwd[i + 1] == k && cudaEventElapsedTime(&ms, t->b[i], t->a[i + 1]) == cudaSuccess) {
+      g[k][ng[k]++] = ms;
+      r.gap_sum_ms[k] += ms;
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    qsort(g[k], (size_t)ng[k], sizeof(double), cmp_d);
+    r.gap_med_ms[k] = ng[k] ? g[k][ng[k] / 2] : 0;
+  }
+  float ms = 0;
+  if (t->n > 1 && cudaEventElapsedTime(&ms, t->a[0], t->b[t->n - 1]) == cudaSuccess) r.span_ms = ms;
+  return r;
 }
 
 /* Median ms of one ppermute of n floats around the pp ring (every rank sends and receives), or
@@ -318,10 +398,17 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
   if (st == TW_OK && !ok) st = tw_error(TW_ERR_MEMORY, "pipeline bench: rank %d: the inputs do not fit or failed to load: %s",
                                         rank, tw_last_error());
   if (st == TW_OK) st = tw_ctx_sync(ctx);
-  const int timed = j->warm + j->iters + 1; /* the last one measures memory */
-  const int total = timed + 1 + j->iters;    /* then the schedule alone (no-op body), one warm-up */
+  const int timed = j->warm + j->iters + 1;  /* the last one measures memory */
+  const int total = timed + 2 + j->iters;     /* the trace step, then the schedule alone (no-op body), one warm-up */
+  trace_rank *tr = j->trace && !j->loopback && dev < MAX_RANKS ? &j->trace[dev] : NULL;
+  if (tr) {
+    tr->ctx = ctx;
+    tr->stream = stream;
+    for (; tr->made < TRACE_MAX; tr->made++)
+      if (cudaEventCreate(&tr->a[tr->made]) != cudaSuccess || cudaEventCreate(&tr->b[tr->made]) != cudaSuccess) break;
+  }
   for (int it = 0; it < total && st == TW_OK; it++) {
-    const int mem = it == timed - 1, noop = it >= timed;
+    const int mem = it == timed - 1, trace = it == timed, noop = it > timed;
     st = barrier(ctx, comm);
     if (st == TW_OK && mem) { /* what is in use before the step, then nobody allocates until all have read it */
       size_t fr = 0, tot = 0;
@@ -333,7 +420,9 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
       st = barrier(ctx, comm);
     }
     if (st != TW_OK) break;
-    const tw_pipeline_body *b = noop ? &j->noop : mem ? &j->probe : &j->dense;
+    const tw_pipeline_body *b = noop ? &j->noop : mem ? &j->probe : trace ? &j->traced : &j->dense;
+    if (trace && tr) tr->n = 0;
+    if (trace && !tr) continue;
     tw_pipeline_saved *sv = NULL;
     size_t inputs = 0, peak = 0;
     if (mem) {
@@ -353,8 +442,19 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
     if (st == TW_OK) st = fs;
     if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
     if (st == TW_OK) st = tw_ctx_sync(ctx);
-    if (noop) j->sched_s[it - timed][rank] = now_s() - t0;
-    else j->step_s[it][rank] = now_s() - t0;
+    if (noop) j->sched_s[it - timed - 1][rank] = now_s() - t0;
+    else if (!trace) j->step_s[it][rank] = now_s() - t0;
+  }
+  if (tr) {
+    if (st == TW_OK && tr->n > 0 && tr->made == TRACE_MAX) {
+      j->tsum[rank] = trace_summary(tr);
+      j->tsum[rank].ok = 1;
+    }
+    for (int i = 0; i < tr->made; i++) {
+      cudaEventDestroy(tr->a[i]);
+      cudaEventDestroy(tr->b[i]);
+    }
+    tr->made = 0;
   }
   if (st == TW_OK && comm) { /* one move of a microbatch block, as the scan makes 2-3 per iteration each way */
     j->move_ms[rank] = time_move(ctx, stream, comm, S, x, y, act, j->iters, 0);
@@ -409,6 +509,10 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   }
   pjob *j = (pjob *)calloc(1, sizeof *j);
   if (!j) return 1;
+  if (!loopback && !(j->trace = (trace_rank *)calloc(MAX_RANKS, sizeof *j->trace))) {
+    free(j);
+    return 1;
+  }
   pthread_mutex_init(&j->mu, NULL);
   j->loopback = loopback;
   j->warm = cfg->warmup > 7 ? 7 : cfg->warmup;
@@ -430,6 +534,10 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   j->noop = j->dense;
   j->noop.forward = noop_forward;
   j->noop.vjp = noop_vjp;
+  j->traced = j->dense;
+  j->traced.forward = traced_forward;
+  j->traced.vjp = traced_vjp;
+  j->traced.user = j;
   tw_axis ax = TW_AXIS_PP;
   if (tw_mesh_init(&j->mesh, 1, &ax, &c.stages) != TW_OK) {
     fprintf(stderr, "bench gpu pipeline: %s\n", tw_last_error());
@@ -574,6 +682,15 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   printf("  the schedule alone (a body that computes nothing: moves, copies, %s, the scan's allocations): %.2f ms "
          "= %.3f of the %s\n",
          pp->bsw ? "window loads" : "weight gathers", sched_ms, sched_ms / theory_ms, loopback ? "ideal" : "theory");
+  for (int k = 0; k < S && !loopback; k++) {
+    const trace_sum *q = &j->tsum[k];
+    if (!q->ok) continue;
+    printf("  trace, stage %d (CUDA events around its layer calls, one more step): %d + %d calls busy %.2f + %.2f ms; "
+           "gaps between consecutive calls median %.3f / %.3f ms (fwd / bwd), summed %.2f + %.2f ms; first call to "
+           "last %.2f ms\n",
+           k, q->calls[0], q->calls[1], q->busy_ms[0], q->busy_ms[1], q->gap_med_ms[0], q->gap_med_ms[1],
+           q->gap_sum_ms[0], q->gap_sum_ms[1], q->span_ms);
+  }
   /* memory */
   int worst_ok = 1;
   const int ndev = loopback ? 1 : S;
@@ -608,6 +725,7 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
   if (!worst_ok) printf("  memory: a measurement is off its formula (above)\n");
 out:
   pthread_mutex_destroy(&j->mu);
+  free(j->trace);
   free(j);
   return rc;
 }
