@@ -180,8 +180,9 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
     case GPU_ERR_PP_TIMEOUT:
       if (w[2] < 0)
         return tw_error(TW_ERR_DEVICE,
-                        "%s: an earlier wait of this communicator's window exchange timed out, so it no longer waits "
-                        "(call %lld): the moved data is not valid; make a new communicator (seen on the device)",
+                        "%s: an earlier wait of this communicator's window exchange timed out, or the communicator was "
+                        "aborted, so it no longer waits (call %lld): the moved data is not valid; make a new "
+                        "communicator (seen on the device)",
                         op, w[3]);
       return tw_error(TW_ERR_DEVICE,
                       "%s: rank %lld did not reach call %lld of the window exchange within the timeout "

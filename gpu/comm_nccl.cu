@@ -134,6 +134,7 @@ static tw_status abort_comm(tw_comm *c, tw_status s) {
     if (s == TW_OK) snprintf(why, sizeof why, "rank %d of %d called tw_comm_abort", c->rank, c->size);
     else snprintf(why, sizeof why, "%s", tw_last_error());
     family_mark(im->fam, why);  // first, so the siblings stop waiting as early as possible
+    gpu_ppermute_lsa_stop(c);   // its window waits end before NCCL unmaps the window
     cudaSetDevice(im->device);
     ncclCommAbort(im->comm);
   }
@@ -343,9 +344,10 @@ static tw_status nc_destroy(tw_comm *c) {
   tw_status s = TW_OK;
   cudaSetDevice(im->device);
   if (!im->aborted && family_aborted(im->fam)) abort_comm(c, TW_OK);
-  void *pp_park = NULL;
-  s = gpu_ppermute_lsa_close(c, &pp_park);  // collective, before the finalize
-  if (pp_park) family_park(im->fam, pp_park, im->device);
+  void *pp_park[16];
+  int n_park = 0;
+  s = gpu_ppermute_lsa_close(c, pp_park, &n_park);  // before the finalize: NCCL frees windows with the communicator
+  for (int i = 0; i < n_park; i++) family_park(im->fam, pp_park[i], im->device);
   if (!im->aborted) {
     int gave_up = KEPT_ON;
     ncclResult_t r = ncclCommFinalize(im->comm);

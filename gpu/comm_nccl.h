@@ -27,13 +27,19 @@ extern "C" {
 // ppermute_n over a symmetric window on the communicator (gpu/ppermute_lsa.cu): *done = 1 when
 // it enqueued the moves (and the zero fills of ranks nothing reaches), 0 when the caller must
 // use the NCCL group (no LSA team, forced off, too big for a window during a capture). dst[k] /
-// src[k]: where this rank sends op k / from whom it receives (-1: none). Collective.
+// src[k]: where this rank sends op k / from whom it receives (-1: none). Collective. Like
+// NCCL's own calls, one communicator's ppermutes are issued from one stream at a time: the
+// window's epoch is counted on the device in stream order.
 tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv, size_t bytes,
                            const int *dst, const int *src, int *done);
-// At the communicator's destroy, before NCCL's finalize: deregisters the window (collective).
-// After an abort it only hands back in *park the device buffer the caller must free later.
-tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park);
-// What the last ppermute of this communicator used and why ("window" / "nccl: <why>").
+// At the communicator's destroy, before NCCL's finalize: waits (under the timeout) for the last
+// ppermute's kernels, then deregisters and frees its windows. After an abort, or when that wait
+// timed out, the windows go with the communicator and park[0 .. *nparked) (room for 9) are
+// device buffers the caller frees once nothing of the family can run.
+tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park, int *nparked);
+// Before ncclCommAbort: ends this rank's spinning window waits (marks its windows dead).
+void gpu_ppermute_lsa_stop(tw_comm *c);
+// What this communicator's ppermutes use: "window (...)", "nccl: <why>", or that none ran yet.
 const char *gpu_ppermute_lsa_why(const tw_comm *c);
 #ifdef __cplusplus
 }

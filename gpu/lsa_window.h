@@ -64,8 +64,8 @@ extern "C" {
 // why *out is NULL.
 tw_status gpu_lsa_window_open(tw_comm *comm, tw_ctx *ctx, size_t bytes, int loopback_ok, int small_in_ctx,
                               const char *what, gpu_lsa_window **out, char *why, size_t nwhy);
-// Collective too: synchronizes ctx's stream (ctx may be NULL when !small_in_ctx), deregisters and
-// frees. After an abort the window goes with the communicator (NCCL frees it) and only the rest
+// Synchronizes ctx's stream (ctx may be NULL when !small_in_ctx: the caller drained the work that
+// touches the window), deregisters (rank-local in NCCL 2.28) and frees. After an abort the window goes with the communicator (NCCL frees it) and only the rest
 // is released.
 tw_status gpu_lsa_window_close(tw_comm *comm, tw_ctx *ctx, gpu_lsa_window *w, const char *what);
 // Polls a non-blocking communicator's call until it left ncclInProgress (under the handle's

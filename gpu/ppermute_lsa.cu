@@ -6,8 +6,10 @@
 // move's rate is the step's overhead.
 //
 // The communicator opens one window (gpu/lsa_window.h) at its first ppermute with room for the
-// call's n slots and keeps it; a later call that needs more opens a larger one (collectively,
-// after every rank drained the old one). Window layout after the header: landed[k] for
+// call's n slots and keeps it; a later call that needs more opens a larger one (collectively) and
+// keeps the outgrown one mapped until the communicator is destroyed (a graph captured over it
+// keeps its addresses; no rank unmaps memory a peer may still touch). Destroy waits for the last
+// call's kernels before it unmaps. Window layout after the header: landed[k] for
 // k < TW_PPERMUTE_N_MAX, done[r] for every rank r, then slot k of `slot` bytes per op. One call,
 // epoch e (counted on the device, so graph replays go on counting), on the context's stream:
 //   1. wait_free: for each op k this rank sends in, wait until its receiver finished the
@@ -20,8 +22,12 @@
 //   5. done: store e into done[this rank] of every rank's window; the epoch becomes e.
 // Every wait has a timeout (TWIN_PPERMUTE_TIMEOUT_S, default the communicator's timeout_s) that
 // sets GPU_ERR_PP_TIMEOUT in the context's error word (tw_ctx_check reports it) and marks the
-// window dead: its later waits do not wait and each later call reports again (peer -1). A rank
-// given another perm than its peers waits for a slot that never fills: the same timeout.
+// window dead: its later waits do not wait, it stores nothing more into its peers (a live peer
+// times out too rather than read a later call's flag as this one's), and each later call
+// reports again (peer -1). A rank given another perm than its peers waits for a slot that never
+// fills: the same timeout. An abort of the communicator first marks its windows dead from the
+// host (a copy on a stream of its own) and waits briefly for the last call, so a wait spinning on
+// this rank ends before ncclCommAbort unmaps the window (gpu_ppermute_lsa_stop).
 //
 // Used when every rank of the communicator is in one LSA team (NVLink / P2P between every pair)
 // on NCCL >= 2.28, for n ops of any size; else the NCCL group (gpu/comm_nccl.cu). Forced off by
@@ -33,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpu/comm_nccl.h"
 #include "gpu/gpu.h"
@@ -51,6 +58,12 @@ struct ppermute_lsa {
   gpu_lsa_window *w;           // the open window
   size_t slot;                 // bytes per op slot in w (n_max * slot fit)
   int n_max;                   // slots in w
+  // Outgrown windows stay mapped until the communicator is destroyed: a graph captured over one
+  // keeps its addresses, and no rank unmaps memory a peer's call may still touch.
+  gpu_lsa_window *old[PP_OLD_MAX];
+  int n_old;
+  cudaEvent_t last;            // recorded after every call: destroy waits for it before unmapping
+  int device;
   char why[256];
 };
 
@@ -72,12 +85,17 @@ __device__ void wait_for(const pp_args &a, const unsigned long long *flag, unsig
     return;
   }
   const unsigned long long t0 = gpu_global_ns();
-  while (gpu_ld_acquire_sys(flag) < e)
+  while (gpu_ld_acquire_sys(flag) < e) {
+    if (*(volatile unsigned long long *)a.dead) {  // set by the host's abort (gpu_ppermute_lsa_stop)
+      gpu_report(a.err, GPU_ERR_PP_TIMEOUT, GPU_OP_PPERMUTE, -1, (long long)e);
+      return;
+    }
     if (gpu_global_ns() - t0 > a.timeout_ns) {
       gpu_report(a.err, GPU_ERR_PP_TIMEOUT, GPU_OP_PPERMUTE, peer, (long long)e);
       *(volatile unsigned long long *)a.dead = 1;
       return;
     }
+  }
 }
 
 __device__ unsigned long long *flag_at(unsigned char *win, size_t off, int k) {
@@ -96,8 +114,11 @@ __global__ void pp_wait_free(pp_args a) {
 __global__ void pp_landed(pp_args a) {
   const int k = threadIdx.x;
   const unsigned long long e = *a.epoch + 1;
+  // a dead window stores nothing into its peers: a live peer must time out too, not take a
+  // later call's flag for this one's
+  const int dead = *(volatile unsigned long long *)a.dead != 0;
   __threadfence_system();
-  if (k < a.n && a.dst[k] >= 0) gpu_st_release_sys(flag_at(a.peer[a.dst[k]], PP_OFF_LANDED, k), e);
+  if (!dead && k < a.n && a.dst[k] >= 0) gpu_st_release_sys(flag_at(a.peer[a.dst[k]], PP_OFF_LANDED, k), e);
   if (k < a.n && a.src[k] >= 0) wait_for(a, flag_at(a.peer[a.me], PP_OFF_LANDED, k), e, a.src[k]);
 }
 
@@ -105,8 +126,9 @@ __global__ void pp_landed(pp_args a) {
 // next), count the call.
 __global__ void pp_release(pp_args a) {
   const unsigned long long e = *a.epoch + 1;
+  const int dead = *(volatile unsigned long long *)a.dead != 0;
   __threadfence_system();
-  for (int r = threadIdx.x; r < a.ranks; r += blockDim.x)
+  for (int r = threadIdx.x; r < a.ranks && !dead; r += blockDim.x)
     gpu_st_release_sys(flag_at(a.peer[r], PP_OFF_DONE, a.me), e);
   __syncthreads();  // every thread read the epoch before it moves
   if (threadIdx.x == 0) *a.epoch = e;
@@ -120,13 +142,14 @@ struct pp_copy_args {
   const unsigned char *src[PP_MAX];
   unsigned char *dst[PP_MAX];
   size_t bytes;
+  const unsigned long long *dead;  // into the peers (step 2): nothing once the window is dead
 };
 
 __global__ void __launch_bounds__(512) pp_copy(pp_copy_args c) {
   const int k = blockIdx.y;
   const unsigned char *s = c.src[k];
   unsigned char *d = c.dst[k];
-  if (!d) return;
+  if (!d || (c.dead && *(const volatile unsigned long long *)c.dead)) return;
   const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x, nt = (size_t)gridDim.x * blockDim.x;
   const size_t nvec = (uintptr_t)s % 16 == 0 && (uintptr_t)d % 16 == 0 ? c.bytes / 16 : 0;
   const uint4 *sv = (const uint4 *)s;
@@ -148,7 +171,7 @@ size_t round256(size_t x) { return (x + 255) & ~(size_t)255; }
 double timeout_s(const tw_comm *c) {
   const char *t = getenv("TWIN_PPERMUTE_TIMEOUT_S");
   if (t && atof(t) > 0) return atof(t);
-  return c->timeout_s > 0 ? c->timeout_s : 60.0;
+  return c->timeout_s > 0 ? c->timeout_s : 0;  // 0: the communicator never times out, nor do its waits
 }
 
 // Opens (or grows) the window so that n slots of `bytes` fit. Collective; every rank passes the
@@ -162,22 +185,23 @@ tw_status ensure_window(tw_comm *c, tw_ctx *ctx, ppermute_lsa *p, int n, size_t 
   if (p->state == 1) {
     if (p->n_max > n_max) n_max = p->n_max;
     if (p->slot > want) want = p->slot;
-    // every rank drains its calls on the old window before anyone closes it
-    cudaStream_t s = gpu_of(ctx)->stream;
-    GPU_TRY_CUDA(cudaStreamSynchronize(s), "ppermute: draining the old window");
-    TW_TRY(c->ops->barrier(c, ctx));
-    tw_status cs = gpu_lsa_window_close(c, ctx, p->w, "ppermute: closing the outgrown window");
-    p->w = NULL;
-    p->state = 0;
-    TW_TRY(cs);
+    if (p->n_old == PP_OLD_MAX) {  // rare: a communicator whose calls kept growing; the group takes the rest
+      snprintf(p->why, sizeof p->why, "nccl: the window grew %d times; calls that do not fit take NCCL's group",
+               PP_OLD_MAX);
+      return TW_OK;
+    }
   }
   gpu_lsa_window *w = NULL;
+  char why[256] = "";
   TW_TRY(gpu_lsa_window_open(c, ctx, off_slots(c->size) - GPU_LSA_HEADER_BYTES + (size_t)n_max * want, 0, 0,
-                             "ppermute: window", &w, p->why, sizeof p->why));
-  if (!w) {
-    p->state = -1;
+                             "ppermute: window", &w, why, sizeof why));
+  if (!w) {  // every rank alike: this call takes NCCL's group; a window already open stays in use
+    if (p->state != 1) p->state = -1;
+    snprintf(p->why, sizeof p->why, "nccl: %s", why);
     return TW_OK;
   }
+  if (p->state == 1) p->old[p->n_old++] = p->w;
+  else GPU_TRY_CUDA(cudaEventCreateWithFlags(&p->last, cudaEventDisableTiming), "ppermute: event");
   // load the three kernels now: a lazy load waits for the GPU, where a peer's wait may spin
   cudaFuncAttributes fa;
   GPU_TRY_CUDA(cudaFuncGetAttributes(&fa, (const void *)pp_wait_free), "ppermute: loading kernels");
@@ -203,6 +227,7 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   if (!im->pp) {
     im->pp = (ppermute_lsa *)calloc(1, sizeof *im->pp);
     if (!im->pp) return tw_error(TW_ERR_MEMORY, "ppermute: out of host memory");
+    im->pp->device = im->device;
   }
   ppermute_lsa *p = im->pp;
   if (p->state < 0) return TW_OK;
@@ -212,7 +237,7 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
     GPU_TRY_CUDA(cudaStreamIsCapturing(s, &cap), "ppermute: capture status");
     if (cap != cudaStreamCaptureStatusNone) return TW_OK;  // no collective setup inside a capture
     TW_TRY(ensure_window(c, ctx, p, n, bytes));
-    if (p->state < 0) return TW_OK;
+    if (p->state < 0 || n > p->n_max || round256(bytes) > p->slot) return TW_OK;
   }
   const gpu_lsa_window *w = p->w;
   pp_args a;
@@ -221,7 +246,7 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   a.epoch = w->epoch;
   a.dead = w->dead;
   a.err = gpu_of(ctx)->err_word;
-  a.timeout_ns = (unsigned long long)(timeout_s(c) * 1e9);
+  a.timeout_ns = timeout_s(c) > 0 ? (unsigned long long)(timeout_s(c) * 1e9) : ~0ull;
   a.me = c->rank;
   a.n = n;
   a.ranks = c->size;
@@ -245,6 +270,7 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   memset(&in, 0, sizeof in);
   memset(&out, 0, sizeof out);
   in.bytes = out.bytes = bytes;
+  in.dead = w->dead;
   for (int k = 0; k < n; k++) {
     in.src[k] = (const unsigned char *)send[k];
     in.dst[k] = dst[k] >= 0 ? peer[dst[k]] + slots + (size_t)k * p->slot : NULL;
@@ -277,22 +303,48 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   }
   pp_release<<<1, 32, 0, s>>>(a);
   GPU_TRY_CUDA(cudaGetLastError(), "ppermute: release");
+  GPU_TRY_CUDA(cudaEventRecord(p->last, s), "ppermute: event");
   *done = 1;
   return TW_OK;
 }
 
-extern "C" tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park) {
-  *park = NULL;
+extern "C" tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park, int *nparked) {
+  *nparked = 0;
   nccl_impl *im = (nccl_impl *)c->impl;
   ppermute_lsa *p = im ? im->pp : NULL;
   if (!p) return TW_OK;
   tw_status s = TW_OK;
-  if (p->state == 1 && !im->aborted) {
-    s = gpu_lsa_window_close(c, NULL, p->w, "comm_destroy: the ppermute window");
-  } else if (p->state == 1) {  // aborted: NCCL frees the window; cudaFree could wait for a stuck peer
-    *park = p->w->small;
-    free(p->w->peer_host);
-    free(p->w);
+  if (p->state == 1) {
+    gpu_lsa_window *all[PP_OLD_MAX + 1];
+    int nw = 0;
+    for (int i = 0; i < p->n_old; i++) all[nw++] = p->old[i];
+    all[nw++] = p->w;
+    // the last call's kernels may still run on the stream that issued it: unmapping the window
+    // under them would fault the context, so wait for them (polled under the timeout)
+    cudaSetDevice(p->device);
+    const double t0 = gpu_now_s();
+    while (!im->aborted && cudaEventQuery(p->last) == cudaErrorNotReady) {
+      if (c->timeout_s > 0 && gpu_now_s() - t0 > c->timeout_s) break;
+      struct timespec ns = {0, 100000L};
+      nanosleep(&ns, NULL);
+    }
+    const int drained = !im->aborted && cudaEventQuery(p->last) == cudaSuccess;
+    cudaGetLastError();
+    for (int i = 0; i < nw; i++) {
+      if (drained) {
+        tw_status si = gpu_lsa_window_close(c, NULL, all[i], "comm_destroy: the ppermute window");
+        if (s == TW_OK) s = si;
+      } else {  // aborted, or work still in flight: NCCL frees the windows with the communicator;
+                // the small buffers are the caller's to free once the family is gone
+        if (*nparked < PP_OLD_MAX + 1) park[(*nparked)++] = all[i]->small;
+        free(all[i]->peer_host);
+        free(all[i]);
+      }
+    }
+    if (!drained && !im->aborted)
+      s = tw_error(TW_ERR_TIMEOUT, "comm_destroy: rank %d: a ppermute over the window was still running after %.3g s; "
+                   "its window is left mapped", c->rank, c->timeout_s);
+    cudaEventDestroy(p->last);
   }
   free(p);
   im->pp = NULL;
@@ -300,8 +352,9 @@ extern "C" tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park) {
 }
 
 extern "C" const char *gpu_ppermute_lsa_why(const tw_comm *c) {
-  const nccl_impl *im = c ? (const nccl_impl *)c->impl : NULL;
-  if (!im || !im->pp) return "nccl (no ppermute over two or more ranks yet)";
+  if (!gpu_nccl_comm(c, NULL)) return "nccl: not an NCCL communicator, or aborted";
+  const nccl_impl *im = (const nccl_impl *)c->impl;
+  if (!im->pp) return "nccl: no ppermute over two or more ranks yet";
   return im->pp->state == 1 ? im->pp->why : im->pp->state < 0 ? im->pp->why : "not decided yet";
 }
 
@@ -317,4 +370,29 @@ extern "C" void gpu_ppermute_describe(char *buf, size_t n) {
     snprintf(buf, n, "over a symmetric window per communicator (16-byte stores into the peers' LSA slots) where "
                      "its ranks are one LSA team on NCCL >= 2.28 (runtime %d), else NCCL's group; "
                      "TWIN_PPERMUTE=nccl forces the group", ver);
+}
+
+// Before ncclCommAbort (gpu/comm_nccl.cu): marks this rank's windows dead from the host, so its
+// spinning waits end, and waits up to 2 s for the last call's kernels.
+extern "C" void gpu_ppermute_lsa_stop(tw_comm *c) {
+  nccl_impl *im = (nccl_impl *)c->impl;
+  ppermute_lsa *p = im ? im->pp : NULL;
+  if (!p || p->state != 1) return;
+  cudaSetDevice(p->device);
+  cudaStream_t s;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    return;
+  }
+  static const unsigned long long one = 1;
+  cudaMemcpyAsync(p->w->dead, &one, sizeof one, cudaMemcpyHostToDevice, s);
+  for (int i = 0; i < p->n_old; i++) cudaMemcpyAsync(p->old[i]->dead, &one, sizeof one, cudaMemcpyHostToDevice, s);
+  cudaStreamSynchronize(s);
+  cudaStreamDestroy(s);
+  const double t0 = gpu_now_s();
+  while (cudaEventQuery(p->last) == cudaErrorNotReady && gpu_now_s() - t0 < 2.0) {
+    struct timespec ns = {0, 100000L};
+    nanosleep(&ns, NULL);
+  }
+  cudaGetLastError();
 }

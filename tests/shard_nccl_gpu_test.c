@@ -232,7 +232,7 @@ Test(shard_nccl, an_abort_reaches_a_rank_waiting_on_the_device, .timeout = 60) {
 }
 
 /* ppermute_n over the communicator's window (gpu/ppermute_lsa.cu) on GPUs that share NVLink:
- * sizes from 1 byte to 33 MiB + 5 (the window grows twice, then stays), 1 to 3 ops of ring, shift,
+ * sizes from 1 byte to 33 MiB + 5 (the window grows five times, then stays), 1 to 3 ops of ring, shift,
  * last-to-first and identity perms, several calls per size (the epochs), every byte against the
  * formula; the NCCL group (TWIN_PPERMUTE=nccl) runs the same body. */
 static unsigned char pp_byte(int rank, int k, int call, size_t i) {
@@ -322,6 +322,88 @@ Test(shard_nccl, ppermute_nccl_group_sizes_2_gpus, .timeout = 300) {
   cr_assert_eq(run_gpus(2, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
 }
 
+/* 40 ppermute_n calls back to back with no host sync between them (each call's sends and
+ * receives in their own regions, uploaded before and checked after), n and perms changing every
+ * call (the window grows twice early on), and rank 1's host 20 ms late before every 8th call:
+ * the slots are reused while peers still run earlier calls, which a sync per call never shows. */
+#define BURST_CALLS 40
+#define BURST_BYTES (65536 + 5)
+static tw_status body_ppermute_burst(int r, tw_comm *c, tw_ctx *ctx) {
+  const int n = tw_comm_size(c);
+  int ring[8], shift[8], last[8], self[8];
+  for (int j = 0; j < n; j++) {
+    ring[j] = (j + 1) % n;
+    shift[j] = j + 1 < n ? j + 1 : -1;
+    last[j] = j == n - 1 ? 0 : -1;
+    self[j] = j;
+  }
+  const int *kinds[4] = {ring, shift, last, self};
+  const size_t per = (size_t)BURST_CALLS * 3 * BURST_BYTES;
+  unsigned char *h = (unsigned char *)malloc(per);
+  void *ds = NULL, *dr = NULL;
+  tw_status s = h ? TW_OK : tw_error(TW_ERR_MEMORY, "out of host memory");
+  for (int call = 0; call < BURST_CALLS && s == TW_OK; call++)
+    for (int k = 0; k < 3; k++)
+      for (size_t i = 0; i < BURST_BYTES; i++) h[((size_t)call * 3 + k) * BURST_BYTES + i] = pp_byte(r, k, call, i);
+  if (s == TW_OK) s = up(ctx, h, per, &ds);
+  if (s == TW_OK) s = tw_alloc(ctx, per, &dr);
+  if (s == TW_OK) s = tw_memset(ctx, dr, 0xa5, per);
+  if (s == TW_OK) s = tw_ctx_sync(ctx);
+  if (s == TW_OK) s = tw_comm_barrier(ctx, c);
+  for (int call = 0; call < BURST_CALLS && s == TW_OK; call++) {
+    const int nops = 1 + (call * 7 + 1) % 3;
+    const int *perms[3];
+    const void *snd[3];
+    void *rcv[3];
+    for (int k = 0; k < nops; k++) {
+      perms[k] = kinds[(call * 3 + k) % 4];
+      snd[k] = (unsigned char *)ds + ((size_t)call * 3 + k) * BURST_BYTES;
+      rcv[k] = (unsigned char *)dr + ((size_t)call * 3 + k) * BURST_BYTES;
+    }
+    if (r == 1 && call % 8 == 0) {
+      struct timespec ns = {0, 20 * 1000 * 1000};
+      nanosleep(&ns, NULL);
+    }
+    s = tw_ppermute_n(ctx, c, nops, snd, rcv, BURST_BYTES, TW_U8, perms);
+  }
+  if (s == TW_OK) s = tw_comm_wait(ctx, c);
+  if (s == TW_OK) s = tw_ctx_check(ctx);
+  if (s == TW_OK) s = down(ctx, dr, per, h);
+  for (int call = 0; call < BURST_CALLS && s == TW_OK; call++) {
+    const int nops = 1 + (call * 7 + 1) % 3;
+    for (int k = 0; k < 3 && s == TW_OK; k++) {
+      const unsigned char *got = h + ((size_t)call * 3 + k) * BURST_BYTES;
+      int from = -2; /* -2: op k not in this call, the region stays 0xa5 */
+      if (k < nops) {
+        from = -1;
+        for (int j = 0; j < n; j++)
+          if (kinds[(call * 3 + k) % 4][j] == r) from = j;
+      }
+      for (size_t i = 0; i < BURST_BYTES; i++) {
+        const unsigned char want = from == -2 ? 0xa5 : from < 0 ? 0 : pp_byte(from, k, call, i);
+        if (got[i] != want) {
+          s = tw_error(TW_ERR_INTERNAL, "rank %d burst call %d op %d (of %d) from %d: byte %zu = %d, want %d (%s)", r, call,
+                       k, nops, from, i, got[i], want, gpu_ppermute_lsa_why(c));
+          break;
+        }
+      }
+    }
+  }
+  if (ds) tw_free(ctx, ds);
+  if (dr) tw_free(ctx, dr);
+  free(h);
+  return s;
+}
+
+Test(shard_nccl, ppermute_window_burst_2_gpus, .timeout = 120) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_ppermute_burst, 60), TW_OK, "%s", tw_last_error());
+}
+Test(shard_nccl, ppermute_window_burst_4_gpus, .timeout = 120) {
+  need_gpus(4);
+  cr_assert_eq(run_gpus(4, body_ppermute_burst, 60), TW_OK, "%s", tw_last_error());
+}
+
 /* Rank 1 takes part in the first ppermute (which opens the window) and skips the second:
  * rank 0's wait must give up after TWIN_PPERMUTE_TIMEOUT_S, name rank 1 in the device error
  * word, and its next call must report at once (the window no longer waits), with no hang. */
@@ -401,7 +483,7 @@ static int child(int rank, int n, int id_in, int id_out) {
   for (int j = 0; j < n; j++) ring[j] = (j + 1) % n;
   if (!rc && !hp) rc = 21;
   for (int i = 0; !rc && i < PN; i++) hp[i] = (float)(rank * 1000 + i % 1000);
-  if (!rc && up(ctx, hp, 2 * PN * sizeof(float), &dp) != TW_OK) rc = 22;
+  if (!rc && up(ctx, hp, 2 * PN * sizeof(float), &dp) != TW_OK) rc = 22; /* send half filled, receive half after it */
   if (!rc && tw_ppermute(ctx, c, dp, (float *)dp + PN, PN, TW_F32, ring) != TW_OK) rc = 23;
   if (!rc && tw_comm_wait(ctx, c) != TW_OK) rc = 24;
   if (!rc && tw_ctx_check(ctx) != TW_OK) rc = 25;
