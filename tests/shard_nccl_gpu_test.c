@@ -440,6 +440,43 @@ Test(shard_nccl, ppermute_window_missing_peer_sets_the_error_word, .timeout = 12
   cr_assert_eq(run_gpus(2, body_ppermute_missing_peer, 30), TW_OK, "%s", tw_last_error());
 }
 
+/* The same over the ppermute window: rank 1's second ppermute spins on the device waiting for
+ * rank 0, which aborts instead. The abort must reach rank 1 through the family, end its wait
+ * kernel (gpu_ppermute_lsa_stop) before NCCL unmaps the window, and leave its context usable:
+ * the error word says the window stopped waiting, not an illegal address. */
+static tw_status body_abort_reaches_a_window_wait(int r, tw_comm *c, tw_ctx *ctx) {
+  void *d = NULL;
+  TW_TRY(tw_alloc(ctx, 8192, &d));
+  int ring[2] = {1, 0};
+  double t0 = secs();
+  tw_status s = tw_ppermute(ctx, c, d, (char *)d + 4096, 4096, TW_U8, ring);
+  if (s == TW_OK) s = tw_comm_wait(ctx, c);
+  TW_TRY(s);
+  CHECK(!strncmp(gpu_ppermute_lsa_why(c), "window", 6), "rank %d: the ppermute did not use the window: %s", r,
+        gpu_ppermute_lsa_why(c));
+  if (r == 0) {
+    struct timespec ns = {0, 200 * 1000 * 1000}; /* rank 1's second call is spinning by now */
+    nanosleep(&ns, NULL);
+    TW_TRY(tw_comm_abort(c));
+  } else {
+    s = tw_ppermute(ctx, c, d, (char *)d + 4096, 4096, TW_U8, ring);
+    if (s == TW_OK) s = tw_comm_wait(ctx, c);
+    CHECK(s != TW_OK && strstr(tw_last_error(), "aborted"), "rank 1: expected an abort, got %s: %s", tw_status_name(s),
+          tw_last_error());
+    CHECK(secs() - t0 < 20, "rank 1: the abort took %.3g s to arrive (timeout 30 s)", secs() - t0);
+    s = tw_ctx_check(ctx);
+    CHECK(s == TW_ERR_DEVICE && strstr(tw_last_error(), "no longer waits"),
+          "rank 1: expected the window's stop in the error word, got %s: %s", tw_status_name(s), tw_last_error());
+  }
+  tw_free(ctx, d);
+  return TW_OK;
+}
+
+Test(shard_nccl, an_abort_reaches_a_rank_waiting_in_a_window_ppermute, .timeout = 60) {
+  need_gpus(2);
+  cr_assert_eq(run_gpus(2, body_abort_reaches_a_window_wait, 30.0), TW_OK, "%s", tw_last_error());
+}
+
 /* One process per GPU, the way users scale past one node: rank 0 makes the NCCL id, the
  * launcher (here: this process, over pipes) hands it to the others, each process reads its
  * rank from the environment and joins. Every process then all-reduces its rank. */
