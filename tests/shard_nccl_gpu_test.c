@@ -239,18 +239,30 @@ static unsigned char pp_byte(int rank, int k, int call, size_t i) {
   return (unsigned char)(rank * 131 + k * 17 + call * 29 + (int)(i % 251) * 7 + (int)(i / 251));
 }
 
+/* The perms the ppermute tests cycle through: ring, right shift, last to first, identity. */
+static void pp_perms(int n, int store[4][8], const int *kinds[4]) {
+  for (int j = 0; j < n; j++) {
+    store[0][j] = (j + 1) % n;
+    store[1][j] = j + 1 < n ? j + 1 : -1;
+    store[2][j] = j == n - 1 ? 0 : -1;
+    store[3][j] = j;
+  }
+  for (int k = 0; k < 4; k++) kinds[k] = store[k];
+}
+
+/* Runs body on n GPUs (skipped where fewer are visible) and asserts it passed. */
+static void on_gpus(int n, tw_status (*body)(int, tw_comm *, tw_ctx *), double timeout) {
+  need_gpus(n);
+  cr_assert_eq(run_gpus(n, body, timeout), TW_OK, "%s", tw_last_error());
+}
+
 static tw_status body_ppermute_sizes(int r, tw_comm *c, tw_ctx *ctx) {
   const int n = tw_comm_size(c);
   const size_t sizes[] = {1, 13, 4096, ((size_t)1 << 20) + 3, 256, ((size_t)33 << 20) + 5, 7, ((size_t)2 << 20)};
   const size_t nsz = sizeof sizes / sizeof sizes[0], maxb = ((size_t)33 << 20) + 5;
-  int ring[8], shift[8], last[8], self[8];
-  for (int j = 0; j < n; j++) {
-    ring[j] = (j + 1) % n;
-    shift[j] = j + 1 < n ? j + 1 : -1;
-    last[j] = j == n - 1 ? 0 : -1;
-    self[j] = j;
-  }
-  const int *kinds[4] = {ring, shift, last, self};
+  int perm_store[4][8];
+  const int *kinds[4];
+  pp_perms(n, perm_store, kinds);
   unsigned char *h = (unsigned char *)malloc(maxb), *want = (unsigned char *)malloc(maxb);
   void *ds[3] = {NULL, NULL, NULL}, *dr[3] = {NULL, NULL, NULL};
   tw_status s = h && want ? TW_OK : tw_error(TW_ERR_MEMORY, "out of host memory");
@@ -309,17 +321,14 @@ static tw_status body_ppermute_sizes(int r, tw_comm *c, tw_ctx *ctx) {
 }
 
 Test(shard_nccl, ppermute_window_sizes_2_gpus, .timeout = 300) {
-  need_gpus(2);
-  cr_assert_eq(run_gpus(2, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+  on_gpus(2, body_ppermute_sizes, 60);
 }
 Test(shard_nccl, ppermute_window_sizes_4_gpus, .timeout = 300) {
-  need_gpus(4);
-  cr_assert_eq(run_gpus(4, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+  on_gpus(4, body_ppermute_sizes, 60);
 }
 Test(shard_nccl, ppermute_nccl_group_sizes_2_gpus, .timeout = 300) {
-  need_gpus(2);
   setenv("TWIN_PPERMUTE", "nccl", 1);
-  cr_assert_eq(run_gpus(2, body_ppermute_sizes, 60), TW_OK, "%s", tw_last_error());
+  on_gpus(2, body_ppermute_sizes, 60);
 }
 
 /* 40 ppermute_n calls back to back with no host sync between them (each call's sends and
@@ -330,14 +339,9 @@ Test(shard_nccl, ppermute_nccl_group_sizes_2_gpus, .timeout = 300) {
 #define BURST_BYTES (65536 + 5)
 static tw_status body_ppermute_burst(int r, tw_comm *c, tw_ctx *ctx) {
   const int n = tw_comm_size(c);
-  int ring[8], shift[8], last[8], self[8];
-  for (int j = 0; j < n; j++) {
-    ring[j] = (j + 1) % n;
-    shift[j] = j + 1 < n ? j + 1 : -1;
-    last[j] = j == n - 1 ? 0 : -1;
-    self[j] = j;
-  }
-  const int *kinds[4] = {ring, shift, last, self};
+  int perm_store[4][8];
+  const int *kinds[4];
+  pp_perms(n, perm_store, kinds);
   const size_t per = (size_t)BURST_CALLS * 3 * BURST_BYTES;
   unsigned char *h = (unsigned char *)malloc(per);
   void *ds = NULL, *dr = NULL;
@@ -396,12 +400,10 @@ static tw_status body_ppermute_burst(int r, tw_comm *c, tw_ctx *ctx) {
 }
 
 Test(shard_nccl, ppermute_window_burst_2_gpus, .timeout = 120) {
-  need_gpus(2);
-  cr_assert_eq(run_gpus(2, body_ppermute_burst, 60), TW_OK, "%s", tw_last_error());
+  on_gpus(2, body_ppermute_burst, 60);
 }
 Test(shard_nccl, ppermute_window_burst_4_gpus, .timeout = 120) {
-  need_gpus(4);
-  cr_assert_eq(run_gpus(4, body_ppermute_burst, 60), TW_OK, "%s", tw_last_error());
+  on_gpus(4, body_ppermute_burst, 60);
 }
 
 /* Rank 1 takes part in the first ppermute (which opens the window) and skips the second:
@@ -435,9 +437,8 @@ static tw_status body_ppermute_missing_peer(int r, tw_comm *c, tw_ctx *ctx) {
 }
 
 Test(shard_nccl, ppermute_window_missing_peer_sets_the_error_word, .timeout = 120) {
-  need_gpus(2);
   setenv("TWIN_PPERMUTE_TIMEOUT_S", "1", 1);
-  cr_assert_eq(run_gpus(2, body_ppermute_missing_peer, 30), TW_OK, "%s", tw_last_error());
+  on_gpus(2, body_ppermute_missing_peer, 30);
 }
 
 /* The same over the ppermute window: rank 1's second ppermute spins on the device waiting for
@@ -473,8 +474,7 @@ static tw_status body_abort_reaches_a_window_wait(int r, tw_comm *c, tw_ctx *ctx
 }
 
 Test(shard_nccl, an_abort_reaches_a_rank_waiting_in_a_window_ppermute, .timeout = 60) {
-  need_gpus(2);
-  cr_assert_eq(run_gpus(2, body_abort_reaches_a_window_wait, 30.0), TW_OK, "%s", tw_last_error());
+  on_gpus(2, body_abort_reaches_a_window_wait, 30.0);
 }
 
 /* One process per GPU, the way users scale past one node: rank 0 makes the NCCL id, the
