@@ -33,17 +33,12 @@
 
 #include "gpu/comm_nccl.h"
 #include "gpu/gpu.h"
+#include "gpu/lsa_window.h"
 #include "twin/tw_comm.h"
 
 static_assert(sizeof(tw_comm_id) == sizeof(ncclUniqueId), "tw_comm_id must hold an ncclUniqueId");
 
 #define DEFAULT_TIMEOUT_S 60.0  // a new handle's timeout (tw_comm.h), and init_nccl_local's
-
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static void nap_us(long us) {
   struct timespec ns = {0, us * 1000L};
@@ -158,7 +153,7 @@ enum { KEPT_ON = 0, GAVE_UP_TIMEOUT = 1, GAVE_UP_FAMILY = 2 };
 // Polls a non-blocking communicator until its last call left ncclInProgress and returns
 // the outcome; gives up (*gave_up) after timeout_s (<= 0: never) or when fam is aborted.
 static ncclResult_t poll_comm(ncclComm_t comm, double timeout_s, family *fam, int *gave_up) {
-  double t0 = now_s();
+  double t0 = gpu_now_s();
   *gave_up = KEPT_ON;
   for (;;) {
     ncclResult_t st = ncclInProgress;
@@ -169,7 +164,7 @@ static ncclResult_t poll_comm(ncclComm_t comm, double timeout_s, family *fam, in
       *gave_up = GAVE_UP_FAMILY;
       return ncclInProgress;
     }
-    if (timeout_s > 0 && now_s() - t0 > timeout_s) {
+    if (timeout_s > 0 && gpu_now_s() - t0 > timeout_s) {
       *gave_up = GAVE_UP_TIMEOUT;
       return ncclInProgress;
     }
@@ -265,8 +260,9 @@ static tw_status nc_all_to_allv(tw_comm *c, tw_ctx *ctx, const void *send, const
   return settle(c, queued(r) ? e : r, "all_to_allv");
 }
 
-// n ppermutes in one NCCL group: one kernel moves them side by side over their links. A rank
-// that receives nothing in op k gets zeros there.
+// n ppermutes: over the communicator's window where its ranks are one LSA team
+// (gpu/ppermute_lsa.cu), else in one NCCL group, one kernel moving them side by side over their
+// links. A rank that receives nothing in op k gets zeros there.
 static tw_status permutes(tw_comm *c, tw_ctx *ctx, int n, const void *const *send, void *const *recv, int64_t count,
                           tw_dtype dt, const int *const *perm, const char *what) {
   cudaStream_t s;
@@ -308,7 +304,7 @@ static tw_status nc_wait(tw_comm *c, tw_ctx *ctx) {
   cudaStream_t s;
   TW_TRY(stream_of(c, ctx, "comm_wait", &s));
   nccl_impl *im = I(c);
-  double t0 = now_s();
+  double t0 = gpu_now_s();
   for (;;) {
     cudaError_t q = cudaStreamQuery(s);
     if (q == cudaSuccess) return TW_OK;
@@ -318,7 +314,7 @@ static tw_status nc_wait(tw_comm *c, tw_ctx *ctx) {
     if (g != ncclSuccess) return abort_comm(c, nccl_error(im->comm, g, "comm_wait"));
     if (st != ncclSuccess && st != ncclInProgress) return abort_comm(c, nccl_error(im->comm, st, "comm_wait (asynchronous)"));
     TW_TRY(family_check(c, "comm_wait"));  // a sibling gave up: its half of our collective will never run
-    if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s)
+    if (c->timeout_s > 0 && gpu_now_s() - t0 > c->timeout_s)
       return abort_comm(c, tw_error(TW_ERR_TIMEOUT,
                                     "comm_wait: rank %d of %d: collectives did not finish in %.3g s; communicator aborted",
                                     c->rank, c->size, c->timeout_s));
@@ -446,7 +442,7 @@ static tw_status nc_split(tw_comm *c, int color, int key, tw_comm **out) {
     tw_status s = abort_comm(c, nccl_error(im->comm, r, "comm_split"));
     return s;  // NCCL refused the call: no job holds the slot, but leave it (a few bytes) to be safe
   }
-  const double t0 = now_s();
+  const double t0 = gpu_now_s();
   ncclComm_t made = NULL;
   for (;;) {
     made = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
@@ -456,7 +452,7 @@ static tw_status nc_split(tw_comm *c, int color, int key, tw_comm **out) {
     if (q != ncclSuccess || (st != ncclSuccess && st != ncclInProgress))
       return abort_comm(c, nccl_error(im->comm, q != ncclSuccess ? q : st, "comm_split"));
     if (family_aborted(im->fam)) return family_check(c, "comm_split");
-    if (c->timeout_s > 0 && now_s() - t0 > c->timeout_s) {
+    if (c->timeout_s > 0 && gpu_now_s() - t0 > c->timeout_s) {
       tw_status s = abort_comm(c, tw_error(TW_ERR_TIMEOUT, "comm_split: rank %d of %d: no communicator for color %d after "
                                                            "%.3g s (a peer did not join?); communicator aborted",
                                            c->rank, c->size, color, c->timeout_s));
@@ -529,10 +525,10 @@ extern "C" tw_status tw_comm_init_nccl_local(int ndev, const int *devices, tw_co
   ncclResult_t end = ncclGroupEnd();  // always: it closes the group even after an error
   if (s == TW_OK && !queued(r)) s = nccl_error(NULL, r, "comm_init_nccl_local: ncclCommInitRankConfig");
   if (s == TW_OK && !queued(end)) s = nccl_error(NULL, end, "comm_init_nccl_local: ncclGroupEnd");
-  double t0 = now_s();
+  double t0 = gpu_now_s();
   for (int i = 0; i < ndev && s == TW_OK; i++) {
     int gave_up;
-    double left = DEFAULT_TIMEOUT_S - (now_s() - t0);
+    double left = DEFAULT_TIMEOUT_S - (gpu_now_s() - t0);
     ncclResult_t st = nc[i] ? poll_comm(nc[i], left > 1e-3 ? left : 1e-3, NULL, &gave_up) : ncclInternalError;
     if (gave_up)
       s = tw_error(TW_ERR_TIMEOUT, "comm_init_nccl_local: %d GPUs not ready after %.3g s; aborted", ndev, DEFAULT_TIMEOUT_S);

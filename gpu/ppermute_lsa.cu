@@ -167,6 +167,34 @@ __global__ void __launch_bounds__(512) pp_copy(pp_copy_args c) {
   for (size_t b = nvec * 16 + tid; b < c.bytes; b += nt) d[b] = s[b];
 }
 
+// Steps 2 and 4 from the host: op k's bytes from src[k] to dst[k] for every op with a
+// destination, by the copy engines (ce) or by pp_copy (two blocks of 512 per SM spread over
+// the ops, at least 64 KiB a block).
+tw_status move_blocks(const pp_copy_args &m, int n, int ce, int sms, cudaStream_t s, const char *what) {
+  if (ce) {
+    for (int k = 0; k < n; k++)
+      if (m.dst[k]) GPU_TRY_CUDA(cudaMemcpyAsync(m.dst[k], m.src[k], m.bytes, cudaMemcpyDeviceToDevice, s), what);
+    return TW_OK;
+  }
+  size_t per = (size_t)(2 * sms + n - 1) / (size_t)n;
+  if (per * 65536 > m.bytes) per = (m.bytes + 65535) / 65536;
+  pp_copy<<<dim3((unsigned)(per < 1 ? 1 : per), (unsigned)n), 512, 0, s>>>(m);
+  GPU_TRY_CUDA(cudaGetLastError(), what);
+  return TW_OK;
+}
+
+// Polls an event until it completed (1), `limit_s` passed or *stop became nonzero (0).
+int event_done(cudaEvent_t e, double limit_s, const int *stop) {
+  const double t0 = gpu_now_s();
+  cudaError_t q;
+  while ((q = cudaEventQuery(e)) == cudaErrorNotReady && !(stop && *stop) && gpu_now_s() - t0 < limit_s) {
+    struct timespec ns = {0, 100000L};
+    nanosleep(&ns, NULL);
+  }
+  cudaGetLastError();
+  return q == cudaSuccess;
+}
+
 size_t round256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 double timeout_s(const tw_comm *c) {
@@ -257,15 +285,11 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   }
   unsigned char *const *peer = w->peer_host;
   unsigned char *own = peer[c->rank];  // this rank's window through its LSA alias, as the peers write it
-  // TWIN_PPERMUTE_COPY=ce: the copy engines move the bytes (cudaMemcpyAsync into the peers' LSA
-  // mappings and out of the own window) instead of SMs; every rank may choose alike or not
+  // TWIN_PPERMUTE_COPY=ce: the copy engines move the bytes (into the peers' LSA mappings and out
+  // of the own window) instead of SMs; every rank may choose alike or not
   const char *ce_env = getenv("TWIN_PPERMUTE_COPY");
   const int ce = ce_env && !strcmp(ce_env, "ce");
-  // SM copies: two blocks of 512 per SM spread over the ops, at least 64 KiB a block
   const int sms = gpu_of(ctx)->num_sms;
-  size_t per = (size_t)(2 * sms + n - 1) / (size_t)n;
-  if (per * 65536 > bytes) per = (bytes + 65535) / 65536;
-  const dim3 grid((unsigned)(per < 1 ? 1 : per), (unsigned)n);
   const size_t slots = off_slots(c->size);
   pp_copy_args in, out;
   memset(&in, 0, sizeof in);
@@ -280,28 +304,12 @@ extern "C" tw_status gpu_ppermute_lsa(tw_comm *c, tw_ctx *ctx, int n, const void
   }
   pp_wait_free<<<1, 32, 0, s>>>(a);
   GPU_TRY_CUDA(cudaGetLastError(), "ppermute: wait_free");
-  if (ce) {
-    for (int k = 0; k < n; k++)
-      if (in.dst[k])
-        GPU_TRY_CUDA(cudaMemcpyAsync(in.dst[k], in.src[k], bytes, cudaMemcpyDeviceToDevice, s),
-                     "ppermute: copy into the peer's window");
-  } else {
-    pp_copy<<<grid, 512, 0, s>>>(in);
-    GPU_TRY_CUDA(cudaGetLastError(), "ppermute: copy into the peers' windows");
-  }
+  TW_TRY(move_blocks(in, n, ce, sms, s, "ppermute: copy into the peers' windows"));
   pp_landed<<<1, 32, 0, s>>>(a);
   GPU_TRY_CUDA(cudaGetLastError(), "ppermute: landed");
   for (int k = 0; k < n; k++)
     if (src[k] < 0) GPU_TRY_CUDA(cudaMemsetAsync(recv[k], 0, bytes, s), "ppermute: zero fill");
-  if (ce) {
-    for (int k = 0; k < n; k++)
-      if (out.dst[k])
-        GPU_TRY_CUDA(cudaMemcpyAsync(out.dst[k], out.src[k], bytes, cudaMemcpyDeviceToDevice, s),
-                     "ppermute: copy out of the window");
-  } else {
-    pp_copy<<<dim3((unsigned)(2 * sms / n > 0 ? 2 * sms / n : 1), (unsigned)n), 512, 0, s>>>(out);
-    GPU_TRY_CUDA(cudaGetLastError(), "ppermute: copy out of the window");
-  }
+  TW_TRY(move_blocks(out, n, ce, sms, s, "ppermute: copy out of the window"));
   pp_release<<<1, 32, 0, s>>>(a);
   GPU_TRY_CUDA(cudaGetLastError(), "ppermute: release");
   GPU_TRY_CUDA(cudaEventRecord(p->last, s), "ppermute: event");
@@ -323,14 +331,7 @@ extern "C" tw_status gpu_ppermute_lsa_close(tw_comm *c, void **park, int *nparke
     // the last call's kernels may still run on the stream that issued it: unmapping the window
     // under them would fault the context, so wait for them (polled under the timeout)
     cudaSetDevice(p->device);
-    const double t0 = gpu_now_s();
-    while (!im->aborted && cudaEventQuery(p->last) == cudaErrorNotReady) {
-      if (c->timeout_s > 0 && gpu_now_s() - t0 > c->timeout_s) break;
-      struct timespec ns = {0, 100000L};
-      nanosleep(&ns, NULL);
-    }
-    const int drained = !im->aborted && cudaEventQuery(p->last) == cudaSuccess;
-    cudaGetLastError();
+    const int drained = !im->aborted && event_done(p->last, c->timeout_s > 0 ? c->timeout_s : 1e30, &im->aborted);
     for (int i = 0; i < nw; i++) {
       if (drained) {
         tw_status si = gpu_lsa_window_close(c, NULL, all[i], "comm_destroy: the ppermute window");
@@ -390,10 +391,5 @@ extern "C" void gpu_ppermute_lsa_stop(tw_comm *c) {
   for (int i = 0; i < p->n_old; i++) cudaMemcpyAsync(p->old[i]->dead, &one, sizeof one, cudaMemcpyHostToDevice, s);
   cudaStreamSynchronize(s);
   cudaStreamDestroy(s);
-  const double t0 = gpu_now_s();
-  while (cudaEventQuery(p->last) == cudaErrorNotReady && gpu_now_s() - t0 < 2.0) {
-    struct timespec ns = {0, 100000L};
-    nanosleep(&ns, NULL);
-  }
-  cudaGetLastError();
+  event_done(p->last, 2.0, NULL);
 }
