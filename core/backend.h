@@ -56,6 +56,8 @@ typedef struct tw_backend_ops {
   /* tw_alloc_stream's memory (NULL: alloc / free); free_stream returns it */
   tw_status (*alloc_stream)(tw_ctx *ctx, size_t bytes, void **out);
   tw_status (*free_stream)(tw_ctx *ctx, void *p);
+  /* gives back the freed stream-ordered memory the backend keeps (NULL: it keeps none) */
+  tw_status (*trim)(tw_ctx *ctx);
 } tw_backend_ops;
 
 struct tw_ctx {

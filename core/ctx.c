@@ -203,6 +203,12 @@ tw_status tw_ctx_memory(const tw_ctx *ctx, size_t *live, size_t *peak) {
   return TW_OK;
 }
 
+tw_status tw_ctx_trim(tw_ctx *ctx) {
+  if (!ctx) return tw_error(TW_ERR_NULL, "ctx_trim: ctx is NULL");
+  TW_TRY(tw_ctx_sync(ctx));
+  return ctx->ops->trim ? ctx->ops->trim(ctx) : TW_OK;
+}
+
 tw_status tw_ctx_reset_peak(tw_ctx *ctx) {
   if (!ctx) return tw_error(TW_ERR_NULL, "ctx_reset_peak: ctx is NULL");
   ctx->peak_bytes = ctx->live_bytes;

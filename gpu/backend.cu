@@ -74,6 +74,22 @@ static tw_status gpu_ctx_init(tw_ctx *ctx) {
              "ctx_create: cudaStreamCreate");
     st->own_stream = 1;
   }
+  {
+    int pools = 0;
+    INIT_TRY(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, st->device),
+             "ctx_create: cudaDeviceGetAttribute(memory pools)");
+    if (pools) {
+      cudaMemPoolProps props;
+      memset(&props, 0, sizeof props);
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = st->device;
+      INIT_TRY(cudaMemPoolCreate(&st->pool, &props), "ctx_create: cudaMemPoolCreate");
+      uint64_t keep_all = UINT64_MAX;
+      INIT_TRY(cudaMemPoolSetAttribute(st->pool, cudaMemPoolAttrReleaseThreshold, &keep_all),
+               "ctx_create: cudaMemPoolSetAttribute(release threshold)");
+    }
+  }
   INIT_TRY(cudaMalloc((void **)&st->err_word, GPU_ERR_WORDS * sizeof(long long)),
            "ctx_create: cudaMalloc(error word)");
   INIT_TRY(cudaMemsetAsync(st->err_word, 0, GPU_ERR_WORDS * sizeof(long long), st->stream),
@@ -104,6 +120,8 @@ static tw_status gpu_ctx_fini(tw_ctx *ctx) {
   if (st->scratch) cudaFree(st->scratch);
   if (st->workspace) cudaFree(st->workspace);
   if (st->err_word) cudaFree(st->err_word);
+  // allocations still live or frees in flight keep the pool's memory until they end (CUDA)
+  if (st->pool) cudaMemPoolDestroy(st->pool);
   if (st->own_stream && st->stream) cudaStreamDestroy(st->stream);
   free(st);
   ctx->state = NULL;
@@ -204,9 +222,29 @@ static tw_status gpu_check(tw_ctx *ctx) {
   return gpu_format_error_word(w);
 }
 
+// Waits for the stream and gives the pool's kept memory back: before a failed allocation's
+// second try, and tw_ctx_trim.
+static tw_status gpu_trim(tw_ctx *ctx) {
+  gpu_state *st = gpu_of(ctx);
+  if (!st->pool) return TW_OK;
+  GPU_TRY_CUDA(cudaStreamSynchronize(st->stream), "ctx_trim: cudaStreamSynchronize");
+  GPU_TRY_CUDA(cudaMemPoolTrimTo(st->pool, 0), "ctx_trim: cudaMemPoolTrimTo");
+  return TW_OK;
+}
+
+// 1 when the context's stream is being captured into a graph (no synchronizing then).
+static int gpu_capturing(gpu_state *st) {
+  cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
+  return cudaStreamIsCapturing(st->stream, &c) == cudaSuccess && c != cudaStreamCaptureStatusNone;
+}
+
 static tw_status gpu_alloc(tw_ctx *ctx, size_t bytes, void **out) {
   GPU_TRY_CUDA(cudaSetDevice(gpu_of(ctx)->device), "alloc: cudaSetDevice");
   cudaError_t e = cudaMalloc(out, bytes);
+  if (e == cudaErrorMemoryAllocation && gpu_of(ctx)->pool && !gpu_capturing(gpu_of(ctx))) {
+    cudaGetLastError();  // the pool may hold what is missing
+    if (gpu_trim(ctx) == TW_OK) e = cudaMalloc(out, bytes);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     *out = NULL;
@@ -221,18 +259,24 @@ static tw_status gpu_free(tw_ctx *ctx, void *p) {
   return TW_OK;
 }
 
-// A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
-// cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
-static int gpu_has_pools(int device) {
-  int v = 0;
-  return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, device) == cudaSuccess && v;
+// From the context's pool, in stream order; inside a graph capture from the device's default
+// pool (a graph's allocation node; its memory lives with the graph).
+static cudaError_t pool_alloc(gpu_state *st, size_t bytes, void **out) {
+  if (gpu_capturing(st)) return cudaMallocAsync(out, bytes, st->stream);
+  return cudaMallocFromPoolAsync(out, bytes, st->pool, st->stream);
 }
 
+// A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
+// cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
 static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
   gpu_state *st = gpu_of(ctx);
-  if (!gpu_has_pools(st->device)) return gpu_alloc(ctx, bytes, out);
+  if (!st->pool) return gpu_alloc(ctx, bytes, out);
   GPU_TRY_CUDA(cudaSetDevice(st->device), "alloc_stream: cudaSetDevice");
-  cudaError_t e = cudaMallocAsync(out, bytes, st->stream);
+  cudaError_t e = pool_alloc(st, bytes, out);
+  if (e == cudaErrorMemoryAllocation && !gpu_capturing(st)) {
+    cudaGetLastError();  // what the pool keeps may be in pieces too small
+    if (gpu_trim(ctx) == TW_OK) e = pool_alloc(st, bytes, out);
+  }
   if (e != cudaSuccess) {
     cudaGetLastError();
     *out = NULL;
@@ -242,7 +286,7 @@ static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
 }
 
 static tw_status gpu_free_stream(tw_ctx *ctx, void *p) {
-  if (!gpu_has_pools(gpu_of(ctx)->device)) return gpu_free(ctx, p);
+  if (!gpu_of(ctx)->pool) return gpu_free(ctx, p);
   GPU_TRY_CUDA(cudaFreeAsync(p, gpu_of(ctx)->stream), "free_stream");
   return TW_OK;
 }
@@ -286,7 +330,8 @@ extern "C" tw_status gpu_scratch(tw_ctx *ctx, size_t bytes, void **out) {
   if (st->n_extra >= GPU_SCRATCH_EXTRA)
     return tw_error(TW_ERR_INTERNAL, "gpu scratch: more than %d overflow buffers in one operation",
                     GPU_SCRATCH_EXTRA);
-  GPU_TRY_CUDA(cudaMallocAsync(out, need, st->stream), "gpu scratch: cudaMallocAsync");
+  GPU_TRY_CUDA(st->pool ? pool_alloc(st, need, out) : cudaMallocAsync(out, need, st->stream),
+               "gpu scratch: cudaMallocAsync");
   st->extra[st->n_extra++] = *out;
   return TW_OK;
 }
@@ -390,4 +435,5 @@ const tw_backend_ops tw_gpu_ops = {
     /* ep */ &gpu_ep,
     /* alloc_stream */ gpu_alloc_stream,
     /* free_stream */ gpu_free_stream,
+    /* trim */ gpu_trim,
 };

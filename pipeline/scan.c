@@ -63,6 +63,28 @@ static void free_f(run *r, float **p) {
   *p = NULL;
 }
 
+/* The loop's microbatch blocks are allocated one by one and change hands by swapping pointers:
+ * a 32 MiB copy is a pass over device memory between two layer calls, on the critical path.
+ * Every block is held by exactly one pointer at a time (the run's tmp included), so each is
+ * freed once whoever holds it at the end. */
+static void swap_f(float **a, float **b) {
+  float *t = *a;
+  *a = *b;
+  *b = t;
+}
+static tw_status alloc_blocks(run *r, float ***b, int n) {
+  *b = (float **)calloc((size_t)n, sizeof **b);
+  if (!*b) return tw_error(TW_ERR_MEMORY, "pipeline: out of host memory for %d block pointers", n);
+  for (int i = 0; i < n; i++) TW_TRY(alloc_f(r, &(*b)[i], r->act));
+  return TW_OK;
+}
+static void free_blocks(run *r, float ***b, int n) {
+  if (!*b) return;
+  for (int i = 0; i < n; i++) free_f(r, &(*b)[i]);
+  free(*b);
+  *b = NULL;
+}
+
 static void perm_of(move_kind k, int S, int *perm) {
   for (int i = 0; i < S; i++) {
     switch (k) {
@@ -338,13 +360,14 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
   run r;
   TW_TRY(run_init(&r, ctx, mc, cfg, body, w, 0));
   if (!x || !y) { run_free(&r); return tw_error(TW_ERR_NULL, "pipeline_forward: x or y is NULL"); }
-  float *state_io = NULL, *shift = NULL, *circ = NULL, *mover = NULL, *prev = NULL, *out = NULL, *tmp2 = NULL;
+  float **state_io = NULL, **circ = NULL; /* [mps] and (stage 0, circ) [M] blocks */
+  float *shift = NULL, *mover = NULL, *prev = NULL, *out = NULL, *tmp2 = NULL;
   tw_pipeline_saved *sv = NULL;
   const int S = r.S, s = r.s, M = r.M, R = r.R, d = r.d, mps = r.mps;
   const int64_t act = r.act;
-  tw_status st = alloc_f(&r, &state_io, mps * act);
+  tw_status st = alloc_blocks(&r, &state_io, mps);
   if (st == TW_OK) st = alloc_f(&r, &shift, act);
-  if (st == TW_OK && r.use_circ && s == 0) st = alloc_f(&r, &circ, (int64_t)M * act);
+  if (st == TW_OK && r.use_circ && s == 0) st = alloc_blocks(&r, &circ, M);
   if (st == TW_OK && r.use_circ) st = alloc_f(&r, &mover, act);
   if (st == TW_OK && d == 2) st = alloc_f(&r, &prev, act);
   if (st == TW_OK) st = alloc_f(&r, &out, act);
@@ -358,18 +381,20 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
       st = alloc_f(&r, &sv->in, (int64_t)M * R * act);
     }
   }
-  if (st == TW_OK) st = copy(&r, state_io, x, mps * act);
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, state_io[j], x + j * act, act);
   if (st == TW_OK) st = zero(&r, shift, act);
-  if (st == TW_OK && circ) st = zero(&r, circ, (int64_t)M * act);
+  for (int j = 0; j < M && circ && st == TW_OK; j++) st = zero(&r, circ[j], act);
   if (st == TW_OK && mover) st = zero(&r, mover, act);
   if (st == TW_OK && prev) st = zero(&r, prev, act);
   window win = {-1, -1, -1, -1, -1};
+  const float *landed = shift; /* where the last right move put this stage's next input */
   for (int t = 0; t < r.T && st == TW_OK; t++) {
     const int c = t % mps;
     int m, rep;
     const int valid = tw_pipeline_slot(cfg, t, s, &m, &rep);
-    const float *in = shift;
-    if (s == 0) in = t < M ? state_io + c * act : r.use_circ ? circ + (int64_t)(t % M) * act : shift;
+    const float *in = landed;
+    if (s == 0 && t < M) in = state_io[c];
+    else if (s == 0 && r.use_circ) in = circ[t % M];
     if (cfg->fsdp == TW_PIPELINE_FSDP_BSW && t / M != win.step) { /* a new repeat step */
       int step = t / M;
       win.curr = win.next; win.curr_tag = win.next_tag;
@@ -383,7 +408,7 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
       if (st != TW_OK) break;
     }
     if (valid) {
-      if (sv) st = copy(&r, sv->in + (int64_t)(t - d * s) * act, in, act);
+      if (sv) st = copy(&r, sv->in + (int64_t)(t - d * s) * act, in, act); /* nothing if it landed there */
       float *wb = r.wbuf[0];
       if (cfg->fsdp == TW_PIPELINE_FSDP_BSW) {
         int slot = rep == win.step ? win.next : win.curr;
@@ -400,26 +425,38 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
     }
     if (st != TW_OK) break;
     /* The iteration's moves, as one collective: the output (or prev) shifts right into shift
-     * (free once this step's compute is enqueued); the state_io column moves left; with circ,
-     * the last stage's previous output (mover) reaches stage 0 one step late. */
+     * (free once this step's compute is enqueued), or straight into the next iteration's
+     * saved slot when that one reads it and is valid; the state_io column moves left; with
+     * circ, the last stage's previous output (mover) reaches stage 0 one step late. */
+    float *right_dst = shift;
+    int m1, rep1;
+    if (sv && t + 1 < r.T && !(s == 0 && (t + 1 < M || r.use_circ)) && tw_pipeline_slot(cfg, t + 1, s, &m1, &rep1))
+      right_dst = sv->in + (int64_t)(t + 1 - d * s) * act;
     {
       move_kind kind[3] = {r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, LEFT_SHIFT, LAST_TO_FIRST};
-      const float *snd[3] = {d == 2 ? prev : out, state_io + c * act, mover};
-      float *rcv[3] = {shift, tmp2, r.tmp};
+      const float *snd[3] = {d == 2 ? prev : out, state_io[c], mover};
+      float *rcv[3] = {right_dst, tmp2, r.tmp};
       st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
     }
-    if (st == TW_OK && r.use_circ && s == 0)
-      st = copy(&r, circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act, r.tmp, act);
-    if (st == TW_OK && r.use_circ) st = copy(&r, mover, out, act);
-    /* the last stage puts its output into the state_io column */
-    if (st == TW_OK) st = copy(&r, state_io + c * act, s == S - 1 ? out : tmp2, act);
-    if (st == TW_OK && d == 2) st = copy(&r, prev, out, act);
+    landed = right_dst;
+    if (st != TW_OK) break;
+    if (r.use_circ && s == 0) swap_f(&circ[((t - d * (S - 1) - 1) % M + M) % M], &r.tmp);
+    /* out goes to the last stage's state_io column, to prev (d = 2) and to mover (circ): copies
+     * to all but the last of them, which takes out's block; the other stages' column takes the
+     * one that arrived from the right */
+    const int out_to_prev = d == 2, out_to_mover = r.use_circ;
+    if (s == S - 1 && (out_to_prev || out_to_mover)) st = copy(&r, state_io[c], out, act);
+    else if (s == S - 1) swap_f(&state_io[c], &out);
+    else swap_f(&state_io[c], &tmp2);
+    if (st == TW_OK && out_to_prev && out_to_mover) st = copy(&r, prev, out, act);
+    else if (out_to_prev) swap_f(&prev, &out);
+    if (out_to_mover) swap_f(&mover, &out);
   }
   const int K = (M * (R - 1) + d * (S - 1)) % mps;
-  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, y + j * act, state_io + ((j + K) % mps) * act, act);
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, y + j * act, state_io[(j + K) % mps], act);
   if (sv) sv->window_bytes = r.window_bytes;
-  free_f(&r, &state_io); free_f(&r, &shift); free_f(&r, &circ); free_f(&r, &mover); free_f(&r, &prev);
-  free_f(&r, &out); free_f(&r, &tmp2);
+  free_blocks(&r, &state_io, mps); free_f(&r, &shift); free_blocks(&r, &circ, M); free_f(&r, &mover);
+  free_f(&r, &prev); free_f(&r, &out); free_f(&r, &tmp2);
   run_free(&r);
   if (st != TW_OK) {
     if (sv) tw_pipeline_saved_free(ctx, sv);
@@ -443,24 +480,25 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
     return tw_error(TW_ERR_INVALID_ARG, "pipeline_backward: saved state holds %zu bytes, this configuration needs %zu",
                     saved->bytes, (size_t)M * R * (size_t)act * sizeof(float));
   }
-  float *d_io = NULL, *d_shift = NULL, *d_circ = NULL, *d_mover = NULL, *d_prev = NULL, *d_out = NULL, *d_in = NULL,
-        *d_src = NULL;
-  tw_status st = alloc_f(&r, &d_io, mps * act);
+  float **d_io = NULL, **d_circ = NULL; /* [mps] and (stage 0, circ) [M] blocks */
+  float *d_shift = NULL, *d_mover = NULL, *d_prev = NULL, *d_out = NULL, *d_in = NULL, *d_src = NULL;
+  tw_status st = alloc_blocks(&r, &d_io, mps);
   if (st == TW_OK) st = alloc_f(&r, &d_shift, act);
-  if (st == TW_OK && r.use_circ && s == 0) st = alloc_f(&r, &d_circ, (int64_t)M * act);
+  if (st == TW_OK && r.use_circ && s == 0) st = alloc_blocks(&r, &d_circ, M);
   if (st == TW_OK && r.use_circ) st = alloc_f(&r, &d_mover, act);
   if (st == TW_OK && d == 2) st = alloc_f(&r, &d_prev, act);
   if (st == TW_OK) st = alloc_f(&r, &d_out, act);
   if (st == TW_OK) st = alloc_f(&r, &d_in, act);
   if (st == TW_OK) st = alloc_f(&r, &d_src, act);
   const int K = (M * (R - 1) + d * (S - 1)) % mps;
-  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, d_io + ((j + K) % mps) * act, dy + j * act, act);
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, d_io[(j + K) % mps], dy + j * act, act);
   if (st == TW_OK) st = zero(&r, d_shift, act);
-  if (st == TW_OK && d_circ) st = zero(&r, d_circ, (int64_t)M * act);
+  for (int j = 0; j < M && d_circ && st == TW_OK; j++) st = zero(&r, d_circ[j], act);
   if (st == TW_OK && d_mover) st = zero(&r, d_mover, act);
   if (st == TW_OK && d_prev) st = zero(&r, d_prev, act);
   const int bsw = cfg->fsdp == TW_PIPELINE_FSDP_BSW;
   window win = {-1, -1, -1, -1, -1};
+  int shift_sent = 0; /* d_shift went out and no cotangent replaced it since: a bubble sends zeros */
   for (int t = r.T - 1; t >= 0 && st == TW_OK; t--) {
     const int c = t % mps;
     int m, rep;
@@ -488,31 +526,30 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
       win.step = step;
       if (st != TW_OK) break;
     }
-    /* state_io column: the last stage's output took the column, the others received it */
-    if (s == S - 1) st = copy(&r, d_out, d_io + c * act, act);
-    else st = zero(&r, d_out, act);
     /* The iteration's moves, as one collective (the forward's, transposed): the state_io
      * column's cotangent moves right, shift's returns left, and with circ stage 0's circ slot
-     * returns to the last stage's mover; that one lands in d_in (free until the VJP writes it)
-     * because d_out takes the previous d_mover first, as before. */
-    float *slot = r.use_circ && s == 0 ? d_circ + (int64_t)(((t - d * (S - 1) - 1) % M + M) % M) * act : NULL;
+     * returns to the last stage's mover; that one lands in d_in (free until the VJP writes it). */
+    float *slot = r.use_circ && s == 0 ? d_circ[((t - d * (S - 1) - 1) % M + M) % M] : NULL;
+    if (shift_sent) st = zero(&r, d_shift, act);
+    shift_sent = 1;
     if (st == TW_OK) {
       move_kind kind[3] = {RIGHT_SHIFT, r.rotate ? LEFT_ROTATE : LEFT_SHIFT, FIRST_TO_LAST};
-      const float *snd[3] = {d_io + c * act, d_shift, slot ? slot : d_io + c * act}; /* only stage 0 sends the third */
+      const float *snd[3] = {d_io[c], d_shift, slot ? slot : d_io[c]}; /* only stage 0 sends the third */
       float *rcv[3] = {r.tmp, d_src, d_in};
       st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
     }
-    if (st == TW_OK) st = copy(&r, d_io + c * act, r.tmp, act);
-    if (st == TW_OK) st = zero(&r, d_shift, act);
-    if (st == TW_OK && d == 2) {
-      st = tw_pipeline_add(ctx, d_out, d_prev, act); /* prev = out */
-      if (st == TW_OK) st = copy(&r, d_prev, d_src, act);
-    } else if (st == TW_OK) {
-      st = tw_pipeline_add(ctx, d_out, d_src, act);
-    }
-    if (st == TW_OK && r.use_circ) { /* mover = out; circ slot <- S-1's mover */
+    if (st != TW_OK) break;
+    /* d_out = the cotangent of the stage's output: what came back from the right (d = 1) or
+     * the one before it (prev, d = 2), plus on the last stage the state_io column's (its
+     * output took the column; the column itself takes what arrived from the left), plus with
+     * circ the mover's (mover = out). The first addend's block becomes d_out. */
+    swap_f(&d_io[c], &r.tmp); /* r.tmp: the column's cotangent before the move */
+    swap_f(&d_out, d == 2 ? &d_prev : &d_src);
+    if (s == S - 1) st = tw_pipeline_add(ctx, d_out, r.tmp, act);
+    if (d == 2) swap_f(&d_prev, &d_src); /* prev = out */
+    if (st == TW_OK && r.use_circ) { /* circ slot <- S-1's mover */
       st = tw_pipeline_add(ctx, d_out, d_mover, act);
-      if (st == TW_OK) st = copy(&r, d_mover, d_in, act);
+      swap_f(&d_mover, &d_in);
       if (st == TW_OK && slot) st = zero(&r, slot, act);
     }
     if (st != TW_OK || !valid) continue; /* a bubble's output is constant: no cotangent flows back */
@@ -532,16 +569,20 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
     if (st == TW_OK && !bsw && !r.in_place) st = scatter_add(&r, rep, gb);
     if (st != TW_OK) break;
     /* the input came from exactly one place */
-    if (s >= 1) st = copy(&r, d_shift, d_in, act);
-    else if (t < M) st = tw_pipeline_add(ctx, d_io + c * act, d_in, act);
-    else if (r.use_circ) st = tw_pipeline_add(ctx, d_circ + (int64_t)(t % M) * act, d_in, act);
-    else st = copy(&r, d_shift, d_in, act);
+    if (s >= 1 || (t >= M && !r.use_circ)) { /* it goes back left: d_in's block becomes d_shift */
+      swap_f(&d_shift, &d_in);
+      shift_sent = 0;
+    } else if (t < M) {
+      st = tw_pipeline_add(ctx, d_io[c], d_in, act);
+    } else {
+      st = tw_pipeline_add(ctx, d_circ[t % M], d_in, act);
+    }
   }
   if (st == TW_OK && bsw && win.step >= 0 && win.step < R) st = scatter_add(&r, win.next_tag, r.gbuf[win.next]);
-  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, dx + j * act, d_io + j * act, act);
+  for (int j = 0; j < mps && st == TW_OK; j++) st = copy(&r, dx + j * act, d_io[j], act);
   ((tw_pipeline_saved *)saved)->window_bytes = r.window_bytes;
-  free_f(&r, &d_io); free_f(&r, &d_shift); free_f(&r, &d_circ); free_f(&r, &d_mover); free_f(&r, &d_prev);
-  free_f(&r, &d_out); free_f(&r, &d_in); free_f(&r, &d_src);
+  free_blocks(&r, &d_io, mps); free_f(&r, &d_shift); free_blocks(&r, &d_circ, M); free_f(&r, &d_mover);
+  free_f(&r, &d_prev); free_f(&r, &d_out); free_f(&r, &d_in); free_f(&r, &d_src);
   run_free(&r);
   return st;
 }

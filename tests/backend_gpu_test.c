@@ -127,6 +127,35 @@ Test(backend_gpu, stream_ordered_alloc_round_trip_and_ledger) {
   tw_ctx_destroy(ctx);
 }
 
+/* The context's pool keeps what tw_free gave back across synchronizations (the next step's
+ * buffers come without mapping memory again) until tw_ctx_trim; its own counters, not
+ * cudaMemGetInfo, which other tests on the GPU disturb. */
+static size_t pool_reserved(tw_ctx *ctx) {
+  uint64_t v = 0;
+  cr_assert_eq(cudaMemPoolGetAttribute(gpu_of(ctx)->pool, cudaMemPoolAttrReservedMemCurrent, &v), cudaSuccess);
+  return (size_t)v;
+}
+Test(backend_gpu, the_pool_keeps_freed_memory_until_trim) {
+  tw_ctx *ctx = gpu_ctx();
+  cr_assert_not_null(gpu_of(ctx)->pool, "H100/H200 have stream-ordered pools");
+  const size_t big = (size_t)256 << 20;
+  void *d = NULL;
+  cr_assert_eq(tw_alloc_stream(ctx, big, &d), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_free(ctx, d), TW_OK);
+  cr_assert_eq(tw_ctx_sync(ctx), TW_OK);
+  const size_t kept = pool_reserved(ctx);
+  cr_assert(kept >= big, "after a sync the pool still holds %zu bytes, want >= %zu", kept, big);
+  cr_assert_eq(tw_alloc_stream(ctx, big, &d), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(pool_reserved(ctx), kept, "the second allocation reuses what was kept");
+  cr_assert_eq(tw_free(ctx, d), TW_OK);
+  cr_assert_eq(tw_ctx_trim(ctx), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(pool_reserved(ctx), 0, "trim gives everything back");
+  size_t live = 1;
+  cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
+  cr_assert_eq(live, 0);
+  tw_ctx_destroy(ctx);
+}
+
 Test(backend_gpu, huge_alloc_fails_with_a_message) {
   tw_ctx *ctx = gpu_ctx();
   void *p = (void *)1;

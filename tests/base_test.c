@@ -127,6 +127,9 @@ Test(base, ctx_memory_ledger_counts_live_and_peak_bytes) {
   cr_assert_eq(tw_ctx_memory(ctx, &live, NULL), TW_OK);
   cr_assert_eq(live, want + 24);
   cr_assert_eq(tw_free(ctx, q), TW_OK);
+  cr_assert_eq(tw_ctx_trim(ctx), TW_OK); /* ref keeps nothing: nothing to give back */
+  cr_assert_eq(tw_ctx_trim(NULL), TW_ERR_NULL);
+  cr_assert(strstr(tw_last_error(), "ctx_trim: ctx is NULL"), "%s", tw_last_error());
   cr_assert_eq(tw_alloc(ctx, 0, &q), TW_OK); /* nothing handed out, nothing counted */
   cr_assert_null(q);
   cr_assert_eq(tw_ctx_memory(ctx, &live, &peak), TW_OK);

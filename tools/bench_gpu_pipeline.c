@@ -199,12 +199,14 @@ typedef struct {
   cudaStream_t stream;
   cudaEvent_t a[TRACE_MAX], b[TRACE_MAX]; /* before / after each layer call */
   char bwd[TRACE_MAX];
+  cudaEvent_t edge[3]; /* the step's start, between tw_pipeline_forward and _backward, its end (after its waits) */
   int n, made, on; /* on: the trace step is running */
 } trace_rank;
 
 typedef struct {  /* one rank's trace step */
   int calls[2];   /* [0] forward, [1] backward layer calls */
   double busy_ms[2], gap_med_ms[2], gap_sum_ms[2], span_ms;
+  double lead_ms, fwd_tail_ms, bwd_lead_ms, tail_ms; /* around the calls: see trace_summary */
   int ok;
 } trace_sum;
 
@@ -315,6 +317,18 @@ static trace_sum trace_summary(trace_rank *t) {
   }
   float ms = 0;
   if (t->n > 1 && cudaEventElapsedTime(&ms, t->a[0], t->b[t->n - 1]) == cudaSuccess) r.span_ms = ms;
+  /* the device timeline around the calls: step start to the first call, the last forward call to
+   * tw_pipeline_forward's return (= the backward's call), that to the backward's first call, and
+   * the last call to the step's end (its comm waits and sync) */
+  int last_f = -1, first_b = -1;
+  for (int i = 0; i < t->n; i++) {
+    if (!t->bwd[i]) last_f = i;
+    if (t->bwd[i] && first_b < 0) first_b = i;
+  }
+  if (t->n > 0 && cudaEventElapsedTime(&ms, t->edge[0], t->a[0]) == cudaSuccess) r.lead_ms = ms;
+  if (last_f >= 0 && cudaEventElapsedTime(&ms, t->b[last_f], t->edge[1]) == cudaSuccess) r.fwd_tail_ms = ms;
+  if (first_b >= 0 && cudaEventElapsedTime(&ms, t->edge[1], t->a[first_b]) == cudaSuccess) r.bwd_lead_ms = ms;
+  if (t->n > 0 && cudaEventElapsedTime(&ms, t->b[t->n - 1], t->edge[2]) == cudaSuccess) r.tail_ms = ms;
   return r;
 }
 
@@ -404,12 +418,14 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
   if (tr) {
     tr->ctx = ctx;
     tr->stream = stream;
+    for (int e = 0; e < 3; e++) cudaEventCreate(&tr->edge[e]);
     for (; tr->made < TRACE_MAX; tr->made++)
       if (cudaEventCreate(&tr->a[tr->made]) != cudaSuccess || cudaEventCreate(&tr->b[tr->made]) != cudaSuccess) break;
   }
   for (int it = 0; it < total && st == TW_OK; it++) {
     const int mem = it == timed - 1, trace = it == timed, noop = it > timed;
-    st = barrier(ctx, comm);
+    if (mem) st = tw_ctx_trim(ctx); /* what the context's pool keeps goes back, so the step maps its own */
+    if (st == TW_OK) st = barrier(ctx, comm);
     if (st == TW_OK && mem) { /* what is in use before the step, then nobody allocates until all have read it */
       size_t fr = 0, tot = 0;
       cudaMemGetInfo(&fr, &tot);
@@ -435,7 +451,9 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
       tw_ctx_memory(ctx, &inputs, NULL);
     }
     double t0 = now_s();
+    if (tr && trace) cudaEventRecord(tr->edge[0], stream);
     st = tw_pipeline_forward(ctx, mc, c, b, &w, x, y, &sv);
+    if (tr && trace) cudaEventRecord(tr->edge[1], stream);
     if (st == TW_OK) st = tw_pipeline_backward(ctx, mc, c, b, &w, sv, dy, dx);
     if (st == TW_OK && mem) {
       tw_ctx_memory(ctx, NULL, &peak);
@@ -446,16 +464,19 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
     tw_status fs = tw_pipeline_saved_free(ctx, sv);
     if (st == TW_OK) st = fs;
     if (st == TW_OK) st = tw_mesh_comms_wait(ctx, mc);
+    if (tr && trace) cudaEventRecord(tr->edge[2], stream);
     if (st == TW_OK) st = tw_ctx_sync(ctx);
     if (tr) tr->on = 0;
+    /* summarized now: the no-op steps after it reset the count */
+    if (tr && trace && st == TW_OK && tr->n > 0 && tr->n < tr->made) { /* n == made: calls past the events */
+      j->tsum[rank] = trace_summary(tr);
+      j->tsum[rank].ok = 1;
+    }
     if (noop) j->sched_s[it - timed - 1][rank] = now_s() - t0;
     else if (!trace) j->step_s[it][rank] = now_s() - t0;
   }
   if (tr) {
-    if (st == TW_OK && tr->n > 0 && tr->n < tr->made) { /* n == made: calls past the events, not all traced */
-      j->tsum[rank] = trace_summary(tr);
-      j->tsum[rank].ok = 1;
-    }
+    for (int e = 0; e < 3; e++) cudaEventDestroy(tr->edge[e]);
     for (int i = 0; i < tr->made; i++) {
       cudaEventDestroy(tr->a[i]);
       cudaEventDestroy(tr->b[i]);
@@ -696,6 +717,9 @@ int tw_bench_gpu_pipeline(const tw_bench_cfg *cfg) {
            "last %.2f ms\n",
            k, q->calls[0], q->calls[1], q->busy_ms[0], q->busy_ms[1], q->gap_med_ms[0], q->gap_med_ms[1],
            q->gap_sum_ms[0], q->gap_sum_ms[1], q->span_ms);
+    printf("    around the calls (device timeline): step start to first call %.2f ms; last forward call to the forward's "
+           "return %.2f, from there to the backward's first call %.2f ms; last call to the step's end %.2f ms\n",
+           q->lead_ms, q->fwd_tail_ms, q->bwd_lead_ms, q->tail_ms);
   }
   /* memory */
   int worst_ok = 1;

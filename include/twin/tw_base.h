@@ -185,9 +185,15 @@ tw_status tw_free(tw_ctx *ctx, void *p);
  * after tw_ctx_sync): gpu takes it from the device's stream-ordered pool (cudaMallocAsync on
  * the context's stream) and tw_free gives it back in stream order (cudaFreeAsync), so neither
  * waits for the device, whose every stream (NCCL's kernels waiting on peers included) a
- * cudaFree would wait for. Freed memory stays in the pool for the stream's next allocations
- * until a synchronization trims it. ref: tw_alloc. Same ledger. */
+ * cudaFree would wait for. gpu: the pool is the context's own and keeps freed memory for the
+ * next allocations (a step's buffers come back without mapping them again) until tw_ctx_trim
+ * or tw_ctx_destroy; a failed tw_alloc or tw_alloc_stream trims it and tries once more.
+ * ref: tw_alloc. Same ledger. */
 tw_status tw_alloc_stream(tw_ctx *ctx, size_t bytes, void **out);
+/* Waits for the context's work, then gives the freed memory its pool keeps back to the device
+ * (gpu; ref keeps none). Before measuring device memory with cudaMemGetInfo, or to hand memory
+ * to another context or library. */
+tw_status tw_ctx_trim(tw_ctx *ctx);
 /* The context's ledger of tw_alloc / tw_free: the bytes it holds now (`live`) and the most it
  * held at once since it was created or since tw_ctx_reset_peak (`peak`), exact to the byte and
  * private to this context (no other process or context disturbs it, unlike cudaMemGetInfo).
