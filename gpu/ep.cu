@@ -1124,34 +1124,6 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
   }
 }
 
-// combine_bwd, token side (after the entry barrier): one warp per (token t, rank r): each of t's
-// routes kept on r gets its row-map entry (route, the weight this call passes: 1 without one)
-// in r's window, and when t has any there and r is another rank, d_out[t] (ob bytes) goes once
-// into r's way-back slab at (me, t): the expert side forms w * d_out and the dots itself.
-__global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
-                              const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L) {
-  const int warps = (gridDim.x * blockDim.x) >> 5;
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
-    const int64_t t = it / d.n;
-    const int r = (int)(it % d.n);
-    unsigned any = 0;
-    for (int j0 = 0; j0 < k; j0 += 32) any |= put_route_maps(d, t, r, j0, k, S, L, w);
-    if (!any || r == d.me) continue;
-    warp_copy_wide(d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb,
-                   d_out + (size_t)t * ob, ob);
-  }
-}
-
-// The d_out row of destination row i's route (gid >= 0): this rank's own d_out, or the slab row
-// its token's rank stored by lsa_push_dout.
-__device__ static const unsigned char *lsa_dout_row(const lsa_dev &d, long long gid, int k,
-                                                    const unsigned char *d_out, size_t ob) {
-  const int64_t per = d.maxT * k;
-  const int s = (int)(gid / per);
-  const int64_t t = (gid % per) / k;
-  return s == d.me ? d_out + (size_t)t * ob : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
-}
-
 // w * (eight bf16 of v), each product rounded to bf16: ep_dout_direct's arithmetic on a vector.
 __device__ static uint4 scaled8_bf16(float w, uint4 v) {
   const uint32_t x[4] = {v.x, v.y, v.z, v.w};
@@ -1163,14 +1135,85 @@ __device__ static uint4 scaled8_bf16(float w, uint4 v) {
   return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-// combine_bwd, expert side, one warp per destination row i: d_expert_out[i] = w * d_out(route)
-// (ep_dout_direct's product, in d_out's dtype; zeros for rows without a route) and, with y
-// (expert_out), d_topk_weights' dot of d_out(route) with y[i] (warp_dot's order) stored into
-// the token's rank's window at the route's index (own routes too: lsa_take_dw reads them all).
-// vec: bf16 rows, 16-byte aligned, H % 8 == 0, for d_out, out and y alike: each d_out vector is
-// read once for both. Otherwise the row, then warp_dot on any dtypes.
-__global__ void lsa_dout_rows(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob, int bf16, int k, int64_t H,
-                              int64_t R, const int64_t *__restrict__ recv_route, unsigned char *__restrict__ out,
+// combine_bwd's row i of d_expert_out: w * d_out(route) (ep_dout_direct's product, in d_out's
+// dtype) from src, and with y (expert_out) d_topk_weights' dot of src with y[i] (warp_dot's
+// order), returned to every lane. vec: bf16 rows, 16-byte aligned, H % 8 == 0, for d_out, out
+// and y alike: each d_out vector is read once for both. Otherwise the row, then warp_dot on
+// any dtypes.
+__device__ static float dout_row(const unsigned char *__restrict__ src, float wq, unsigned char *__restrict__ row,
+                                 const unsigned char *__restrict__ yr, int bf16, int y_bf16, int64_t H, int vec) {
+  const int lane = threadIdx.x & 31;
+  float acc = 0.0f;
+  if (vec) {
+    const uint4 *sv = (const uint4 *)src, *yv = (const uint4 *)yr;
+    uint4 *ov = (uint4 *)row;
+    const int64_t nc = H / 8;
+    int64_t c = lane;
+    for (; c + 96 < nc; c += 128) {  // four vectors of each row in flight per lane
+      uint4 x[4], z[4];
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        x[u] = sv[c + 32 * u];
+        if (yr) z[u] = yv[c + 32 * u];
+      }
+#pragma unroll
+      for (int u = 0; u < 4; u++) {
+        ov[c + 32 * u] = scaled8_bf16(wq, x[u]);
+        if (yr) acc = dot8_bf16(acc, x[u], z[u]);
+      }
+    }
+    for (; c < nc; c += 32) {
+      const uint4 x = sv[c];
+      ov[c] = scaled8_bf16(wq, x);
+      if (yr) acc = dot8_bf16(acc, x, yv[c]);
+    }
+    return warp_fold(acc);
+  }
+  for (int64_t h = lane; h < H; h += 32) store_f32(row, bf16, h, __fmul_rn(wq, load_f32(src, bf16, h)));
+  return yr ? warp_dot(src, bf16, yr, y_bf16, H, 0) : 0.0f;
+}
+
+// combine_bwd, token side (after the entry barrier): one warp per (token t, rank r): each of t's
+// routes kept on r gets its row-map entry (route, the weight this call passes: 1 without one)
+// in r's window, and when t has any there and r is another rank, d_out[t] (ob bytes) goes once
+// into r's way-back slab at (me, t). For r = me the routes' rows of d_expert_out and their dots
+// are formed here (dout_row; the dots into this rank's window), so this rank's own rows overlap
+// the remote stores, as the dispatch push expands its own tokens.
+__global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
+                              const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L, int bf16,
+                              int64_t H, unsigned char *__restrict__ out, const unsigned char *__restrict__ y,
+                              size_t yb, int y_bf16, int vec) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  float *dw = (float *)(d.peer[d.me] + d.off_dw);
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = it / d.n;
+    const int r = (int)(it % d.n);
+    unsigned any = 0;
+    for (int j0 = 0; j0 < k; j0 += 32) {
+      unsigned hits = put_route_maps(d, t, r, j0, k, S, L, w);
+      any |= hits;
+      if (r == d.me)
+        while (hits) {  // own routes: their rows, the warp together
+          const int b = __ffs(hits) - 1;
+          hits &= hits - 1;
+          const int64_t q = t * k + j0 + b, i = L.route_dst[q];
+          const float acc = dout_row(d_out + (size_t)t * ob, w ? w[q] : 1.0f, out + (size_t)i * ob,
+                                     y ? y + (size_t)i * yb : NULL, bf16, y_bf16, H, vec);
+          if (y && (threadIdx.x & 31) == 0) dw[q] = acc;  // route_gid(d, t, k, j) % (maxT * k) = q
+        }
+    }
+    if (!any || r == d.me) continue;
+    warp_copy_wide(d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb,
+                   d_out + (size_t)t * ob, ob);
+  }
+}
+
+// combine_bwd, expert side (after the barrier), one warp per destination row i of another
+// rank's route: dout_row from the slab row its token's rank stored, the dot stored into that
+// rank's window at the route's index; zeros for rows without a route. Own routes' rows were
+// written by lsa_push_dout.
+__global__ void lsa_dout_rows(lsa_dev d, int bf16, int k, int64_t H, int64_t R,
+                              const int64_t *__restrict__ recv_route, unsigned char *__restrict__ out, size_t ob,
                               const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec) {
   const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
   const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
@@ -1182,38 +1225,12 @@ __global__ void lsa_dout_rows(lsa_dev d, const unsigned char *__restrict__ d_out
       warp_zero(row, ob);
       continue;
     }
-    const unsigned char *src = lsa_dout_row(d, gid, k, d_out, ob), *yr = y ? y + (size_t)i * yb : NULL;
-    const float wq = map[i].w;
-    float acc = 0.0f;
-    if (vec) {
-      const uint4 *sv = (const uint4 *)src, *yv = (const uint4 *)yr;
-      uint4 *ov = (uint4 *)row;
-      const int64_t nc = H / 8;
-      int64_t c = lane;
-      for (; c + 96 < nc; c += 128) {  // four vectors of each row in flight per lane
-        uint4 x[4], z[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          x[u] = sv[c + 32 * u];
-          if (yr) z[u] = yv[c + 32 * u];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          ov[c + 32 * u] = scaled8_bf16(wq, x[u]);
-          if (yr) acc = dot8_bf16(acc, x[u], z[u]);
-        }
-      }
-      for (; c < nc; c += 32) {
-        const uint4 x = sv[c];
-        ov[c] = scaled8_bf16(wq, x);
-        if (yr) acc = dot8_bf16(acc, x, yv[c]);
-      }
-      acc = warp_fold(acc);
-    } else {
-      for (int64_t h = lane; h < H; h += 32) store_f32(row, bf16, h, __fmul_rn(wq, load_f32(src, bf16, h)));
-      if (yr) acc = warp_dot(src, bf16, yr, y_bf16, H, 0);
-    }
-    if (yr && lane == 0) ((float *)(d.peer[(int)(gid / per)] + d.off_dw))[gid % per] = acc;
+    const int s = (int)(gid / per);
+    if (s == d.me) continue;
+    const int64_t t = (gid % per) / k;
+    const unsigned char *src = d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
+    const float acc = dout_row(src, map[i].w, row, y ? y + (size_t)i * yb : NULL, bf16, y_bf16, H, vec);
+    if (y && lane == 0) ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
   }
 }
 
@@ -1832,8 +1849,9 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
 }
 
 // ep_nccl_lsa's combine_bwd: an entry barrier; d_out once per (token, rank) with the routes'
-// weights beside it; a barrier; d_expert_out = w * d_out and the dots on the expert side, the
-// dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window.
+// weights beside it, while this rank's own routes' rows and dots are formed in the same kernel;
+// a barrier; d_expert_out = w * d_out and the dots for the other ranks' routes on the expert
+// side, the dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window.
 static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const float *w,
                                  const tw_tensor *expert_out, tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
   const tw_ep *ep = layer->ep;
@@ -1847,24 +1865,24 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   const int bf16 = d_out->dtype == TW_BF16;
   const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H);
   const unsigned char *dout = (const unsigned char *)d_out->data;
+  const int want_dw = !tw_tensor_is_none(d_topk_weights);
+  const unsigned char *y = want_dw ? (const unsigned char *)expert_out->data : NULL;
+  const int ybf = want_dw && expert_out->dtype == TW_BF16;
+  const size_t yb = want_dw ? tw_dtype_storage_bytes(expert_out->dtype, H) : 0;
+  unsigned char *dexp = (unsigned char *)d_expert_out->data;
+  const int vec = bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
+                  (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0 && (!y || (ybf && (uintptr_t)y % 16 == 0));
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
   if (T) {
-    lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L);
+    lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L, bf16, H, dexp, y,
+                                                                  yb, ybf, vec);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
-  const int want_dw = !tw_tensor_is_none(d_topk_weights);
-  const unsigned char *y = want_dw ? (const unsigned char *)expert_out->data : NULL;
-  const int ybf = want_dw && expert_out->dtype == TW_BF16;
   if (R) {
-    const int vec = bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
-                    (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0 &&
-                    (!y || (ybf && (uintptr_t)y % 16 == 0));
-    lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
-        d, dout, ob, bf16, k, H, R, L->recv_route, (unsigned char *)d_expert_out->data, y,
-        want_dw ? tw_dtype_storage_bytes(expert_out->dtype, H) : 0, ybf, vec);
+    lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, bf16, k, H, R, L->recv_route, dexp, ob, y, yb, ybf, vec);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA rows launch");
   }
   if (!want_dw) return TW_OK;
