@@ -106,23 +106,81 @@ static tw_status move(run *r, move_kind k, const float *send, float *recv) {
   return tw_ppermute(r->ctx, r->pp, send, recv, r->act, TW_F32, perm);
 }
 
+/* Whether the forward's move of kind k at iteration t carries anything from stage s that is
+ * read later; a move that does not is left out (its receiver gets zeros, which nothing reads).
+ * Derived from the schedule, so every rank decides alike:
+ * - the output shifting right (prev with d = 2): only a valid iteration's (a bubble sends zeros);
+ * - the last stage's mover: the output of a valid iteration of a repeat before the last (the last
+ *   repeat's outputs never enter stage 0 again);
+ * - the state_io column c = t % mps, moving left for the u-th time (t = c + u mps): an input
+ *   block still on its way to stage 0 (s + u <= S-1), or an output the last stage wrote at the
+ *   column's move w = u - S + s that survives to the final layout, i.e. one of the column's
+ *   last S writes (it moves U_c = ceil((T - c) / mps) times; outputs written before are pushed
+ *   out of stage 0 unread).
+ * (Checked against a simulation of the scan's data flow for S <= 5, d = 1, 2, R <= 3: it leaves
+ * out exactly the moves whose block is never read.) */
+static int forward_move_live(const run *r, move_kind k, int t, int s) {
+  const tw_pipeline_config *c = r->cfg;
+  switch (k) {
+    case RIGHT_SHIFT:
+    case RIGHT_ROTATE: return tw_pipeline_slot(c, t - (r->d - 1), s, NULL, NULL);
+    case LAST_TO_FIRST: return tw_pipeline_slot(c, t - 1, s, NULL, NULL) && (t - 1 - r->d * (r->S - 1)) / r->M < r->R - 1;
+    case LEFT_SHIFT: {
+      const int col = t % r->mps, u = t / r->mps, uses = (r->T - col + r->mps - 1) / r->mps;
+      return s + u <= r->S - 1 || u - r->S + s >= uses - r->S;
+    }
+    default: return 1;
+  }
+}
+
+/* The backward's moves are the forward's transposed: its move from stage i to j carries the
+ * cotangent of what the forward moved from j to i, exactly zero when that was not read. */
+static move_kind transposed(move_kind k) {
+  switch (k) {
+    case RIGHT_SHIFT: return LEFT_SHIFT;
+    case LEFT_SHIFT: return RIGHT_SHIFT;
+    case RIGHT_ROTATE: return LEFT_ROTATE;
+    case LEFT_ROTATE: return RIGHT_ROTATE;
+    case LAST_TO_FIRST: return FIRST_TO_LAST;
+    default: return LAST_TO_FIRST;
+  }
+}
+
 /* An iteration's n independent moves as one collective (tw_ppermute_n: over NCCL one group,
- * whose transfers to different stages run side by side instead of one after another). Their
- * recv buffers overlap nothing else of the call. TWIN_PIPE_SEPARATE_MOVES=1 issues them one
- * by one (same results; for timing the difference). */
-static tw_status moves(run *r, int n, const move_kind *kind, const float *const *send, float *const *recv) {
+ * whose transfers to different stages run side by side instead of one after another), each
+ * without the senders whose block carries nothing (forward_move_live; iteration t of the
+ * forward, or with backward its transposed move). Their recv buffers overlap nothing else of
+ * the call. TWIN_PIPE_SEPARATE_MOVES=1 issues them one by one (same results; for timing the
+ * difference); TWIN_PIPE_ALL_MOVES=1 sends every block (same results). */
+static tw_status moves(run *r, int t, int backward, int n, const move_kind *kind, const float *const *send,
+                       float *const *recv) {
   const char *e = getenv("TWIN_PIPE_SEPARATE_MOVES"); /* read per call: rank threads share no state */
   const int separate = e && atoi(e) == 1;
-  if (!r->pp || separate || n == 1) {
-    for (int k = 0; k < n; k++) TW_TRY(move(r, kind[k], send[k], recv[k]));
+  const char *a = getenv("TWIN_PIPE_ALL_MOVES");
+  const int all = a && atoi(a) == 1;
+  int perms[TW_PPERMUTE_N_MAX][MAX_STAGES];
+  for (int k = 0; k < n; k++) {
+    perm_of(kind[k], r->S, perms[k]);
+    for (int i = 0; i < r->S && !all; i++) {
+      const int j = perms[k][i];
+      if (j < 0) continue;
+      const int live = backward ? forward_move_live(r, transposed(kind[k]), t, j) : forward_move_live(r, kind[k], t, i);
+      if (!live) perms[k][i] = -1;
+    }
+  }
+  if (!r->pp) { /* one stage: the move is a local copy, or zeros */
+    for (int k = 0; k < n; k++)
+      TW_TRY(perms[k][0] == 0 ? copy(r, recv[k], send[k], r->act) : zero(r, recv[k], r->act));
     return TW_OK;
   }
-  int perms[TW_PPERMUTE_N_MAX][MAX_STAGES];
+  if (separate || n == 1) {
+    for (int k = 0; k < n; k++) TW_TRY(tw_ppermute(r->ctx, r->pp, send[k], recv[k], r->act, TW_F32, perms[k]));
+    return TW_OK;
+  }
   const int *pp[TW_PPERMUTE_N_MAX];
   const void *sp[TW_PPERMUTE_N_MAX];
   void *rp[TW_PPERMUTE_N_MAX];
   for (int k = 0; k < n; k++) {
-    perm_of(kind[k], r->S, perms[k]);
     pp[k] = perms[k];
     sp[k] = send[k];
     rp[k] = recv[k];
@@ -436,7 +494,7 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
       move_kind kind[3] = {r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, LEFT_SHIFT, LAST_TO_FIRST};
       const float *snd[3] = {d == 2 ? prev : out, state_io[c], mover};
       float *rcv[3] = {right_dst, tmp2, r.tmp};
-      st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
+      st = moves(&r, t, 0, r.use_circ ? 3 : 2, kind, snd, rcv);
     }
     landed = right_dst;
     if (st != TW_OK) break;
@@ -536,7 +594,7 @@ tw_status tw_pipeline_backward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline
       move_kind kind[3] = {RIGHT_SHIFT, r.rotate ? LEFT_ROTATE : LEFT_SHIFT, FIRST_TO_LAST};
       const float *snd[3] = {d_io[c], d_shift, slot ? slot : d_io[c]}; /* only stage 0 sends the third */
       float *rcv[3] = {r.tmp, d_src, d_in};
-      st = moves(&r, r.use_circ ? 3 : 2, kind, snd, rcv);
+      st = moves(&r, t, 1, r.use_circ ? 3 : 2, kind, snd, rcv);
     }
     if (st != TW_OK) break;
     /* d_out = the cotangent of the stage's output: what came back from the right (d = 1) or
