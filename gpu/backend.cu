@@ -268,15 +268,23 @@ static cudaError_t pool_alloc(gpu_state *st, size_t bytes, void **out) {
 
 // A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
 // cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
+// pool_alloc, and once more after a trim when the device is out of memory (what the pool keeps
+// may be in pieces too small); the trim waits for the stream, so only a failure pays a wait.
+static cudaError_t pool_alloc_or_trim(tw_ctx *ctx, size_t bytes, void **out) {
+  gpu_state *st = gpu_of(ctx);
+  cudaError_t e = pool_alloc(st, bytes, out);
+  if (e == cudaErrorMemoryAllocation && !gpu_capturing(st)) {
+    cudaGetLastError();
+    if (gpu_trim(ctx) == TW_OK) e = pool_alloc(st, bytes, out);
+  }
+  return e;
+}
+
 static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
   gpu_state *st = gpu_of(ctx);
   if (!st->pool) return gpu_alloc(ctx, bytes, out);
   GPU_TRY_CUDA(cudaSetDevice(st->device), "alloc_stream: cudaSetDevice");
-  cudaError_t e = pool_alloc(st, bytes, out);
-  if (e == cudaErrorMemoryAllocation && !gpu_capturing(st)) {
-    cudaGetLastError();  // what the pool keeps may be in pieces too small
-    if (gpu_trim(ctx) == TW_OK) e = pool_alloc(st, bytes, out);
-  }
+  cudaError_t e = pool_alloc_or_trim(ctx, bytes, out);
   if (e != cudaSuccess) {
     cudaGetLastError();
     *out = NULL;
@@ -330,8 +338,8 @@ extern "C" tw_status gpu_scratch(tw_ctx *ctx, size_t bytes, void **out) {
   if (st->n_extra >= GPU_SCRATCH_EXTRA)
     return tw_error(TW_ERR_INTERNAL, "gpu scratch: more than %d overflow buffers in one operation",
                     GPU_SCRATCH_EXTRA);
-  GPU_TRY_CUDA(st->pool ? pool_alloc(st, need, out) : cudaMallocAsync(out, need, st->stream),
-               "gpu scratch: cudaMallocAsync");
+  GPU_TRY_CUDA(st->pool ? pool_alloc_or_trim(ctx, need, out) : cudaMallocAsync(out, need, st->stream),
+               "gpu scratch: stream-ordered allocation");
   st->extra[st->n_extra++] = *out;
   return TW_OK;
 }

@@ -499,10 +499,10 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
     landed = right_dst;
     if (st != TW_OK) break;
     if (r.use_circ && s == 0) swap_f(&circ[((t - d * (S - 1) - 1) % M + M) % M], &r.tmp);
-    /* out goes to the last stage's state_io column, to prev (d = 2) and to mover (circ): copies
-     * to all but the last of them, which takes out's block; the other stages' column takes the
-     * one that arrived from the right */
-    const int out_to_prev = d == 2, out_to_mover = r.use_circ;
+    /* out goes to the last stage's state_io column, to prev (d = 2) and on the last stage to
+     * mover (circ; only the last stage sends it): copies to all but the last of them, which
+     * takes out's block; the other stages' column takes the one that arrived from the right */
+    const int out_to_prev = d == 2, out_to_mover = r.use_circ && s == S - 1;
     if (s == S - 1 && (out_to_prev || out_to_mover)) st = copy(&r, state_io[c], out, act);
     else if (s == S - 1) swap_f(&state_io[c], &out);
     else swap_f(&state_io[c], &tmp2);
