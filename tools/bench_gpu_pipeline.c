@@ -415,12 +415,29 @@ static tw_status prank(int rank, tw_comm *comm, void *arg) {
   const int timed = j->warm + j->iters + 1;  /* the last one measures memory */
   const int total = timed + 2 + j->iters;     /* the trace step, then the schedule alone (no-op body), one warm-up */
   trace_rank *tr = j->trace && !j->loopback && dev < MAX_RANKS ? &j->trace[dev] : NULL;
-  if (tr) {
-    tr->ctx = ctx;
-    tr->stream = stream;
-    for (int e = 0; e < 3; e++) cudaEventCreate(&tr->edge[e]);
-    for (; tr->made < TRACE_MAX; tr->made++)
-      if (cudaEventCreate(&tr->a[tr->made]) != cudaSuccess || cudaEventCreate(&tr->b[tr->made]) != cudaSuccess) break;
+  if (tr) { /* events that fail to be made leave the trace out (no error reaches the steps) */
+    int e = 0;
+    while (e < 3 && cudaEventCreate(&tr->edge[e]) == cudaSuccess) e++;
+    for (; tr->made < TRACE_MAX && e == 3; tr->made++) {
+      if (cudaEventCreate(&tr->a[tr->made]) != cudaSuccess) break;
+      if (cudaEventCreate(&tr->b[tr->made]) != cudaSuccess) {
+        cudaEventDestroy(tr->a[tr->made]);
+        break;
+      }
+    }
+    if (e < 3 || tr->made == 0) {
+      while (e > 0) cudaEventDestroy(tr->edge[--e]);
+      for (int i = 0; i < tr->made; i++) {
+        cudaEventDestroy(tr->a[i]);
+        cudaEventDestroy(tr->b[i]);
+      }
+      tr->made = 0;
+      tr = NULL;
+    } else {
+      tr->ctx = ctx;
+      tr->stream = stream;
+    }
+    cudaGetLastError();
   }
   for (int it = 0; it < total && st == TW_OK; it++) {
     const int mem = it == timed - 1, trace = it == timed, noop = it > timed;
