@@ -487,8 +487,7 @@ tw_status tw_pipeline_forward(tw_ctx *ctx, tw_mesh_comms *mc, const tw_pipeline_
      * saved slot when that one reads it and is valid; the state_io column moves left; with
      * circ, the last stage's previous output (mover) reaches stage 0 one step late. */
     float *right_dst = shift;
-    int m1, rep1;
-    if (sv && t + 1 < r.T && !(s == 0 && (t + 1 < M || r.use_circ)) && tw_pipeline_slot(cfg, t + 1, s, &m1, &rep1))
+    if (sv && t + 1 < r.T && !(s == 0 && (t + 1 < M || r.use_circ)) && tw_pipeline_slot(cfg, t + 1, s, NULL, NULL))
       right_dst = sv->in + (int64_t)(t + 1 - d * s) * act;
     {
       move_kind kind[3] = {r.rotate ? RIGHT_ROTATE : RIGHT_SHIFT, LEFT_SHIFT, LAST_TO_FIRST};
