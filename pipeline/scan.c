@@ -117,8 +117,9 @@ static tw_status move(run *r, move_kind k, const float *send, float *recv) {
  *   column's move w = u - S + s that survives to the final layout, i.e. one of the column's
  *   last S writes (it moves U_c = ceil((T - c) / mps) times; outputs written before are pushed
  *   out of stage 0 unread).
- * (Checked against a simulation of the scan's data flow for S <= 5, d = 1, 2, R <= 3: it leaves
- * out exactly the moves whose block is never read.) */
+ * pipeline/move_liveness_sim.py (move_liveness_test) replays the forward's data flow block by
+ * block for S <= 5, d = 1, 2, R <= 3: no move left out is read, and of 13500 moves the rule
+ * keeps 130 that nothing reads (the rotate path's last outputs). */
 static int forward_move_live(const run *r, move_kind k, int t, int s) {
   const tw_pipeline_config *c = r->cfg;
   switch (k) {
