@@ -1007,10 +1007,25 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
                                   int k, int64_t S, size_t tb, size_t sb, int64_t sld, layer_impl L,
                                   unsigned char *__restrict__ rtok, unsigned char *__restrict__ rscl,
-                                  float *__restrict__ rw) {
+                                  float *__restrict__ rw, int rank_major) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps)
-    push_token(d, it / d.n, (int)(it % d.n), tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw);
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = rank_major ? it % T : it / d.n;
+    const int r = (int)(rank_major ? it / T : it % d.n);
+    push_token(d, t, r, tokens, scales, w, k, S, tb, sb, sld, L, rtok, rscl, rw);
+  }
+}
+
+// The push kernels' item order: (token, rank) pairs token-major (a token's ranks side by side,
+// its row read once from HBM; the default) or rank-major (TWIN_EP_PUSH_ORDER=rank), where a
+// warp's grid-stride items mix the heavy items of its own rank (the own routes' rows) with the
+// light remote ones; token-major gives a warp the same rank every time when the warp count is a
+// multiple of the rank count. Measured on 2 H200s (gpu/NOTES-routing.md, session 15), same call:
+// rank-major is slower for the dispatch at 4096 and 16384 tokens (+6-24 %) and for combine_bwd
+// at 4096 (+2-13 %), faster for combine_bwd at 16384 (-3 % uniform, -13 % skewed). Read per call.
+static int push_rank_major(void) {
+  const char *e = getenv("TWIN_EP_PUSH_ORDER");
+  return e && !strcmp(e, "rank");
 }
 
 __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
@@ -1182,12 +1197,12 @@ __device__ static float dout_row(const unsigned char *__restrict__ src, float wq
 __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
                               const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L, int bf16,
                               int64_t H, unsigned char *__restrict__ out, const unsigned char *__restrict__ y,
-                              size_t yb, int y_bf16, int vec) {
+                              size_t yb, int y_bf16, int vec, int rank_major) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   float *dw = (float *)(d.peer[d.me] + d.off_dw);
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
-    const int64_t t = it / d.n;
-    const int r = (int)(it % d.n);
+    const int64_t t = rank_major ? it % T : it / d.n;
+    const int r = (int)(rank_major ? it / T : it % d.n);
     unsigned any = 0;
     for (int j0 = 0; j0 < k; j0 += 32) {
       unsigned hits = put_route_maps(d, t, r, j0, k, S, L, w);
@@ -1712,7 +1727,7 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
       lsa_push_dispatch<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(
           d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
           (const float *)topk_weights->data, T, k, im->S, tb, sb, sld, *L, (unsigned char *)recv_tokens->data,
-          rscl, (float *)recv_weights->data);
+          rscl, (float *)recv_weights->data, push_rank_major());
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
     }
     lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_DISPATCH);
@@ -1876,7 +1891,7 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
   if (T) {
     lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L, bf16, H, dexp, y,
-                                                                  yb, ybf, vec);
+                                                                  yb, ybf, vec, push_rank_major());
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
