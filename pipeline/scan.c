@@ -99,11 +99,14 @@ static void perm_of(move_kind k, int S, int *perm) {
 }
 
 /* recv = what the stage that sends to this one sent (zeros if none), along the pp axis. */
+static tw_status move_perm(run *r, const int *perm, const float *send, float *recv) {
+  if (!r->pp) return perm[0] == 0 ? copy(r, recv, send, r->act) : zero(r, recv, r->act); /* one stage */
+  return tw_ppermute(r->ctx, r->pp, send, recv, r->act, TW_F32, perm);
+}
 static tw_status move(run *r, move_kind k, const float *send, float *recv) {
   int perm[MAX_STAGES];
   perm_of(k, r->S, perm);
-  if (!r->pp) return perm[0] == 0 ? copy(r, recv, send, r->act) : zero(r, recv, r->act);
-  return tw_ppermute(r->ctx, r->pp, send, recv, r->act, TW_F32, perm);
+  return move_perm(r, perm, send, recv);
 }
 
 /* Whether the forward's move of kind k at iteration t carries anything from stage s that is
@@ -169,13 +172,8 @@ static tw_status moves(run *r, int t, int backward, int n, const move_kind *kind
       if (!live) perms[k][i] = -1;
     }
   }
-  if (!r->pp) { /* one stage: the move is a local copy, or zeros */
-    for (int k = 0; k < n; k++)
-      TW_TRY(perms[k][0] == 0 ? copy(r, recv[k], send[k], r->act) : zero(r, recv[k], r->act));
-    return TW_OK;
-  }
-  if (separate || n == 1) {
-    for (int k = 0; k < n; k++) TW_TRY(tw_ppermute(r->ctx, r->pp, send[k], recv[k], r->act, TW_F32, perms[k]));
+  if (!r->pp || separate || n == 1) {
+    for (int k = 0; k < n; k++) TW_TRY(move_perm(r, perms[k], send[k], recv[k]));
     return TW_OK;
   }
   const int *pp[TW_PPERMUTE_N_MAX];
