@@ -266,8 +266,6 @@ static cudaError_t pool_alloc(gpu_state *st, size_t bytes, void **out) {
   return cudaMallocFromPoolAsync(out, bytes, st->pool, st->stream);
 }
 
-// A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
-// cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
 // pool_alloc, and once more after a trim when the device is out of memory (what the pool keeps
 // may be in pieces too small); the trim waits for the stream, so only a failure pays a wait.
 static cudaError_t pool_alloc_or_trim(tw_ctx *ctx, size_t bytes, void **out) {
@@ -280,6 +278,8 @@ static cudaError_t pool_alloc_or_trim(tw_ctx *ctx, size_t bytes, void **out) {
   return e;
 }
 
+// A device without stream-ordered pools (old driver, some virtualized GPUs) gets plain
+// cudaMalloc / cudaFree from alloc_stream / free_stream: same results, the old waits.
 static tw_status gpu_alloc_stream(tw_ctx *ctx, size_t bytes, void **out) {
   gpu_state *st = gpu_of(ctx);
   if (!st->pool) return gpu_alloc(ctx, bytes, out);
