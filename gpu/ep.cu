@@ -52,7 +52,8 @@
 // beside it, this rank's own routes written straight into their final rows; a barrier; then
 // every other row expanded from the slab into the expert-major layout. combine and
 // dispatch_bwd: an entry barrier, each route's row (and dispatch_bwd's per-slot f32) stored
-// into its token's rank's way-back slab, a barrier, the oracle's j-order sums. combine_bwd: an
+// into its token's rank's way-back slab, a barrier, the oracle's j-order sums (above 32 MiB of
+// rows in chunks of the tokens: a chunk's sums under the next chunk's stores, lsa_back). combine_bwd: an
 // entry barrier, d_out once per (token, rank) with its routes' weights in the row map, a
 // barrier, w * d_out and the d_topk_weights dots on the expert side in one pass, a warp per
 // row (the dots in tw_ep.h's warp order, stored into the tokens' ranks), a barrier. With LSA
@@ -63,6 +64,7 @@
 // API, the group is not one LSA team, or NCCL gives no window (a 1-rank communicator on NCCL
 // 2.28.3), ep_create falls back to slots (auto) or refuses the forced name, saying why.
 #include <dlfcn.h>
+#include <pthread.h>
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,6 +90,7 @@
 namespace {
 
 #define EP_CHUNK 1024  // routes per counting chunk (one block of EP_CHUNK threads; route_key packs e * EP_CHUNK + rank)
+#define EP_BACK_MAXC 8  // the way back's chunks at most (lsa_back)
 #define EP_SUM_MAXK 64  // top-k up to this: a token's rows and weights cached in shared memory
 
 // ep_nccl_lsa's view of the symmetric window, passed by value into its kernels.
@@ -138,6 +141,8 @@ struct layer_impl {
   // one rank only (the direct path: no staging copies): [S] each, the route and the
   // destination row of a staging slot; NULL for ep_size > 1
   int64_t *slot_route, *slot_row;
+  // ep_nccl_lsa: the way back's chunk lists [EP_BACK_MAXC][R] and counts (lsa_back_bucket)
+  int32_t *back_list, *back_n;
 };
 
 // ---- row copies ---------------------------------------------------------------------------
@@ -1016,6 +1021,70 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
   }
 }
 
+// Phase timing of the LSA ops (TWIN_EP_PHASES=1, read once; never while the stream is being
+// captured): an event after each kernel of one op, the op synchronized at its end, the phases'
+// times summed per (device, op, phase) and printed at exit. A measuring aid: it adds a host
+// synchronization per op, so the bench's own times are not comparable with it on.
+#define EP_PH_MAX 40
+struct ep_phase_row { int dev; const char *op, *phase; long long T, rb; double ms; long n; };
+static ep_phase_row g_ph_rows[256];
+static int g_ph_nrows;
+static pthread_mutex_t g_ph_mu = PTHREAD_MUTEX_INITIALIZER;
+struct ep_phase_run { cudaStream_t s; int on, dev, n; long long T, rb; const char *op, *name[EP_PH_MAX]; cudaEvent_t ev[EP_PH_MAX]; };
+static thread_local cudaEvent_t t_ph_ev[EP_PH_MAX];
+static thread_local int t_ph_dev = -1;
+static void ep_phases_print(void) {
+  for (int i = 0; i < g_ph_nrows; i++)
+    fprintf(stderr, "ep phase: T %6lld row %5lld B %-13s gpu %d %-10s %8.4f ms mean over %ld\n", g_ph_rows[i].T,
+            g_ph_rows[i].rb, g_ph_rows[i].op, g_ph_rows[i].dev, g_ph_rows[i].phase, g_ph_rows[i].ms / g_ph_rows[i].n,
+            g_ph_rows[i].n);
+}
+static int ep_phases_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("TWIN_EP_PHASES");
+    on = e && *e == '1';
+    if (on) atexit(ep_phases_print);
+  }
+  return on;
+}
+static void ph_begin(ep_phase_run *r, cudaStream_t s, const char *op, long long T, long long rb) {
+  memset(r, 0, sizeof *r);
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (!ep_phases_on() || cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (t_ph_dev != dev) {
+    for (int i = 0; i < EP_PH_MAX; i++)
+      if (cudaEventCreate(&t_ph_ev[i]) != cudaSuccess) return;
+    t_ph_dev = dev;
+  }
+  r->on = 1, r->s = s, r->dev = dev, r->op = op, r->T = T, r->rb = rb;
+  memcpy(r->ev, t_ph_ev, sizeof r->ev);
+  cudaEventRecord(r->ev[0], s);
+  r->n = 1;
+}
+static void ph_mark(ep_phase_run *r, const char *phase) {
+  if (!r->on || r->n >= EP_PH_MAX) return;
+  r->name[r->n] = phase;
+  cudaEventRecord(r->ev[r->n++], r->s);
+}
+static void ph_end(ep_phase_run *r) {
+  if (!r->on || cudaEventSynchronize(r->ev[r->n - 1]) != cudaSuccess) return;
+  pthread_mutex_lock(&g_ph_mu);
+  for (int i = 1; i < r->n; i++) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, r->ev[i - 1], r->ev[i]);
+    int j = 0;
+    while (j < g_ph_nrows && !(g_ph_rows[j].dev == r->dev && g_ph_rows[j].op == r->op && g_ph_rows[j].T == r->T &&
+                               g_ph_rows[j].rb == r->rb && !strcmp(g_ph_rows[j].phase, r->name[i])))
+      j++;
+    if (j == g_ph_nrows && g_ph_nrows < 256) g_ph_rows[g_ph_nrows++] = {r->dev, r->op, r->name[i], r->T, r->rb, 0.0, 0};
+    if (j < 256) g_ph_rows[j].ms += ms, g_ph_rows[j].n++;
+  }
+  pthread_mutex_unlock(&g_ph_mu);
+}
+
 // The push kernels' item order: (token, rank) pairs token-major (a token's ranks side by side,
 // its row read once from HBM; the default) or rank-major (TWIN_EP_PUSH_ORDER=rank), where a
 // warp's grid-stride items mix the heavy items of its own rank (the own routes' rows) with the
@@ -1046,45 +1115,86 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
   }
 }
 
-// combine and dispatch_bwd, expert side: one warp per destination row of another rank's route:
-// row i of `y` (expert_out, or d_recv) into that rank's way-back slab at the route's index (own
-// routes stay in place), and with `slot` the per-slot f32 right after the row (per_slot[i], 0
-// without it: the oracle's d_topk_weights of dispatch_bwd).
-__global__ void lsa_push_back(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int64_t R, int k,
-                              const int64_t *__restrict__ recv_route, int slot, const float *__restrict__ per_slot) {
-  const int warps = (gridDim.x * blockDim.x) >> 5;
-  const int64_t per = d.maxT * k;
-  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
-    const int64_t gid = recv_route[i];
+// The way back of combine and dispatch_bwd over ep_nccl_lsa (lsa_back), in C chunks of the
+// token side's tokens: step c stores the rows of the routes of tokens in chunk c into their
+// ranks (its first blocks), while its other blocks sum chunk c - 1, which a barrier between the
+// steps has completed on every rank. The sums then run under the NVLink transfer instead of
+// after it (one chunk: push, barrier, sum, as before). Same stores, same sums: the same bits.
+struct back_args {
+  const unsigned char *y;  // expert_out / d_recv [R, H]
+  size_t yb;
+  int y_bf16, k, slot, weighted_form, out_bf16;
+  int64_t R, H, S;
+  const int64_t *recv_route, *route_pos, *route_dst;
+  const float *per_slot, *w;
+  void *out;
+  float *d_w;
+};
+
+// Expert side: rows of another rank's routes into that rank's way-back slab at the route's
+// index (own routes stay in place), and with `slot` the per-slot f32 right after the row
+// (per_slot[i], 0 without it: the oracle's d_topk_weights of dispatch_bwd). A warp per row: all
+// R destination rows (list NULL), or the *n rows of a chunk's list (lsa_back_bucket).
+__device__ static void push_back_rows(const lsa_dev &d, const back_args &a, const int32_t *list, const int32_t *n,
+                                      int blk, int nblk) {
+  const int warps = (nblk * blockDim.x) >> 5;
+  const int64_t per = d.maxT * a.k, rows = list ? *n : a.R;
+  for (int64_t j = (int64_t)(blk * blockDim.x + threadIdx.x) / 32; j < rows; j += warps) {
+    const int64_t i = list ? list[j] : j;
+    const int64_t gid = a.recv_route[i];
     if (gid < 0) continue;
     const int s = (int)(gid / per);
     if (s == d.me) continue;
     unsigned char *row = d.peer[s] + d.off_comb + (size_t)(gid % per) * d.crb;
-    warp_copy_wide(row, y + (size_t)i * yb, yb);
-    if (slot && (threadIdx.x & 31) == 0) {
-      const float v = per_slot ? per_slot[i] : 0.0f;
-      memcpy(row + yb, &v, 4);
+    warp_copy_wide(row, a.y + (size_t)i * a.yb, a.yb);
+    if (a.slot && (threadIdx.x & 31) == 0) {
+      const float v = a.per_slot ? a.per_slot[i] : 0.0f;
+      memcpy(row + a.yb, &v, 4);
     }
   }
 }
 
-// combine and dispatch_bwd, token side: out[t] = sum_j w[t, j] * y(route) (combine,
-// weighted_form) or sum_j g(route) (dispatch_bwd: no product, as the oracle adds g itself) in
-// f32, j order (ep_sum_routes' arithmetic); the row from this window's way-back slab, or `y`
-// itself (expert_out / d_recv) for this rank's own routes. d_w (dispatch_bwd): each kept
-// route's per-slot f32 (after the slab row; per_slot[row] for own routes, 0 without per_slot),
-// 0 for a dropped one. Eight bf16 per thread where rows allow (the same sums, element by element).
-__global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t yb, int y_bf16, int64_t T, int k,
-                        int64_t H, int64_t S, const int64_t *__restrict__ route_pos,
-                        const int64_t *__restrict__ route_dst, const float *__restrict__ w, int weighted_form,
-                        void *__restrict__ out, int out_bf16, float *__restrict__ d_w,
-                        const float *__restrict__ per_slot) {
+// The chunks' lists: destination row i of another rank's route goes to the list of the chunk
+// of its token, t / cs (lists [C][R], counts [C], zeroed before). Order within a list is free.
+__global__ void lsa_back_bucket(lsa_dev d, int64_t R, int k, const int64_t *__restrict__ recv_route, int64_t cs,
+                                int32_t *__restrict__ list, int32_t *__restrict__ count) {
+  const int64_t per = d.maxT * k;
+  const int lane = threadIdx.x & 31;
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < R; base += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const int64_t gid = i < R ? recv_route[i] : -1;
+    const int c = gid < 0 || gid / per == d.me ? -1 : (int)(((gid % per) / k) / cs);
+    // one atomic per chunk and warp: the lanes of a chunk take consecutive places
+    const unsigned peers = __match_any_sync(0xffffffffu, c);
+    const int leader = __ffs(peers) - 1;
+    int at = 0;
+    if (c >= 0 && lane == leader) at = atomicAdd(&count[c], __popc(peers));
+    at = __shfl_sync(0xffffffffu, at, leader);
+    if (c >= 0) list[(int64_t)c * R + at + __popc(peers & ((1u << lane) - 1u))] = (int32_t)i;
+  }
+}
+
+// Token side, tokens [t0, t1): out[t] = sum_j w[t, j] * y(route) (combine, weighted_form) or
+// sum_j g(route) (dispatch_bwd: no product, as the oracle adds g itself) in f32, j order
+// (ep_sum_routes' arithmetic); the row from this window's way-back slab, or `y` itself
+// (expert_out / d_recv) for this rank's own routes. d_w (dispatch_bwd): each kept route's
+// per-slot f32 (after the slab row; per_slot[row] for own routes, 0 without per_slot), 0 for a
+// dropped one. Eight bf16 per thread where rows allow (the same sums, element by element).
+__device__ static void sum_chunk(const lsa_dev &d, const back_args &a, int64_t t0, int64_t t1, int blk, int nblk) {
+  const unsigned char *__restrict__ y = a.y;
+  const size_t yb = a.yb;
+  const int y_bf16 = a.y_bf16, k = a.k, weighted_form = a.weighted_form, out_bf16 = a.out_bf16;
+  const int64_t H = a.H, S = a.S;
+  const int64_t *__restrict__ route_pos = a.route_pos, *__restrict__ route_dst = a.route_dst;
+  const float *__restrict__ w = a.w, *__restrict__ per_slot = a.per_slot;
+  void *__restrict__ out = a.out;
+  float *__restrict__ d_w = a.d_w;
   __shared__ const unsigned char *row_of[EP_SUM_MAXK];
   __shared__ float w_of[EP_SUM_MAXK];
   const unsigned char *comb = d.peer[d.me] + d.off_comb;
   const bool vec = y_bf16 && out_bf16 && H % 8 == 0 && yb % 16 == 0 && d.crb % 16 == 0 && k <= EP_SUM_MAXK &&
                    ((uintptr_t)y & 15) == 0 && ((uintptr_t)out & 15) == 0;
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+  for (int64_t t = t0 + blk; t < t1; t += nblk) {
     const bool cached = k <= EP_SUM_MAXK;
     if (cached) {
       __syncthreads();
@@ -1138,6 +1248,20 @@ __global__ void lsa_sum(lsa_dev d, const unsigned char *__restrict__ y, size_t y
     }
   }
 }
+
+
+// One step of the way back: blocks [0, P) push the rows of `list` (NULL: every row), the others
+// sum tokens [s0, s1).
+__global__ void lsa_back_step(lsa_dev d, back_args a, int P, const int32_t *list, const int32_t *n, int64_t s0,
+                              int64_t s1) {
+  if ((int)blockIdx.x < P) push_back_rows(d, a, list, n, blockIdx.x, P);
+  else sum_chunk(d, a, s0, s1, blockIdx.x - P, gridDim.x - P);
+}
+// The steps with one role only: the same device functions in kernels of their own registers.
+__global__ void lsa_push_back(lsa_dev d, back_args a, const int32_t *list, const int32_t *n) {
+  push_back_rows(d, a, list, n, blockIdx.x, gridDim.x);
+}
+__global__ void lsa_sum(lsa_dev d, back_args a, int64_t s0, int64_t s1) { sum_chunk(d, a, s0, s1, blockIdx.x, gridDim.x); }
 
 // w * (eight bf16 of v), each product rounded to bf16: ep_dout_direct's arithmetic on a vector.
 __device__ static uint4 scaled8_bf16(float w, uint4 v) {
@@ -1409,10 +1533,11 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_back,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
+                         (const void *)lsa_sum,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
                          (const void *)lsa_take_dw,
-                         (const void *)lsa_sum, (const void *)ep_pack_back, (const void *)ep_sum_routes,
+                         (const void *)ep_pack_back, (const void *)ep_sum_routes,
                          (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
                          (const void *)ep_dout_direct};
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
@@ -1590,7 +1715,8 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   const int lsa = ((ep_impl *)ep->impl)->lsa != NULL;
   size_t n64 = (size_t)(n * nle) * 3 + (size_t)(n * (nle + 1)) + (size_t)E * 2 + (size_t)routes + (size_t)R +
                2 * (size_t)S1 + (lsa ? (size_t)E + (size_t)routes + (size_t)R : 0);
-  size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + (size_t)routes + 1;
+  size_t n32 = (size_t)(nch * E) * 2 + (size_t)(n * E) + (size_t)routes + 1 +
+               (lsa ? (size_t)EP_BACK_MAXC * ((size_t)R + 1) : 0);
   tw_status s = tw_alloc(ep->ctx, n64 * 8 + n32 * 4, &L->base);
   if (s != TW_OK) {
     free(L);
@@ -1619,7 +1745,11 @@ static tw_status gpu_ep_layer_create(tw_ep_layer *layer) {
   L->chunk_base = q; q += nch * E;
   L->counts_all = q; q += n * E;
   L->route_key = q; q += routes;
-  L->flag = q;
+  L->flag = q; q += 1;
+  if (lsa) {
+    L->back_n = q; q += EP_BACK_MAXC;
+    L->back_list = q; q += EP_BACK_MAXC * R;
+  }
   // a combine before any dispatch is refused by core; still, start from "no routes"
   s = tw_memset(ep->ctx, L->base, 0xff, n64 * 8);
   if (s == TW_OK) s = tw_memset(ep->ctx, L->flag, 0, 4);
@@ -1690,6 +1820,8 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   }
   const int32_t *idx = (const int32_t *)topk_idx->data;
   int32_t *mine = L->counts_all + (int64_t)me * E;
+  ep_phase_run ph = {};
+  if (im->lsa) ph_begin(&ph, stream, "dispatch", T, (long long)tw_dtype_storage_bytes(c->token_dtype, c->hidden));
   if (nch) {  // one chunk (T * k <= EP_CHUNK): its counts are this rank's, no scan launch
     ep_chunk_count<<<(unsigned)nch, EP_CHUNK, smem, stream>>>(idx, routes, k, E, L->chunk_counts,
                                                               nch == 1 ? mine : NULL, L->route_key, st->err_word);
@@ -1723,6 +1855,7 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   }
   if (im->lsa) {
     const lsa_dev &d = im->lsa->d;
+    ph_mark(&ph, "tables");
     if (T) {
       lsa_push_dispatch<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(
           d, (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
@@ -1730,8 +1863,10 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
           rscl, (float *)recv_weights->data, push_rank_major());
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
     }
+    ph_mark(&ph, "push");
     lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_DISPATCH);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA barrier launch");
+    ph_mark(&ph, "barrier");
     if (R) {
       lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
@@ -1739,6 +1874,8 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
           rscl, (float *)recv_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA expand launch");
     }
+    ph_mark(&ph, "expand");
+    ph_end(&ph);
     return TW_OK;
   }
   if (L->slot_route) {  // one rank: destination rows straight from the tokens
@@ -1829,10 +1966,40 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
   return rows_back(ctx, layer, rows, per_slot);
 }
 
+// The way back's chunk count: one below 32 MiB of rows (the extra barriers would cost more than
+// the overlap gives), up to 4 above (2 H200s, T 4096 and 16384: 4 chunks beat 2 and 8);
+// TWIN_EP_BACK_CHUNKS=C forces C (1 .. EP_BACK_MAXC), read per call.
+static int back_chunks(int64_t R, size_t yb, int64_t maxT) {
+  const char *e = getenv("TWIN_EP_BACK_CHUNKS");
+  int64_t c = e ? atoi(e) : (int64_t)((double)R * (double)yb / (32.0 * 1024 * 1024));
+  if (!e && c > 4) c = 4;
+  if (c < 1) c = 1;
+  if (c > EP_BACK_MAXC) c = EP_BACK_MAXC;
+  if (c > maxT) c = maxT > 0 ? maxT : 1;
+  return (int)c;
+}
+// Blocks of a step that both pushes and sums: P push (a quarter of the SMs: NVLink stores reach
+// their rate from a few warps per SM, and every block more takes HBM bandwidth from the sums),
+// the rest of one resident wave sums. TWIN_EP_BACK_PUSH_BLOCKS / TWIN_EP_BACK_SUM_BLOCKS force them.
+static void back_step_blocks(int sms, unsigned threads, int *push, int *sum) {
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_back_step, (int)threads, 0) != cudaSuccess ||
+      per_sm < 1)
+    per_sm = 1;
+  const char *ep = getenv("TWIN_EP_BACK_PUSH_BLOCKS"), *es = getenv("TWIN_EP_BACK_SUM_BLOCKS");
+  *push = ep && atoi(ep) > 0 ? atoi(ep) : (sms + 3) / 4;
+  *sum = es && atoi(es) > 0 ? atoi(es) : per_sm * sms - *push;
+  if (*sum < 1) *sum = 1;
+}
+
 // ep_nccl_lsa's way back, combine (weighted_form, w = the weights or NULL) and dispatch_bwd
 // (the plain sum; d_w and per_slot: d_topk_weights and d_recv_weights, or NULL): an entry
 // barrier (every rank finished reading its way-back slab of the previous step), each route's row
-// into its token's rank, a barrier, the oracle's j-order sums. dispatch_bwd always sends the
+// into its token's rank, a barrier, the oracle's j-order sums; with C > 1 chunks (back_chunks)
+// the rows of chunk c are pushed while chunk c - 1 is summed, a barrier after each push (C + 1
+// barriers, the same number on every rank: C depends on the shared config only; the lists by
+// lsa_back_bucket). 2 H200s, T 16384 / 4096 (gpu/NOTES-routing.md, session 16): combine 3.48 ->
+// 3.04 ms / 0.91 -> 0.82 ms uniform, 4.77 -> 4.29 / 1.22 -> 1.12 skewed. dispatch_bwd always sends the
 // per-slot f32: whether a rank wants d_topk_weights is its own affair (a rank with no tokens
 // passes none), the rows it receives are its peers' to write.
 static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows, const float *w, int weighted_form,
@@ -1846,20 +2013,48 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
   int k = ep->cfg.topk;
   size_t yb = tw_dtype_storage_bytes(rows->dtype, H);
+  ep_phase_run ph;
+  ph_begin(&ph, stream, weighted_form ? "combine" : "dispatch_bwd", T, (long long)yb);
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
   GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
-  if (R) {
-    lsa_push_back<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, (const unsigned char *)rows->data, yb, R, k,
-                                                            L->recv_route, !weighted_form, per_slot);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA push-back launch");
+  ph_mark(&ph, "barrier0");
+  back_args a = {(const unsigned char *)rows->data, yb, rows->dtype == TW_BF16, k, !weighted_form, weighted_form,
+                 out->dtype == TW_BF16, R, H, im->S, L->recv_route, L->route_pos, L->route_dst, per_slot, w,
+                 out->data, d_w};
+  const unsigned threads = sum_threads(H > 0 ? H : 1);
+  const int sms = gpu_of(ctx)->num_sms, C = back_chunks(R, yb, im->lsa->d.maxT);
+  const int64_t cs = (d.maxT + C - 1) / C;  // tokens per chunk (the last may be shorter)
+  const int push_all = grid_for(ctx, R, (int)(threads / 32));
+  int push_part, sum_part;
+  back_step_blocks(sms, threads, &push_part, &sum_part);
+  if (C > 1) {
+    GPU_TRY_CUDA(cudaMemsetAsync(L->back_n, 0, sizeof(int32_t) * EP_BACK_MAXC, stream), "ep: LSA way-back lists");
+    lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, cs, L->back_list, L->back_n);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA way-back lists launch");
+    ph_mark(&ph, "lists");
   }
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
-  if (T == 0) return TW_OK;
-  lsa_sum<<<grid_for(ctx, T, 1), sum_threads(H > 0 ? H : 1), 0, stream>>>(
-      d, (const unsigned char *)rows->data, yb, rows->dtype == TW_BF16, T, k, H, im->S, L->route_pos, L->route_dst, w,
-      weighted_form, out->data, out->dtype == TW_BF16, d_w, per_slot);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA sum launch");
+  for (int c = 0; c <= C; c++) {
+    // step c: push chunk c (c < C), sum chunk c - 1 (c > 0)
+    const int64_t s0 = c > 0 ? (c - 1) * cs : 0, s1 = c > 0 ? (c * cs < T ? c * cs : T) : 0;
+    const int sum_blocks = s1 > s0 ? (c < C ? (int)(s1 - s0 < sum_part ? s1 - s0 : sum_part) : grid_for(ctx, s1 - s0, 1)) : 0;
+    const int P = c < C && R ? (c == 0 || !sum_blocks ? push_all : push_part) : 0;
+    const int32_t *list = C > 1 && c < C ? L->back_list + (int64_t)c * R : NULL;
+    if (P && sum_blocks) {
+      lsa_back_step<<<P + sum_blocks, threads, 0, stream>>>(d, a, P, list, list ? L->back_n + c : NULL, s0, s1);
+    } else if (P) {
+      lsa_push_back<<<P, threads, 0, stream>>>(d, a, list, list ? L->back_n + c : NULL);
+    } else if (sum_blocks) {
+      lsa_sum<<<sum_blocks, threads, 0, stream>>>(d, a, s0, s1);
+    }
+    GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA way-back launch");
+    ph_mark(&ph, c == 0 ? "push" : c == C ? "sum" : "push+sum");
+    if (c < C) {
+      lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
+      ph_mark(&ph, "barrier");
+    }
+  }
+  ph_end(&ph);
   return TW_OK;
 }
 
@@ -1887,26 +2082,36 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   unsigned char *dexp = (unsigned char *)d_expert_out->data;
   const int vec = bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
                   (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0 && (!y || (ybf && (uintptr_t)y % 16 == 0));
+  ep_phase_run ph;
+  ph_begin(&ph, stream, "combine_bwd", T, (long long)ob);
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+  ph_mark(&ph, "barrier0");
   if (T) {
     lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L, bf16, H, dexp, y,
                                                                   yb, ybf, vec, push_rank_major());
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
+  ph_mark(&ph, "push");
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+  ph_mark(&ph, "barrier");
   if (R) {
     lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, bf16, k, H, R, L->recv_route, dexp, ob, y, yb, ybf, vec);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA rows launch");
   }
-  if (!want_dw) return TW_OK;
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
-  if (T * k) {
-    lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA d_w launch");
+  ph_mark(&ph, "rows");
+  if (want_dw) {
+    lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
+    ph_mark(&ph, "barrier2");
+    if (T * k) {
+      lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA d_w launch");
+    }
+    ph_mark(&ph, "take_dw");
   }
+  ph_end(&ph);
   return TW_OK;
 }
 

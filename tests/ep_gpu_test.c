@@ -11,7 +11,9 @@
  *           write, the next step works); dispatch -> combine captured in one CUDA graph and
  *           replayed with new routing written into the same buffers, each replay vs the oracle.
  *   1 GPU, several ranks: ep_size 2 and 4 as threads on GPU 0 over the loopback communicator
- *           (160 random cases, error-policy overflow included) against the ref threads;
+ *           (160 random cases, error-policy overflow included) against the ref threads; with
+ *           ep_nccl_lsa forced, the same and 4 x 40 cases with combine's and dispatch_bwd's way
+ *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph replayed with 3 chunks;
  *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
  *           random cases with ep_size 1 and 60 + 60 loopback cases of 2 / 4 ranks (auto, LSA);
  *   the same with MXFP8 (per-slab blocks [128 * T_cap, roundup(H/32, 4)], compact and swizzled):
@@ -19,7 +21,8 @@
  *           (EP_MX_N each), and dispatch captured in a CUDA graph with 3 replays of new routing;
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
- *           with "needs 2 GPUs, sees n" where fewer are visible; 4 and 8 GPUs: the same with ep_size 4, 8.
+ *           with "needs 2 GPUs, sees n" where fewer are visible (LSA also with the way back in 3
+ *           chunks); 4 and 8 GPUs: the same with ep_size 4, 8.
  *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 8),
  *           as `mpirun -np N` would, each one rank over tw_comm_init_nccl_rank (the NCCL id
  *           handed out through a file), 100 cases per EP version against the ref threads, its
@@ -888,6 +891,12 @@ Test(ep_gpu_2, device_errors_over_nccl_lsa) { errors_2("ep_nccl_lsa"); }
 
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"); }
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
+/* the same sweep with the way back in 3 chunks (see random_cases_loopback_lsa_way_back_in_chunks) */
+Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa_way_back_in_chunks) {
+  setenv("TWIN_EP_BACK_CHUNKS", "3", 1);
+  sweep_gpus(2, "ep_nccl_lsa");
+  unsetenv("TWIN_EP_BACK_CHUNKS");
+}
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl_lsa) { sweep_gpus(4, "ep_nccl_lsa"); }
 Test(ep_gpu_8, random_cases_ep_size_8_over_nccl) { sweep_gpus(8, "ep_nccl_slots"); }
@@ -944,6 +953,25 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, s
  * by pointer between the rank threads (its loopback test mode); the barriers, row maps, slab
  * stores, expansion and combine slab run as over NVLink, bit for bit against the oracle */
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
+/* combine's and dispatch_bwd's way back over ep_nccl_lsa in C chunks of the token side's tokens
+ * (lsa_back: a chunk's rows pushed while the previous chunk is summed; the default takes one
+ * chunk below 32 MiB of rows, so these small cases force C): C = 2, 3 and 8 (more chunks than
+ * some ranks' tokens), and 3 with one push block and one sum block per step (every grid-stride
+ * loop walked), bit for bit against the oracle */
+Test(ep_gpu, random_cases_loopback_lsa_way_back_in_chunks) {
+  const char *cs[] = {"2", "3", "8", "3"};
+  for (int i = 0; i < 4; i++) {
+    setenv("TWIN_EP_BACK_CHUNKS", cs[i], 1);
+    if (i == 3) {
+      setenv("TWIN_EP_BACK_PUSH_BLOCKS", "1", 1);
+      setenv("TWIN_EP_BACK_SUM_BLOCKS", "1", 1);
+    }
+    loop_24("ep_nccl_lsa", sweep_n() / 4);
+  }
+  unsetenv("TWIN_EP_BACK_CHUNKS");
+  unsetenv("TWIN_EP_BACK_PUSH_BLOCKS");
+  unsetenv("TWIN_EP_BACK_SUM_BLOCKS");
+}
 /* bf16 rows wide enough for the warp dot's four-vector loop (combine_bwd: ep_dot_routes on the
  * direct path and the slots staging, lsa_dout_rows): ep_size 1 (auto) and 2 / 4 ranks on one GPU
  * (loopback, both versions), bit for bit */
@@ -1281,7 +1309,7 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
  * GPU 0, the version's loopback test mode), replayed NREP times with new routing written into
  * the same buffers; each replay against the oracle. The barriers count epochs on the device,
  * so the replays must go on agreeing. */
-Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
+static void graph_lsa_loopback(void) {
   scen reps[NREP];
   for (int i = 0; i < NREP; i++) {
     scen_make(&reps[i], 2, 0xe9600003u); /* the same shapes every time */
@@ -1315,6 +1343,14 @@ Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) {
     tw_comm_destroy(i < 2 ? g[i] : NULL);
     scen_free(&reps[i]);
   }
+}
+Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) { graph_lsa_loopback(); }
+/* the same with combine's way back in 3 chunks (the chunk lists built by a kernel and a memset
+ * inside the graph, barriers between the steps) */
+Test(ep_gpu, graph_capture_and_replay_lsa_way_back_in_chunks) {
+  setenv("TWIN_EP_BACK_CHUNKS", "3", 1);
+  graph_lsa_loopback();
+  unsetenv("TWIN_EP_BACK_CHUNKS");
 }
 
 /* A rank that does not come to ep_nccl_lsa's barrier (2 ranks on GPU 0, the loopback test mode:
