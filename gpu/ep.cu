@@ -52,8 +52,8 @@
 // beside it, this rank's own routes written straight into their final rows; a barrier; then
 // every other row expanded from the slab into the expert-major layout. combine and
 // dispatch_bwd: an entry barrier, each route's row (and dispatch_bwd's per-slot f32) stored
-// into its token's rank's way-back slab, a barrier, the oracle's j-order sums (above 32 MiB of
-// rows in chunks of the tokens: a chunk's sums under the next chunk's stores, lsa_back). combine_bwd: an
+// into its token's rank's way-back slab, a barrier, the oracle's j-order sums (from 64 MiB of
+// way-back rows in chunks of the tokens: a chunk's sums under the next chunk's stores, lsa_back). combine_bwd: an
 // entry barrier, d_out once per (token, rank) with its routes' weights in the row map, a
 // barrier, w * d_out and the d_topk_weights dots on the expert side in one pass, a warp per
 // row (the dots in tw_ep.h's warp order, stored into the tokens' ranks), a barrier. With LSA
@@ -1023,8 +1023,11 @@ __global__ void lsa_push_dispatch(lsa_dev d, const unsigned char *__restrict__ t
 
 // Phase timing of the LSA ops (TWIN_EP_PHASES=1, read once; never while the stream is being
 // captured): an event after each kernel of one op, the op synchronized at its end, the phases'
-// times summed per (device, op, phase) and printed at exit. A measuring aid: it adds a host
-// synchronization per op, so the bench's own times are not comparable with it on.
+// times summed per (device, op, phase) and printed at exit (a phase met C times in an op, as the
+// way back's steps, counts C times). A measuring aid for one thread per GPU: it adds a host
+// synchronization per op, so the bench's own times are not comparable with it on, and a thread
+// driving several ranks (the loopback test mode) would wait there on its own later ranks. Its
+// CUDA errors are cleared and turn it off for the op, so they never reach the op's checks.
 #define EP_PH_MAX 40
 struct ep_phase_row { int dev; const char *op, *phase; long long T, rb; double ms; long n; };
 static ep_phase_row g_ph_rows[256];
@@ -1039,38 +1042,57 @@ static void ep_phases_print(void) {
             g_ph_rows[i].rb, g_ph_rows[i].op, g_ph_rows[i].dev, g_ph_rows[i].phase, g_ph_rows[i].ms / g_ph_rows[i].n,
             g_ph_rows[i].n);
 }
+static int g_ph_on;
+static pthread_once_t g_ph_once = PTHREAD_ONCE_INIT;
+static void ep_phases_init(void) {
+  const char *e = getenv("TWIN_EP_PHASES");
+  g_ph_on = e && *e == '1';
+  if (g_ph_on) atexit(ep_phases_print);
+}
 static int ep_phases_on(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("TWIN_EP_PHASES");
-    on = e && *e == '1';
-    if (on) atexit(ep_phases_print);
-  }
-  return on;
+  pthread_once(&g_ph_once, ep_phases_init);
+  return g_ph_on;
 }
 static void ph_begin(ep_phase_run *r, cudaStream_t s, const char *op, long long T, long long rb) {
   memset(r, 0, sizeof *r);
   cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (!ep_phases_on() || cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+  if (!ep_phases_on()) return;
   int dev = 0;
-  cudaGetDevice(&dev);
+  if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone ||
+      cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
   if (t_ph_dev != dev) {
     for (int i = 0; i < EP_PH_MAX; i++)
-      if (cudaEventCreate(&t_ph_ev[i]) != cudaSuccess) return;
+      if (cudaEventCreate(&t_ph_ev[i]) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+      }
     t_ph_dev = dev;
   }
   r->on = 1, r->s = s, r->dev = dev, r->op = op, r->T = T, r->rb = rb;
   memcpy(r->ev, t_ph_ev, sizeof r->ev);
-  cudaEventRecord(r->ev[0], s);
+  if (cudaEventRecord(r->ev[0], s) != cudaSuccess) {
+    (void)cudaGetLastError();
+    r->on = 0;
+  }
   r->n = 1;
 }
 static void ph_mark(ep_phase_run *r, const char *phase) {
   if (!r->on || r->n >= EP_PH_MAX) return;
   r->name[r->n] = phase;
-  cudaEventRecord(r->ev[r->n++], r->s);
+  if (cudaEventRecord(r->ev[r->n++], r->s) != cudaSuccess) {
+    (void)cudaGetLastError();
+    r->on = 0;
+  }
 }
 static void ph_end(ep_phase_run *r) {
-  if (!r->on || cudaEventSynchronize(r->ev[r->n - 1]) != cudaSuccess) return;
+  if (!r->on) return;
+  if (cudaEventSynchronize(r->ev[r->n - 1]) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
   pthread_mutex_lock(&g_ph_mu);
   for (int i = 1; i < r->n; i++) {
     float ms = 0;
@@ -1966,13 +1988,15 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
   return rows_back(ctx, layer, rows, per_slot);
 }
 
-// The way back's chunk count: one below 32 MiB of rows (the extra barriers would cost more than
-// the overlap gives), up to 4 above (2 H200s, T 4096 and 16384: 4 chunks beat 2 and 8);
-// TWIN_EP_BACK_CHUNKS=C forces C (1 .. EP_BACK_MAXC), read per call.
-static int back_chunks(int64_t R, size_t yb, int64_t maxT) {
+// The way back's chunk count: 1 while the way-back slab rows of the R destination rows (R x crb,
+// crb = 4 H + 4 whatever the rows' dtype) are under 64 MiB (the extra barriers would cost more
+// than the overlap gives: 128 tokens), else 4 (2 H200s, T 4096 and 16384: 4 chunks beat 2 and 8).
+// Every rank must take the same C (it sets the barrier count): it comes from the shared config
+// only, and TWIN_EP_BACK_CHUNKS=C (forces C, 1 .. EP_BACK_MAXC, read per call) must be the same
+// on every rank.
+static int back_chunks(int64_t R, size_t crb, int64_t maxT) {
   const char *e = getenv("TWIN_EP_BACK_CHUNKS");
-  int64_t c = e ? atoi(e) : (int64_t)((double)R * (double)yb / (32.0 * 1024 * 1024));
-  if (!e && c > 4) c = 4;
+  int64_t c = e ? atoi(e) : (double)R * (double)crb < 64.0 * 1024 * 1024 ? 1 : 4;
   if (c < 1) c = 1;
   if (c > EP_BACK_MAXC) c = EP_BACK_MAXC;
   if (c > maxT) c = maxT > 0 ? maxT : 1;
@@ -1983,9 +2007,11 @@ static int back_chunks(int64_t R, size_t yb, int64_t maxT) {
 // the rest of one resident wave sums. TWIN_EP_BACK_PUSH_BLOCKS / TWIN_EP_BACK_SUM_BLOCKS force them.
 static void back_step_blocks(int sms, unsigned threads, int *push, int *sum) {
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_back_step, (int)threads, 0) != cudaSuccess ||
-      per_sm < 1)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, lsa_back_step, (int)threads, 0) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a launch's error: leave nothing for the next check to find
     per_sm = 1;
+  }
+  if (per_sm < 1) per_sm = 1;
   const char *ep = getenv("TWIN_EP_BACK_PUSH_BLOCKS"), *es = getenv("TWIN_EP_BACK_SUM_BLOCKS");
   *push = ep && atoi(ep) > 0 ? atoi(ep) : (sms + 3) / 4;
   *sum = es && atoi(es) > 0 ? atoi(es) : per_sm * sms - *push;
@@ -2022,11 +2048,11 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
                  out->dtype == TW_BF16, R, H, im->S, L->recv_route, L->route_pos, L->route_dst, per_slot, w,
                  out->data, d_w};
   const unsigned threads = sum_threads(H > 0 ? H : 1);
-  const int sms = gpu_of(ctx)->num_sms, C = back_chunks(R, yb, im->lsa->d.maxT);
+  const int sms = gpu_of(ctx)->num_sms, C = back_chunks(R, d.crb, d.maxT);
   const int64_t cs = (d.maxT + C - 1) / C;  // tokens per chunk (the last may be shorter)
   const int push_all = grid_for(ctx, R, (int)(threads / 32));
-  int push_part, sum_part;
-  back_step_blocks(sms, threads, &push_part, &sum_part);
+  int push_part = 0, sum_part = 0;
+  if (C > 1) back_step_blocks(sms, threads, &push_part, &sum_part);
   if (C > 1) {
     GPU_TRY_CUDA(cudaMemsetAsync(L->back_n, 0, sizeof(int32_t) * EP_BACK_MAXC, stream), "ep: LSA way-back lists");
     lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, cs, L->back_list, L->back_n);

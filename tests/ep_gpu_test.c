@@ -955,9 +955,9 @@ Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback) { loop_24(NULL, s
 Test(ep_gpu, random_cases_ep_size_2_and_4_on_one_gpu_loopback_lsa_forced) { loop_24("ep_nccl_lsa", sweep_n()); }
 /* combine's and dispatch_bwd's way back over ep_nccl_lsa in C chunks of the token side's tokens
  * (lsa_back: a chunk's rows pushed while the previous chunk is summed; the default takes one
- * chunk below 32 MiB of rows, so these small cases force C): C = 2, 3 and 8 (more chunks than
- * some ranks' tokens), and 3 with one push block and one sum block per step (every grid-stride
- * loop walked), bit for bit against the oracle */
+ * chunk below 64 MiB of way-back rows, so these small cases force C): C = 2, 3 and 8 (more chunks
+ * than some ranks' tokens), and 3 with one push block and one sum block in the steps that do both
+ * (their grid-stride loops walked), bit for bit against the oracle */
 Test(ep_gpu, random_cases_loopback_lsa_way_back_in_chunks) {
   const char *cs[] = {"2", "3", "8", "3"};
   for (int i = 0; i < 4; i++) {
@@ -966,7 +966,7 @@ Test(ep_gpu, random_cases_loopback_lsa_way_back_in_chunks) {
       setenv("TWIN_EP_BACK_PUSH_BLOCKS", "1", 1);
       setenv("TWIN_EP_BACK_SUM_BLOCKS", "1", 1);
     }
-    loop_24("ep_nccl_lsa", sweep_n() / 4);
+    loop_24("ep_nccl_lsa", sweep_n() / 4 > 2 ? sweep_n() / 4 : 2);  // both 2 and 4 ranks
   }
   unsetenv("TWIN_EP_BACK_CHUNKS");
   unsetenv("TWIN_EP_BACK_PUSH_BLOCKS");
