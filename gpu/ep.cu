@@ -2052,8 +2052,8 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   const int64_t cs = (d.maxT + C - 1) / C;  // tokens per chunk (the last may be shorter)
   const int push_all = grid_for(ctx, R, (int)(threads / 32));
   int push_part = 0, sum_part = 0;
-  if (C > 1) back_step_blocks(sms, threads, &push_part, &sum_part);
   if (C > 1) {
+    back_step_blocks(sms, threads, &push_part, &sum_part);
     GPU_TRY_CUDA(cudaMemsetAsync(L->back_n, 0, sizeof(int32_t) * EP_BACK_MAXC, stream), "ep: LSA way-back lists");
     lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, cs, L->back_list, L->back_n);
     GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA way-back lists launch");
