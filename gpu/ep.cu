@@ -1337,13 +1337,14 @@ __device__ static float dout_row(const unsigned char *__restrict__ src, float wq
 // combine_bwd, token side (after the entry barrier): one warp per (token t, rank r): each of t's
 // routes kept on r gets its row-map entry (route, the weight this call passes: 1 without one)
 // in r's window, and when t has any there and r is another rank, d_out[t] (ob bytes) goes once
-// into r's way-back slab at (me, t). For r = me the routes' rows of d_expert_out and their dots
-// are formed here (dout_row; the dots into this rank's window), so this rank's own rows overlap
-// the remote stores, as the dispatch push expands its own tokens.
+// into r's way-back slab at (me, t). With own_in_push the rows of d_expert_out of t's routes on
+// this rank and their dots are formed here (dout_row; the dots into this rank's window), so
+// they overlap the remote stores, as the dispatch push expands its own tokens; else
+// lsa_dout_rows forms them, a warp per row.
 __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob,
                               const float *__restrict__ w, int64_t T, int k, int64_t S, layer_impl L, int bf16,
                               int64_t H, unsigned char *__restrict__ out, const unsigned char *__restrict__ y,
-                              size_t yb, int y_bf16, int vec, int rank_major) {
+                              size_t yb, int y_bf16, int vec, int rank_major, int own_in_push) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   float *dw = (float *)(d.peer[d.me] + d.off_dw);
   for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
@@ -1353,7 +1354,7 @@ __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out
     for (int j0 = 0; j0 < k; j0 += 32) {
       unsigned hits = put_route_maps(d, t, r, j0, k, S, L, w);
       any |= hits;
-      if (r == d.me)
+      if (r == d.me && own_in_push)
         while (hits) {  // own routes: their rows, the warp together
           const int b = __ffs(hits) - 1;
           hits &= hits - 1;
@@ -1369,13 +1370,14 @@ __global__ void lsa_push_dout(lsa_dev d, const unsigned char *__restrict__ d_out
   }
 }
 
-// combine_bwd, expert side (after the barrier), one warp per destination row i of another
-// rank's route: dout_row from the slab row its token's rank stored, the dot stored into that
-// rank's window at the route's index; zeros for rows without a route. Own routes' rows were
-// written by lsa_push_dout.
+// combine_bwd, expert side (after the barrier), one warp per destination row i: dout_row from
+// the slab row its token's rank stored (this rank's own routes: from d_out itself, unless
+// lsa_push_dout formed them, own_in_push), the weight from the row map that rank's push wrote,
+// the dot stored into that rank's window at the route's index; zeros for rows without a route.
 __global__ void lsa_dout_rows(lsa_dev d, int bf16, int k, int64_t H, int64_t R,
                               const int64_t *__restrict__ recv_route, unsigned char *__restrict__ out, size_t ob,
-                              const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec) {
+                              const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec,
+                              const unsigned char *__restrict__ d_out, int own_in_push) {
   const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
   const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
   const int64_t per = d.maxT * k;
@@ -1387,9 +1389,10 @@ __global__ void lsa_dout_rows(lsa_dev d, int bf16, int k, int64_t H, int64_t R,
       continue;
     }
     const int s = (int)(gid / per);
-    if (s == d.me) continue;
+    if (s == d.me && own_in_push) continue;
     const int64_t t = (gid % per) / k;
-    const unsigned char *src = d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
+    const unsigned char *src = s == d.me ? d_out + (size_t)t * ob
+                                         : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
     const float acc = dout_row(src, map[i].w, row, y ? y + (size_t)i * yb : NULL, bf16, y_bf16, H, vec);
     if (y && lane == 0) ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
   }
@@ -2085,9 +2088,13 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
 }
 
 // ep_nccl_lsa's combine_bwd: an entry barrier; d_out once per (token, rank) with the routes'
-// weights beside it, while this rank's own routes' rows and dots are formed in the same kernel;
-// a barrier; d_expert_out = w * d_out and the dots for the other ranks' routes on the expert
-// side, the dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window.
+// weights beside it; a barrier; d_expert_out = w * d_out and the dots on the expert side, the
+// dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window. This
+// rank's own routes' rows are formed by the push kernel where its (token, rank) items reach 16
+// warps per SM (they then overlap the remote stores: 4096 tokens and up), else by the
+// rows kernel, a warp per row (128 tokens on 2 H200s: 0.048 / 0.057 ms uniform / skewed, against
+// 0.093 / 0.108 with them in the push, gpu/NOTES-routing.md session 17). TWIN_EP_DOUT_OWN=push|rows
+// forces either (a per-rank choice: no other rank reads those rows).
 static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const float *w,
                                  const tw_tensor *expert_out, tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
   const tw_ep *ep = layer->ep;
@@ -2108,6 +2115,10 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   unsigned char *dexp = (unsigned char *)d_expert_out->data;
   const int vec = bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
                   (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0 && (!y || (ybf && (uintptr_t)y % 16 == 0));
+  const char *own = getenv("TWIN_EP_DOUT_OWN");
+  const int own_in_push = own && !strcmp(own, "push")   ? 1
+                          : own && !strcmp(own, "rows") ? 0
+                                                        : T * d.n >= (int64_t)st->num_sms * 16;
   ep_phase_run ph;
   ph_begin(&ph, stream, "combine_bwd", T, (long long)ob);
   lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
@@ -2115,7 +2126,7 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   ph_mark(&ph, "barrier0");
   if (T) {
     lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L, bf16, H, dexp, y,
-                                                                  yb, ybf, vec, push_rank_major());
+                                                                  yb, ybf, vec, push_rank_major(), own_in_push);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
   ph_mark(&ph, "push");
@@ -2123,7 +2134,8 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
   ph_mark(&ph, "barrier");
   if (R) {
-    lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, bf16, k, H, R, L->recv_route, dexp, ob, y, yb, ybf, vec);
+    lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, bf16, k, H, R, L->recv_route, dexp, ob, y, yb, ybf, vec,
+                                                            dout, own_in_push);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA rows launch");
   }
   ph_mark(&ph, "rows");

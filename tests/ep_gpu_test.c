@@ -14,6 +14,8 @@
  *           (160 random cases, error-policy overflow included) against the ref threads; with
  *           ep_nccl_lsa forced, the same and 4 x 40 cases with combine's and dispatch_bwd's way
  *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph replayed with 3 chunks;
+ *           combine_bwd with this rank's own rows formed in the push kernel (forced: the
+ *           default forms them in the rows kernel at these sizes);
  *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
  *           random cases with ep_size 1 and 60 + 60 loopback cases of 2 / 4 ranks (auto, LSA);
  *   the same with MXFP8 (per-slab blocks [128 * T_cap, roundup(H/32, 4)], compact and swizzled):
@@ -971,6 +973,15 @@ Test(ep_gpu, random_cases_loopback_lsa_way_back_in_chunks) {
   unsetenv("TWIN_EP_BACK_CHUNKS");
   unsetenv("TWIN_EP_BACK_PUSH_BLOCKS");
   unsetenv("TWIN_EP_BACK_SUM_BLOCKS");
+}
+/* combine_bwd over ep_nccl_lsa with this rank's own routes' rows formed in the push kernel
+ * (TWIN_EP_DOUT_OWN=push; at these sizes the default forms them in the rows kernel, the push
+ * takes them from 16 (token, rank) items per SM: 4096 tokens and up), bit for bit against the
+ * oracle */
+Test(ep_gpu, random_cases_loopback_lsa_own_rows_in_push) {
+  setenv("TWIN_EP_DOUT_OWN", "push", 1);
+  loop_24("ep_nccl_lsa", sweep_n() / 4 > 2 ? sweep_n() / 4 : 2);
+  unsetenv("TWIN_EP_DOUT_OWN");
 }
 /* bf16 rows wide enough for the warp dot's four-vector loop (combine_bwd: ep_dot_routes on the
  * direct path and the slots staging, lsa_dout_rows): ep_size 1 (auto) and 2 / 4 ranks on one GPU
