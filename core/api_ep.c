@@ -132,6 +132,41 @@ static size_t row_bytes(const tw_ep_config *c) {
   return (tok + scl > y ? tok + scl : y) + 4;
 }
 
+static size_t up16(size_t x) { return (x + 15) / 16 * 16; }
+static size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+
+/* What each backend's create functions allocate (ref/ep.c; gpu/ep.cu with either EP version),
+ * written out here because the call names no backend: tw_ep_workspace_bytes reports the larger,
+ * so a budget made with it holds whichever backend and version runs. */
+static void ep_bytes(const tw_ep_config *c, int n, int64_t R, size_t *workspace, size_t *layer) {
+  const size_t E = (size_t)c->num_experts, nle = E / (size_t)n, routes = (size_t)(c->max_tokens * c->topk);
+  const size_t maxT = (size_t)c->max_tokens, k = (size_t)c->topk, r = (size_t)R, nn = (size_t)n;
+  const size_t scols = tw_dtype_is_fp8(c->token_dtype) ? (size_t)(c->hidden / c->scale_block) : 0;
+  const size_t mx = c->scales_gemm_layout && c->scale_block == 32 ? r * scols : 0; /* received MXFP8 scale rows */
+  /* ref: send rows [max_tokens * k] and receive rows [R] of the payload */
+  const size_t ref_ws = (routes + r) * row_bytes(c) + mx;
+  /* gpu ep_nccl_slots: per-peer slots of S = max_tokens * min(k, NLE) rows, send and receive
+   * (one buffer on one rank); ep_nccl_lsa: the symmetric window's regions */
+  const size_t S = maxT * (k < nle ? k : nle), rb = up16(max2(row_bytes(c), (size_t)c->hidden * 4 + 4));
+  const size_t slots = (n == 1 ? 1 : 2) * nn * S * rb;
+  const size_t srb = up16(tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
+                          tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, scols));
+  const size_t crb = up16((size_t)c->hidden * 4 + 4);
+  const size_t window = 256 + up256(nn * 8) + up256(nn * E * 4) + up256(r * 16) + up256(nn * maxT * srb) +
+                        up256(maxT * (k > nn ? k : nn) * crb) + maxT * k * 4;
+  const size_t gpu_ws = max2(slots, n > 1 ? window : 0) + (mx ? mx + (nle + 1) * 16 : 0);
+  *workspace = max2(ref_ws, gpu_ws);
+  /* layer state. ref: counters, counts, kept / offsets, per-route slot / pack order / position,
+   * per-row slot, per-peer counts and offsets. gpu: its tables (i64 then i32), with
+   * ep_nccl_lsa's route and row maps and way-back chunk lists, one rank's slot maps. */
+  const size_t ref_l = E * 8 + nn * E * 4 + nn * nle * 16 + routes * 24 + r * 8 + nn * 16 + (nn + 1) * 16 + nn * 32;
+  const size_t nch = (routes + 1023) / 1024; /* gpu/ep.cu EP_CHUNK */
+  const size_t g64 = 3 * nn * nle + nn * (nle + 1) + 3 * E + 2 * routes + 2 * r + (n == 1 ? 2 * S : 0);
+  const size_t g32 = 2 * nch * E + nn * E + routes + 1 + 8 * (r + 1); /* gpu/ep.cu EP_BACK_MAXC lists */
+  *layer = max2(ref_l, g64 * 8 + g32 * 4);
+}
+
 tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
                                 size_t *layer_state) {
   const char *op = "ep_workspace_bytes";
@@ -139,13 +174,7 @@ tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *wo
   TW_TRY(check_config(op, cfg, ep_size));
   if (!workspace || !layer_state) return tw_error(TW_ERR_NULL, "%s: an output pointer is NULL", op);
   int64_t R = cfg->recv_capacity ? cfg->recv_capacity : tw_ep_capacity_no_drop(cfg, ep_size);
-  int64_t sends = cfg->max_tokens * cfg->topk;
-  /* staging: send rows + receive rows; state: per-route slot and pack order, per-rank tables */
-  *workspace = (size_t)(sends + R) * row_bytes(cfg);
-  if (cfg->scales_gemm_layout && cfg->scale_block == 32) /* the received scale rows before the GEMM layout, */
-    *workspace += (size_t)R * (size_t)(cfg->hidden / 32) + (size_t)(cfg->num_experts / ep_size + 1) * 16; /* prefixes */
-  *layer_state = (size_t)sends * (8 + 8 + 4) + (size_t)R * 8 + (size_t)ep_size * cfg->num_experts * 4 * 4 +
-                 (size_t)(ep_size + 1) * 8 * 4;
+  ep_bytes(cfg, ep_size, R, workspace, layer_state);
   return TW_OK;
 }
 

@@ -125,7 +125,9 @@ int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size);
  * tw_ep_create does): [R, H/block], or with scales_gemm_layout = 1: [H/128, roundup(R, 4)] f32
  * (1x128), [128 * T_cap, roundup(H/32, 4)] E8M0 (MXFP8). Non-fp8 tokens: TW_ERR_INVALID_ARG. */
 tw_status tw_ep_recv_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype);
-/* Bytes tw_ep_create allocates (workspace) and each tw_ep_layer_create allocates. */
+/* Bytes tw_ep_create allocates (workspace) and each tw_ep_layer_create allocates, at most: the
+ * larger of what the ref backend and the gpu backend (either EP version; ep_nccl_lsa's symmetric
+ * window included) ask for, before any allocator's rounding. */
 tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
                                 size_t *layer_state);
 
