@@ -13,7 +13,8 @@
  *   1 GPU, several ranks: ep_size 2 and 4 as threads on GPU 0 over the loopback communicator
  *           (160 random cases, error-policy overflow included) against the ref threads; with
  *           ep_nccl_lsa forced, the same and 4 x 40 cases with combine's and dispatch_bwd's way
- *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph replayed with 3 chunks;
+ *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph of all four ops replayed
+ *           (also with 3 chunks);
  *           combine_bwd with this rank's own rows formed in the push kernel (forced: the
  *           default forms them in the rows kernel at these sizes);
  *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
@@ -32,6 +33,7 @@
 #include <criterion/criterion.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -1183,7 +1185,23 @@ typedef struct {
   outs (*fo)[2];  /* the oracle's outputs per replay and rank */
   int bad[2];
   char msg[2][240];
+  /* the ranks' host steps around each replay: neither uploads nor copies back while the other's
+   * graph runs (under compute-sanitizer a copy queued behind the other rank's spinning barrier
+   * kernel on the shared GPU stalled both until the barrier's timeout) */
+  int arrived, broken;
 } graph2_arg;
+/* meeting m of both ranks (m = 1, 2, ...): waits until both arrived, at most 60 s (a rank that
+ * left early breaks the meetings: no hang, the LSA barriers then report the missing rank) */
+static void host_meet(graph2_arg *a, int m) {
+  __atomic_add_fetch(&a->arrived, 1, __ATOMIC_SEQ_CST);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (!__atomic_load_n(&a->broken, __ATOMIC_SEQ_CST) && __atomic_load_n(&a->arrived, __ATOMIC_SEQ_CST) < 2 * m) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 60) __atomic_store_n(&a->broken, 1, __ATOMIC_SEQ_CST);
+    sched_yield();
+  }
+}
 
 /* ep_nccl_lsa forced on a loopback rank: rank r's context (on stream, or its own when NULL), EP
  * context and layer for scenario c, and its device buffers b[0..10]: tokens, scales, ids,
@@ -1254,6 +1272,19 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   lsa_views v = lsa_rank_views(c, r, b);
   tw_tensor tok = v.tok, scl = v.scl, idx = v.idx, w = v.w, recv = v.recv, rscl = v.rscl, rw = v.rw, gs = v.gs,
             dr = v.dr, y = v.y, out = v.out;
+  /* the backward ops too: d_recv, d_recv_weights, d_tokens, d_topk_weights (dispatch_bwd), d_out,
+   * d_expert_out, d_topk_weights (combine_bwd) */
+  int64_t H = c->H;
+  void *e[7] = {0};
+  size_t esz[7] = {yb(c) * (size_t)R + 16, (size_t)R * 4 + 16, yb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                   yb(c) * (size_t)T + 16, yb(c) * (size_t)R + 16, (size_t)(T * k) * 4 + 16};
+  for (int i = 0; i < 7 && s == TW_OK; i++) s = tw_alloc(ctx, esz[i], &e[i]);
+  const int bwd = !getenv("EP_GRAPH_FWD_ONLY"); /* a measuring aid: dispatch -> combine alone */
+  tw_mem D = TW_MEM_DEVICE;
+  tw_tensor dy = tw_tensor_2d(e[0], c->ydt, R, H, D), rdw = tw_tensor_1d(e[1], TW_F32, R, D),
+            dtok = tw_tensor_2d(e[2], c->ydt, T, H, D), dtw = tw_tensor_2d(e[3], TW_F32, T, k, D),
+            dout = tw_tensor_2d(e[4], c->ydt, T, H, D), dexp = tw_tensor_2d(e[5], c->ydt, R, H, D),
+            dtwc = tw_tensor_2d(e[6], TW_F32, T, k, D);
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   for (int i = -1; i < NREP && s == TW_OK; i++) { /* i = -1: eager step, then capture */
@@ -1265,24 +1296,37 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
     cudaMemcpyAsync(b[9], ci->y[r], yb(c) * (size_t)R, cudaMemcpyHostToDevice, stream);
     cudaMemsetAsync(b[4], 0xAB, tokb(c) * (size_t)R, stream);
     cudaMemsetAsync(b[10], 0xAB, yb(c) * (size_t)T, stream);
+    if (s == TW_OK) {
+      cudaMemcpyAsync(e[0], ci->dy[r], yb(c) * (size_t)R, cudaMemcpyHostToDevice, stream);
+      cudaMemcpyAsync(e[1], ci->rdw[r], (size_t)R * 4, cudaMemcpyHostToDevice, stream);
+      cudaMemcpyAsync(e[4], ci->dout[r], yb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
+      const int poisoned[4] = {2, 3, 5, 6};
+      for (int j = 0; j < 4; j++) cudaMemsetAsync(e[poisoned[j]], 0xAB, esz[poisoned[j]] - 16, stream);
+    }
     if (cudaStreamSynchronize(stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "upload");
     if (s == TW_OK && i < 0) {
       s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
       if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &out);
+      if (s == TW_OK && bwd) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
+      if (s == TW_OK && bwd) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
       if (s == TW_OK) s = tw_ctx_check(ctx);
       if (s == TW_OK && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         s = tw_error(TW_ERR_CUDA, "begin capture");
       if (s == TW_OK) {
         tw_status s1 = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
         if (s1 == TW_OK) s1 = tw_ep_combine(ctx, layer, &y, &w, &out);
-        cudaError_t e = cudaStreamEndCapture(stream, &graph);
-        s = s1 != TW_OK ? s1 : e != cudaSuccess ? tw_error(TW_ERR_CUDA, "end capture: %s", cudaGetErrorString(e)) : TW_OK;
+        if (s1 == TW_OK && bwd) s1 = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
+        if (s1 == TW_OK && bwd) s1 = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
+        cudaError_t ce = cudaStreamEndCapture(stream, &graph);
+        s = s1 != TW_OK ? s1 : ce != cudaSuccess ? tw_error(TW_ERR_CUDA, "end capture: %s", cudaGetErrorString(ce)) : TW_OK;
         if (s == TW_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "instantiate");
       }
       continue;
     }
+    host_meet(a, 2 * i + 1);
     if (s == TW_OK && cudaGraphLaunch(exec, stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "graph launch");
     if (s == TW_OK) s = tw_ctx_check(ctx);
+    host_meet(a, 2 * i + 2);
     if (s != TW_OK) break;
     outs *f = &a->fo[i][r], g;
     outs_alloc(&g, c, r);
@@ -1292,6 +1336,10 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
     cudaMemcpy(g.gs, b[7], (size_t)nle * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g.dr, b[8], (size_t)nle * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g.out, b[10], yb(c) * (size_t)T, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dtok, e[2], yb(c) * (size_t)T, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dtw, e[3], (size_t)(T * k) * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dexp, e[5], yb(c) * (size_t)R, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dtwc, e[6], (size_t)(T * k) * 4, cudaMemcpyDeviceToHost);
     char name[64];
     snprintf(name, sizeof name, "graph replay %d", i);
     int ok = cmp(g.recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
@@ -1299,7 +1347,11 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
              cmp(g.rw, f->rw, (size_t)R * 4, "recv_weights", name, r) &&
              cmp(g.gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
              cmp(g.dr, f->dr, (size_t)nle * 4, "dropped", name, r) &&
-             cmp(g.out, f->out, yb(c) * (size_t)T, "combine out", name, r);
+             cmp(g.out, f->out, yb(c) * (size_t)T, "combine out", name, r) && (!bwd ||
+             cmp(g.dtok, f->dtok, yb(c) * (size_t)T, "d_tokens", name, r) &&
+             cmp(g.dtw, f->dtw, (size_t)(T * k) * 4, "d_topk_weights (dispatch_bwd)", name, r) &&
+             cmp(g.dexp, f->dexp, yb(c) * (size_t)R, "d_expert_out", name, r) &&
+             cmp(g.dtwc, f->dtwc, (size_t)(T * k) * 4, "d_topk_weights (combine_bwd)", name, r));
     a->bad[r] += !ok;
     outs_free(&g);
   }
@@ -1309,6 +1361,8 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   if (graph) cudaGraphDestroy(graph);
   for (int i = 0; i < 11; i++)
     if (b[i]) tw_free(ctx, b[i]);
+  for (int i = 0; i < 7; i++)
+    if (e[i]) tw_free(ctx, e[i]);
   tw_ep_layer_destroy(layer);
   tw_ep_destroy(ep);
   tw_ctx_destroy(ctx);
@@ -1316,10 +1370,10 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   return s;
 }
 
-/* dispatch -> combine of ep_nccl_lsa captured in one CUDA graph per rank (2 ranks as threads on
- * GPU 0, the version's loopback test mode), replayed NREP times with new routing written into
- * the same buffers; each replay against the oracle. The barriers count epochs on the device,
- * so the replays must go on agreeing. */
+/* dispatch -> combine -> dispatch_bwd -> combine_bwd of ep_nccl_lsa captured in one CUDA graph
+ * per rank (2 ranks as threads on GPU 0, the version's loopback test mode), replayed NREP times
+ * with new routing written into the same buffers; each replay's outputs against the oracle. The
+ * barriers count epochs on the device, so the replays must go on agreeing. */
 static void graph_lsa_loopback(void) {
   scen reps[NREP];
   for (int i = 0; i < NREP; i++) {
