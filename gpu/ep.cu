@@ -1993,13 +1993,14 @@ static tw_status rows_for_sum(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *
 
 // The way back's chunk count: 1 while the way-back slab rows of the R destination rows (R x crb,
 // crb = 4 H + 4 whatever the rows' dtype) are under 64 MiB (the extra barriers would cost more
-// than the overlap gives: 128 tokens), else 4 (2 H200s, T 4096 and 16384: 4 chunks beat 2 and 8).
+// than the overlap gives: 128 tokens), else 4, and 8 from 16384 max_tokens (2 H200s: at 4096
+// tokens 4 chunks beat 2 and 8; at 16384 8 beat 4 by 1-1.5 %, a shorter last sum).
 // Every rank must take the same C (it sets the barrier count): it comes from the shared config
 // only, and TWIN_EP_BACK_CHUNKS=C (forces C, 1 .. EP_BACK_MAXC, read per call) must be the same
 // on every rank.
 static int back_chunks(int64_t R, size_t crb, int64_t maxT) {
   const char *e = getenv("TWIN_EP_BACK_CHUNKS");
-  int64_t c = e ? atoi(e) : (double)R * (double)crb < 64.0 * 1024 * 1024 ? 1 : 4;
+  int64_t c = e ? atoi(e) : (double)R * (double)crb < 64.0 * 1024 * 1024 ? 1 : maxT >= 16384 ? 8 : 4;
   if (c < 1) c = 1;
   if (c > EP_BACK_MAXC) c = EP_BACK_MAXC;
   if (c > maxT) c = maxT > 0 ? maxT : 1;
