@@ -132,38 +132,48 @@ static size_t row_bytes(const tw_ep_config *c) {
   return (tok + scl > y ? tok + scl : y) + 4;
 }
 
-static size_t up16(size_t x) { return (x + 15) / 16 * 16; }
-static size_t up256(size_t x) { return (x + 255) / 256 * 256; }
-static size_t max2(size_t a, size_t b) { return a > b ? a : b; }
+static double up(double x, double a) { /* x rounded up to a multiple of a (huge x: left as is, refused later) */
+  const double t = x / a;
+  if (t > 9e18) return x;
+  double i = (double)(int64_t)t;
+  return (i < t ? i + 1 : i) * a;
+}
+static double max2(double a, double b) { return a > b ? a : b; }
 
-/* What each backend's create functions allocate (ref/ep.c; gpu/ep.cu with either EP version),
- * written out here because the call names no backend: tw_ep_workspace_bytes reports the larger,
- * so a budget made with it holds whichever backend and version runs. */
-static void ep_bytes(const tw_ep_config *c, int n, int64_t R, size_t *workspace, size_t *layer) {
-  const size_t E = (size_t)c->num_experts, nle = E / (size_t)n, routes = (size_t)(c->max_tokens * c->topk);
-  const size_t maxT = (size_t)c->max_tokens, k = (size_t)c->topk, r = (size_t)R, nn = (size_t)n;
-  const size_t scols = tw_dtype_is_fp8(c->token_dtype) ? (size_t)(c->hidden / c->scale_block) : 0;
-  const size_t mx = c->scales_gemm_layout && c->scale_block == 32 ? r * scols : 0; /* received MXFP8 scale rows */
+/* What each backend's create functions allocate (ref/ep.c; gpu/ep.cu with either EP version,
+ * gpu/lsa_window.cu for ep_nccl_lsa's window), written out here because the call names no
+ * backend: tw_ep_workspace_bytes reports the larger, so a budget made with it holds whichever
+ * backend and version runs. In doubles: a caller's sizes past 9e15 bytes are refused, not wrapped. */
+static void ep_bytes(const tw_ep_config *c, int n, int64_t R, double *workspace, double *layer) {
+  const double E = c->num_experts, nle = (double)(c->num_experts / n), maxT = (double)c->max_tokens, k = c->topk;
+  const double routes = maxT * k, r = (double)R, nn = n;
+  const double scols = tw_dtype_is_fp8(c->token_dtype) ? (double)(c->hidden / c->scale_block) : 0;
+  const int mxgemm = c->scales_gemm_layout && c->scale_block == 32;
+  const double mx = mxgemm ? r * scols : 0; /* received MXFP8 scale rows */
+  const double rowb = (double)row_bytes(c);
   /* ref: send rows [max_tokens * k] and receive rows [R] of the payload */
-  const size_t ref_ws = (routes + r) * row_bytes(c) + mx;
+  const double ref_ws = (routes + r) * rowb + mx;
   /* gpu ep_nccl_slots: per-peer slots of S = max_tokens * min(k, NLE) rows, send and receive
-   * (one buffer on one rank); ep_nccl_lsa: the symmetric window's regions */
-  const size_t S = maxT * (k < nle ? k : nle), rb = up16(max2(row_bytes(c), (size_t)c->hidden * 4 + 4));
-  const size_t slots = (n == 1 ? 1 : 2) * nn * S * rb;
-  const size_t srb = up16(tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
-                          tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, scols));
-  const size_t crb = up16((size_t)c->hidden * 4 + 4);
-  const size_t window = 256 + up256(nn * 8) + up256(nn * E * 4) + up256(r * 16) + up256(nn * maxT * srb) +
-                        up256(maxT * (k > nn ? k : nn) * crb) + maxT * k * 4;
-  const size_t gpu_ws = max2(slots, n > 1 ? window : 0) + (mx ? mx + (nle + 1) * 16 : 0);
+   * (one buffer on one rank); ep_nccl_lsa (one rank too, in its loopback test mode): the
+   * symmetric window's regions after its 256-byte header, rounded to 2 MiB, and its peer table */
+  const double S = maxT * (k < nle ? k : nle), rb = up(max2(rowb, (double)c->hidden * 4 + 4), 16);
+  const double slots = (n == 1 ? 1 : 2) * nn * S * rb;
+  const double srb = up((double)tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
+                            (double)tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, (int64_t)scols),
+                        16);
+  const double crb = up((double)c->hidden * 4 + 4, 16);
+  const double regions = 256 + up(nn * 8, 256) + up(nn * E * 4, 256) + up(r * 16, 256) + up(nn * maxT * srb, 256) +
+                         up(maxT * (k > nn ? k : nn) * crb, 256) + maxT * k * 4;
+  const double window = up(regions, 2u << 20) + nn * 8 + 64;
+  const double gpu_ws = max2(slots, window) + (mxgemm ? mx + (nle + 1) * 16 : 0);
   *workspace = max2(ref_ws, gpu_ws);
   /* layer state. ref: counters, counts, kept / offsets, per-route slot / pack order / position,
    * per-row slot, per-peer counts and offsets. gpu: its tables (i64 then i32), with
    * ep_nccl_lsa's route and row maps and way-back chunk lists, one rank's slot maps. */
-  const size_t ref_l = E * 8 + nn * E * 4 + nn * nle * 16 + routes * 24 + r * 8 + nn * 16 + (nn + 1) * 16 + nn * 32;
-  const size_t nch = (routes + 1023) / 1024; /* gpu/ep.cu EP_CHUNK */
-  const size_t g64 = 3 * nn * nle + nn * (nle + 1) + 3 * E + 2 * routes + 2 * r + (n == 1 ? 2 * S : 0);
-  const size_t g32 = 2 * nch * E + nn * E + routes + 1 + 8 * (r + 1); /* gpu/ep.cu EP_BACK_MAXC lists */
+  const double ref_l = E * 8 + nn * E * 4 + nn * nle * 16 + routes * 24 + r * 8 + nn * 16 + (nn + 1) * 16 + nn * 32;
+  const double nch = up(routes, 1024) / 1024; /* gpu/ep.cu EP_CHUNK */
+  const double g64 = 3 * nn * nle + nn * (nle + 1) + 3 * E + 2 * routes + 2 * r + (n == 1 ? 2 * S : 0);
+  const double g32 = 2 * nch * E + nn * E + routes + 1 + 8 * (r + 1); /* gpu/ep.cu EP_BACK_MAXC lists */
   *layer = max2(ref_l, g64 * 8 + g32 * 4);
 }
 
@@ -174,7 +184,15 @@ tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *wo
   TW_TRY(check_config(op, cfg, ep_size));
   if (!workspace || !layer_state) return tw_error(TW_ERR_NULL, "%s: an output pointer is NULL", op);
   int64_t R = cfg->recv_capacity ? cfg->recv_capacity : tw_ep_capacity_no_drop(cfg, ep_size);
-  ep_bytes(cfg, ep_size, R, workspace, layer_state);
+  double ws, ls;
+  ep_bytes(cfg, ep_size, R, &ws, &ls);
+  if (ws > 9e15 || ls > 9e15)
+    return tw_error(TW_ERR_SHAPE, "%s: %.3g workspace bytes and %.3g layer bytes for ep_size %d, H %lld, max_tokens %lld, "
+                                  "k %d, E %d, R %lld: past 9e15",
+                    op, ws, ls, ep_size, (long long)cfg->hidden, (long long)cfg->max_tokens, cfg->topk,
+                    cfg->num_experts, (long long)R);
+  *workspace = (size_t)ws;
+  *layer_state = (size_t)ls;
   return TW_OK;
 }
 

@@ -2093,8 +2093,8 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
 // dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window. This
 // rank's own routes' rows are formed by the push kernel where its (token, rank) items reach 16
 // warps per SM (they then overlap the remote stores: 4096 tokens and up), else by the
-// rows kernel, a warp per row (128 tokens on 2 H200s: 0.048 / 0.057 ms uniform / skewed, against
-// 0.093 / 0.108 with them in the push, gpu/NOTES-routing.md session 17). TWIN_EP_DOUT_OWN=push|rows
+// rows kernel, a warp per row (128 tokens on 2 H200s: 0.047 / 0.060 ms uniform / skewed, against
+// 0.100 / 0.129 with them in the push, gpu/NOTES-routing.md session 17). TWIN_EP_DOUT_OWN=push|rows
 // forces either (a per-rank choice: no other rank reads those rows).
 static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const float *w,
                                  const tw_tensor *expert_out, tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {

@@ -276,12 +276,13 @@ Test(ep_errors, workspace_bytes_are_reported_and_grow_with_the_config) {
   size_t ws = 0, ls = 0, ws2 = 0, ls2 = 0;
   EXPECT_OK(tw_ep_workspace_bytes(&c, 4, &ws, &ls));
   /* by hand from the create functions (bf16, H 64, E 8, k 2, T 16, 4 ranks: NLE 2, R 128, 32
-   * routes, rows of max(128, 256) + 4 = 260 bytes): workspace = the gpu slots, 2 x 4 ranks x
-   * S 32 x 272 = 69632 (> ref's 160 x 260 = 41600 and the LSA window's 28544); layer = the gpu
-   * tables, 380 i64 + 1113 i32 = 7492 (> ref's 2384) */
-  cr_expect_eq(ws, 69632);
+   * routes, rows of max(128, 256) + 4 = 260 bytes): workspace = the LSA window, 28544 bytes of
+   * regions rounded to 2 MiB plus its 4 x 8 + 64-byte peer table = 2097248 (> the gpu slots, 2 x
+   * 4 ranks x S 32 x 272 = 69632, and ref's 160 x 260 = 41600); layer = the gpu tables, 380 i64 +
+   * 1113 i32 = 7492 (> ref's 2384) */
+  cr_expect_eq(ws, 2097248);
   cr_expect_eq(ls, 7492);
-  c.hidden = 128;
+  c.hidden = 4096; /* past the window's 2 MiB rounding */
   c.max_tokens = 32;
   EXPECT_OK(tw_ep_workspace_bytes(&c, 4, &ws2, &ls2));
   cr_expect_gt(ws2, ws);
@@ -289,6 +290,12 @@ Test(ep_errors, workspace_bytes_are_reported_and_grow_with_the_config) {
   cr_expect_eq(tw_ep_capacity_no_drop(&c, 4), 4 * 32 * 2, "no alignment: ep * T * min(k, NLE)");
   c.alignment = 8;
   cr_expect_eq(tw_ep_capacity_no_drop(&c, 4), 256 + 2 * 7 + 2, "roundup(256 + NLE * 7, 8)");
+  /* sizes whose products pass the config's checks but not the byte count: refused, not wrapped */
+  tw_ep_config big = TW_EP_CONFIG_INIT;
+  big.num_experts = 1024; big.topk = 1024; big.max_tokens = (int64_t)1 << 20; big.hidden = (int64_t)1 << 32;
+  big.recv_capacity = 1;
+  tw_status bs = tw_ep_workspace_bytes(&big, 1, &ws, &ls);
+  cr_expect(bs == TW_ERR_SHAPE || bs == TW_ERR_INVALID_ARG, "huge config: status %d (%s)", bs, tw_last_error());
   c.num_experts = 6;
   EXPECT_ERR(tw_ep_workspace_bytes(&c, 4, &ws, &ls), TW_ERR_INVALID_ARG, "num_experts = 6 is not a positive multiple of ep_size = 4");
 }

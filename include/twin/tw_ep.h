@@ -127,7 +127,8 @@ int64_t tw_ep_capacity_no_drop(const tw_ep_config *cfg, int ep_size);
 tw_status tw_ep_recv_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype);
 /* Bytes tw_ep_create allocates (workspace) and each tw_ep_layer_create allocates, at most: the
  * larger of what the ref backend and the gpu backend (either EP version; ep_nccl_lsa's symmetric
- * window included) ask for, before any allocator's rounding. */
+ * window included, which twin rounds up to 2 MiB) ask for, before the allocators' own rounding.
+ * Sizes past 9e15 bytes: TW_ERR_SHAPE naming them. */
 tw_status tw_ep_workspace_bytes(const tw_ep_config *cfg, int ep_size, size_t *workspace,
                                 size_t *layer_state);
 
