@@ -53,7 +53,8 @@
 // every other row expanded from the slab into the expert-major layout. combine and
 // dispatch_bwd: an entry barrier, each route's row (and dispatch_bwd's per-slot f32) stored
 // into its token's rank's way-back slab, a barrier, the oracle's j-order sums (from 64 MiB of
-// way-back rows in chunks of the tokens: a chunk's sums under the next chunk's stores, lsa_back). combine_bwd: an
+// way-back rows in chunks of the tokens: a chunk's sums under the next chunk's stores,
+// lsa_back). combine_bwd: an
 // entry barrier, d_out once per (token, rank) with its routes' weights in the row map, a
 // barrier, w * d_out and the d_topk_weights dots on the expert side in one pass, a warp per
 // row (the dots in tw_ep.h's warp order, stored into the tokens' ranks), a barrier. With LSA
@@ -1107,6 +1108,16 @@ static void ph_end(ep_phase_run *r) {
   pthread_mutex_unlock(&g_ph_mu);
 }
 
+// One device barrier of an LSA op on the stream, then its phase mark (what: the op, for the
+// launch error's message).
+static tw_status lsa_step_barrier(cudaStream_t stream, const lsa_dev &d, long long *err, int op, ep_phase_run *ph,
+                                  const char *phase, const char *what) {
+  lsa_barrier<<<1, 32, 0, stream>>>(d, err, op);
+  GPU_TRY_CUDA(cudaGetLastError(), what);
+  ph_mark(ph, phase);
+  return TW_OK;
+}
+
 // The push kernels' item order: (token, rank) pairs token-major (a token's ranks side by side,
 // its row read once from HBM; the default) or rank-major (TWIN_EP_PUSH_ORDER=rank), where a
 // warp's grid-stride items mix the heavy items of its own rank (the own routes' rows) with the
@@ -1889,9 +1900,8 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
       GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA push launch");
     }
     ph_mark(&ph, "push");
-    lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_DISPATCH);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: LSA barrier launch");
-    ph_mark(&ph, "barrier");
+    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_DISPATCH, &ph, "barrier",
+                            "ep_dispatch: LSA barrier launch"));
     if (R) {
       lsa_expand<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
           d, R, nle, im->S, k, *L, (const unsigned char *)tokens->data,
@@ -2045,9 +2055,8 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   size_t yb = tw_dtype_storage_bytes(rows->dtype, H);
   ep_phase_run ph;
   ph_begin(&ph, stream, weighted_form ? "combine" : "dispatch_bwd", T, (long long)yb);
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
-  ph_mark(&ph, "barrier0");
+  TW_TRY(lsa_step_barrier(stream, d, st->err_word, op, &ph, "barrier0",
+                          "ep: LSA barrier launch"));
   back_args a = {(const unsigned char *)rows->data, yb, rows->dtype == TW_BF16, k, !weighted_form, weighted_form,
                  out->dtype == TW_BF16, R, H, im->S, L->recv_route, L->route_pos, L->route_dst, per_slot, w,
                  out->data, d_w};
@@ -2079,9 +2088,8 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
     GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA way-back launch");
     ph_mark(&ph, c == 0 ? "push" : c == C ? "sum" : "push+sum");
     if (c < C) {
-      lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, op);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA barrier launch");
-      ph_mark(&ph, "barrier");
+      TW_TRY(lsa_step_barrier(stream, d, st->err_word, op, &ph, "barrier",
+                              "ep: LSA barrier launch"));
     }
   }
   ph_end(&ph);
@@ -2122,18 +2130,16 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
                                                         : T * d.n >= (int64_t)st->num_sms * 16;
   ep_phase_run ph;
   ph_begin(&ph, stream, "combine_bwd", T, (long long)ob);
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
-  ph_mark(&ph, "barrier0");
+  TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier0",
+                          "ep_combine_bwd: LSA barrier launch"));
   if (T) {
     lsa_push_dout<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, w, T, k, im->S, *L, bf16, H, dexp, y,
                                                                   yb, ybf, vec, push_rank_major(), own_in_push);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA push launch");
   }
   ph_mark(&ph, "push");
-  lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-  GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
-  ph_mark(&ph, "barrier");
+  TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier",
+                          "ep_combine_bwd: LSA barrier launch"));
   if (R) {
     lsa_dout_rows<<<grid_for(ctx, R, 8), 256, 0, stream>>>(d, bf16, k, H, R, L->recv_route, dexp, ob, y, yb, ybf, vec,
                                                             dout, own_in_push);
@@ -2141,9 +2147,8 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   }
   ph_mark(&ph, "rows");
   if (want_dw) {
-    lsa_barrier<<<1, 32, 0, stream>>>(d, st->err_word, GPU_OP_EP_COMBINE);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA barrier launch");
-    ph_mark(&ph, "barrier2");
+    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier2",
+                            "ep_combine_bwd: LSA barrier launch"));
     if (T * k) {
       lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA d_w launch");
