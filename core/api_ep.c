@@ -151,8 +151,9 @@ static void ep_bytes(const tw_ep_config *c, int n, int64_t R, double *workspace,
   const int mxgemm = c->scales_gemm_layout && c->scale_block == 32;
   const double mx = mxgemm ? r * scols : 0; /* received MXFP8 scale rows */
   const double rowb = (double)row_bytes(c);
-  /* ref: send rows [max_tokens * k] and receive rows [R] of the payload */
-  const double ref_ws = (routes + r) * rowb + mx;
+  /* ref: send rows [max_tokens * k] and receive rows [R] of the payload, which also carries
+   * the token index (4 bytes) */
+  const double ref_ws = (routes + r) * (rowb + 4) + mx;
   /* gpu ep_nccl_slots: per-peer slots of S = max_tokens * min(k, NLE) rows, send and receive
    * (one buffer on one rank); ep_nccl_lsa (one rank too, in its loopback test mode): the
    * symmetric window's regions after its 256-byte header, rounded to 2 MiB, and its peer table */
@@ -298,12 +299,12 @@ static tw_status float_rows(const char *op, const char *name, const tw_tensor *t
   return TW_OK;
 }
 
-tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
-                         const tw_tensor *token_scales, const tw_tensor *topk_idx,
-                         const tw_tensor *topk_weights, tw_tensor *recv_tokens,
-                         tw_tensor *recv_scales, tw_tensor *recv_weights,
-                         tw_tensor *group_sizes, tw_tensor *dropped) {
-  const char *op = "ep_dispatch";
+/* The arguments both dispatch forms share: tokens, their scales, ids, weights, recv_weights,
+ * group_sizes, dropped; host ids checked here (a device backend checks them on the device). */
+static tw_status check_dispatch_common(const char *op, tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                       const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                       const tw_tensor *topk_weights, const tw_tensor *recv_weights,
+                                       const tw_tensor *group_sizes, const tw_tensor *dropped) {
   TW_TRY(check_layer(op, ctx, layer, 0));
   const tw_ep *ep = layer->ep;
   const tw_ep_config *c = &ep->cfg;
@@ -319,40 +320,15 @@ tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *token
   TW_TRY(want_dtype(op, "topk_idx", topk_idx, TW_I32));
   TW_TRY(want(op, "topk_weights", topk_weights, m, 2, T, k));
   TW_TRY(want_dtype(op, "topk_weights", topk_weights, TW_F32));
-  TW_TRY(want(op, "recv_tokens", recv_tokens, m, 2, R, H));
-  TW_TRY(want_dtype(op, "recv_tokens", recv_tokens, c->token_dtype));
   TW_TRY(want(op, "recv_weights", recv_weights, m, 1, R, 0));
   TW_TRY(want_dtype(op, "recv_weights", recv_weights, TW_F32));
   TW_TRY(want(op, "group_sizes", group_sizes, m, 1, ep->nle, 0));
   TW_TRY(want_dtype(op, "group_sizes", group_sizes, TW_I32));
   if (ep->scale_cols) {
-    tw_dtype sd = c->scale_block == 32 ? TW_E8M0 : TW_F32;
     TW_TRY(want(op, "token_scales", token_scales, m, 2, T, ep->scale_cols));
-    TW_TRY(want_dtype(op, "token_scales", token_scales, sd));
-    if (c->scales_gemm_layout) { /* the grouped GEMM's rowwise 1x128 or MXFP8 scales */
-      TW_TRY(tw_v_tensor(op, "recv_scales", recv_scales, m, 2));
-      int64_t sh[2];
-      scales_shape(c, R, ep->nle, sh);
-      if (recv_scales->shape[0] != sh[0] || recv_scales->shape[1] != sh[1]) {
-        if (c->scale_block == 128)
-          return tw_error(TW_ERR_SHAPE,
-                          "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [H/128, roundup(R = %lld, 4)] "
-                          "(scales_gemm_layout = 1)",
-                          op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
-                          (long long)sh[1], (long long)R);
-        return tw_error(TW_ERR_SHAPE,
-                        "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [128 * T_cap, roundup(H/32, 4)], "
-                        "T_cap = floor((R + 127 * min(NLE, R)) / 128) with R = %lld, NLE = %d (MXFP8, "
-                        "scales_gemm_layout = 1; tw_ep_recv_scales_shape)",
-                        op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
-                        (long long)sh[1], (long long)R, ep->nle);
-      }
-    } else {
-      TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
-    }
-    TW_TRY(want_dtype(op, "recv_scales", recv_scales, sd));
-  } else if (!tw_tensor_is_none(token_scales) || !tw_tensor_is_none(recv_scales)) {
-    return tw_error(TW_ERR_INVALID_ARG, "%s: token_scales / recv_scales are for fp8 tokens only (tokens are %s)", op,
+    TW_TRY(want_dtype(op, "token_scales", token_scales, c->scale_block == 32 ? TW_E8M0 : TW_F32));
+  } else if (!tw_tensor_is_none(token_scales)) {
+    return tw_error(TW_ERR_INVALID_ARG, "%s: token_scales are for fp8 tokens only (tokens are %s)", op,
                     tw_dtype_name(c->token_dtype));
   }
   if (c->overflow == TW_EP_OVERFLOW_DROP && tw_tensor_is_none(dropped))
@@ -375,13 +351,121 @@ tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *token
                             op, ep->rank, (long long)t, e, (long long)i, (long long)j);
       }
   }
+  return TW_OK;
+}
+
+tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                         const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                         const tw_tensor *topk_weights, tw_tensor *recv_tokens,
+                         tw_tensor *recv_scales, tw_tensor *recv_weights,
+                         tw_tensor *group_sizes, tw_tensor *dropped) {
+  const char *op = "ep_dispatch";
+  TW_TRY(check_dispatch_common(op, ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_weights,
+                               group_sizes, dropped));
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  tw_mem m = ctx->ops->mem;
+  int64_t H = c->hidden, R = c->recv_capacity;
+  TW_TRY(want(op, "recv_tokens", recv_tokens, m, 2, R, H));
+  TW_TRY(want_dtype(op, "recv_tokens", recv_tokens, c->token_dtype));
+  if (ep->scale_cols) {
+    tw_dtype sd = c->scale_block == 32 ? TW_E8M0 : TW_F32;
+    if (c->scales_gemm_layout) { /* the grouped GEMM's rowwise 1x128 or MXFP8 scales */
+      TW_TRY(tw_v_tensor(op, "recv_scales", recv_scales, m, 2));
+      int64_t sh[2];
+      scales_shape(c, R, ep->nle, sh);
+      if (recv_scales->shape[0] != sh[0] || recv_scales->shape[1] != sh[1]) {
+        if (c->scale_block == 128)
+          return tw_error(TW_ERR_SHAPE,
+                          "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [H/128, roundup(R = %lld, 4)] "
+                          "(scales_gemm_layout = 1)",
+                          op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
+                          (long long)sh[1], (long long)R);
+        return tw_error(TW_ERR_SHAPE,
+                        "%s: recv_scales is [%lld, %lld], expected [%lld, %lld] = [128 * T_cap, roundup(H/32, 4)], "
+                        "T_cap = floor((R + 127 * min(NLE, R)) / 128) with R = %lld, NLE = %d (MXFP8, "
+                        "scales_gemm_layout = 1; tw_ep_recv_scales_shape)",
+                        op, (long long)recv_scales->shape[0], (long long)recv_scales->shape[1], (long long)sh[0],
+                        (long long)sh[1], (long long)R, ep->nle);
+      }
+    } else {
+      TW_TRY(want(op, "recv_scales", recv_scales, m, 2, R, ep->scale_cols));
+    }
+    TW_TRY(want_dtype(op, "recv_scales", recv_scales, sd));
+  } else if (!tw_tensor_is_none(recv_scales)) {
+    return tw_error(TW_ERR_INVALID_ARG, "%s: recv_scales are for fp8 tokens only (tokens are %s)", op,
+                    tw_dtype_name(c->token_dtype));
+  }
   if (!ep->ops->ep->dispatch)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   layer->dispatched = 0;
   TW_TRY(ep->ops->ep->dispatch(ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_tokens,
                                recv_scales, recv_weights, group_sizes, dropped));
   layer->dispatched = 1;
-  layer->tokens = T;
+  layer->tokens = tokens->shape[0];
+  return TW_OK;
+}
+
+int64_t tw_ep_source_rows(const tw_ep *ep) { return ep ? (int64_t)ep->ep_size * ep->cfg.max_tokens : 0; }
+
+tw_status tw_ep_source_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype) {
+  const char *op = "ep_source_scales_shape";
+  if (ep_size < 1) return tw_error(TW_ERR_INVALID_ARG, "%s: ep_size = %d", op, ep_size);
+  TW_TRY(check_config(op, cfg, ep_size));
+  if (!shape || !dtype) return tw_error(TW_ERR_NULL, "%s: shape or dtype is NULL", op);
+  if (!tw_dtype_is_fp8(cfg->token_dtype))
+    return tw_error(TW_ERR_INVALID_ARG, "%s: %s tokens have no src_scales (fp8 only)", op,
+                    tw_dtype_name(cfg->token_dtype));
+  scales_shape(cfg, (int64_t)ep_size * cfg->max_tokens, 1, shape); /* U rows quantized as one group */
+  *dtype = cfg->scale_block == 32 ? TW_E8M0 : TW_F32;
+  return TW_OK;
+}
+
+tw_status tw_ep_dispatch_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                   const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                   const tw_tensor *topk_weights, tw_tensor *src_tokens,
+                                   tw_tensor *src_scales, tw_tensor *recv_row,
+                                   tw_tensor *recv_weights, tw_tensor *group_sizes,
+                                   tw_tensor *dropped) {
+  const char *op = "ep_dispatch_by_source";
+  TW_TRY(check_dispatch_common(op, ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_weights,
+                               group_sizes, dropped));
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  tw_mem m = ctx->ops->mem;
+  int64_t H = c->hidden, R = c->recv_capacity, U = tw_ep_source_rows(ep);
+  if (U > INT32_MAX)
+    return tw_error(TW_ERR_SHAPE, "%s: U = ep_size %d x max_tokens %lld = %lld source rows do not fit recv_row's i32",
+                    op, ep->ep_size, (long long)c->max_tokens, (long long)U);
+  TW_TRY(want(op, "src_tokens", src_tokens, m, 2, U, H));
+  TW_TRY(want_dtype(op, "src_tokens", src_tokens, c->token_dtype));
+  TW_TRY(want(op, "recv_row", recv_row, m, 1, R, 0));
+  TW_TRY(want_dtype(op, "recv_row", recv_row, TW_I32));
+  if (ep->scale_cols) {
+    int64_t sh[2];
+    scales_shape(c, U, 1, sh);
+    TW_TRY(tw_v_tensor(op, "src_scales", src_scales, m, 2));
+    if (src_scales->shape[0] != sh[0] || src_scales->shape[1] != sh[1])
+      return tw_error(TW_ERR_SHAPE,
+                      "%s: src_scales is [%lld, %lld], expected [%lld, %lld] for U = %lld source rows (%s; "
+                      "tw_ep_source_scales_shape)",
+                      op, (long long)src_scales->shape[0], (long long)src_scales->shape[1], (long long)sh[0],
+                      (long long)sh[1], (long long)U,
+                      !c->scales_gemm_layout ? "rows [U, H/block]"
+                      : c->scale_block == 128 ? "1x128 GEMM layout [H/128, roundup(U, 4)]"
+                                              : "MXFP8 GEMM layout [128 * ceil(U/128), roundup(H/32, 4)]");
+    TW_TRY(want_dtype(op, "src_scales", src_scales, c->scale_block == 32 ? TW_E8M0 : TW_F32));
+  } else if (!tw_tensor_is_none(src_scales)) {
+    return tw_error(TW_ERR_INVALID_ARG, "%s: src_scales are for fp8 tokens only (tokens are %s)", op,
+                    tw_dtype_name(c->token_dtype));
+  }
+  if (!ep->ops->ep->dispatch_by_source)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  layer->dispatched = 0;
+  TW_TRY(ep->ops->ep->dispatch_by_source(ctx, layer, tokens, token_scales, topk_idx, topk_weights, src_tokens,
+                                         src_scales, recv_row, recv_weights, group_sizes, dropped));
+  layer->dispatched = 1;
+  layer->tokens = tokens->shape[0];
   return TW_OK;
 }
 

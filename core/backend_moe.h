@@ -48,6 +48,11 @@ typedef struct tw_ep_backend {
                         const tw_tensor *topk_weights, tw_tensor *recv_tokens,
                         tw_tensor *recv_scales, tw_tensor *recv_weights, tw_tensor *group_sizes,
                         tw_tensor *dropped);
+  tw_status (*dispatch_by_source)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                  const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                  const tw_tensor *topk_weights, tw_tensor *src_tokens,
+                                  tw_tensor *src_scales, tw_tensor *recv_row, tw_tensor *recv_weights,
+                                  tw_tensor *group_sizes, tw_tensor *dropped);
   tw_status (*combine)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
                        const tw_tensor *topk_weights, tw_tensor *out);
   tw_status (*dispatch_bwd)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_recv,

@@ -15,7 +15,10 @@ Per rank r (expected, exact): recv_tokens_r, recv_scales_r (fp8), recv_weights_r
 dispatch; twin fixes the slot order (source rank, t, j), so rows compare exactly; a backend
 with a free order compares each slab as a multiset), out_r (weighted combine), out_unweighted_r,
 d_tokens_r and d_topk_weights_r (dispatch_bwd), d_expert_out_r and d_topk_weights_combine_r
-(combine_bwd). Every f32 sum runs in the documented order (j; combine_bwd's d_topk_weights
+(combine_bwd); rows by source (tw_ep_dispatch_by_source, U = ep_size * max_tokens with
+max_tokens = the largest T of the case): src_tokens_r [U, H] (row s * max_tokens + t = token t of
+source s when one of its kept routes lands on r, else zeros), src_scales_r (fp8, [U, H/32] rows)
+and recv_row_r [R] i32 (the src_tokens row of each expert-major row, -1 where none). Every f32 sum runs in the documented order (j; combine_bwd's d_topk_weights
 in the warp order: 32 partials over h, then a fold) with one f32 rounding per operation, as
 the header states, so the oracle must match bit for bit.
 """
@@ -169,6 +172,22 @@ def make_case(root, name, c, rng):
         np.save(os.path.join(d, "group_sizes_%d.npy" % r), gs)
         np.save(os.path.join(d, "dropped_%d.npy" % r), dropped)
         np.save(os.path.join(d, "d_expert_out_%d.npy" % r), dexp)
+        # rows by source: each kept route's token once at row src * max_tokens + t
+        maxT = max(T)
+        src = np.zeros((n * maxT, H), recv.dtype)
+        sscl = np.zeros((n * maxT, sc), np.uint8)
+        rrow = np.full(R, -1, np.int32)
+        for i, s_ in enumerate(slots):
+            if s_ is not None:
+                so, t, j = s_
+                u = so * maxT + t
+                src[u] = xs[so][t]
+                sscl[u] = scl[so][t]
+                rrow[i] = u
+        np.save(os.path.join(d, "src_tokens_%d.npy" % r), src)
+        np.save(os.path.join(d, "recv_row_%d.npy" % r), rrow)
+        if sc:
+            np.save(os.path.join(d, "src_scales_%d.npy" % r), sscl)
     for s in range(n):
         out = np.zeros((T[s], H), F32)
         outu = np.zeros((T[s], H), F32)

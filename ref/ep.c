@@ -5,7 +5,9 @@
  *
  * Route = (t, j) of a source rank, flat index t*k + j. Send order of a source: by expert id,
  * then t, then j (kept routes only); receive order of a destination: by source rank, then
- * local expert, then the same (t, j) order -- so a row's slot follows from the counts. */
+ * local expert, then the same (t, j) order -- so a row's slot follows from the counts.
+ * A dispatch row carries the token row, its scales, the route's weight and t (the source-row
+ * index of rows by source). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,7 +51,7 @@ static size_t payload_bytes(const tw_ep *ep) {
   size_t tok = tw_dtype_storage_bytes(c->token_dtype, c->hidden);
   size_t scl = tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols);
   size_t y = (size_t)c->hidden * 4;
-  return (tok + scl > y ? tok + scl : y) + 4;
+  return (tok + scl > y ? tok + scl : y) + 8; /* + the weight (f32) and the token index (i32) */
 }
 
 static void *zalloc(size_t n, int *failed) {
@@ -254,16 +256,16 @@ static void mx_gemm_layout(const unsigned char *rows, int64_t sc, const int32_t 
 
 /* ---- the four operations ----------------------------------------------------------------- */
 
-static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
-                                 const tw_tensor *token_scales, const tw_tensor *topk_idx,
-                                 const tw_tensor *topk_weights, tw_tensor *recv_tokens,
-                                 tw_tensor *recv_scales, tw_tensor *recv_weights,
-                                 tw_tensor *group_sizes, tw_tensor *dropped) {
+/* The part both dispatch forms share: counts, layout and route tables, then every kept
+ * route's row (token, scales, weight, t) from its source to its destination's staging. */
+static tw_status route_and_move(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                const tw_tensor *topk_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
   const tw_ep *ep = layer->ep;
   layer_impl *L = layer->impl;
   ep_impl *im = ep->impl;
   int E = ep->cfg.num_experts, k = ep->cfg.topk, nle = ep->nle, me = ep->rank;
-  int64_t T = tokens->shape[0], R = ep->cfg.recv_capacity, A = ep->cfg.alignment;
+  int64_t T = tokens->shape[0], A = ep->cfg.alignment;
   const int32_t *idx = topk_idx->data;
   memset(L->count_mine, 0, (size_t)E * 4);
   for (int64_t q = 0; q < T * k; q++) L->count_mine[idx[q]]++;
@@ -275,12 +277,43 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
   for (int64_t p = 0; p < L->send_off[ep->ep_size]; p++) {
     int64_t q = L->pack_list[p], t = q / k;
+    int32_t t32 = (int32_t)t;
     unsigned char *row = im->send + (size_t)p * im->rb;
     memcpy(row, (const unsigned char *)tokens->data + (size_t)t * tb, tb);
     if (sb) memcpy(row + tb, (const unsigned char *)token_scales->data + (size_t)t * sb, sb);
     memcpy(row + tb + sb, (const float *)topk_weights->data + q, 4);
+    memcpy(row + tb + sb + 4, &t32, 4);
   }
   TW_TRY(move(ctx, ep, L, 1));
+  for (int l = 0; l < nle; l++) {
+    int64_t c = 0;
+    for (int s = 0; s < ep->ep_size; s++) c += L->counts_all[s * E + me * nle + l];
+    ((int32_t *)group_sizes->data)[l] = (int32_t)tw_round_up(L->kept[me * nle + l], A);
+    if (!tw_tensor_is_none(dropped)) ((int32_t *)dropped->data)[l] = (int32_t)(c - L->kept[me * nle + l]);
+  }
+  return TW_OK;
+}
+
+/* Staging row p's source rank (recv_off is ascending). */
+static int source_of(const layer_impl *L, int n, int64_t p) {
+  int s = 0;
+  while (s + 1 < n && p >= L->recv_off[s + 1]) s++;
+  return s;
+}
+
+static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                 const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                 const tw_tensor *topk_weights, tw_tensor *recv_tokens,
+                                 tw_tensor *recv_scales, tw_tensor *recv_weights,
+                                 tw_tensor *group_sizes, tw_tensor *dropped) {
+  const tw_ep *ep = layer->ep;
+  layer_impl *L = layer->impl;
+  ep_impl *im = ep->impl;
+  int nle = ep->nle;
+  int64_t R = ep->cfg.recv_capacity;
+  TW_TRY(route_and_move(ctx, layer, tokens, token_scales, topk_idx, topk_weights, group_sizes, dropped));
+  size_t tb = tw_dtype_storage_bytes(ep->cfg.token_dtype, ep->cfg.hidden);
+  size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
   /* every row is written: padding and the rows past the slabs are zero. The GEMM layout
    * (1x128 f32): scale b of row `slot` at [b][slot] of [scale_cols, Rp], tail columns 0;
    * (MXFP8): the rows first, laid out per slab below */
@@ -299,15 +332,55 @@ static tw_status ref_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
       memcpy((unsigned char *)recv_scales->data + (size_t)(b * Rp + slot) * 4, row + tb + (size_t)b * 4, 4);
     memcpy((float *)recv_weights->data + slot, row + tb + sb, 4);
   }
-  for (int l = 0; l < nle; l++) {
-    int64_t c = 0;
-    for (int s = 0; s < ep->ep_size; s++) c += L->counts_all[s * E + me * nle + l];
-    ((int32_t *)group_sizes->data)[l] = (int32_t)tw_round_up(L->kept[me * nle + l], A);
-    if (!tw_tensor_is_none(dropped)) ((int32_t *)dropped->data)[l] = (int32_t)(c - L->kept[me * nle + l]);
-  }
   if (mx)
     mx_gemm_layout(srows, ep->scale_cols, (const int32_t *)group_sizes->data, nle, ep->cfg.scales_mxfp8_swizzled,
                    recv_scales->shape[0], recv_scales->data);
+  return TW_OK;
+}
+
+/* Rows by source (tw_ep.h): row s * max_tokens + t of src_tokens from each received row, the
+ * expert-major row map, the weights; zeros where nothing arrived. */
+static tw_status ref_ep_dispatch_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                           const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                           const tw_tensor *topk_weights, tw_tensor *src_tokens,
+                                           tw_tensor *src_scales, tw_tensor *recv_row, tw_tensor *recv_weights,
+                                           tw_tensor *group_sizes, tw_tensor *dropped) {
+  const tw_ep *ep = layer->ep;
+  layer_impl *L = layer->impl;
+  ep_impl *im = ep->impl;
+  int64_t R = ep->cfg.recv_capacity, maxT = ep->cfg.max_tokens, U = (int64_t)ep->ep_size * maxT;
+  int64_t sc = ep->scale_cols;
+  TW_TRY(route_and_move(ctx, layer, tokens, token_scales, topk_idx, topk_weights, group_sizes, dropped));
+  size_t tb = tw_dtype_storage_bytes(ep->cfg.token_dtype, ep->cfg.hidden);
+  size_t sb = sc ? tw_dtype_storage_bytes(token_scales->dtype, sc) : 0;
+  int gemm = sb && ep->cfg.scales_gemm_layout, mx = ep->cfg.scale_block == 32;
+  int64_t Up = tw_round_up(U, 4), C = tw_round_up(sc, 4);
+  memset(src_tokens->data, 0, (size_t)U * tb);
+  if (sb) memset(src_scales->data, 0, (size_t)tw_tensor_numel(src_scales) * (mx ? 1 : 4));
+  memset(recv_weights->data, 0, (size_t)R * 4);
+  for (int64_t i = 0; i < R; i++) ((int32_t *)recv_row->data)[i] = -1;
+  for (int64_t p = 0; p < L->recv_off[ep->ep_size]; p++) {
+    int64_t slot = L->recv_slot[p];
+    const unsigned char *row = im->recv + (size_t)p * im->rb;
+    int32_t t;
+    memcpy(&t, row + tb + sb + 4, 4);
+    int64_t u = (int64_t)source_of(L, ep->ep_size, p) * maxT + t;
+    memcpy((unsigned char *)src_tokens->data + (size_t)u * tb, row, tb); /* a token with several routes: same bytes */
+    for (int64_t b = 0; b < sc; b++) {
+      const unsigned char *v = row + tb + (size_t)b * (mx ? 1 : 4);
+      unsigned char *scl = src_scales->data;
+      if (!gemm) { /* rows [U, sc] */
+        memcpy(scl + (size_t)(u * sc + b) * (mx ? 1 : 4), v, mx ? 1 : 4);
+      } else if (!mx) { /* 1x128: [b][u] of [sc, roundup(U, 4)], the f32's bytes as they came */
+        memcpy(scl + (size_t)(b * Up + u) * 4, v, 4);
+      } else { /* MXFP8, one group: row u of the [128 * ceil(U/128), C] block, compact or swizzled */
+        int64_t a = u / 128, bb = u % 128 / 32, d = u % 32, e = b / 4, f = b % 4;
+        scl[ep->cfg.scales_mxfp8_swizzled ? ((a * (C / 4) + e) * 32 + d) * 16 + bb * 4 + f : u * C + b] = *v;
+      }
+    }
+    ((int32_t *)recv_row->data)[slot] = (int32_t)u;
+    memcpy((float *)recv_weights->data + slot, row + tb + sb, 4);
+  }
   return TW_OK;
 }
 
@@ -425,6 +498,7 @@ const tw_ep_backend tw_ref_ep = {
     .layer_create = ref_ep_layer_create,
     .layer_destroy = ref_ep_layer_destroy,
     .dispatch = ref_ep_dispatch,
+    .dispatch_by_source = ref_ep_dispatch_by_source,
     .combine = ref_ep_combine,
     .dispatch_bwd = ref_ep_dispatch_bwd,
     .combine_bwd = ref_ep_combine_bwd,

@@ -78,6 +78,25 @@
  *               2, 1 and every l < m: P[l] = P[l] + P[l + m]; the sum is P[0]. One f32
  *               rounding per add (a warp: lane l's 8-wide chunks, then a shuffle tree).
  *
+ * Rows by source (tw_ep_dispatch_by_source): the same routing, slabs, group sizes, weights and
+ * drops as dispatch, but the token rows are not copied into the expert-major layout: they
+ * arrive once per (source rank, token), and a row map says which one each expert-major row
+ * stands for. The grouped GEMM reads them through the map (tw_grouped_gemm_rows), so the
+ * T k H bytes of expert-major rows are never written (DeepEP's and NCCL EP's high-throughput
+ * dispatch return tokens by source too; there a permute kernel then writes them).
+ *   U = ep_size * max_tokens (tw_ep_source_rows). src_tokens [U, H]: row s * max_tokens + t
+ *   holds tokens_s[t] when at least one kept route of token t of source rank s lands on this
+ *   rank, else zeros (every row is written). recv_row [R] i32: recv_row[i] = the src_tokens row
+ *   of expert-major row i, so recv_tokens[i] of dispatch == src_tokens[recv_row[i]]; -1 on
+ *   padding rows and the rows past the slabs (where dispatch writes zeros).
+ *   fp8: src_scales hold the scale rows the same way, [U, H/block]; with scales_gemm_layout = 1
+ *   in the grouped GEMM's rowwise layout of the [U, H] source quantized as one group
+ *   (tw_quantize.h): 1x128 [H/128, roundup(U, 4)] f32, element [b][u] = scale b of row u;
+ *   MXFP8 [128 * ceil(U/128), roundup(H/32, 4)] E8M0 (T_cap for M = U, G = 1), row u = the scale
+ *   row of row u, compact or swizzled (cfg.scales_mxfp8_swizzled); zeros elsewhere
+ *   (tw_ep_source_scales_shape). combine, dispatch_bwd and combine_bwd after it are those of
+ *   dispatch (their expert-major rows are the GEMM outputs, [R, H]).
+ *
  * Errors: E % ep_size, k < 1 or k > E, T > max_tokens, H % scale block (fp8), R % A, A not a
  * power of two, an expert id < 0 or >= E (token, slot and id named), the same id twice in one
  * token's top-k (rejected: TE would count and store it twice; twin's router never makes it),
@@ -151,6 +170,21 @@ tw_status tw_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *token
                          const tw_tensor *topk_weights, tw_tensor *recv_tokens,
                          tw_tensor *recv_scales, tw_tensor *recv_weights,
                          tw_tensor *group_sizes, tw_tensor *dropped);
+/* U = ep_size * max_tokens: the rows of src_tokens (0 for a config tw_ep_create refuses). */
+int64_t tw_ep_source_rows(const tw_ep *ep);
+/* Shape and dtype of src_scales for an fp8 cfg on ep_size ranks: [U, H/block], or with
+ * scales_gemm_layout = 1: [H/128, roundup(U, 4)] f32 (1x128), [128 * ceil(U/128),
+ * roundup(H/32, 4)] E8M0 (MXFP8). Non-fp8 tokens: TW_ERR_INVALID_ARG. */
+tw_status tw_ep_source_scales_shape(const tw_ep_config *cfg, int ep_size, int64_t shape[2], tw_dtype *dtype);
+/* Rows by source (above): the arguments of tw_ep_dispatch with src_tokens [U, H],
+ * src_scales (fp8: tw_ep_source_scales_shape) or none, recv_row [R] i32 in place of
+ * recv_tokens and recv_scales. */
+tw_status tw_ep_dispatch_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                   const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                   const tw_tensor *topk_weights, tw_tensor *src_tokens,
+                                   tw_tensor *src_scales, tw_tensor *recv_row,
+                                   tw_tensor *recv_weights, tw_tensor *group_sizes,
+                                   tw_tensor *dropped);
 /* expert_out [R, H], topk_weights [T, k] f32 or none (unweighted) -> out [T, H]. */
 tw_status tw_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
                         const tw_tensor *topk_weights, tw_tensor *out);
