@@ -149,7 +149,8 @@ static void ep_bytes(const tw_ep_config *c, int n, int64_t R, double *workspace,
   const double routes = maxT * k, r = (double)R, nn = n;
   const double scols = tw_dtype_is_fp8(c->token_dtype) ? (double)(c->hidden / c->scale_block) : 0;
   const int mxgemm = c->scales_gemm_layout && c->scale_block == 32;
-  const double mx = mxgemm ? r * scols : 0; /* received MXFP8 scale rows */
+  const double mx = mxgemm ? r * scols : 0;                       /* ref: received MXFP8 scale rows */
+  const double gmx = mxgemm ? max2(r, nn * maxT) * scols + 40 : 0; /* gpu: for rows by source too, + its table */
   const double rowb = (double)row_bytes(c);
   /* ref: send rows [max_tokens * k] and receive rows [R] of the payload, which also carries
    * the token index (4 bytes) */
@@ -157,16 +158,19 @@ static void ep_bytes(const tw_ep_config *c, int n, int64_t R, double *workspace,
   /* gpu ep_nccl_slots: per-peer slots of S = max_tokens * min(k, NLE) rows, send and receive
    * (one buffer on one rank); ep_nccl_lsa (one rank too, in its loopback test mode): the
    * symmetric window's regions after its 256-byte header, rounded to 2 MiB, and its peer table */
-  const double S = maxT * (k < nle ? k : nle), rb = up(max2(rowb, (double)c->hidden * 4 + 4), 16);
+  const double tokscl = (double)tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
+                        (double)tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, (int64_t)scols);
+  /* a slot row: the token, its scales, weight and source word; or an f32 row and its f32 */
+  const double S = maxT * (k < nle ? k : nle), rb = up(max2(tokscl + 8, (double)c->hidden * 4 + 4), 16);
   const double slots = (n == 1 ? 1 : 2) * nn * S * rb;
   const double srb = up((double)tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
                             (double)tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, (int64_t)scols),
                         16);
   const double crb = up((double)c->hidden * 4 + 4, 16);
   const double regions = 256 + up(nn * 8, 256) + up(nn * E * 4, 256) + up(r * 16, 256) + up(nn * maxT * srb, 256) +
-                         up(maxT * (k > nn ? k : nn) * crb, 256) + maxT * k * 4;
+                         up(maxT * (k > nn ? k : nn) * crb, 256) + up(maxT * k * 4, 256) + nn * maxT * 4;
   const double window = up(regions, 2u << 20) + nn * 8 + 64;
-  const double gpu_ws = max2(slots, window) + (mxgemm ? mx + (nle + 1) * 16 : 0);
+  const double gpu_ws = max2(slots, window) + (mxgemm ? gmx + (nle + 1) * 16 : 0);
   *workspace = max2(ref_ws, gpu_ws);
   /* layer state. ref: counters, counts, kept / offsets, per-route slot / pack order / position,
    * per-row slot, per-peer counts and offsets. gpu: its tables (i64 then i32), with

@@ -102,7 +102,7 @@ struct lsa_dev {
   unsigned long long timeout_ns;  // a barrier's wait (TWIN_EP_LSA_TIMEOUT_S, default 20 s)
   int n, me;
   int64_t maxT;
-  size_t off_flags, off_counts, off_rowmap, off_slab, off_comb, off_dw;  // regions of every window
+  size_t off_flags, off_counts, off_rowmap, off_slab, off_comb, off_dw, off_tag;  // regions of every window
   size_t srb, crb;  // slab row bytes (token + scales); way-back row bytes (4 H + 4: an f32 or bf16 row and a per-slot f32)
 };
 
@@ -118,8 +118,9 @@ struct ep_impl {
   lsa_impl *lsa;               // ep_nccl_lsa active (dispatch and combine); NULL: ep_nccl_slots
   // MXFP8 with scales_gemm_layout: the received scale rows [R, H/32] (written by the row
   // kernels as in the row layout), and [2 * (NLE + 1)] i64 tile / row prefixes over the slabs
-  unsigned char *mx_rows;
+  unsigned char *mx_rows;       // [max(R, U), H/32] (rows by source use it too)
   int64_t *mx_tab;
+  int64_t *mx_src_tab;          // rows by source: ep_mx_scales' table for one group of U rows, then gs = {U}
   char why[256];               // why ep_nccl_lsa is not active (auto or forced slots)
 };
 
@@ -527,10 +528,25 @@ __global__ void ep_route_pos(int64_t routes, int E, int nle, int64_t S, int chun
     place_route(q, E, nle, S, chunked, failed, L);
 }
 
-// One warp per route: token row, scale row and weight into the route's staging row.
+// Rows by source on ep_nccl_slots: the word after a dispatch row's weight, t | (first << 31),
+// first = no j' < j of the same token has a kept route to the same rank (route_pos / S is the
+// destination rank), so each source row is copied once on the receiver.
+__device__ static uint32_t src_word(const int64_t *__restrict__ route_pos, int64_t q, int k, int64_t S) {
+  const int64_t t = q / k, r = route_pos[q] / S;
+  uint32_t first = 1;
+  for (int64_t q2 = t * k; q2 < q; q2++) {
+    const int64_t p2 = route_pos[q2];
+    if (p2 >= 0 && p2 / S == r) first = 0;
+  }
+  return (uint32_t)t | (first << 31);
+}
+
+// One warp per route: token row, scale row, weight and the source word (src_word) into the
+// route's staging row.
 __global__ void ep_pack_dispatch(const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
                                  const float *__restrict__ w, int64_t routes, int k, size_t tb, size_t sb,
-                                 const int64_t *__restrict__ route_pos, unsigned char *__restrict__ send, size_t rb) {
+                                 const int64_t *__restrict__ route_pos, int64_t S, unsigned char *__restrict__ send,
+                                 size_t rb) {
   const int warps = (gridDim.x * blockDim.x) >> 5;
   for (int64_t q = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; q < routes; q += warps) {
     int64_t p = route_pos[q];
@@ -539,7 +555,11 @@ __global__ void ep_pack_dispatch(const unsigned char *__restrict__ tokens, const
     unsigned char *row = send + (size_t)p * rb;
     warp_copy_wide(row, tokens + (size_t)t * tb, tb);
     if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
-    if ((threadIdx.x & 31) == 0) memcpy(row + tb + sb, w + q, 4);
+    if ((threadIdx.x & 31) == 0) {
+      memcpy(row + tb + sb, w + q, 4);
+      const uint32_t tw = src_word(route_pos, q, k, S);
+      memcpy(row + tb + sb + 4, &tw, 4);
+    }
   }
 }
 
@@ -616,6 +636,79 @@ __global__ void ep_dispatch_direct(const unsigned char *__restrict__ tokens, con
       warp_zero(rtok + (size_t)i * tb, tb);
       if (sb) zero_scale_row(rscl, sb, sld, i);
       if ((threadIdx.x & 31) == 0) rw[i] = 0.0f;
+    }
+  }
+}
+
+// Rows by source on ep_nccl_slots: zeros into src_tokens and its scale rows first (a thread per
+// 16 or 4 bytes; none when the step failed, which writes no output), then ep_unpack_by_source
+// copies each received source row once over them.
+__device__ static void grid_zero(unsigned char *__restrict__ p, size_t bytes) {
+  const size_t stride = (size_t)gridDim.x * blockDim.x, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if ((((uintptr_t)p) & 15) == 0) {
+    for (size_t i = tid; i < bytes / 16; i += stride) ((uint4 *)p)[i] = make_uint4(0, 0, 0, 0);
+    for (size_t i = bytes / 16 * 16 + tid; i < bytes; i += stride) p[i] = 0;
+  } else {
+    for (size_t i = tid; i < bytes; i += stride) p[i] = 0;
+  }
+}
+__global__ void ep_zero_unless_failed(const int32_t *__restrict__ flag, unsigned char *__restrict__ a, size_t abytes,
+                                      unsigned char *__restrict__ b, size_t bbytes) {
+  if (*flag) return;
+  grid_zero(a, abytes);
+  if (b) grid_zero(b, bbytes);
+}
+
+// One warp per expert-major row i (after ep_zero_unless_failed): recv_src, recv_row (the
+// source row s * max_tokens + t of its staging row's word), recv_weights, and the row with its
+// scales into src_tokens when the word marks the token's first route to this rank. direct (one
+// rank, no staging): the slot's route gives t and the token row comes from `tokens`.
+__global__ void ep_unpack_by_source(const unsigned char *__restrict__ recv, size_t rb, int64_t R, int n, int me,
+                                    int nle, int64_t S, int64_t maxT, int k, layer_impl L, int direct,
+                                    const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
+                                    const float *__restrict__ w, unsigned char *__restrict__ src_tok, size_t tb,
+                                    unsigned char *__restrict__ src_scl, size_t sb, int64_t sld,
+                                    float *__restrict__ rw, int32_t *__restrict__ recv_row) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int failed = *L.flag;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    if (failed) {
+      if (lane == 0) L.recv_src[i] = -1;
+      continue;
+    }
+    const int64_t p = source_row(i, L, n, me, nle, S);
+    if (lane == 0) L.recv_src[i] = p;
+    if (p < 0) {
+      if (lane == 0) {
+        recv_row[i] = -1;
+        rw[i] = 0.0f;
+      }
+      continue;
+    }
+    const unsigned char *row, *srow;
+    uint32_t word;
+    float wv;
+    if (direct) {
+      const int64_t q = L.slot_route[p], t = q / k;
+      if (lane == 0) L.slot_row[p] = i;
+      word = src_word(L.route_pos, q, k, S);
+      row = tokens + (size_t)t * tb;
+      srow = sb ? scales + (size_t)t * sb : NULL;
+      wv = w[q];
+    } else {
+      row = recv + (size_t)p * rb;
+      srow = row + tb;
+      memcpy(&wv, row + tb + sb, 4);
+      memcpy(&word, row + tb + sb + 4, 4);
+    }
+    const int64_t u = (int64_t)(p / S) * maxT + (int64_t)(word & 0x7fffffffu);
+    if (lane == 0) {
+      recv_row[i] = (int32_t)u;
+      rw[i] = wv;
+    }
+    if (word >> 31) {
+      warp_copy_wide(src_tok + (size_t)u * tb, row, tb);
+      if (sb) put_scale_row(src_scl, sb, sld, u, srow);
     }
   }
 }
@@ -849,8 +942,11 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
 // once per destination rank however many of its experts live there), way-back slab
 // [max_tokens * max(k, n)] rows of crb bytes (combine / dispatch_bwd: route q's row and per-slot
 // f32, written by the expert's rank; combine_bwd: d_out of (s, t), written by rank s), d_w
-// [max_tokens * k] f32 (combine_bwd's dot of route q, written by the expert's rank). The row
-// map also carries combine_bwd's weights (written by the token's rank).
+// [max_tokens * k] f32 (combine_bwd's dot of route q, written by the expert's rank), source
+// tags [n][max_tokens] u32 (rows by source: (s, t) is written by rank s with the low 32 bits of
+// its barrier epoch when token t has a kept route here, else 0; the window starts zeroed and
+// epochs only grow, so a tag equals this step's stamp exactly when the slab row is this step's).
+// The row map also carries combine_bwd's weights (written by the token's rank).
 
 struct lsa_rowmap {  // 16 bytes per destination row
   long long gid;     // (s * max_tokens + t) * k + j
@@ -1145,6 +1241,80 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
     const int64_t p = source_row(i, L, d.n, d.me, nle, S);
     expand_row(d, i, p, p >= 0 ? map[i].gid : -1, p >= 0 ? map[i].w : 0.0f, R, k, L, tokens, scales, tb, sb, sld,
                rtok, rscl, rw);
+  }
+}
+
+// Rows by source (tw_ep_dispatch_by_source), push: a warp per (token t, rank r): the row-map
+// entries of t's routes kept on r (as the dispatch push), the source tag of (me, t) in r's
+// window, and, for r != me when t has any, its token bytes and scales once into r's slab.
+// This rank's own tokens are not copied here: lsa_by_source reads them from `tokens`.
+__global__ void lsa_push_by_source(lsa_dev d, const unsigned char *__restrict__ tokens,
+                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
+                                   int k, int64_t S, size_t tb, size_t sb, layer_impl L) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  const unsigned stamp = (unsigned)*d.epoch;  // the counts barrier's epoch, the same on every rank
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = it / d.n;
+    const int r = (int)(it % d.n);
+    unsigned any = 0;
+    for (int j0 = 0; j0 < k; j0 += 32) any |= put_route_maps(d, t, r, j0, k, S, L, w);
+    if ((threadIdx.x & 31) == 0)
+      ((unsigned *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0u;
+    if (any && r != d.me) {
+      unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
+      warp_copy_wide(row, tokens + (size_t)t * tb, tb);
+      if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
+    }
+  }
+}
+
+// Rows by source, after the push's barrier: one warp per item of [0, R + U). Items i < R:
+// expert-major row i's maps (recv_src, recv_route for combine and the backward; recv_row =
+// its route's s * max_tokens + t; recv_weights). Items R + u: source row u = s * max_tokens + t
+// of src_tokens from the slab (this rank's own tokens from `tokens`) when its tag is this
+// step's, zeros otherwise, with its scale row (rows, or the 1x128 GEMM layout with sld =
+// roundup(U, 4); MXFP8's GEMM layout goes through mx rows, laid out after). A failed step
+// (capacity) writes nothing but the maps.
+__global__ void lsa_by_source(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
+                              const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
+                              size_t tb, size_t sb, int64_t U, int64_t sld,
+                              unsigned char *__restrict__ src_tok, unsigned char *__restrict__ src_scl,
+                              float *__restrict__ rw, int32_t *__restrict__ recv_row) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const int failed = *L.flag;
+  const unsigned stamp = (unsigned)(*d.epoch - 1);  // the epoch the push wrote its tags with
+  const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+  const unsigned *tag = (const unsigned *)(d.peer[d.me] + d.off_tag);
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < R + U; it += warps) {
+    if (it < R) {
+      const int64_t i = it;
+      const int64_t p = failed ? -1 : source_row(i, L, d.n, d.me, nle, S);
+      if (lane == 0) {
+        const long long gid = p >= 0 ? map[i].gid : -1;
+        L.recv_src[i] = p;
+        L.recv_route[i] = gid;
+        if (L.slot_row && p >= 0) L.slot_row[p] = i;
+        if (!failed) {
+          recv_row[i] = gid >= 0 ? (int32_t)(gid / k) : -1;
+          rw[i] = gid >= 0 ? map[i].w : 0.0f;
+        }
+      }
+      continue;
+    }
+    if (failed) continue;
+    const int64_t u = it - R;
+    zero_scale_tail(src_scl, sb, sld, U, u);
+    const int s = (int)(u / d.maxT);
+    const int64_t t = u % d.maxT;
+    if (tag[u] == stamp) {
+      const unsigned char *row = s == d.me ? tokens + (size_t)t * tb
+                                           : d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
+      warp_copy_wide(src_tok + (size_t)u * tb, row, tb);
+      if (sb) put_scale_row(src_scl, sb, sld, u, s == d.me ? scales + (size_t)t * sb : row + tb);
+    } else {
+      warp_zero(src_tok + (size_t)u * tb, tb);
+      if (sb) zero_scale_row(src_scl, sb, sld, u);
+    }
   }
 }
 
@@ -1519,7 +1689,7 @@ static size_t round16(size_t x) { return (x + 15) & ~(size_t)15; }
 static size_t fwd_row_bytes(const tw_ep *ep) {
   const tw_ep_config *c = &ep->cfg;
   return tw_dtype_storage_bytes(c->token_dtype, c->hidden) +
-         tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) + 4;
+         tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols) + 8;  // + weight, src_word
 }
 
 // Staging row strides per step. The slots are allocated for the largest (an f32 row and its
@@ -1569,7 +1739,8 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_by_source,
+                         (const void *)lsa_by_source, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
                          (const void *)lsa_sum,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
                          (const void *)lsa_take_dw,
@@ -1600,7 +1771,8 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   // [n][max_tokens] d_out rows
   const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
   d.off_comb = o; o += round_to(back_rows * d.crb, 256);
-  d.off_dw = o; o += (size_t)c->max_tokens * (size_t)c->topk * 4;
+  d.off_dw = o; o += round_to((size_t)c->max_tokens * (size_t)c->topk * 4, 256);
+  d.off_tag = o; o += (size_t)n * (size_t)c->max_tokens * 4;
   {
     const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
     double ts = te && atof(te) > 0 ? atof(te) : 20.0;
@@ -1681,8 +1853,18 @@ static tw_status gpu_ep_create(tw_ep *ep) {
   size_t bytes = (size_t)ep->ep_size * (size_t)im->S * im->rb;
   tw_status s = TW_OK;
   if (c->scales_gemm_layout && c->scale_block == 32) {
-    if (c->recv_capacity) s = tw_alloc(ep->ctx, (size_t)c->recv_capacity * (size_t)ep->scale_cols, (void **)&im->mx_rows);
+    const int64_t U = (int64_t)ep->ep_size * c->max_tokens, rows = c->recv_capacity > U ? c->recv_capacity : U;
+    if (rows) s = tw_alloc(ep->ctx, (size_t)rows * (size_t)ep->scale_cols, (void **)&im->mx_rows);
     if (s == TW_OK) s = tw_alloc(ep->ctx, (size_t)(ep->nle + 1) * 16, (void **)&im->mx_tab);
+    // one group of U rows: T(0) = 0, T(1) = ceil(U / 128), O_0 = 0, O_1 = U, then gs[0] = U
+    if (s == TW_OK) s = tw_alloc(ep->ctx, 5 * 8, (void **)&im->mx_src_tab);
+    if (s == TW_OK) {
+      int64_t tab[5] = {0, (U + 127) / 128, 0, U, 0};
+      int32_t g = (int32_t)U;
+      memcpy(&tab[4], &g, 4);
+      tw_tensor dt = tw_tensor_1d(im->mx_src_tab, TW_I64, 5, TW_MEM_DEVICE), ht = tw_tensor_1d(tab, TW_I64, 5, TW_MEM_HOST);
+      s = tw_tensor_copy(ep->ctx, &dt, &ht);
+    }
   }
   if (s == TW_OK) s = co->barrier(ep->comm, ep->ctx);  // every rank must come
   if (s == TW_OK && want == 1) snprintf(im->why, sizeof im->why, "ep_nccl_slots was forced (tw_ctx_config.kernel)");
@@ -1707,6 +1889,7 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     if (im->recv && im->recv != im->send) tw_free(ep->ctx, im->recv);
     if (im->mx_rows) tw_free(ep->ctx, im->mx_rows);
     if (im->mx_tab) tw_free(ep->ctx, im->mx_tab);
+    if (im->mx_src_tab) tw_free(ep->ctx, im->mx_src_tab);
     free(im);
     return s;
   }
@@ -1727,8 +1910,8 @@ static tw_status gpu_ep_destroy(tw_ep *ep) {
     tw_status s2 = tw_free(ep->ctx, im->recv);
     if (s == TW_OK) s = s2;
   }
-  void *mxp[2] = {im->mx_rows, im->mx_tab};
-  for (int i = 0; i < 2; i++)
+  void *mxp[3] = {im->mx_rows, im->mx_tab, im->mx_src_tab};
+  for (int i = 0; i < 3; i++)
     if (mxp[i]) {
       tw_status s3 = tw_free(ep->ctx, mxp[i]);
       if (s == TW_OK) s = s3;
@@ -1836,11 +2019,21 @@ static tw_status exchange(tw_ctx *ctx, const tw_ep *ep, int forward, size_t rb) 
   return s;
 }
 
-// Every output but MXFP8's GEMM-layout scales (those go to mx_rows as rows; gpu_ep_dispatch lays them out).
+// Rows by source (tw_ep_dispatch_by_source): where dispatch_rows writes instead of recv_tokens.
+struct src_out {
+  unsigned char *tok, *scl;  // src_tokens; its scale rows (rows, 1x128 GEMM layout, or MXFP8's mx rows)
+  size_t scl_bytes;          // of scl
+  int64_t U, sld;            // source rows; 1x128 GEMM layout: roundup(U, 4), else 0
+  int32_t *row;              // recv_row [R]
+};
+
+// Every output but MXFP8's GEMM-layout scales (those go to mx_rows as rows; gpu_ep_dispatch lays
+// them out). src: rows by source (recv_tokens and recv_scales unused), else expert-major.
 static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
                                const tw_tensor *token_scales, const tw_tensor *topk_idx,
                                const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
-                               tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
+                               tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped,
+                               const src_out *src) {
   const tw_ep *ep = layer->ep;
   ep_impl *im = (ep_impl *)ep->impl;
   layer_impl *L = (layer_impl *)layer->impl;
@@ -1884,10 +2077,56 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   size_t sb = ep->scale_cols ? tw_dtype_storage_bytes(token_scales->dtype, ep->scale_cols) : 0;
   const int mx = sb && c->scales_gemm_layout && c->scale_block == 32;  // rows into mx_rows, laid out after
   const int64_t sld = sb && c->scales_gemm_layout && !mx ? (R + 3) / 4 * 4 : 0;  // recv_scales [H/128, sld] (tw_ep.h)
-  unsigned char *rscl = !sb ? NULL : mx ? im->mx_rows : (unsigned char *)recv_scales->data;
+  unsigned char *rscl = !sb || src ? NULL : mx ? im->mx_rows : (unsigned char *)recv_scales->data;
+  const unsigned char *tok_p = (const unsigned char *)tokens->data;
+  const unsigned char *scl_p = sb ? (const unsigned char *)token_scales->data : NULL;
   if (nch > 1) {
     ep_route_pos<<<grid_for(ctx, routes, 256), 256, 0, stream>>>(routes, E, nle, im->S, 1, *L);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: route launch");
+  }
+  if (im->lsa && src) {
+    const lsa_dev &d = im->lsa->d;
+    ph_mark(&ph, "tables");
+    if (T) {
+      lsa_push_by_source<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(d, tok_p, scl_p, (const float *)topk_weights->data,
+                                                                        T, k, im->S, tb, sb, *L);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: LSA push launch");
+    }
+    ph_mark(&ph, "push");
+    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_DISPATCH, &ph, "barrier",
+                            "ep_dispatch_by_source: LSA barrier launch"));
+    if (R + src->U) {
+      lsa_by_source<<<grid_for(ctx, R + src->U, 8), 256, 0, stream>>>(
+          d, R, nle, im->S, k, *L, tok_p, scl_p, tb, sb, src->U, src->sld, src->tok, src->scl,
+          (float *)recv_weights->data, src->row);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: LSA rows launch");
+    }
+    ph_mark(&ph, "rows");
+    ph_end(&ph);
+    return TW_OK;
+  }
+  if (src) {  // ep_nccl_slots (one rank: direct, no staging): zeros, then each received source row once
+    if (!L->slot_route && nch) {
+      ep_pack_dispatch<<<grid_for(ctx, routes, 8), 256, 0, stream>>>(
+          tok_p, scl_p, (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->S, im->send,
+          step_rb_fwd(ep));
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: pack launch");
+    }
+    if (!L->slot_route) TW_TRY(exchange(ctx, ep, 1, step_rb_fwd(ep)));
+    const size_t zb = (size_t)src->U * tb + src->scl_bytes;
+    if (zb) {
+      ep_zero_unless_failed<<<grid_for(ctx, (int64_t)(zb / 16 + 1), 256), 256, 0, stream>>>(
+          L->flag, src->tok, (size_t)src->U * tb, src->scl, src->scl_bytes);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: zero launch");
+    }
+    if (R) {
+      ep_unpack_by_source<<<grid_for(ctx, R, 8), 256, 0, stream>>>(
+          im->recv, step_rb_fwd(ep), R, n, me, nle, im->S, c->max_tokens, k, *L, L->slot_route != NULL, tok_p, scl_p,
+          (const float *)topk_weights->data, src->tok, tb, src->scl, sb, src->sld, (float *)recv_weights->data,
+          src->row);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: unpack launch");
+    }
+    return TW_OK;
   }
   if (im->lsa) {
     const lsa_dev &d = im->lsa->d;
@@ -1926,7 +2165,7 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   if (nch) {
     ep_pack_dispatch<<<grid_for(ctx, routes, 8), 256, 0, stream>>>(
         (const unsigned char *)tokens->data, sb ? (const unsigned char *)token_scales->data : NULL,
-        (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->send, step_rb_fwd(ep));
+        (const float *)topk_weights->data, routes, k, tb, sb, L->route_pos, im->S, im->send, step_rb_fwd(ep));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: pack launch");
   }
   TW_TRY(exchange(ctx, ep, 1, step_rb_fwd(ep)));
@@ -1944,7 +2183,7 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
                                  const tw_tensor *topk_weights, tw_tensor *recv_tokens, tw_tensor *recv_scales,
                                  tw_tensor *recv_weights, tw_tensor *group_sizes, tw_tensor *dropped) {
   TW_TRY(dispatch_rows(ctx, layer, tokens, token_scales, topk_idx, topk_weights, recv_tokens, recv_scales, recv_weights,
-                       group_sizes, dropped));
+                       group_sizes, dropped, NULL));
   const tw_ep *ep = layer->ep;
   const tw_ep_config *c = &ep->cfg;
   if (!(ep->scale_cols && c->scales_gemm_layout && c->scale_block == 32)) return TW_OK;
@@ -1959,6 +2198,42 @@ static tw_status gpu_ep_dispatch(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
         im->mx_rows, ep->scale_cols, C, ep->nle, im->mx_tab, (const int32_t *)group_sizes->data, L->flag,
         c->scales_mxfp8_swizzled, words, ((uintptr_t)recv_scales->data & 3) == 0, (unsigned char *)recv_scales->data);
     GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch: MXFP8 scale layout launch");
+  }
+  return TW_OK;
+}
+
+static tw_status gpu_ep_dispatch_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
+                                           const tw_tensor *token_scales, const tw_tensor *topk_idx,
+                                           const tw_tensor *topk_weights, tw_tensor *src_tokens,
+                                           tw_tensor *src_scales, tw_tensor *recv_row, tw_tensor *recv_weights,
+                                           tw_tensor *group_sizes, tw_tensor *dropped) {
+  const tw_ep *ep = layer->ep;
+  const tw_ep_config *c = &ep->cfg;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  const int64_t U = (int64_t)ep->ep_size * c->max_tokens;
+  const int mx = ep->scale_cols && c->scales_gemm_layout && c->scale_block == 32;
+  src_out so = {};
+  so.tok = (unsigned char *)src_tokens->data;
+  so.U = U;
+  so.row = (int32_t *)recv_row->data;
+  if (ep->scale_cols) {
+    const size_t sb = tw_dtype_storage_bytes(c->scale_block == 32 ? TW_E8M0 : TW_F32, ep->scale_cols);
+    so.scl = mx ? im->mx_rows : (unsigned char *)src_scales->data;
+    so.sld = c->scales_gemm_layout && !mx ? (U + 3) / 4 * 4 : 0;
+    so.scl_bytes = so.sld ? (size_t)ep->scale_cols * (size_t)so.sld * 4 : (size_t)U * sb;
+  }
+  tw_tensor none = tw_tensor_none();
+  TW_TRY(dispatch_rows(ctx, layer, tokens, token_scales, topk_idx, topk_weights, &none, &none, recv_weights,
+                       group_sizes, dropped, &so));
+  if (!mx) return TW_OK;
+  cudaStream_t stream = gpu_of(ctx)->stream;
+  const int64_t C = (ep->scale_cols + 3) / 4 * 4, words = src_scales->shape[0] * C / 4;
+  if (words) {  // one group of U rows (the table made at create)
+    ep_mx_scales<<<grid_for(ctx, words, 256), 256, 0, stream>>>(
+        im->mx_rows, ep->scale_cols, C, 1, im->mx_src_tab, (const int32_t *)(im->mx_src_tab + 4), L->flag,
+        c->scales_mxfp8_swizzled, words, ((uintptr_t)src_scales->data & 3) == 0, (unsigned char *)src_scales->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: MXFP8 scale layout launch");
   }
   return TW_OK;
 }
@@ -2262,5 +2537,5 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
 
 extern "C" const tw_ep_backend gpu_ep = {
     gpu_ep_create,    gpu_ep_destroy,  gpu_ep_layer_create, gpu_ep_layer_destroy,
-    gpu_ep_dispatch,  gpu_ep_combine,  gpu_ep_dispatch_bwd, gpu_ep_combine_bwd,
+    gpu_ep_dispatch,  gpu_ep_dispatch_by_source, gpu_ep_combine,  gpu_ep_dispatch_bwd, gpu_ep_combine_bwd,
 };

@@ -71,7 +71,7 @@ typedef struct {
 typedef struct { /* every output of one rank */
   unsigned char *recv, *rscl, *out, *outu, *dtok, *dexp;
   float *rw, *dtw, *dtwc;
-  int32_t *gs, *dr;
+  int32_t *gs, *dr, *row;
   tw_status st; /* of dispatch (error cases) */
   char msg[240]; /* the rank's last error message (several ranks) */
 } outs;
@@ -81,18 +81,23 @@ static int64_t scols(const scen *c) { return c->scale_block ? c->H / c->scale_bl
 static tw_dtype sdt(const scen *c) { return c->scale_block == 32 ? TW_E8M0 : TW_F32; }
 static size_t sclb(const scen *c) { return c->scale_block ? tw_dtype_storage_bytes(sdt(c), scols(c)) : 0; }
 static size_t yb(const scen *c) { return tw_dtype_storage_bytes(c->ydt, c->H); }
-static int64_t rpad(const scen *c) { return (c->R + 3) / 4 * 4; }
-/* MXFP8 GEMM layout: [128 * T_cap, roundup(H/32, 4)], T_cap = (R + 127 * min(NLE, R)) / 128 (tw_ep.h) */
+/* by_source: dispatch is tw_ep_dispatch_by_source (rows by source, tw_ep.h): recv holds src_tokens
+ * [U = n * max_tokens, H], rscl src_scales (its layouts for M = U, G = 1), row recv_row [R]. */
+static int by_source;
+static int64_t rrows(const scen *c) { return by_source ? c->n * c->maxT : c->R; } /* rows of recv */
+static int64_t rpad(const scen *c) { return (rrows(c) + 3) / 4 * 4; }
+/* MXFP8 GEMM layout: [128 * T_cap, roundup(H/32, 4)], T_cap = (M + 127 * min(G, M)) / 128 with M = R,
+ * G = NLE (tw_ep.h); by source M = U, G = 1 */
 static int64_t mxrows(const scen *c) {
-  int64_t g = c->E / c->n < c->R ? c->E / c->n : c->R;
-  return 128 * ((c->R + 127 * g) / 128);
+  int64_t M = rrows(c), G = by_source ? 1 : c->E / c->n, g = G < M ? G : M;
+  return 128 * ((M + 127 * g) / 128);
 }
 static int64_t mxcols(const scen *c) { return (scols(c) + 3) / 4 * 4; }
 /* bytes of recv_scales: [R, H/block], or in the GEMM layout [H/128, roundup(R, 4)] f32 (1x128),
  * [mxrows, mxcols] E8M0 (MXFP8) */
 static size_t rsclb(const scen *c) {
   if (c->gemm && c->scale_block == 32) return (size_t)(mxrows(c) * mxcols(c));
-  return c->gemm ? (size_t)(scols(c) * rpad(c)) * 4 : sclb(c) * (size_t)c->R;
+  return c->gemm ? (size_t)(scols(c) * rpad(c)) * 4 : sclb(c) * (size_t)rrows(c);
 }
 
 static void fill_f(unsigned char *p, tw_dtype dt, int64_t n, uint64_t *st) {
@@ -199,7 +204,8 @@ static void scen_free(scen *c) {
 static void outs_alloc(outs *o, const scen *c, int r) {
   int nle = c->E / c->n;
   int64_t T = c->T[r], R = c->R;
-  o->recv = malloc(tokb(c) * (size_t)R + 1); memset(o->recv, 0xAB, tokb(c) * (size_t)R);
+  o->recv = malloc(tokb(c) * (size_t)rrows(c) + 1); memset(o->recv, 0xAB, tokb(c) * (size_t)rrows(c));
+  o->row = malloc((size_t)R * 4 + 4); memset(o->row, 0xAB, (size_t)R * 4);
   o->rscl = malloc(rsclb(c) + 1); memset(o->rscl, 0xAB, rsclb(c));
   o->out = malloc(yb(c) * (size_t)T + 1);
   o->outu = malloc(yb(c) * (size_t)T + 1);
@@ -213,7 +219,7 @@ static void outs_alloc(outs *o, const scen *c, int r) {
 }
 static void outs_free(outs *o) {
   free(o->recv); free(o->rscl); free(o->out); free(o->outu); free(o->dtok); free(o->dexp); free(o->rw); free(o->dtw);
-  free(o->dtwc); free(o->gs); free(o->dr);
+  free(o->dtwc); free(o->gs); free(o->dr); free(o->row);
 }
 
 /* ---- one rank's step on either backend ----------------------------------------------------- */
@@ -268,17 +274,20 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
   tw_tensor tok = put(&m, c->tok[r], c->dt, 2, T, H, 1), idx = put(&m, c->idx[r], TW_I32, 2, T, k, 1);
   tw_tensor w = put(&m, c->w[r], TW_F32, 2, T, k, 1);
   tw_tensor scl = c->scale_block ? put(&m, c->scl[r], sdt(c), 2, T, scols(c), 1) : none;
-  tw_tensor recv = put(&m, o->recv, c->dt, 2, R, H, 0), rw = put(&m, o->rw, TW_F32, 1, R, 0, 0);
+  tw_tensor recv = put(&m, o->recv, c->dt, 2, rrows(c), H, 0), rw = put(&m, o->rw, TW_F32, 1, R, 0, 0);
   tw_tensor rscl = !c->scale_block ? none
                   : c->gemm && c->scale_block == 32 ? put(&m, o->rscl, sdt(c), 2, mxrows(c), mxcols(c), 0)
                   : c->gemm       ? put(&m, o->rscl, sdt(c), 2, scols(c), rpad(c), 0)
-                                  : put(&m, o->rscl, sdt(c), 2, R, scols(c), 0);
+                                  : put(&m, o->rscl, sdt(c), 2, rrows(c), scols(c), 0);
   tw_tensor gs = put(&m, o->gs, TW_I32, 1, nle, 0, 0), dr = put(&m, o->dr, TW_I32, 1, nle, 0, 0);
-  s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
+  tw_tensor row = by_source ? put(&m, o->row, TW_I32, 1, R, 0, 0) : none;
+  if (by_source) s = tw_ep_dispatch_by_source(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &row, &rw, &gs, &dr);
+  else s = tw_ep_dispatch(ctx, layer, &tok, &scl, &idx, &w, &recv, &rscl, &rw, &gs, &dr);
   if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
   o->st = s;
   if (s != TW_OK) snprintf(o->msg, sizeof o->msg, "%s", tw_last_error());
   get(&m, o->recv, &recv); get(&m, o->rw, &rw); get(&m, o->gs, &gs); get(&m, o->dr, &dr);
+  if (by_source) get(&m, o->row, &row);
   if (c->scale_block) get(&m, o->rscl, &rscl);
   if (s == TW_OK) {
     tw_tensor y = put(&m, c->y[r], c->ydt, 2, R, H, 1), out = put(&m, o->out, c->ydt, 2, T, H, 0);
@@ -326,7 +335,8 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
                  g->msg);
     return 0;
   }
-  int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
+  int ok = cmp(g->recv, f->recv, tokb(c) * (size_t)rrows(c), by_source ? "src_tokens" : "recv_tokens", name, r) &&
+           (!by_source || g->st != TW_OK || cmp(g->row, f->row, (size_t)R * 4, "recv_row", name, r)) &&
            cmp(g->rscl, f->rscl, rsclb(c),
                !c->gemm ? "recv_scales" : c->scale_block == 128 ? "recv_scales (gemm layout)"
                : c->mxsw ? "recv_scales (MXFP8 gemm layout, swizzled)" : "recv_scales (MXFP8 gemm layout, compact)",
@@ -896,6 +906,16 @@ Test(ep_gpu_2, device_errors_over_nccl_lsa) { errors_2("ep_nccl_lsa"); }
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl) { sweep_gpus(2, "ep_nccl_slots"); }
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa) { sweep_gpus(2, "ep_nccl_lsa"); }
 /* the same sweep with the way back in 3 chunks (see random_cases_loopback_lsa_way_back_in_chunks) */
+Test(ep_gpu_2, random_cases_by_source_ep_size_2_over_nccl) {
+  by_source = 1;
+  sweep_gpus(2, "ep_nccl_slots");
+  by_source = 0;
+}
+Test(ep_gpu_2, random_cases_by_source_ep_size_2_over_nccl_lsa) {
+  by_source = 1;
+  sweep_gpus(2, "ep_nccl_lsa");
+  by_source = 0;
+}
 Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa_way_back_in_chunks) {
   setenv("TWIN_EP_BACK_CHUNKS", "3", 1);
   sweep_gpus(2, "ep_nccl_lsa");
@@ -1042,6 +1062,29 @@ Test(ep_gpu, random_cases_mxfp8_gemm_scales_2_and_4_on_one_gpu_loopback) {
   loop_24(NULL, mx_n());
   loop_24("ep_nccl_lsa", mx_n());
   gemm_scales = 0;
+}
+
+/* Rows by source (tw_ep_dispatch_by_source): src_tokens, src_scales (rows, 1x128 GEMM layout,
+ * MXFP8 one-group layout) and recv_row vs the oracle bit for bit, with the weights, group sizes,
+ * drops and statuses, and combine / dispatch_bwd / combine_bwd after it: ep_size 1 (the direct
+ * path) and 2 / 4 ranks on one GPU (loopback, ep_nccl_slots and ep_nccl_lsa) */
+Test(ep_gpu, random_cases_by_source) {
+  const int few = getenv("EP_SWEEP_N") != NULL; /* a sanitizer run: EP_SWEEP_N cases each */
+  const int n1 = few ? sweep_n() : 200, n2 = few ? sweep_n() : sweep_n() / 2, n3 = few ? sweep_n() : 30;
+  by_source = 1;
+  random_1(NULL, n1);
+  loop_24(NULL, n2);
+  loop_24("ep_nccl_lsa", n2);
+  gemm_scales = 1;
+  random_1(NULL, n3);
+  loop_24(NULL, n3);
+  loop_24("ep_nccl_lsa", n3);
+  gemm_scales = 4;
+  random_1(NULL, n3);
+  loop_24(NULL, n3);
+  loop_24("ep_nccl_lsa", n3);
+  gemm_scales = 0;
+  by_source = 0;
 }
 
 /* MXFP8 dispatch with the swizzled GEMM layout captured once in a CUDA graph; each replay reads

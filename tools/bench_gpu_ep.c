@@ -32,7 +32,10 @@
  * timed separately (medians), summed per rank; the slowest rank's sum. A lower bound for NCCL (or DeepEP) followed
  * by a permute, the work tw_ep's dispatch and combine_bwd do in one op.
  * Floor: the one-direction NVLink copy rate (cudaMemcpyPeerAsync, 1 GiB, GPU 0 -> 1) measured
- * here; %floor = excl-local GB/s / that rate. */
+ * here; %floor = excl-local GB/s / that rate.
+ * "dispatch by source" (tw_ep_dispatch_by_source): the same routing into rows by source and the
+ * expert-major row map instead of expert-major rows (tw_ep.h); its peer is the same NCCL figure:
+ * it moves and writes each token row once per (token, destination rank), as NCCL's all-to-all. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -108,13 +111,14 @@ typedef struct {
   int warmup, iters;
   pthread_barrier_t bar;
   volatile int failed;
-  double ms[8][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
-                        * dispatch_bwd, combine_bwd; a memset of the expert-major rows this rank receives */
+  double ms[9][MAXN];  /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
+                        * dispatch_bwd, combine_bwd; a memset of the expert-major rows this rank receives;
+                        * dispatch by source */
   char used[MAXN][32];
   char err[MAXN][320];
 } bcase;
 
-enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD, T_FILL };
+enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD, T_FILL, T_DISPATCH_SRC };
 
 static size_t row_bytes(tw_dtype dt, int mx) {
   return dt == TW_BF16 ? (size_t)HIDDEN * 2 : mx ? (size_t)HIDDEN + (size_t)(HIDDEN / 32) : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
@@ -168,6 +172,8 @@ typedef struct {
   tw_ep_layer *layer;
   tw_comm *comm;
   tw_tensor tok, scl, idx, w, recv, rscl, rw, gs, y, out, dtw;
+  tw_tensor src, sscl, row; /* rows by source */
+  tw_ep_layer *layer_src;
   void *sbuf, *rbuf;
   int64_t sc[MAXN], sd[MAXN], rc[MAXN], rd[MAXN];
   size_t fill_bytes; /* do_fill: bytes of recv written */
@@ -177,6 +183,11 @@ typedef struct {
 static tw_status do_dispatch(rank_job *j) {
   tw_tensor none = tw_tensor_none();
   return tw_ep_dispatch(j->ctx, j->layer, &j->tok, &j->scl, &j->idx, &j->w, &j->recv, &j->rscl, &j->rw, &j->gs, &none);
+}
+static tw_status do_dispatch_by_source(rank_job *j) {
+  tw_tensor none = tw_tensor_none();
+  return tw_ep_dispatch_by_source(j->ctx, j->layer_src, &j->tok, &j->scl, &j->idx, &j->w, &j->src, &j->sscl, &j->row,
+                                  &j->rw, &j->gs, &none);
 }
 static tw_status do_combine(rank_job *j) { return tw_ep_combine(j->ctx, j->layer, &j->y, &j->w, &j->out); }
 /* the backward ops, bf16 rows: d_recv = y (its rows travel back like combine's), d_tokens into
@@ -248,7 +259,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   const routing *ro = c->ro;
   const int n = ro->n, nle = EXPERTS / n;
   const int64_t T = ro->T, H = HIDDEN;
-  for (int q = 0; q < 8; q++) c->ms[q][r] = -1;
+  for (int q = 0; q < 9; q++) c->ms[q][r] = -1;
   cudaSetDevice(r);
   cudaStream_t stream = NULL;
   rank_job j;
@@ -284,6 +295,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (cfg.recv_capacity == 0) cfg.recv_capacity = 128;
   if (together(c) && tw_ep_create(j.ctx, comm, &cfg, &ep) != TW_OK) fail(c, r, "ep_create");
   if (together(c) && tw_ep_layer_create(ep, &j.layer) != TW_OK) fail(c, r, "ep_layer_create");
+  if (together(c) && tw_ep_layer_create(ep, &j.layer_src) != TW_OK) fail(c, r, "ep_layer_create");
   if (ep) snprintf(c->used[r], sizeof c->used[r], "%s", gpu_ep_version_name(ep));
   int64_t R = ep ? tw_ep_recv_capacity(ep) : 0;
   tw_mem D = TW_MEM_DEVICE;
@@ -303,6 +315,13 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   j.rscl = c->dt == TW_BF16 ? tw_tensor_none()
                             : tw_tensor_2d(A(tw_dtype_storage_bytes(rsd, rsh[0] * rsh[1]) + 16), rsd, rsh[0], rsh[1], D);
   j.rw = tw_tensor_1d(A((size_t)R * 4 + 16), TW_F32, R, D);
+  const int64_t U = (int64_t)n * T; /* rows by source */
+  j.src = tw_tensor_2d(A(tb * (size_t)U + 16), c->dt, U, H, D);
+  j.row = tw_tensor_1d(A((size_t)R * 4 + 16), TW_I32, R, D);
+  int64_t ssh[2] = {U, sc};
+  if (c->dt != TW_BF16 && ep && tw_ep_source_scales_shape(&cfg, n, ssh, &rsd) != TW_OK) fail(c, r, "source_scales_shape");
+  j.sscl = c->dt == TW_BF16 ? tw_tensor_none()
+                            : tw_tensor_2d(A(tw_dtype_storage_bytes(rsd, ssh[0] * ssh[1]) + 16), rsd, ssh[0], ssh[1], D);
   j.gs = tw_tensor_1d(A((size_t)nle * 4 + 16), TW_I32, nle, D);
   if (c->combine) {
     j.y = tw_tensor_2d(A((size_t)(R * H) * 2 + 16), TW_BF16, R, H, D);
@@ -321,6 +340,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
     fail(c, r, "allocate the inputs");
   }
   if (together(c)) c->ms[T_DISPATCH][r] = time_op(c, r, stream, &j, do_dispatch, "dispatch");
+  if (together(c)) c->ms[T_DISPATCH_SRC][r] = time_op(c, r, stream, &j, do_dispatch_by_source, "dispatch by source");
   if (c->combine && together(c)) c->ms[T_COMBINE][r] = time_op(c, r, stream, &j, do_combine, "combine");
   if (c->combine && together(c))
     c->ms[T_DISPATCH_BWD][r] = time_op(c, r, stream, &j, do_dispatch_bwd, "dispatch_bwd");
@@ -362,6 +382,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (j.ctx) tw_ctx_sync(j.ctx);
   for (int i = 0; i < nb; i++) tw_free(j.ctx, bufs[i]);
   tw_ep_layer_destroy(j.layer);
+  tw_ep_layer_destroy(j.layer_src);
   tw_ep_destroy(ep);
   tw_ctx_destroy(j.ctx);
   if (stream) cudaStreamDestroy(stream);
@@ -573,6 +594,9 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
           recv_bytes(&ro, 1, row_bytes(dt, mx), &rincl, &rexcl);
           emit(cfg, &ro, "dispatch", dtname, c->used[0], slowest(c->ms[T_DISPATCH], n), peer_d, incl, excl, nvl,
                peer_dr, rincl, peer_df);
+          /* rows by source: the same bytes on the wire, each token row written once per rank */
+          emit(cfg, &ro, "dispatch by source", dtname, c->used[0], slowest(c->ms[T_DISPATCH_SRC], n), peer_d, incl,
+               excl, nvl, -1, 0, -1);
           if (c->combine) {
             recv_bytes(&ro, 1, (size_t)HIDDEN * 2, &incl, &excl);
             emit(cfg, &ro, "combine", "bf16", c->used[0], slowest(c->ms[T_COMBINE], n), peer_c, incl, excl, nvl, -1,
