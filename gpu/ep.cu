@@ -1244,77 +1244,106 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
   }
 }
 
-// Rows by source (tw_ep_dispatch_by_source), push: a warp per (token t, rank r): the row-map
-// entries of t's routes kept on r (as the dispatch push), the source tag of (me, t) in r's
-// window, and, for r != me when t has any, its token bytes and scales once into r's slab.
-// This rank's own tokens are not copied here: lsa_by_source reads them from `tokens`.
-__global__ void lsa_push_by_source(lsa_dev d, const unsigned char *__restrict__ tokens,
-                                   const unsigned char *__restrict__ scales, const float *__restrict__ w, int64_t T,
-                                   int k, int64_t S, size_t tb, size_t sb, layer_impl L) {
-  const int warps = (gridDim.x * blockDim.x) >> 5;
-  const unsigned stamp = (unsigned)*d.epoch;  // the counts barrier's epoch, the same on every rank
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
-    const int64_t t = it / d.n;
-    const int r = (int)(it % d.n);
-    unsigned any = 0;
-    for (int j0 = 0; j0 < k; j0 += 32) any |= put_route_maps(d, t, r, j0, k, S, L, w);
-    if ((threadIdx.x & 31) == 0)
-      ((unsigned *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0u;
-    if (any && r != d.me) {
-      unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
-      warp_copy_wide(row, tokens + (size_t)t * tb, tb);
-      if (sb) warp_copy(row + tb, scales + (size_t)t * sb, sb);
+// Rows by source (tw_ep_dispatch_by_source) over ep_nccl_lsa, in C chunks of the token index t
+// (chunk c: t in [c * cs, (c + 1) * cs), cs = ceil(max_tokens / C)): step c (c < C) pushes chunk
+// c and a barrier follows; step c + 1 writes chunk c's source rows while chunk c + 1 is pushed
+// (its first P blocks push, the others write), and the last step (c = C) also writes the row
+// maps. Each chunk's rows then land in src_tokens under the next chunk's NVLink transfer.
+struct src_args {
+  const unsigned char *tokens, *scales;
+  const float *w;
+  int64_t T, S, R, U, sld, cs;
+  size_t tb, sb;
+  int k, nle;
+  unsigned char *src_tok, *src_scl;
+  float *rw;
+  int32_t *recv_row;
+};
+
+// Push item (t, r): the row-map entries of t's routes kept on r (as the dispatch push), the
+// source tag of (me, t) in r's window (the push's epoch, or 0 when t has no kept route there),
+// and, when t has any, its token bytes and scales once into r's slab (r != me) or straight into
+// this rank's source row me * max_tokens + t (r = me; zeros when it has none).
+__device__ static void src_push(const lsa_dev &d, const src_args &a, const layer_impl &L, int64_t t, int r,
+                                unsigned stamp, int failed) {
+  unsigned any = 0;
+  for (int j0 = 0; j0 < a.k; j0 += 32) any |= put_route_maps(d, t, r, j0, a.k, a.S, L, a.w);
+  if ((threadIdx.x & 31) == 0)
+    ((unsigned *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0u;
+  if (any && r != d.me) {
+    unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
+    warp_copy_wide(row, a.tokens + (size_t)t * a.tb, a.tb);
+    if (a.sb) warp_copy(row + a.tb, a.scales + (size_t)t * a.sb, a.sb);
+  } else if (r == d.me && !failed) {  // a failed step writes no output
+    const int64_t u = (int64_t)d.me * d.maxT + t;
+    if (any) {
+      warp_copy_wide(a.src_tok + (size_t)u * a.tb, a.tokens + (size_t)t * a.tb, a.tb);
+      if (a.sb) put_scale_row(a.src_scl, a.sb, a.sld, u, a.scales + (size_t)t * a.sb);
+    } else {
+      warp_zero(a.src_tok + (size_t)u * a.tb, a.tb);
+      if (a.sb) zero_scale_row(a.src_scl, a.sb, a.sld, u);
     }
   }
 }
 
-// Rows by source, after the push's barrier: one warp per item of [0, R + U). Items i < R:
-// expert-major row i's maps (recv_src, recv_route for combine and the backward; recv_row =
-// its route's s * max_tokens + t; recv_weights). Items R + u: source row u = s * max_tokens + t
-// of src_tokens from the slab (this rank's own tokens from `tokens`) when its tag is this
-// step's, zeros otherwise, with its scale row (rows, or the 1x128 GEMM layout with sld =
-// roundup(U, 4); MXFP8's GEMM layout goes through mx rows, laid out after). A failed step
-// (capacity) writes nothing but the maps.
-__global__ void lsa_by_source(lsa_dev d, int64_t R, int nle, int64_t S, int k, layer_impl L,
-                              const unsigned char *__restrict__ tokens, const unsigned char *__restrict__ scales,
-                              size_t tb, size_t sb, int64_t U, int64_t sld,
-                              unsigned char *__restrict__ src_tok, unsigned char *__restrict__ src_scl,
-                              float *__restrict__ rw, int32_t *__restrict__ recv_row) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
-  const int failed = *L.flag;
-  const unsigned stamp = (unsigned)(*d.epoch - 1);  // the epoch the push wrote its tags with
-  const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+// Source row u = s * max_tokens + t (s != me, or t >= T): from the slab when its tag is the
+// previous push's (stamp), zeros otherwise, with its scale row (rows, the 1x128 GEMM layout with
+// sld = roundup(U, 4), or MXFP8's mx rows, laid out after).
+__device__ static void src_row(const lsa_dev &d, const src_args &a, int64_t u, unsigned stamp) {
+  const int s = (int)(u / d.maxT);
+  const int64_t t = u % d.maxT;
   const unsigned *tag = (const unsigned *)(d.peer[d.me] + d.off_tag);
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < R + U; it += warps) {
-    if (it < R) {
-      const int64_t i = it;
-      const int64_t p = failed ? -1 : source_row(i, L, d.n, d.me, nle, S);
-      if (lane == 0) {
-        const long long gid = p >= 0 ? map[i].gid : -1;
-        L.recv_src[i] = p;
-        L.recv_route[i] = gid;
-        if (L.slot_row && p >= 0) L.slot_row[p] = i;
-        if (!failed) {
-          recv_row[i] = gid >= 0 ? (int32_t)(gid / k) : -1;
-          rw[i] = gid >= 0 ? map[i].w : 0.0f;
-        }
-      }
-      continue;
-    }
-    if (failed) continue;
-    const int64_t u = it - R;
-    zero_scale_tail(src_scl, sb, sld, U, u);
-    const int s = (int)(u / d.maxT);
-    const int64_t t = u % d.maxT;
-    if (tag[u] == stamp) {
-      const unsigned char *row = s == d.me ? tokens + (size_t)t * tb
-                                           : d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
-      warp_copy_wide(src_tok + (size_t)u * tb, row, tb);
-      if (sb) put_scale_row(src_scl, sb, sld, u, s == d.me ? scales + (size_t)t * sb : row + tb);
-    } else {
-      warp_zero(src_tok + (size_t)u * tb, tb);
-      if (sb) zero_scale_row(src_scl, sb, sld, u);
-    }
+  zero_scale_tail(a.src_scl, a.sb, a.sld, a.U, u);
+  if (s == d.me && t < a.T) return;  // the push's
+  if (s != d.me && tag[u] == stamp) {
+    const unsigned char *row = d.peer[d.me] + d.off_slab + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.srb;
+    warp_copy_wide(a.src_tok + (size_t)u * a.tb, row, a.tb);
+    if (a.sb) put_scale_row(a.src_scl, a.sb, a.sld, u, row + a.tb);
+  } else {
+    warp_zero(a.src_tok + (size_t)u * a.tb, a.tb);
+    if (a.sb) zero_scale_row(a.src_scl, a.sb, a.sld, u);
+  }
+}
+
+// Expert-major row i's maps: recv_src, recv_route (combine and the backward), recv_row = its
+// route's s * max_tokens + t, recv_weights. A failed step writes recv_src / recv_route only.
+__device__ static void src_map(const lsa_dev &d, const src_args &a, const layer_impl &L, int64_t i, int failed) {
+  const int64_t p = failed ? -1 : source_row(i, L, d.n, d.me, a.nle, a.S);
+  if ((threadIdx.x & 31) != 0) return;
+  const lsa_rowmap *map = (const lsa_rowmap *)(d.peer[d.me] + d.off_rowmap);
+  const long long gid = p >= 0 ? map[i].gid : -1;
+  L.recv_src[i] = p;
+  L.recv_route[i] = gid;
+  if (L.slot_row && p >= 0) L.slot_row[p] = i;
+  if (!failed) {
+    a.recv_row[i] = gid >= 0 ? (int32_t)(gid / a.k) : -1;
+    a.rw[i] = gid >= 0 ? map[i].w : 0.0f;
+  }
+}
+
+// Step c of C (above): blocks [0, P) push chunk c (all blocks when nothing is written this
+// step), the others write chunk c - 1's source rows of every rank and, at c = C, the maps.
+__global__ void lsa_src_step(lsa_dev d, src_args a, layer_impl L, int c, int C, int P) {
+  const int failed = *L.flag;
+  const unsigned epoch = (unsigned)*d.epoch;  // the same on every rank at this step
+  const int push = c < C, write = c > 0;
+  const int pb = push && write ? P : push ? (int)gridDim.x : 0;
+  const int lw = (int)(threadIdx.x >> 5), wpb = (int)(blockDim.x >> 5);
+  if ((int)blockIdx.x < pb) {
+    const int64_t t0 = (int64_t)c * a.cs, t1 = t0 + a.cs < a.T ? t0 + a.cs : a.T;
+    const int64_t items = t1 > t0 ? (t1 - t0) * d.n : 0, warps = (int64_t)pb * wpb;
+    for (int64_t it = (int64_t)blockIdx.x * wpb + lw; it < items; it += warps)
+      src_push(d, a, L, t0 + it / d.n, (int)(it % d.n), epoch, failed);
+    return;
+  }
+  if (failed && c < C) return;
+  const int64_t t0 = (int64_t)(c - 1) * a.cs, t1 = t0 + a.cs < d.maxT ? t0 + a.cs : d.maxT;
+  const int64_t len = t1 > t0 ? t1 - t0 : 0;  // chunks past max_tokens are empty (C * cs >= max_tokens)
+  const int64_t rows = failed ? 0 : (int64_t)d.n * len, items = rows + (c == C ? a.R : 0);
+  const int64_t warps = ((int64_t)gridDim.x - pb) * wpb;
+  for (int64_t it = ((int64_t)blockIdx.x - pb) * wpb + lw; it < items; it += warps) {
+    if (it < rows) src_row(d, a, (it / len) * d.maxT + t0 + it % len, epoch - 1u);
+    else src_map(d, a, L, it - rows, failed);
   }
 }
 
@@ -1739,8 +1768,8 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
     // sharing a GPU: the loopback test mode) would never let it (seen: 20 s barrier timeouts).
     const void *fns[] = {(const void *)ep_chunk_count, (const void *)ep_chunk_scan, (const void *)ep_layout,
                          (const void *)ep_route_pos, (const void *)lsa_counts, (const void *)lsa_push_dispatch,
-                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_push_by_source,
-                         (const void *)lsa_by_source, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
+                         (const void *)lsa_barrier, (const void *)lsa_expand, (const void *)lsa_src_step,
+                         (const void *)ep_mx_prefix, (const void *)ep_mx_scales, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
                          (const void *)lsa_sum,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
                          (const void *)lsa_take_dw,
@@ -2027,6 +2056,25 @@ struct src_out {
   int32_t *row;              // recv_row [R]
 };
 
+// Chunks of rows by source over ep_nccl_lsa (lsa_src_step): 1 below 64 MiB of source rows, else
+// 4; TWIN_EP_SRC_CHUNKS forces C (1 .. max_tokens).
+static int src_chunks(int64_t U, size_t tb, int64_t maxT) {
+  const char *e = getenv("TWIN_EP_SRC_CHUNKS");
+  int64_t c = e ? atoi(e) : (double)U * (double)tb < 64.0 * 1024 * 1024 ? 1 : 4;
+  if (c > maxT) c = maxT;
+  if (c < 1) c = 1;
+  if (c > 64) c = 64;
+  return (int)c;
+}
+// Blocks of a step that pushes and writes: P push (a quarter of the SMs, as the way back's
+// steps), W write (the rest of 8 blocks per SM). TWIN_EP_SRC_PUSH_BLOCKS forces P.
+static void src_step_blocks(int sms, int *push, int *write) {
+  const char *e = getenv("TWIN_EP_SRC_PUSH_BLOCKS");
+  *push = e && atoi(e) > 0 ? atoi(e) : (sms + 3) / 4;
+  *write = 8 * sms - *push;
+  if (*write < 1) *write = 1;
+}
+
 // Every output but MXFP8's GEMM-layout scales (those go to mx_rows as rows; gpu_ep_dispatch lays
 // them out). src: rows by source (recv_tokens and recv_scales unused), else expert-major.
 static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *tokens,
@@ -2050,7 +2098,9 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   const int32_t *idx = (const int32_t *)topk_idx->data;
   int32_t *mine = L->counts_all + (int64_t)me * E;
   ep_phase_run ph = {};
-  if (im->lsa) ph_begin(&ph, stream, "dispatch", T, (long long)tw_dtype_storage_bytes(c->token_dtype, c->hidden));
+  if (im->lsa)
+    ph_begin(&ph, stream, src ? "dispatch_by_source" : "dispatch", T,
+             (long long)tw_dtype_storage_bytes(c->token_dtype, c->hidden));
   if (nch) {  // one chunk (T * k <= EP_CHUNK): its counts are this rank's, no scan launch
     ep_chunk_count<<<(unsigned)nch, EP_CHUNK, smem, stream>>>(idx, routes, k, E, L->chunk_counts,
                                                               nch == 1 ? mine : NULL, L->route_key, st->err_word);
@@ -2087,21 +2137,21 @@ static tw_status dispatch_rows(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor 
   if (im->lsa && src) {
     const lsa_dev &d = im->lsa->d;
     ph_mark(&ph, "tables");
-    if (T) {
-      lsa_push_by_source<<<grid_for(ctx, T * n, 8), 256, 0, stream>>>(d, tok_p, scl_p, (const float *)topk_weights->data,
-                                                                        T, k, im->S, tb, sb, *L);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: LSA push launch");
+    const int C = src_chunks(src->U, tb, d.maxT);
+    src_args a = {tok_p, scl_p, (const float *)topk_weights->data, T, im->S, R, src->U, src->sld,
+                  (d.maxT + C - 1) / C, tb, sb, k, nle, src->tok, src->scl, (float *)recv_weights->data, src->row};
+    int P = 0, W = 0;
+    if (C > 1) src_step_blocks(st->num_sms, &P, &W);
+    for (int step = 0; step <= C; step++) {
+      const int grid = step == 0 ? grid_for(ctx, T * n, 8)
+                       : step == C ? grid_for(ctx, R + (int64_t)n * a.cs, 8) : P + W;
+      lsa_src_step<<<grid, 256, 0, stream>>>(d, a, *L, step, C, P);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: LSA step launch");
+      ph_mark(&ph, step == 0 ? "push" : step == C ? "rows" : "push+rows");
+      if (step < C)
+        TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_DISPATCH, &ph, "barrier",
+                                "ep_dispatch_by_source: LSA barrier launch"));
     }
-    ph_mark(&ph, "push");
-    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_DISPATCH, &ph, "barrier",
-                            "ep_dispatch_by_source: LSA barrier launch"));
-    if (R + src->U) {
-      lsa_by_source<<<grid_for(ctx, R + src->U, 8), 256, 0, stream>>>(
-          d, R, nle, im->S, k, *L, tok_p, scl_p, tb, sb, src->U, src->sld, src->tok, src->scl,
-          (float *)recv_weights->data, src->row);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_dispatch_by_source: LSA rows launch");
-    }
-    ph_mark(&ph, "rows");
     ph_end(&ph);
     return TW_OK;
   }
