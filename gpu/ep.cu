@@ -1248,7 +1248,8 @@ __global__ void lsa_expand(lsa_dev d, int64_t R, int nle, int64_t S, int k, laye
 // (chunk c: t in [c * cs, (c + 1) * cs), cs = ceil(max_tokens / C)): step c (c < C) pushes chunk
 // c and a barrier follows; step c + 1 writes chunk c's source rows while chunk c + 1 is pushed
 // (its first P blocks push, the others write), and the last step (c = C) also writes the row
-// maps. Each chunk's rows then land in src_tokens under the next chunk's NVLink transfer.
+// maps, so each chunk's rows land in src_tokens under the next chunk's NVLink transfer. The
+// default is one chunk (src_chunks): push, barrier, write.
 struct src_args {
   const unsigned char *tokens, *scales;
   const float *w;
@@ -2056,11 +2057,16 @@ struct src_out {
   int32_t *row;              // recv_row [R]
 };
 
-// Chunks of rows by source over ep_nccl_lsa (lsa_src_step): 1 below 64 MiB of source rows, else
-// 4; TWIN_EP_SRC_CHUNKS forces C (1 .. max_tokens).
+// Chunks of rows by source over ep_nccl_lsa (lsa_src_step): 1 by default; TWIN_EP_SRC_CHUNKS
+// forces C (1 .. max_tokens). On 2 H200s every C > 1 was slower (gpu/NOTES-routing.md, session
+// 18: 16384 tokens bf16 0.939 / 0.967 / 0.998 / 1.048 ms at C = 1 / 2 / 4 / 8): the writes of a
+// chunk take HBM and SMs from the push, which is at the NVLink store ceiling. Kept as the general
+// form for more ranks, where most rows are remote (not measured yet).
 static int src_chunks(int64_t U, size_t tb, int64_t maxT) {
+  (void)U;
+  (void)tb;
   const char *e = getenv("TWIN_EP_SRC_CHUNKS");
-  int64_t c = e ? atoi(e) : (double)U * (double)tb < 64.0 * 1024 * 1024 ? 1 : 4;
+  int64_t c = e ? atoi(e) : 1;
   if (c > maxT) c = maxT;
   if (c < 1) c = 1;
   if (c > 64) c = 64;

@@ -1088,8 +1088,7 @@ Test(ep_gpu, random_cases_by_source) {
 }
 
 /* Rows by source over ep_nccl_lsa in C chunks of the token index (lsa_src_step: chunk c's source
- * rows written while chunk c + 1 is pushed; the default takes one chunk below 64 MiB of source
- * rows, so these small cases force C): C = 2, 3 and 8 (more chunks than some ranks' tokens), and
+ * rows written while chunk c + 1 is pushed; the default takes one chunk, so these force C): C = 2, 3 and 8 (more chunks than some ranks' tokens), and
  * 3 with one push block in the steps that do both, with 1x128 GEMM-layout scales in a third of
  * the cases, bit for bit against the oracle */
 Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
