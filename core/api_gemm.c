@@ -280,9 +280,36 @@ tw_status tw_gemm(tw_ctx *ctx, const tw_operand *a, tw_op op_a, const tw_operand
   return ctx->ops->gemm(ctx, a, op_a, b, op_b, out, accumulate ? 1 : 0);
 }
 
-tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
-                          const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
-  const char *op = "grouped_gemm";
+/* lhs_rows of a row-gathered lhs (tw_gemm.h): [M] i32 in ctx's memory; M = its length. */
+static tw_status check_rows_tensor(const char *op, const tw_ctx *ctx, const tw_tensor *rows, int64_t *M) {
+  if (!rows) return tw_error(TW_ERR_NULL, "%s: lhs_rows is NULL", op);
+  TW_TRY(tw_v_tensor(op, "lhs_rows", rows, ctx->ops->mem, 1));
+  if (rows->dtype != TW_I32)
+    return tw_error(TW_ERR_DTYPE, "%s: lhs_rows is %s, expected i32", op, tw_dtype_name(rows->dtype));
+  *M = rows->shape[0];
+  return TW_OK;
+}
+
+/* Host lhs_rows and group sizes: every entry read (i < S) in [-1, U), before any work (a
+ * device backend reports through its error word). */
+static tw_status check_rows_values(const char *op, const tw_tensor *rows, const tw_tensor *group_sizes, int64_t U) {
+  if (rows->mem != TW_MEM_HOST || group_sizes->mem != TW_MEM_HOST) return TW_OK;
+  int64_t S = 0;
+  for (int64_t g = 0; g < group_sizes->shape[0]; g++) S += ((const int32_t *)group_sizes->data)[g];
+  for (int64_t i = 0; i < S; i++) {
+    int32_t v = ((const int32_t *)rows->data)[i];
+    if (v < -1 || v >= U)
+      return tw_error(TW_ERR_INVALID_ARG, "%s: lhs_rows[%lld] = %d is outside [-1, U = %lld) (lhs has %lld rows)", op,
+                      (long long)i, v, (long long)U, (long long)U);
+  }
+  return TW_OK;
+}
+
+/* Everything the grouped forward checks; rows: a row-gathered lhs ([U, K], quantized as one
+ * group) with lhs_rows giving M, else lhs [M, K] quantized by group_sizes. */
+static tw_status check_grouped_fwd(const char *op, tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *rows,
+                                   const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                   tw_tensor *out) {
   if (!ctx) return tw_error(TW_ERR_NULL, "%s: ctx is NULL", op);
   TW_TRY(check_op(op, "rhs_op", rhs_op));
   if (!lhs) return tw_error(TW_ERR_NULL, "%s: lhs is NULL", op);
@@ -292,11 +319,13 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   const tw_tensor *L = &lhs->data, *R = &rhs->data;
   TW_TRY(tw_v_tensor(op, "lhs", L, ctx->ops->mem, -1));
   TW_TRY(tw_v_tensor(op, "rhs", R, ctx->ops->mem, -1));
-  if (L->ndim != 2) return tw_error(TW_ERR_SHAPE, "%s: lhs must be 2-D [M, K], has %d dims", op, L->ndim);
-  int64_t M = L->shape[0], K = L->shape[1], G;
-  TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, "lhs", &G, NULL));
+  if (L->ndim != 2)
+    return tw_error(TW_ERR_SHAPE, "%s: lhs must be 2-D [%s, K], has %d dims", op, rows ? "U" : "M", L->ndim);
+  int64_t M = L->shape[0], K = L->shape[1], U = L->shape[0], G;
+  if (rows) TW_TRY(check_rows_tensor(op, ctx, rows, &M));
+  TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, rows ? "lhs_rows" : "lhs", &G, NULL));
   int bl, br;
-  TW_TRY(check_operand(op, "lhs", ctx, lhs, group_sizes, G, &bl));
+  TW_TRY(check_operand(op, "lhs", ctx, lhs, rows ? NULL : group_sizes, rows ? 1 : G, &bl));
   TW_TRY(check_operand(op, "rhs", ctx, rhs, NULL, G, &br));
   TW_TRY(check_pair(op, lhs, rhs));
   int64_t N;
@@ -312,9 +341,14 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
       return tw_error(TW_ERR_SHAPE, "%s: lhs has K = %lld but rhs (%s) has K = %lld", op, (long long)K,
                       rhs_op == TW_OP_N ? "[G, K, N]" : "[G, N, K]", (long long)Kr);
   } else {
-    if (lhs->colwise || lhs->src_rows != M || lhs->src_cols != K)
+    if (lhs->colwise || lhs->src_rows != (rows ? U : M) || lhs->src_cols != K) {
+      if (rows)
+        return tw_error(TW_ERR_INVALID_ARG,
+                        "%s: a quantized lhs must be the rowwise data of a [U, K] = [%lld, %lld] source quantized as "
+                        "one group", op, (long long)U, (long long)K);
       return tw_error(TW_ERR_INVALID_ARG, "%s: a quantized lhs must be the rowwise data of an [M, K] = [%lld, %lld] source",
                       op, (long long)M, (long long)K);
+    }
     int64_t r, c;
     storage_of(rhs, G, &r, &c);
     int64_t Kr = rhs_op == TW_OP_N ? r : c;
@@ -328,9 +362,29 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
   int64_t oshape[2] = {M, N};
   TW_TRY(check_out(op, ctx, out, 2, oshape));
   TW_TRY(check_no_alias(op, out, "lhs", lhs, "rhs", rhs, group_sizes));
+  if (rows && overlaps(out, rows)) return tw_error(TW_ERR_INVALID_ARG, "%s: out overlaps lhs_rows", op);
+  if (rows) TW_TRY(check_rows_values(op, rows, group_sizes, U));
+  return TW_OK;
+}
+
+tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                          const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm";
+  TW_TRY(check_grouped_fwd(op, ctx, lhs, NULL, rhs, rhs_op, group_sizes, out));
   if (!ctx->ops->grouped_gemm)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_gemm(ctx, lhs, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);
+}
+
+tw_status tw_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                               const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                               tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm_rows";
+  if (ctx && !lhs_rows) return tw_error(TW_ERR_NULL, "%s: lhs_rows is NULL", op);
+  TW_TRY(check_grouped_fwd(op, ctx, lhs, lhs_rows, rhs, rhs_op, group_sizes, out));
+  if (!ctx->ops->grouped_gemm_rows)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return ctx->ops->grouped_gemm_rows(ctx, lhs, lhs_rows, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);
 }
 
 tw_status tw_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
@@ -393,4 +447,38 @@ tw_status tw_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op
   if (!ctx->ops->grouped_gemm_wgrad)
     return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
   return ctx->ops->grouped_gemm_wgrad(ctx, lhs, lhs_op, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);
+}
+
+tw_status tw_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                     const tw_operand *rhs, tw_op rhs_op,
+                                     const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm_wgrad_rows";
+  if (!ctx) return tw_error(TW_ERR_NULL, "%s: ctx is NULL", op);
+  TW_TRY(check_op(op, "rhs_op", rhs_op));
+  if (!lhs) return tw_error(TW_ERR_NULL, "%s: lhs is NULL", op);
+  if (!rhs) return tw_error(TW_ERR_NULL, "%s: rhs is NULL", op);
+  if (lhs->mode != TW_SCALE_NONE || rhs->mode != TW_SCALE_NONE)
+    return tw_error(TW_ERR_INVALID_ARG, "%s: takes plain operands (lhs is %s, rhs is %s)", op,
+                    tw_scaling_name(lhs->mode), tw_scaling_name(rhs->mode));
+  TW_TRY(tw_v_tensor(op, "lhs", &lhs->data, ctx->ops->mem, 2));
+  TW_TRY(tw_v_tensor(op, "rhs", &rhs->data, ctx->ops->mem, 2));
+  int64_t M, U = lhs->data.shape[0], K = lhs->data.shape[1], G;
+  TW_TRY(check_rows_tensor(op, ctx, lhs_rows, &M));
+  int64_t Mr = rhs_op == TW_OP_N ? rhs->data.shape[0] : rhs->data.shape[1];
+  int64_t N = rhs_op == TW_OP_N ? rhs->data.shape[1] : rhs->data.shape[0];
+  if (Mr != M)
+    return tw_error(TW_ERR_SHAPE, "%s: lhs_rows has %lld rows but rhs has %lld", op, (long long)M, (long long)Mr);
+  TW_TRY(tw_v_group_sizes(op, ctx, group_sizes, M, "lhs_rows", &G, NULL));
+  int bl, br;
+  TW_TRY(check_operand(op, "lhs", ctx, lhs, NULL, 1, &bl));
+  TW_TRY(check_operand(op, "rhs", ctx, rhs, group_sizes, G, &br));
+  TW_TRY(check_pair(op, lhs, rhs));
+  int64_t oshape[3] = {G, K, N};
+  TW_TRY(check_out(op, ctx, out, 3, oshape));
+  TW_TRY(check_no_alias(op, out, "lhs", lhs, "rhs", rhs, group_sizes));
+  if (overlaps(out, lhs_rows)) return tw_error(TW_ERR_INVALID_ARG, "%s: out overlaps lhs_rows", op);
+  TW_TRY(check_rows_values(op, lhs_rows, group_sizes, U));
+  if (!ctx->ops->grouped_gemm_wgrad_rows)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return ctx->ops->grouped_gemm_wgrad_rows(ctx, lhs, lhs_rows, rhs, rhs_op, group_sizes, out, accumulate ? 1 : 0);
 }

@@ -58,6 +58,13 @@ typedef struct tw_backend_ops {
   tw_status (*free_stream)(tw_ctx *ctx, void *p);
   /* gives back the freed stream-ordered memory the backend keeps (NULL: it keeps none) */
   tw_status (*trim)(tw_ctx *ctx);
+  /* row-gathered lhs (tw_gemm.h); NULL = not provided */
+  tw_status (*grouped_gemm_rows)(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                 const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                 tw_tensor *out, int accumulate);
+  tw_status (*grouped_gemm_wgrad_rows)(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                       const tw_operand *rhs, tw_op rhs_op,
+                                       const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
 } tw_backend_ops;
 
 struct tw_ctx {

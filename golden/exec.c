@@ -611,14 +611,24 @@ static tw_status exec_gemm_family(run *r) {
     TW_TRY(as_dtype(r, "group_sizes", &gs, TW_I32));
     int64_t G = gs.shape[0];
     TW_TRY(to_ctx(r, &gs, &dgs));
+    /* lhs_rows (optional): a row-gathered lhs (tw_grouped_gemm_rows / _wgrad_rows), the source
+     * quantized as one group; M is then the length of lhs_rows */
+    tw_tensor hrows, drows;
+    int have_rows = 0;
+    TW_TRY(get_input(r, "lhs_rows", 0, &hrows, &have_rows));
+    if (have_rows) {
+      TW_TRY(as_dtype(r, "lhs_rows", &hrows, TW_I32));
+      TW_TRY(to_ctx(r, &hrows, &drows));
+    }
     tw_operand lhs, rhs;
-    TW_TRY(operand_input(r, "lhs", G, &lhs));
+    TW_TRY(operand_input(r, "lhs", have_rows ? 1 : G, &lhs));
     TW_TRY(operand_input(r, "rhs", G, &rhs));
     if (strcmp(r->op, "grouped_gemm") == 0) {
       tw_op rhs_op;
       TW_TRY(key_op(r, "rhs_op", &rhs_op));
       int64_t M, K, Kr, N;
       logical_dims(&lhs, TW_OP_N, 1, &M, &K);
+      if (have_rows) M = hrows.ndim == 1 ? hrows.shape[0] : 0;
       if (rhs.mode == TW_SCALE_NONE) {
         const tw_tensor *R = &rhs.data;
         N = R->ndim == 3 ? (rhs_op == TW_OP_N ? R->shape[2] : R->shape[1]) : 0;
@@ -630,7 +640,8 @@ static tw_status exec_gemm_family(run *r) {
       oshape[1] = N;
       if (have_init) same_numel_reshape(&init, &(tw_tensor){NULL, out_dtype, 2, {M, N, 0, 0}, TW_MEM_HOST});
       TW_TRY(new_out(r, out_dtype, ond, oshape, have_init ? &init : NULL, &out));
-      TW_TRY(tw_grouped_gemm(r->ctx, &lhs, &rhs, rhs_op, &dgs, &out, accumulate));
+      if (have_rows) TW_TRY(tw_grouped_gemm_rows(r->ctx, &lhs, &drows, &rhs, rhs_op, &dgs, &out, accumulate));
+      else TW_TRY(tw_grouped_gemm(r->ctx, &lhs, &rhs, rhs_op, &dgs, &out, accumulate));
     } else {
       tw_op lhs_op, rhs_op;
       TW_TRY(key_op(r, "lhs_op", &lhs_op));
@@ -647,7 +658,8 @@ static tw_status exec_gemm_family(run *r) {
       oshape[2] = N;
       if (have_init) same_numel_reshape(&init, &(tw_tensor){NULL, out_dtype, 3, {G, K, N, 0}, TW_MEM_HOST});
       TW_TRY(new_out(r, out_dtype, ond, oshape, have_init ? &init : NULL, &out));
-      TW_TRY(tw_grouped_gemm_wgrad(r->ctx, &lhs, lhs_op, &rhs, rhs_op, &dgs, &out, accumulate));
+      if (have_rows) TW_TRY(tw_grouped_gemm_wgrad_rows(r->ctx, &lhs, &drows, &rhs, rhs_op, &dgs, &out, accumulate));
+      else TW_TRY(tw_grouped_gemm_wgrad(r->ctx, &lhs, lhs_op, &rhs, rhs_op, &dgs, &out, accumulate));
     }
   }
   TW_TRY(tw_ctx_check(r->ctx));

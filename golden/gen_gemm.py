@@ -610,6 +610,117 @@ def tma_wgrad_cases(root):
     wgrad_case(root, rng, "wgrad_NN_bf16_G3_tma_out_bf16", [200, 1, 50], 260, 72, 8, "N", "N", "bf16", "bf16")
 
 
+def draw_rows(rng, gs, U, M):
+    """lhs_rows [M] i32: for i < S a row of [0, U) (repeats: a token on several experts) or -1 (a
+    zero row), one in 8; entries past S out of range (never read)."""
+    S = int(sum(gs))
+    rows = rng.integers(0, max(U, 1), size=M).astype(np.int32)
+    rows[rng.random(M) < 0.125] = -1
+    if U == 0:
+        rows[:] = -1
+    rows[S:] = 1 << 30
+    return rows
+
+
+def gathered(values, rows, S):
+    """L[i] = values[rows[i]] (0 for -1) for i < S, NaN past S (never read)."""
+    L = np.full((len(rows), values.shape[1]), np.nan)
+    for i in range(S):
+        L[i] = 0.0 if rows[i] < 0 else values[rows[i]]
+    return L
+
+
+def rows_case(root, rng, name, gs, U, M, K, N, rhs_op="N", dt="f32", out_dtype="f32", accumulate=0):
+    """Grouped forward with a row-gathered lhs (tw_grouped_gemm_rows): lhs [U, K], lhs_rows [M]."""
+    G, S = len(gs), int(sum(gs))
+    lhs = randn(rng, (U, K), dt)
+    rows = draw_rows(rng, gs, U, M)
+    rhs = randn(rng, (G, K, N) if rhs_op == "N" else (G, N, K), dt)
+    init = out_init_for(rng, (M, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_np(gathered(lhs, rows, S), rhs, rhs_op, gs, M, init, out_dtype)
+    c = Case(root, name, "grouped_gemm")
+    c.key("rhs_op", rhs_op)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.key("U", U)
+    c.plain("lhs", lhs, dt)
+    c.npy("lhs_rows", rows)
+    c.plain("rhs", rhs, dt)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, K)
+
+
+def qrows_case(root, rng, name, gs, U, M, K, N, mode, ql, qr, rhs_op, out_dtype="bf16", accumulate=0):
+    """Row-gathered quantized lhs: the [U, K] source quantized rowwise as one group; rhs as in
+    qgrouped_case (uniform groups, rowwise, per-group storage [K, N] or [N, K])."""
+    G, S = len(gs), int(sum(gs))
+    lhs, lv, ll = qoperand(rng, U, K, [U], mode, ql, False)
+    rows = draw_rows(rng, gs, U, M)
+    src_kn = rhs_op == "N"
+    rr, rc = (K, N) if src_kn else (N, K)
+    rhs, rv, rl = qoperand(rng, G * rr, rc, [rr] * G, mode, qr, False)
+
+    def per_group_kn(v):
+        w = v.reshape(G, rr, rc)
+        return w if src_kn else np.swapaxes(w, 1, 2)
+    init = out_init_for(rng, (M, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_np(np.nan_to_num(gathered(lv, rows, S)), per_group_kn(rv), "N", gs, M, init, out_dtype)
+    _, ab_lifted = grouped_gemm_np(np.nan_to_num(gathered(ll, rows, S)), per_group_kn(rl), "N", gs, M, init, out_dtype)
+    c = Case(root, name, "grouped_gemm")
+    c.key("rhs_op", rhs_op)
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.key("U", U)
+    c.quantized("lhs", lhs)
+    c.npy("lhs_rows", rows)
+    c.quantized("rhs", rhs)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, K, ab_lifted)
+
+
+def wgrad_rows_case(root, rng, name, gs, U, M, K, N, dt="bf16", out_dtype="f32", accumulate=0):
+    """Grouped wgrad with a row-gathered lhs (tw_grouped_gemm_wgrad_rows): out[g] = L_g^T rhs_g."""
+    G, S = len(gs), int(sum(gs))
+    lhs = randn(rng, (U, K), dt)
+    rows = draw_rows(rng, gs, U, M)
+    rhs = with_nan_tail(randn(rng, (M, N), dt), S)
+    init = out_init_for(rng, (G, K, N), out_dtype, accumulate)
+    exp, ab = grouped_gemm_wgrad_np(np.nan_to_num(gathered(lhs, rows, S)), rhs, gs, init, out_dtype)
+    c = Case(root, name, "grouped_gemm_wgrad")
+    c.key("lhs_op", "N")
+    c.key("rhs_op", "N")
+    c.key("M", M)
+    c.key("N", N)
+    c.key("K", K)
+    c.key("G", G)
+    c.key("U", U)
+    c.plain("lhs", lhs, dt)
+    c.npy("lhs_rows", rows)
+    c.plain("rhs", rhs, dt)
+    c.npy("group_sizes", np.asarray(gs, np.int32))
+    c.outputs(out_dtype, accumulate, init, exp, ab, max(max(gs), 1))
+
+
+def rows_cases(root):
+    """Row-gathered lhs (EP rows by source): repeated rows, -1 rows, empty groups, U smaller and
+    larger than M, entries past S out of range. Own seed, so the cases above keep their bytes."""
+    rng = np.random.default_rng(20261128)
+    G5 = [40, 0, 17, 64, 3]  # S = 124
+    rows_case(root, rng, "rows_N_f32_G5_U50", G5, 50, 130, 33, 17)
+    rows_case(root, rng, "rows_T_bf16_G5_U300_out_bf16_acc", G5, 300, 124, 64, 24, "T", "bf16", "bf16", 1)
+    rows_case(root, rng, "rows_N_bf16_G3_U0_all_zero_rows", [5, 0, 3], 0, 8, 16, 8, "N", "bf16")
+    qrows_case(root, rng, "qrows_block1x128_T_G5_U90_K256", G5, 90, 130, 256, 24, "block1x128", "e4m3", "e4m3", "T")
+    qrows_case(root, rng, "qrows_mxfp8_T_G5_U200_K96", G5, 200, 124, 96, 17, "mxfp8", "e4m3", "e4m3", "T")
+    qrows_case(root, rng, "qrows_current_N_G5_U60", G5, 60, 124, 64, 33, "current", "e4m3", "e4m3", "N",
+               out_dtype="f32")
+    wgrad_rows_case(root, rng, "wgrad_rows_bf16_G5_U70", G5, 70, 130, 40, 24)
+    wgrad_rows_case(root, rng, "wgrad_rows_f32_G3_U20_acc", [9, 0, 30], 20, 39, 8, 16, "f32", "f32", 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -623,6 +734,7 @@ def main():
     quantized_cases(args.out, rng)
     special_cases(args.out, rng)
     tma_wgrad_cases(args.out)
+    rows_cases(args.out)
     n = len([d for d in os.listdir(args.out) if os.path.isdir(os.path.join(args.out, d))])
     size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(args.out) for f in fs)
     print("gen_gemm: %d cases, %.2f MB in %s" % (n, size / 1e6, args.out))

@@ -22,6 +22,8 @@ extern "C" int tw_gpu_device_count(void);  // gpu/probe.cu
 #pragma weak gpu_gemm
 #pragma weak gpu_grouped_gemm
 #pragma weak gpu_grouped_gemm_wgrad
+#pragma weak gpu_grouped_gemm_rows
+#pragma weak gpu_grouped_gemm_wgrad_rows
 #pragma weak gpu_gemm_fini
 #pragma weak gpu_router
 #pragma weak gpu_ep
@@ -166,6 +168,9 @@ extern "C" tw_status gpu_format_error_word(const long long w[GPU_ERR_WORDS]) {
     case GPU_ERR_GROUP_ALIGN:
       return tw_error(TW_ERR_DEVICE, "%s: group_sizes[%lld] = %lld breaks the operation's alignment (seen on the device)",
                       op, w[2], w[3]);
+    case GPU_ERR_ROW_INDEX:
+      return tw_error(TW_ERR_DEVICE, "%s: lhs_rows[%lld] = %lld is outside [-1, U) (seen on the device; that row's "
+                      "products are unspecified)", op, w[2], w[3]);
     case GPU_ERR_NAN_LOGIT:
       return tw_error(TW_ERR_DEVICE, "%s: logits[%lld, %lld] is NaN (seen on the device)", op, w[2], w[3]);
     case GPU_ERR_EXPERT_ID:
@@ -444,4 +449,6 @@ const tw_backend_ops tw_gpu_ops = {
     /* alloc_stream */ gpu_alloc_stream,
     /* free_stream */ gpu_free_stream,
     /* trim */ gpu_trim,
+    /* grouped_gemm_rows */ gpu_grouped_gemm_rows,
+    /* grouped_gemm_wgrad_rows */ gpu_grouped_gemm_wgrad_rows,
 };

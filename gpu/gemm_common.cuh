@@ -43,6 +43,11 @@ typedef struct {
   int swizzled;          // MXFP8 byte order
   int64_t src_rows;      // R of the source
   int64_t src_group_rows;// uniform groups: rows per group of the source (0 = ragged)
+  // row-gathered lhs (tw_grouped_gemm_rows; GG_FWD_RAGGED's A only): logical row o_g + x reads
+  // data row rows[o_g + x] of a [gather_rows, K] source quantized as one group (-1 or an entry
+  // outside [0, gather_rows): zeros; such an entry was reported by gg_check_rows)
+  const int32_t *rows;
+  int64_t gather_rows;
 } gg_operand;
 
 typedef struct {

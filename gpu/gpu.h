@@ -48,6 +48,7 @@ enum gpu_err_code {
   GPU_ERR_GROUP_NEGATIVE = 1,   // a = group index, b = its size
   GPU_ERR_GROUP_SUM = 2,        // a = sum of sizes, b = rows available
   GPU_ERR_GROUP_ALIGN = 3,      // a = group index, b = its size (must be a multiple of ...)
+  GPU_ERR_ROW_INDEX = 4,        // a = i, b = lhs_rows[i] outside [-1, U) (row-gathered lhs)
   // MoE routing (gpu/router.cu, gpu/ep.cu; gpu/moe.h packs the values)
   GPU_ERR_NAN_LOGIT = 20,       // a = token, b = expert
   GPU_ERR_EXPERT_ID = 21,       // a = token, b = gpu_pack_id_slot(id, slot): id outside [0, E)
@@ -131,6 +132,11 @@ tw_status gpu_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
 tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
                                  const tw_operand *rhs, tw_op rhs_op,
                                  const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
+tw_status gpu_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows, const tw_operand *rhs,
+                                tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
+tw_status gpu_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                      const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out,
+                                      int accumulate);
 // Destroys what gpu/gemm.cu created in the state (cuBLASLt handle); called by ctx_fini.
 void gpu_gemm_fini(gpu_state *st);
 

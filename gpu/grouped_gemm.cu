@@ -375,3 +375,115 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   p.out_group_stride = K * N;
   return gg_run(ctx, &p, op);
 }
+
+// ---- row-gathered lhs (tw_grouped_gemm_rows, tw_grouped_gemm_wgrad_rows) ------------------------
+// The mma.sync kernel family reads lhs row x of group g from data row lhs_rows[o_g + x] in its
+// general tile loader (gg_load_tile; a cp.async per 16 bytes, so a per-row source costs nothing
+// there), scales from the one-group source; gg_mma_wide's hoisted interior loader is left out for
+// the gathered operand. gg_wgmma / gg_wgmma_fp8 (TMA loads of A) and gg_lt_loop do not take it
+// yet: auto runs gg_mma_wide (gg_mma where it does not fit, gg_fma for f32); forcing one of them
+// is TW_ERR_UNSUPPORTED.
+
+// Every entry read (i < S = offsets[G]) in [-1, U), else the error word (first one wins).
+__global__ void gg_check_rows(const int32_t *__restrict__ rows, const int64_t *__restrict__ offsets, int64_t G,
+                              int64_t U, long long *err, int op_id) {
+  const int64_t S = offsets[G];
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < S; i += (int64_t)gridDim.x * blockDim.x) {
+    const int32_t v = rows[i];
+    if (v < -1 || v >= U) gpu_report(err, GPU_ERR_ROW_INDEX, op_id, i, v);
+  }
+}
+
+static tw_status rows_version(tw_ctx *ctx, const char *op, const tw_operand *a, const tw_operand *b, gg_version *v) {
+  TW_TRY(choose_version(ctx, op, a, b, v));
+  if (*v == VER_MMA || *v == VER_MMA_WIDE || *v == VER_FMA) return TW_OK;
+  return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' takes no row-gathered lhs (gg_mma_wide, gg_mma and gg_fma do)",
+                  op, gg_names[*v]);
+}
+
+static tw_status rows_check(tw_ctx *ctx, const tw_tensor *rows, const int64_t *offsets, int64_t G, int64_t U,
+                            int op_id, const char *op) {
+  const int64_t M = rows->shape[0];
+  if (!M) return TW_OK;
+  gpu_state *st = gpu_of(ctx);
+  int64_t blocks = (M + 255) / 256, cap = (int64_t)st->num_sms * 4;
+  gg_check_rows<<<(unsigned)(blocks < cap ? blocks : cap), 256, 0, st->stream>>>(
+      (const int32_t *)rows->data, offsets, G, U, st->err_word, op_id);
+  return gpu_cuda_status(cudaGetLastError(), op);
+}
+
+tw_status gpu_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows, const tw_operand *rhs,
+                                tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
+  const char *op = "grouped_gemm_rows";
+  gg_version v;
+  TW_TRY(rows_version(ctx, op, lhs, rhs, &v));
+  gpu_scratch_reset(ctx);
+  const int64_t M = lhs_rows->shape[0], U = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  const int64_t G = group_sizes->shape[0];
+  gg_problem p;
+  memset(&p, 0, sizeof p);
+  TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  TW_TRY(rows_check(ctx, lhs_rows, p.offsets, G, U, GPU_OP_GROUPED_GEMM, op));
+  p.kind = GG_FWD_RAGGED;
+  p.compute = compute_of(lhs, rhs, v);
+  p.wide = v == VER_MMA_WIDE;
+  p.G = G;
+  p.Q = N;
+  p.R = K;
+  gg_operand_from(&p.a, lhs);  // lhs [U, K]: row x of group g is data row lhs_rows[o_g + x]
+  p.a.kmajor = 1;
+  p.a.ragged = 1;
+  p.a.row_elems = K;
+  p.a.ld = K;
+  p.a.rows = (const int32_t *)lhs_rows->data;
+  p.a.gather_rows = U;
+  gg_operand_from(&p.b, rhs);
+  p.b.kmajor = rhs_op == TW_OP_T;
+  p.b.group_stride = K * N;
+  p.b.ld = rhs_op == TW_OP_N ? N : K;
+  if (rhs->mode != TW_SCALE_NONE) p.b.src_group_rows = rhs->src_rows / G;
+  p.out = out->data;
+  p.out_dtype = out->dtype;
+  p.accumulate = accumulate;
+  return gg_run(ctx, &p, op);
+}
+
+tw_status gpu_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                      const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out,
+                                      int accumulate) {
+  const char *op = "grouped_gemm_wgrad_rows";
+  gg_version v;
+  TW_TRY(rows_version(ctx, op, lhs, rhs, &v));
+  gpu_scratch_reset(ctx);
+  const int64_t M = lhs_rows->shape[0], U = lhs->data.shape[0];
+  const int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
+  gg_problem p;
+  memset(&p, 0, sizeof p);
+  TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
+  TW_TRY(rows_check(ctx, lhs_rows, p.offsets, G, U, GPU_OP_GROUPED_GEMM_WGRAD, op));
+  p.kind = GG_WGRAD;
+  p.compute = compute_of(lhs, rhs, v);
+  p.wide = v == VER_MMA_WIDE;
+  p.G = G;
+  p.P = K;
+  p.Q = N;
+  // A_g = L_g^T [K, m_g], L_g's token rows gathered: storage row o_g + k is data row lhs_rows[o_g + k]
+  gg_operand_from(&p.a, lhs);
+  p.a.kmajor = 0;
+  p.a.ragged = 1;
+  p.a.row_elems = K;
+  p.a.ld = K;
+  p.a.rows = (const int32_t *)lhs_rows->data;
+  p.a.gather_rows = U;
+  gg_operand_from(&p.b, rhs);
+  p.b.kmajor = rhs_op == TW_OP_T;
+  p.b.ragged = 1;
+  p.b.row_elems = N;
+  p.b.ld = rhs_op == TW_OP_N ? N : 0;
+  p.out = out->data;
+  p.out_dtype = out->dtype;
+  p.accumulate = accumulate;
+  p.out_group_stride = K * N;
+  return gg_run(ctx, &p, op);
+}
+

@@ -113,14 +113,24 @@ struct gg_view {
   int64_t ld;
   int64_t xlim, klim;  // valid rows (x) and contracting length
   int es, kmajor, vec_ok;
+  const int32_t *rows;  // row-gathered (kmajor): data row of x is rows[x], from base; NULL: x itself
+  int64_t urows;        // rows of the gathered source
 };
+
+// Data row of view row x of a row-gathered view, or -1 (a zero row).
+__device__ __forceinline__ int64_t gg_data_row(const gg_view &v, int64_t x) {
+  const int64_t r = v.rows[x];
+  return r >= 0 && r < v.urows ? r : -1;
+}
 
 __device__ __forceinline__ gg_view gg_make_view(const gg_operand &o, int64_t g, int64_t og, int64_t tg,
                                                 int64_t mg, int64_t xlim, int64_t klim) {
   gg_view v;
   v.es = gg_esize(o.dtype);
-  int64_t base = o.padded ? 128 * tg : o.ragged ? og * o.row_elems : g * o.group_stride;
+  int64_t base = o.rows ? 0 : o.padded ? 128 * tg : o.ragged ? og * o.row_elems : g * o.group_stride;
   v.base = (const char *)o.ptr + base * v.es;
+  v.rows = o.rows ? o.rows + og : NULL;
+  v.urows = o.gather_rows;
   v.ld = o.ld ? o.ld : mg;
   v.xlim = xlim;
   v.klim = klim;
@@ -145,9 +155,18 @@ __device__ __forceinline__ void gg_load_tile(char *stage, const gg_view &v, int6
     int r = c / cpr, cc = c % cpr;
     int64_t gi = r0 + r, gj = c0 + (int64_t)cc * epc;
     char *dst = stage + r * rb + cc * 16;
-    if (gi < rlim && gj + epc <= clim && v.vec_ok) {
+    int64_t glim = rlim;
+    if (v.rows && gi < rlim) {  // row-gathered (kmajor: gi is x): its data row, or zeros
+      gi = gg_data_row(v, gi);
+      glim = v.urows;
+      if (gi < 0) {
+        *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+    }
+    if (gi < glim && gj + epc <= clim && v.vec_ok) {
       cp_async16(dst, v.base + (gi * v.ld + gj) * es);
-    } else if (gi >= rlim || gj >= clim) {
+    } else if (gi >= glim || gj >= clim) {
       *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     } else {
       const char *src = v.base + (gi * v.ld + gj) * es;
@@ -419,7 +438,7 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
     if (WIDE) {
       lda.init(va, p0, tid);
       ldb.init(vb, q0, tid);
-      a_inside = va.vec_ok && p0 + GG_BM <= Pg;
+      a_inside = va.vec_ok && p0 + GG_BM <= Pg && !va.rows;  // a gathered A takes the general loader
       b_inside = vb.vec_ok && q0 + BN_ <= p.Q;
     }
     auto load_stage = [&](int s, int kk) {
@@ -567,7 +586,12 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             int64_t x = p0 + wm * 64 + (i >> 1) * 16 + gq + (i & 1) * 8;
-            fa[i] = x < Pg ? gg_scale_at(p.a, sa, g, x, kb0) : 0.f;
+            if (va.rows) {  // the data row's scales in the one-group source (a zero row: 0)
+              const int64_t xr = x < Pg ? gg_data_row(va, x) : -1;
+              fa[i] = xr >= 0 ? gg_scale_at(p.a, gg_sgroup{0, va.urows, 0}, 0, xr, kb0) : 0.f;
+            } else {
+              fa[i] = x < Pg ? gg_scale_at(p.a, sa, g, x, kb0) : 0.f;
+            }
           }
 #pragma unroll
           for (int i = 0; i < 2 * NT; ++i) {
@@ -594,7 +618,7 @@ __global__ void __launch_bounds__(GG_THREADS, (BLOCKED || COMPUTE == GG_FMA_F32 
     // epilogue
     float tensor_f = 1.f;
     if (p.a.smode == TW_SCALE_TENSOR_CURRENT || p.a.smode == TW_SCALE_TENSOR_DELAYED)
-      tensor_f = ((const float *)p.a.scale)[g] * ((const float *)p.b.scale)[g];
+      tensor_f = ((const float *)p.a.scale)[p.a.rows ? 0 : g] * ((const float *)p.b.scale)[g];  // gathered: one group
     const int64_t obase = p.kind == GG_FWD_RAGGED ? og * p.Q : g * p.out_group_stride;
     // wide: column pairs (y even) in one store when every pair start is even and aligned
     const bool pairs = WIDE && (p.Q & 1) == 0 && (obase & 1) == 0 &&

@@ -48,6 +48,8 @@ const tw_backend_ops tw_ref_ops = {
     .gemm = ref_gemm,
     .grouped_gemm = ref_grouped_gemm,
     .grouped_gemm_wgrad = ref_grouped_gemm_wgrad,
+    .grouped_gemm_rows = ref_grouped_gemm_rows,
+    .grouped_gemm_wgrad_rows = ref_grouped_gemm_wgrad_rows,
     .router = &tw_ref_router,
     .ep = &tw_ref_ep,
 };

@@ -449,3 +449,60 @@ tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
   free(off);
   return s;
 }
+
+/* ---- row-gathered lhs: a gather, then the same GEMM -------------------------------------- */
+
+/* L [M, K] f32 (malloc'd): L[i] = the value of lhs row lhs_rows[i] (the [U, K] source dequantized
+ * as one group), zeros for -1; rows i >= S are never read by the GEMM (left zero). */
+static tw_status gather_lhs(const char *op, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                            const tw_tensor *group_sizes, float **L) {
+  int64_t M = lhs_rows->shape[0], K = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[1] : lhs->src_cols;
+  int64_t U = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[0] : lhs->src_rows, S = 0;
+  for (int64_t g = 0; g < group_sizes->shape[0]; g++) S += ((const int32_t *)group_sizes->data)[g];
+  *L = (float *)calloc((size_t)(M * K) + 1, sizeof(float));
+  if (!*L) return tw_error(TW_ERR_MEMORY, "%s: no host memory for the gathered lhs (%lld x %lld)", op, (long long)M,
+                           (long long)K);
+  int32_t one = (int32_t)U;
+  f32_source src = {0};
+  tw_status s = source_open(op, "lhs", SCRATCH_A, lhs, U * K, &one, 1, &src);
+  const int32_t *rows = (const int32_t *)lhs_rows->data;
+  for (int64_t i = 0; s == TW_OK && i < S; i++) {
+    if (rows[i] < -1 || rows[i] >= U) /* the API checked; kept for callers of the backend table */
+      s = tw_error(TW_ERR_INVALID_ARG, "%s: lhs_rows[%lld] = %d is outside [-1, U = %lld)", op, (long long)i, rows[i],
+                   (long long)U);
+    else if (rows[i] >= 0)
+      memcpy(*L + i * K, src.p + (int64_t)rows[i] * K, (size_t)K * sizeof(float));
+  }
+  float *used[1] = {src.owned};
+  scratch_release(used, 1);
+  if (s != TW_OK) {
+    free(*L);
+    *L = NULL;
+  }
+  return s;
+}
+
+tw_status ref_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                tw_tensor *out, int accumulate) {
+  float *L = NULL;
+  TW_TRY(gather_lhs("grouped_gemm_rows", lhs, lhs_rows, group_sizes, &L));
+  int64_t K = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[1] : lhs->src_cols;
+  tw_tensor t = tw_tensor_2d(L, TW_F32, lhs_rows->shape[0], K, TW_MEM_HOST);
+  tw_operand gathered = tw_operand_plain(&t);
+  tw_status s = ref_grouped_gemm(ctx, &gathered, rhs, rhs_op, group_sizes, out, accumulate);
+  free(L);
+  return s;
+}
+
+tw_status ref_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                      const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                      tw_tensor *out, int accumulate) {
+  float *L = NULL;
+  TW_TRY(gather_lhs("grouped_gemm_wgrad_rows", lhs, lhs_rows, group_sizes, &L));
+  tw_tensor t = tw_tensor_2d(L, TW_F32, lhs_rows->shape[0], lhs->data.shape[1], TW_MEM_HOST);
+  tw_operand gathered = tw_operand_plain(&t);
+  tw_status s = ref_grouped_gemm_wgrad(ctx, &gathered, TW_OP_N, rhs, rhs_op, group_sizes, out, accumulate);
+  free(L);
+  return s;
+}

@@ -29,5 +29,11 @@ tw_status ref_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
 tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
                                  const tw_operand *rhs, tw_op rhs_op,
                                  const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
+tw_status ref_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                tw_tensor *out, int accumulate);
+tw_status ref_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                      const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                                      tw_tensor *out, int accumulate);
 
 #endif

@@ -601,3 +601,106 @@ Test(gemm_errors, wgrad_quantized_rows_and_rank) {
   free_q(&ql);
   free_q(&qr);
 }
+
+/* ---- row-gathered lhs (tw_grouped_gemm_rows, tw_grouped_gemm_wgrad_rows) ---------------- */
+
+static int32_t rows_buf[8], rows_gs[2];
+
+typedef struct {
+  tw_tensor tl, rows, tr, gs, to;
+  tw_operand l, r;
+} rows_args;
+
+/* lhs [U = 5, K = 4], lhs_rows [M = 6] (S = 5: entry 5 is never read), rhs [G = 2, 4, 3], out [6, 3] */
+static rows_args rows_fwd(void) {
+  rows_args a;
+  int32_t rows[6] = {4, 0, -1, 4, 2, 999};
+  memcpy(rows_buf, rows, sizeof rows);
+  rows_gs[0] = 3;
+  rows_gs[1] = 2;
+  a.tl = tw_tensor_2d(buf_a, TW_F32, 5, 4, TW_MEM_HOST);
+  a.rows = tw_tensor_1d(rows_buf, TW_I32, 6, TW_MEM_HOST);
+  a.tr = tw_tensor_3d(buf_b, TW_F32, 2, 4, 3, TW_MEM_HOST);
+  a.gs = tw_tensor_1d(rows_gs, TW_I32, 2, TW_MEM_HOST);
+  a.to = tw_tensor_2d(buf_o, TW_F32, 6, 3, TW_MEM_HOST);
+  a.l = tw_operand_plain(&a.tl);
+  a.r = tw_operand_plain(&a.tr);
+  return a;
+}
+#define ROWS(a) tw_grouped_gemm_rows(ctx, &(a).l, &(a).rows, &(a).r, TW_OP_N, &(a).gs, &(a).to, 0)
+
+Test(gemm_errors, rows_forward) {
+  rows_args a = rows_fwd();
+  EXPECT_OK(ROWS(a));
+  EXPECT_ERR(tw_grouped_gemm_rows(ctx, &a.l, NULL, &a.r, TW_OP_N, &a.gs, &a.to, 0), TW_ERR_NULL,
+             "grouped_gemm_rows: lhs_rows is NULL");
+  a.rows.dtype = TW_I64;
+  EXPECT_ERR(ROWS(a), TW_ERR_DTYPE, "grouped_gemm_rows: lhs_rows is i64, expected i32");
+  a = rows_fwd();
+  a.rows = tw_tensor_2d(rows_buf, TW_I32, 2, 3, TW_MEM_HOST);
+  EXPECT_ERR(ROWS(a), TW_ERR_SHAPE, "lhs_rows must have 1 dims, has 2");
+  a = rows_fwd();
+  rows_buf[3] = 5; /* U = 5 */
+  EXPECT_ERR(ROWS(a), TW_ERR_INVALID_ARG, "lhs_rows[3] = 5 is outside [-1, U = 5)");
+  rows_buf[3] = -2;
+  EXPECT_ERR(ROWS(a), TW_ERR_INVALID_ARG, "lhs_rows[3] = -2 is outside [-1, U = 5)");
+  a = rows_fwd();
+  rows_gs[1] = 4; /* S = 7 > M = 6 */
+  EXPECT_ERR(ROWS(a), TW_ERR_INVALID_ARG, "group_sizes sum to 7 but lhs_rows has 6 rows");
+  a = rows_fwd();
+  a.to = tw_tensor_2d(buf_o, TW_F32, 5, 3, TW_MEM_HOST); /* out has U rows, not M */
+  EXPECT_ERR(ROWS(a), TW_ERR_SHAPE, "out");
+  a = rows_fwd();
+  a.tr = tw_tensor_3d(buf_b, TW_F32, 2, 5, 3, TW_MEM_HOST);
+  a.r = tw_operand_plain(&a.tr);
+  EXPECT_ERR(ROWS(a), TW_ERR_SHAPE, "lhs has K = 4 but rhs ([G, K, N]) has K = 5");
+  a = rows_fwd();
+  a.to = tw_tensor_2d(rows_buf, TW_F32, 2, 3, TW_MEM_HOST); /* out over lhs_rows' bytes */
+  a.to.shape[0] = 6;
+  a.to.data = rows_buf;
+  EXPECT_ERR(ROWS(a), TW_ERR_INVALID_ARG, "out overlaps lhs_rows");
+}
+
+Test(gemm_errors, rows_forward_quantized_source_is_one_group_of_U_rows) {
+  /* e4m3 per-tensor: lhs source [U = 5, K = 4] as one group (scale_inv [1]), rhs [G*K, N] uniform */
+  static uint8_t ql[20], qr[24];
+  static float sl[1] = {1.0f}, sr[2] = {1.0f, 1.0f};
+  rows_args a = rows_fwd();
+  tw_operand l = {tw_tensor_2d(ql, TW_E4M3, 5, 4, TW_MEM_HOST), TW_SCALE_TENSOR_CURRENT,
+                  tw_tensor_1d(sl, TW_F32, 1, TW_MEM_HOST), 0, 0, 5, 4, 0};
+  tw_operand r = {tw_tensor_2d(qr, TW_E4M3, 8, 3, TW_MEM_HOST), TW_SCALE_TENSOR_CURRENT,
+                  tw_tensor_1d(sr, TW_F32, 2, TW_MEM_HOST), 0, 0, 8, 3, 0};
+  EXPECT_OK(tw_grouped_gemm_rows(ctx, &l, &a.rows, &r, TW_OP_N, &a.gs, &a.to, 0));
+  l.src_rows = 6; /* M, as tw_grouped_gemm's lhs would be: the source is [U, K] */
+  l.data = tw_tensor_2d(ql, TW_E4M3, 6, 4, TW_MEM_HOST);
+  l.scale_inv = tw_tensor_1d(sl, TW_F32, 1, TW_MEM_HOST);
+  EXPECT_OK(tw_grouped_gemm_rows(ctx, &l, &a.rows, &r, TW_OP_N, &a.gs, &a.to, 0)); /* U = 6 is fine too */
+  l = (tw_operand){tw_tensor_2d(ql, TW_E4M3, 5, 4, TW_MEM_HOST), TW_SCALE_TENSOR_CURRENT,
+                   tw_tensor_1d(sr, TW_F32, 2, TW_MEM_HOST), 0, 0, 5, 4, 0}; /* per-group scales: not one group */
+  EXPECT_ERR(tw_grouped_gemm_rows(ctx, &l, &a.rows, &r, TW_OP_N, &a.gs, &a.to, 0), TW_ERR_SHAPE, "lhs scale_inv");
+}
+
+Test(gemm_errors, rows_wgrad) {
+  /* lhs [U = 5, K = 4], lhs_rows [6], rhs [6, 3], out [2, 4, 3] */
+  rows_args a = rows_fwd();
+  tw_tensor rhs = tw_tensor_2d(buf_b, TW_F32, 6, 3, TW_MEM_HOST), out = tw_tensor_3d(buf_o, TW_F32, 2, 4, 3, TW_MEM_HOST);
+  tw_operand r = tw_operand_plain(&rhs);
+  EXPECT_OK(tw_grouped_gemm_wgrad_rows(ctx, &a.l, &a.rows, &r, TW_OP_N, &a.gs, &out, 0));
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &a.l, NULL, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_NULL, "lhs_rows is NULL");
+  tw_tensor rhs5 = tw_tensor_2d(buf_b, TW_F32, 5, 3, TW_MEM_HOST);
+  tw_operand r5 = tw_operand_plain(&rhs5);
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &a.l, &a.rows, &r5, TW_OP_N, &a.gs, &out, 0), TW_ERR_SHAPE,
+             "lhs_rows has 6 rows but rhs has 5");
+  rows_buf[0] = 7;
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &a.l, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_INVALID_ARG,
+             "lhs_rows[0] = 7 is outside [-1, U = 5)");
+  rows_buf[0] = 4;
+  tw_tensor bad = tw_tensor_3d(buf_o, TW_F32, 2, 3, 3, TW_MEM_HOST);
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &a.l, &a.rows, &r, TW_OP_N, &a.gs, &bad, 0), TW_ERR_SHAPE, "out");
+  static uint8_t q[24];
+  static float sc[1] = {1.0f};
+  tw_operand ql = {tw_tensor_2d(q, TW_E4M3, 5, 4, TW_MEM_HOST), TW_SCALE_TENSOR_CURRENT,
+                   tw_tensor_1d(sc, TW_F32, 1, TW_MEM_HOST), 0, 0, 5, 4, 0};
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &ql, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_INVALID_ARG,
+             "takes plain operands (lhs is current");
+}

@@ -66,6 +66,20 @@
  *     tw_grouped_gemm give TW_ERR_INVALID_ARG for one.
  *   Plain operands must have equal dtypes, or one of them f32 (the other is widened).
  *
+ * Row-gathered lhs (tw_grouped_gemm_rows, tw_grouped_gemm_wgrad_rows; EP rows by source,
+ * tw_ep.h): the same products with row i of the logical lhs read from data row lhs_rows[i]:
+ *   L[i] = lhs[lhs_rows[i]] (lhs_rows[i] >= 0), L[i] = 0 (lhs_rows[i] = -1), for i < S,
+ * then the grouped forward / wgrad above on L (lhs_op N). lhs is [U, K] for any U >= 0 (U need
+ * not equal M); lhs_rows [M] i32 in the context's memory, M = out's rows (forward) or rhs's rows
+ * (wgrad); entries at i >= S are never read. A row may be read by several i (a token routed to
+ * several experts of the rank). An entry outside [-1, U): TW_ERR_INVALID_ARG naming i and the
+ * value (host-memory lhs_rows, checked before any work); on a device, the error word (that
+ * row's products are then unspecified). Quantized lhs (forward only): the rowwise data of the
+ * [U, K] source quantized as ONE group (per-tensor: scale_inv [1]; 1x128: [K/128, roundup(U,
+ * 4)]; MXFP8: [128 ceil(U/128), roundup(K/32, 4)]), row u dequantized with row u's scales; rhs
+ * quantized as for tw_grouped_gemm (the same mode). The wgrad takes a plain lhs. Error bound:
+ * that of the same GEMM on L (tw_check.h, per version below).
+ *
  * Other errors: out must not share bytes with an input, a scale_inv or group_sizes
  *   (TW_ERR_INVALID_ARG: in-place GEMMs are not supported). The ref backend calls OpenBLAS
  *   with 32-bit sizes: M, N or K (per group) above INT_MAX is TW_ERR_UNSUPPORTED.
@@ -200,6 +214,14 @@ tw_status tw_grouped_gemm(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *
 tw_status tw_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op,
                                 const tw_operand *rhs, tw_op rhs_op,
                                 const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
+
+/* Row-gathered lhs (above): lhs [U, K], lhs_rows [M] i32. */
+tw_status tw_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                               const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
+                               tw_tensor *out, int accumulate);
+tw_status tw_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows,
+                                     const tw_operand *rhs, tw_op rhs_op,
+                                     const tw_tensor *group_sizes, tw_tensor *out, int accumulate);
 
 #ifdef __cplusplus
 }
