@@ -97,7 +97,8 @@ const tw_tensor *tw_tensor_set_get(const tw_tensor_set *s, const char *name) {
 
 int tw_exec_op_is_gemm(const char *op) {
   return op && (strcmp(op, "gemm") == 0 || strcmp(op, "grouped_gemm") == 0 ||
-                strcmp(op, "grouped_gemm_wgrad") == 0);
+                strcmp(op, "grouped_gemm_wgrad") == 0 || strcmp(op, "grouped_gemm_rows") == 0 ||
+                strcmp(op, "grouped_gemm_wgrad_rows") == 0);
 }
 
 /* ---- one run: inputs, context buffers, outputs --------------------------------------------------- */
@@ -611,11 +612,15 @@ static tw_status exec_gemm_family(run *r) {
     TW_TRY(as_dtype(r, "group_sizes", &gs, TW_I32));
     int64_t G = gs.shape[0];
     TW_TRY(to_ctx(r, &gs, &dgs));
-    /* lhs_rows (optional): a row-gathered lhs (tw_grouped_gemm_rows / _wgrad_rows), the source
-     * quantized as one group; M is then the length of lhs_rows */
+    /* grouped_gemm_rows / grouped_gemm_wgrad_rows: a row-gathered lhs, its source quantized as
+     * one group, and lhs_rows (required); M is then the length of lhs_rows */
+    const size_t on = strlen(r->op);
+    const int want_rows = on > 5 && strcmp(r->op + on - 5, "_rows") == 0;
     tw_tensor hrows, drows;
     int have_rows = 0;
-    TW_TRY(get_input(r, "lhs_rows", 0, &hrows, &have_rows));
+    TW_TRY(get_input(r, "lhs_rows", want_rows, &hrows, &have_rows));
+    if (have_rows && !want_rows)
+      return tw_error(TW_ERR_INVALID_ARG, "%s: lhs_rows is an input of %s_rows", r->op, r->op);
     if (have_rows) {
       TW_TRY(as_dtype(r, "lhs_rows", &hrows, TW_I32));
       TW_TRY(to_ctx(r, &hrows, &drows));
@@ -623,7 +628,7 @@ static tw_status exec_gemm_family(run *r) {
     tw_operand lhs, rhs;
     TW_TRY(operand_input(r, "lhs", have_rows ? 1 : G, &lhs));
     TW_TRY(operand_input(r, "rhs", G, &rhs));
-    if (strcmp(r->op, "grouped_gemm") == 0) {
+    if (strcmp(r->op, "grouped_gemm") == 0 || strcmp(r->op, "grouped_gemm_rows") == 0) {
       tw_op rhs_op;
       TW_TRY(key_op(r, "rhs_op", &rhs_op));
       int64_t M, K, Kr, N;

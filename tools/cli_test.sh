@@ -153,7 +153,7 @@ expect fuzz_registry_name_runs 0 "wgrad" -- fuzz --op grouped_gemm_wgrad --cases
 expect fuzz_op_without_generator 2 "grouped_dequantize has no fuzz generator" -- fuzz --op grouped_dequantize --cases 1
 expect check_sharding_filter_nothing 2 "no rule of an operation matching 'conv'" -- check --sharding --filter conv
 expect check_sharding_filter_by_op 0 "0 failed" -- check --sharding --filter wgrad --max-ranks 2
-expect check_filter_by_op 0 "22 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
+expect check_filter_by_op 0 "24 passed, 0 failed" -- check --backend ref --filter grouped_gemm_wgrad
 # routing and the pipeline through the same modes (registry entries router, ep, pipeline)
 expect op_router 0 "aux_d_logits.npy" -- op router --topk 2 --coeff 0.01 --in logits=$T/logits.npy --in d_topk_weights=$T/dw62.npy --out-dir $T/router
 expect op_router_bad_topk 2 "topk = 9 must be in [1, E = 8]" -- op router --topk 9 --in logits=$T/logits.npy --out-dir $T/router
@@ -192,9 +192,9 @@ d = sys.argv[1]
 r = json.load(open(d + "/report.json"))
 md = open(d + "/report.md").read()
 ops = {c["op"] for c in r["checks"]}
-assert ops == {"grouped_gemm", "grouped_gemm_wgrad"}, ops
+assert ops == {"grouped_gemm", "grouped_gemm_wgrad", "grouped_gemm_rows", "grouped_gemm_wgrad_rows"}, ops
 assert all(c["failed"] == 0 and c["passed"] == c["cases"] > 0 for c in r["checks"]), r["checks"]
-assert sum(c["cases"] for c in r["checks"] if c["dtype"] != "fuzz seed 1") == 18 + 22
+assert sum(c["cases"] for c in r["checks"] if c["dtype"] != "fuzz seed 1") == 18 + 22 + 6 + 2
 assert len(r["timings"]) == 8 and all(t["ms"] > 0 and t["flops"] > 0 for t in r["timings"])
 assert r["ceilings"]["copy_gbs"] > 0 and r["ceilings"]["dense_f32_tflops"] > 0
 for s in ("## Device", "## Ceilings", "## Correctness", "## Speed", "what auto picks"):
