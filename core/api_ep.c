@@ -168,7 +168,7 @@ static void ep_bytes(const tw_ep_config *c, int n, int64_t R, double *workspace,
                         16);
   const double crb = up((double)c->hidden * 4 + 4, 16);
   const double regions = 256 + up(nn * 8, 256) + up(nn * E * 4, 256) + up(r * 16, 256) + up(nn * maxT * srb, 256) +
-                         up(maxT * (k > nn ? k : nn) * crb, 256) + up(maxT * k * 4, 256) + nn * maxT * 4;
+                         up(maxT * (k > nn ? k : nn) * crb, 256) + up(maxT * k * 4, 256) + nn * maxT * 8;
   const double window = up(regions, 2u << 20) + nn * 8 + 64;
   const double gpu_ws = max2(slots, window) + (mxgemm ? gmx + (nle + 1) * 16 : 0);
   *workspace = max2(ref_ws, gpu_ws);

@@ -652,6 +652,8 @@ static tw_status exec_gemm_family(run *r) {
       TW_TRY(key_op(r, "lhs_op", &lhs_op));
       TW_TRY(key_op(r, "rhs_op", &rhs_op));
       int64_t M, K, Mr, N;
+      if (have_rows && lhs_op != TW_OP_N)
+        return tw_error(TW_ERR_INVALID_ARG, "%s: a row-gathered lhs is [U, K] rows (lhs_op N), got lhs_op T", r->op);
       if (lhs.mode == TW_SCALE_NONE) logical_dims(&lhs, lhs_op, 1, &M, &K);
       else { M = lhs.src_rows; K = lhs.src_cols; }
       if (rhs.mode == TW_SCALE_NONE) logical_dims(&rhs, rhs_op, 1, &Mr, &N);

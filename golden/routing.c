@@ -260,12 +260,13 @@ static tw_status ep_by_source(ep_case *c, int r, tw_ctx *ctx, mirror *m, tw_ep *
   int64_t U = (int64_t)c->n * maxT, H = c->H, R = c->R, T = D_tok->shape[0];
   int nle = c->E / c->n;
   tw_ep_layer *layer = NULL;
-  void *src = calloc((size_t)(U * H) * 4 + 1, 1), *sscl = calloc((size_t)U * (size_t)(H / 32 + 1) + 1, 1);
+  void *src = calloc((size_t)(U * H) * 4 + 1, 1), *sscl = calloc((size_t)U * (size_t)(H / 32 + 1) * 4 + 1, 1);
   int32_t *row = calloc((size_t)R + 1, 4), *gs = calloc((size_t)nle + 1, 4), *dr = calloc((size_t)nle + 1, 4);
   float *rw = calloc((size_t)R + 1, 4), *out = calloc((size_t)(T * H) + 1, 4);
   tw_status s = src && sscl && row && gs && dr && rw && out ? TW_OK : tw_error(TW_ERR_MEMORY, "ep golden: out of memory");
   tw_tensor tsrc = tw_tensor_2d(src, c->dt, U, H, TW_MEM_HOST), tsscl = tw_tensor_none();
-  if (c->scale_block) tsscl = tw_tensor_2d(sscl, TW_E8M0, U, H / c->scale_block, TW_MEM_HOST);
+  if (c->scale_block)
+    tsscl = tw_tensor_2d(sscl, c->scale_block == 32 ? TW_E8M0 : TW_F32, U, H / c->scale_block, TW_MEM_HOST);
   tw_tensor trow = tw_tensor_1d(row, TW_I32, R, TW_MEM_HOST), trw = tw_tensor_1d(rw, TW_F32, R, TW_MEM_HOST);
   tw_tensor tgs = tw_tensor_1d(gs, TW_I32, nle, TW_MEM_HOST), tdr = tw_tensor_1d(dr, TW_I32, nle, TW_MEM_HOST);
   tw_tensor tout = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST);

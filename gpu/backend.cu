@@ -143,6 +143,8 @@ static const char *op_name(long long op) {
     case GPU_OP_DEQUANTIZE: return "grouped_dequantize";
     case GPU_OP_GROUPED_GEMM: return "grouped_gemm";
     case GPU_OP_GROUPED_GEMM_WGRAD: return "grouped_gemm_wgrad";
+    case GPU_OP_GROUPED_GEMM_ROWS: return "grouped_gemm_rows";
+    case GPU_OP_GROUPED_GEMM_WGRAD_ROWS: return "grouped_gemm_wgrad_rows";
     case GPU_OP_ROUTER: return "router";
     case GPU_OP_ROUTER_BWD: return "router_bwd";
     case GPU_OP_ROUTER_AUX: return "router_aux_loss";

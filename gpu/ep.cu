@@ -943,9 +943,9 @@ static int dot_vec_ok(const void *send, size_t rb, int y_bf16, const void *d_out
 // [max_tokens * max(k, n)] rows of crb bytes (combine / dispatch_bwd: route q's row and per-slot
 // f32, written by the expert's rank; combine_bwd: d_out of (s, t), written by rank s), d_w
 // [max_tokens * k] f32 (combine_bwd's dot of route q, written by the expert's rank), source
-// tags [n][max_tokens] u32 (rows by source: (s, t) is written by rank s with the low 32 bits of
-// its barrier epoch when token t has a kept route here, else 0; the window starts zeroed and
-// epochs only grow, so a tag equals this step's stamp exactly when the slab row is this step's).
+// tags [n][max_tokens] u64 (rows by source: (s, t) is written by rank s with its barrier epoch
+// when token t has a kept route here, else 0; the window starts zeroed, epochs start at 1 and only
+// grow, so a tag equals this step's stamp exactly when the slab row is this step's).
 // The row map also carries combine_bwd's weights (written by the token's rank).
 
 struct lsa_rowmap {  // 16 bytes per destination row
@@ -1266,11 +1266,11 @@ struct src_args {
 // and, when t has any, its token bytes and scales once into r's slab (r != me) or straight into
 // this rank's source row me * max_tokens + t (r = me; zeros when it has none).
 __device__ static void src_push(const lsa_dev &d, const src_args &a, const layer_impl &L, int64_t t, int r,
-                                unsigned stamp, int failed) {
+                                unsigned long long stamp, int failed) {
   unsigned any = 0;
   for (int j0 = 0; j0 < a.k; j0 += 32) any |= put_route_maps(d, t, r, j0, a.k, a.S, L, a.w);
   if ((threadIdx.x & 31) == 0)
-    ((unsigned *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0u;
+    ((unsigned long long *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0ull;
   if (any && r != d.me) {
     unsigned char *row = d.peer[r] + d.off_slab + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.srb;
     warp_copy_wide(row, a.tokens + (size_t)t * a.tb, a.tb);
@@ -1290,10 +1290,10 @@ __device__ static void src_push(const lsa_dev &d, const src_args &a, const layer
 // Source row u = s * max_tokens + t (s != me, or t >= T): from the slab when its tag is the
 // previous push's (stamp), zeros otherwise, with its scale row (rows, the 1x128 GEMM layout with
 // sld = roundup(U, 4), or MXFP8's mx rows, laid out after).
-__device__ static void src_row(const lsa_dev &d, const src_args &a, int64_t u, unsigned stamp) {
+__device__ static void src_row(const lsa_dev &d, const src_args &a, int64_t u, unsigned long long stamp) {
   const int s = (int)(u / d.maxT);
   const int64_t t = u % d.maxT;
-  const unsigned *tag = (const unsigned *)(d.peer[d.me] + d.off_tag);
+  const unsigned long long *tag = (const unsigned long long *)(d.peer[d.me] + d.off_tag);
   zero_scale_tail(a.src_scl, a.sb, a.sld, a.U, u);
   if (s == d.me && t < a.T) return;  // the push's
   if (s != d.me && tag[u] == stamp) {
@@ -1326,7 +1326,7 @@ __device__ static void src_map(const lsa_dev &d, const src_args &a, const layer_
 // step), the others write chunk c - 1's source rows of every rank and, at c = C, the maps.
 __global__ void lsa_src_step(lsa_dev d, src_args a, layer_impl L, int c, int C, int P) {
   const int failed = *L.flag;
-  const unsigned epoch = (unsigned)*d.epoch;  // the same on every rank at this step
+  const unsigned long long epoch = *d.epoch;  // the same on every rank at this step (>= 1: lsa_counts' barrier)
   const int push = c < C, write = c > 0;
   const int pb = push && write ? P : push ? (int)gridDim.x : 0;
   const int lw = (int)(threadIdx.x >> 5), wpb = (int)(blockDim.x >> 5);
@@ -1343,7 +1343,7 @@ __global__ void lsa_src_step(lsa_dev d, src_args a, layer_impl L, int c, int C, 
   const int64_t rows = failed ? 0 : (int64_t)d.n * len, items = rows + (c == C ? a.R : 0);
   const int64_t warps = ((int64_t)gridDim.x - pb) * wpb;
   for (int64_t it = ((int64_t)blockIdx.x - pb) * wpb + lw; it < items; it += warps) {
-    if (it < rows) src_row(d, a, (it / len) * d.maxT + t0 + it % len, epoch - 1u);
+    if (it < rows) src_row(d, a, (it / len) * d.maxT + t0 + it % len, epoch - 1ull);
     else src_map(d, a, L, it - rows, failed);
   }
 }
@@ -1802,7 +1802,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
   d.off_comb = o; o += round_to(back_rows * d.crb, 256);
   d.off_dw = o; o += round_to((size_t)c->max_tokens * (size_t)c->topk * 4, 256);
-  d.off_tag = o; o += (size_t)n * (size_t)c->max_tokens * 4;
+  d.off_tag = o; o += (size_t)n * (size_t)c->max_tokens * 8;
   {
     const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
     double ts = te && atof(te) > 0 ? atof(te) : 20.0;

@@ -43,9 +43,10 @@ typedef struct {
   int swizzled;          // MXFP8 byte order
   int64_t src_rows;      // R of the source
   int64_t src_group_rows;// uniform groups: rows per group of the source (0 = ragged)
-  // row-gathered lhs (tw_grouped_gemm_rows; GG_FWD_RAGGED's A only): logical row o_g + x reads
-  // data row rows[o_g + x] of a [gather_rows, K] source quantized as one group (-1 or an entry
-  // outside [0, gather_rows): zeros; such an entry was reported by gg_check_rows)
+  // row-gathered lhs (tw_grouped_gemm_rows / _wgrad_rows; operand A only): storage row o_g + i
+  // (the forward's x, kmajor; the wgrad's token, the contracting index) reads data row
+  // rows[o_g + i] of a [gather_rows, K] source quantized as one group (-1 or an entry outside
+  // [0, gather_rows): zeros; such an entry was reported by gg_check_rows)
   const int32_t *rows;
   int64_t gather_rows;
 } gg_operand;
@@ -76,6 +77,12 @@ int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw
 // offsets: device [G+1] from gpu_group_prefix. TW_ERR_UNSUPPORTED naming it when it declines.
 tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
                            const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
+
+// gg_wgmma with a row-gathered lhs [U, K] (tw_grouped_gemm_rows): rows device [out rows]; the
+// producer warpgroup loads A rows itself (TMA cannot gather on Hopper).
+tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, const tw_operand *rhs,
+                                tw_op rhs_op, const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate,
+                                const char *op);
 
 // Kernel version 5 (gg_wgmma_fp8, gpu/grouped_gemm_wgmma_fp8.cu): Hopper fp8 forward, ragged M,
 // block scales promoted every 128 along K. tiles: device [G+1] 128-row tile offsets T(g).

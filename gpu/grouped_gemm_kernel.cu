@@ -113,7 +113,7 @@ struct gg_view {
   int64_t ld;
   int64_t xlim, klim;  // valid rows (x) and contracting length
   int es, kmajor, vec_ok;
-  const int32_t *rows;  // row-gathered (kmajor): data row of x is rows[x], from base; NULL: x itself
+  const int32_t *rows;  // row-gathered: data row of storage row i is rows[i], from base; NULL: i itself
   int64_t urows;        // rows of the gathered source
 };
 

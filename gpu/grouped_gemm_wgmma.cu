@@ -92,6 +92,11 @@ struct ggw_params {
   int accumulate;
   int tma_out;  // 1: a warpgroup whose 64 rows all lie in the group leaves through shared memory
                 // and TMA stores (not accumulating, out 16-byte aligned, 16-byte row stride)
+  // row-gathered lhs (GA kernels, tw_grouped_gemm_rows): A row o_g + x is data row rows[o_g + x]
+  // of a [U, K] lhs (-1, or an entry outside [0, U): zeros), loaded by the producer warpgroup
+  const int32_t *rows;
+  const unsigned char *a;
+  int64_t U;
 };
 
 #ifdef GGW_DEVICE
@@ -215,7 +220,13 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint3
 // (2: the pair takes 256 rows x 256 columns, same group and columns; each CTA loads half of
 // the rhs tile and multicasts it to both, halving rhs traffic out of L2; a stage is free
 // once the consumers of both CTAs released it).
-template <bool F16, int TB, int OUT, int CL>
+// GA (CL = 1 only): a row-gathered lhs. TMA cannot gather rows on Hopper, so the producer
+// warpgroup's 128 threads load A instead, thread r row r of the tile: 8 16-byte chunks per k-tile
+// (two halves of 4, within the producer's 40 registers), stored in the 128-byte swizzle that TMA
+// would have written (chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4) of a 1024-aligned
+// stage), then fence.proxy.async (generic-proxy stores before the wgmma's async-proxy reads) and
+// an arrival on the full barrier (128 arrivals plus thread 0's expect_tx for the rhs bytes).
+template <bool F16, int TB, int OUT, int CL, int GA = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                const __grid_constant__ CUtensorMap map_o, const ggw_params p) {
@@ -230,7 +241,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   const uint32_t rank = CL > 1 ? wgc_cta_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
-      wgc_bar_init(&full[s], 1);
+      wgc_bar_init(&full[s], GA ? 1 + 128 : 1);
       wgc_bar_init(&empty[s], 8 * CL);  // one arrival per consumer warp of each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -243,7 +254,52 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   if (wg == 0) {
     // ---- producer: one thread issues every TMA load --------------------------------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (tid == 0) {
+    if (GA) {  // every producer thread: row tid of A; thread 0 also the rhs by TMA
+      if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      const int64_t rowb = p.K * 2;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggw_locate<CL>(p, t, rank, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        int64_t dr = p0 + tid < mg ? (int64_t)p.rows[og + p0 + tid] : -1;
+        if (dr >= p.U) dr = -1;  // reported by gg_check_rows; zeros, no read past the lhs
+        const unsigned char *src = dr >= 0 ? p.a + dr * rowb : NULL;
+        for (int kt = 0; kt < ktiles; ++kt) {
+          wgc_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
+          if (tid == 0) {
+            wgc_bar_expect(&full[s], GGW_STAGE_BYTES - GGW_A_BYTES);
+            if (TB == 0) {
+              wgc_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
+            } else {
+#pragma unroll
+              for (int j = 0; j < GGW_BN / 64; ++j)
+                wgc_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+            }
+          }
+          unsigned char *line = sa + tid * 128;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint4 v[4];
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int64_t k = (int64_t)kt * GGW_BK + 8 * (4 * h + c);  // K % 8 == 0: whole chunks
+              v[c] = src && k < p.K ? __ldg((const uint4 *)(src + k * 2)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) *(uint4 *)(line + (((4 * h + c) ^ (tid & 7)) << 4)) = v[c];
+          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          wgc_bar_arrive(&full[s]);
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
       int s = 0;
@@ -437,11 +493,12 @@ int gg_wgmma_takes(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw
 }
 
 // Persistent grid: as many CTAs (clusters of CL) as are resident at once, asked once per device.
-template <bool F16, int TB, int OUT, int CL>
+template <bool F16, int TB, int OUT, int CL, int GA = 0>
 static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
                               const ggw_params *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_params) = ggw_kernel<F16, TB, OUT, CL>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_params) =
+      ggw_kernel<F16, TB, OUT, CL, GA>;
   static int grid_of[64];
   int dev = st->device < 64 ? st->device : 0;
   cudaLaunchConfig_t cfg;
@@ -484,13 +541,17 @@ static tw_status ggw_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensor
   return TW_OK;
 }
 
-tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
-                           const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+// rows: a row-gathered lhs [U, K] (lhs_rows, device [M]); NULL: lhs [M, K].
+static tw_status ggw_forward(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, const tw_operand *rhs,
+                             tw_op rhs_op, const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate,
+                             const char *op) {
   const char *why;
   if (!gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why))
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
-  const int64_t M = lhs->data.shape[0], K = lhs->data.shape[1], N = out->shape[1];
+  const int64_t M = out->shape[0], K = lhs->data.shape[1], N = out->shape[1], U = lhs->data.shape[0];
   if (M == 0 || N == 0 || G == 0) return TW_OK;
+  if (M >= ((int64_t)1 << 31))
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' needs M below 2^31 (TMA coordinates)", op, GG_KERNEL_WGMMA);
   PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
@@ -499,12 +560,12 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
     const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
     forced_cl = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? atoi(e) : 0;
   }
-  const int cl = forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);
+  const int cl = rows ? 1 : forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);  // a gathered A: pairs not built
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
   memset(&mb, 0, sizeof mb);
-  {
+  if (!rows) {
     cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)M}, strides[1] = {(cuuint64_t)K * 2};
     cuuint32_t box[2] = {GGW_BK, GGW_BM}, es[2] = {1, 1};
     CUresult r = enc(&ma, dt, 2, lhs->data.data, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -533,6 +594,9 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   p.G = G;
   p.tilesQ = (N + GGW_BN - 1) / GGW_BN;
   p.accumulate = accumulate;
+  p.rows = rows;
+  p.a = (const unsigned char *)lhs->data.data;
+  p.U = U;
   // out [M, N] as a 2-D map, boxes of 64 rows x 128 bytes, for the interior warpgroups' TMA
   // stores: not accumulating, base 16-byte aligned, row stride a multiple of 16 bytes.
   // Measurement knob TWIN_GG_WGMMA_EPI=regs (read on every call): every tile from registers.
@@ -557,8 +621,9 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   GPU_TRY_CUDA(cudaGetLastError(), op);
   p.tile_start = ts;
 #define GGW_CL(F, T, O) \
-  return cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
-                 : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &mo, &p, op);
+  return rows ? ggw_launch_t<F, T, O, 1, 1>(ctx, &ma, &mb, &mo, &p, op) \
+         : cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
+                   : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_OUT(F, T)                   \
   switch (out->dtype) {                 \
     case TW_F32: GGW_CL(F, T, TW_F32)   \
@@ -573,6 +638,17 @@ tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand 
   GGW_OUT(false, 0)
 #undef GGW_OUT
 #undef GGW_CL
+}
+
+tw_status gg_wgmma_forward(tw_ctx *ctx, const tw_operand *lhs, const tw_operand *rhs, tw_op rhs_op,
+                           const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+  return ggw_forward(ctx, lhs, NULL, rhs, rhs_op, offsets, G, out, accumulate, op);
+}
+
+tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, const tw_operand *rhs,
+                                tw_op rhs_op, const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate,
+                                const char *op) {
+  return ggw_forward(ctx, lhs, rows, rhs, rhs_op, offsets, G, out, accumulate, op);
 }
 
 // ---- wgrad (ragged contracting dim) -----------------------------------------------------------

@@ -1089,8 +1089,8 @@ Test(ep_gpu, random_cases_by_source) {
 
 /* Rows by source over ep_nccl_lsa in C chunks of the token index (lsa_src_step: chunk c's source
  * rows written while chunk c + 1 is pushed; the default takes one chunk, so these force C): C = 2, 3 and 8 (more chunks than some ranks' tokens), and
- * 3 with one push block in the steps that do both, with 1x128 GEMM-layout scales in a third of
- * the cases, bit for bit against the oracle */
+ * 3 with one push block in the steps that do both (the C = 3 runs with fp8 tokens in the 1x128
+ * and the MXFP8 GEMM layouts), bit for bit against the oracle */
 Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
   const char *cs[] = {"2", "3", "8", "3"};
   const int n = sweep_n() / 4 > 2 ? sweep_n() / 4 : 2;
@@ -1098,8 +1098,8 @@ Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
   for (int i = 0; i < 4; i++) {
     setenv("TWIN_EP_SRC_CHUNKS", cs[i], 1);
     if (i == 3) setenv("TWIN_EP_SRC_PUSH_BLOCKS", "1", 1);
+    gemm_scales = i == 1 ? 1 : i == 3 ? 4 : 0; /* C = 3: 1x128 GEMM layout; C = 3, one push block: MXFP8 */
     loop_24("ep_nccl_lsa", n);
-    gemm_scales = i == 1 ? 1 : i == 2 ? 4 : 0;
   }
   gemm_scales = 0;
   by_source = 0;
