@@ -309,3 +309,67 @@ Test(grouped_gemm_rows_gpu, bad_entry_and_unsupported_versions) {
   tw_ctx_sync(x);
   tw_ctx_destroy(x);
 }
+
+/* Timing aid (GG_ROWS_TIME=1, skipped otherwise): one MoE-sized forward, a kernel reading the
+ * gathered rows against the same kernel on the expanded operand, medians of 10 calls (kernel
+ * GG_ROWS_TIME_KERNEL, default gg_wgmma).
+ * Shape: G 32 experts, 512 rows each (S 16384: 2048 tokens x top-8), U 4096 source rows, K 7168,
+ * N 4096 (the wi GEMM of H 7168, F 2048), bf16 in and out. */
+Test(grouped_gemm_rows_gpu, timing_moe_shape, .timeout = 300) {
+  if (!getenv("GG_ROWS_TIME")) cr_skip_test("timing aid: set GG_ROWS_TIME=1");
+  const int64_t G = 32, m = 512, S = G * m, U = 4096, K = 7168, N = 4096;
+  cudaStream_t stream;
+  cr_assert_eq(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.backend = TW_BACKEND_GPU;
+  cc.kernel = getenv("GG_ROWS_TIME_KERNEL") ? getenv("GG_ROWS_TIME_KERNEL") : "gg_wgmma";
+  cc.stream = stream;
+  tw_ctx *x = NULL;
+  cr_assert_eq(tw_ctx_create(&x, &cc), TW_OK, "%s", tw_last_error());
+  void *l, *L, *r, *o, *rw, *gsd;
+  cr_assert_eq(tw_alloc(x, (size_t)(U * K) * 2, &l), TW_OK);
+  cr_assert_eq(tw_alloc(x, (size_t)(S * K) * 2, &L), TW_OK);
+  cr_assert_eq(tw_alloc(x, (size_t)(G * K * N) * 2, &r), TW_OK);
+  cr_assert_eq(tw_alloc(x, (size_t)(S * N) * 2, &o), TW_OK);
+  int32_t *rows = malloc((size_t)S * 4), gs[32];
+  st = 99;
+  for (int64_t i = 0; i < S; i++) rows[i] = (int32_t)irange(0, U - 1);
+  for (int g = 0; g < G; g++) gs[g] = (int32_t)m;
+  rw = dput(x, rows, (size_t)S * 4);
+  gsd = dput(x, gs, sizeof gs);
+  cudaMemset(l, 0x3c, (size_t)(U * K) * 2);
+  cudaMemset(L, 0x3c, (size_t)(S * K) * 2);
+  cudaMemset(r, 0x3c, (size_t)(G * K * N) * 2);
+  cudaDeviceSynchronize();
+  tw_tensor tl = tw_tensor_2d(l, TW_BF16, U, K, TW_MEM_DEVICE), tL = tw_tensor_2d(L, TW_BF16, S, K, TW_MEM_DEVICE);
+  tw_tensor tr = tw_tensor_3d(r, TW_BF16, G, K, N, TW_MEM_DEVICE), to = tw_tensor_2d(o, TW_BF16, S, N, TW_MEM_DEVICE);
+  tw_tensor trows = tw_tensor_1d(rw, TW_I32, S, TW_MEM_DEVICE), tgs = tw_tensor_1d(gsd, TW_I32, G, TW_MEM_DEVICE);
+  tw_operand lo = tw_operand_plain(&tl), Lo = tw_operand_plain(&tL), ro = tw_operand_plain(&tr);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int way = 0; way < 2; way++) {
+    float ms[10];
+    for (int it = -2; it < 10; it++) {
+      cudaEventRecord(e0, stream);
+      tw_status s = way ? tw_grouped_gemm_rows(x, &lo, &trows, &ro, TW_OP_N, &tgs, &to, 0)
+                        : tw_grouped_gemm(x, &Lo, &ro, TW_OP_N, &tgs, &to, 0);
+      cr_assert_eq(s, TW_OK, "%s", tw_last_error());
+      cudaEventRecord(e1, stream);
+      cudaEventSynchronize(e1);
+      if (it >= 0) cudaEventElapsedTime(&ms[it], e0, e1);
+    }
+    for (int i = 0; i < 10; i++)
+      for (int j = i + 1; j < 10; j++)
+        if (ms[j] < ms[i]) { float t = ms[i]; ms[i] = ms[j]; ms[j] = t; }
+    const double med = 0.5 * (ms[4] + ms[5]);
+    cr_log_info("%s G %lld x m %lld, K %lld, N %lld, bf16: %s %.3f ms, %.0f TFLOP/s", cc.kernel, (long long)G,
+                (long long)m, (long long)K, (long long)N, way ? "rows gathered" : "expanded rows", med,
+                2.0 * S * K * N / (med * 1e9));
+  }
+  tw_ctx_sync(x);
+  tw_free(x, l); tw_free(x, L); tw_free(x, r); tw_free(x, o); tw_free(x, rw); tw_free(x, gsd);
+  free(rows);
+  tw_ctx_destroy(x);
+  cudaStreamDestroy(stream);
+}
