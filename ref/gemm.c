@@ -452,10 +452,11 @@ tw_status ref_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
 
 /* ---- row-gathered lhs: a gather, then the same GEMM -------------------------------------- */
 
-/* L [M, K] f32 (malloc'd): L[i] = the value of lhs row lhs_rows[i] (the [U, K] source dequantized
- * as one group), zeros for -1; rows i >= S are never read by the GEMM (left zero). */
+/* L [M, K] f32 (malloc'd; *t views it): L[i] = the value of lhs row lhs_rows[i] (the [U, K]
+ * source dequantized as one group), zeros for -1; rows i >= S are never read by the GEMM (left
+ * zero). */
 static tw_status gather_lhs(const char *op, const tw_operand *lhs, const tw_tensor *lhs_rows,
-                            const tw_tensor *group_sizes, float **L) {
+                            const tw_tensor *group_sizes, float **L, tw_tensor *t) {
   int64_t M = lhs_rows->shape[0], K = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[1] : lhs->src_cols;
   int64_t U = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[0] : lhs->src_rows, S = 0;
   for (int64_t g = 0; g < group_sizes->shape[0]; g++) S += ((const int32_t *)group_sizes->data)[g];
@@ -479,6 +480,7 @@ static tw_status gather_lhs(const char *op, const tw_operand *lhs, const tw_tens
     free(*L);
     *L = NULL;
   }
+  *t = tw_tensor_2d(*L, TW_F32, M, K, TW_MEM_HOST);
   return s;
 }
 
@@ -486,9 +488,8 @@ tw_status ref_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_ten
                                 const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
                                 tw_tensor *out, int accumulate) {
   float *L = NULL;
-  TW_TRY(gather_lhs("grouped_gemm_rows", lhs, lhs_rows, group_sizes, &L));
-  int64_t K = lhs->mode == TW_SCALE_NONE ? lhs->data.shape[1] : lhs->src_cols;
-  tw_tensor t = tw_tensor_2d(L, TW_F32, lhs_rows->shape[0], K, TW_MEM_HOST);
+  tw_tensor t;
+  TW_TRY(gather_lhs("grouped_gemm_rows", lhs, lhs_rows, group_sizes, &L, &t));
   tw_operand gathered = tw_operand_plain(&t);
   tw_status s = ref_grouped_gemm(ctx, &gathered, rhs, rhs_op, group_sizes, out, accumulate);
   free(L);
@@ -499,8 +500,8 @@ tw_status ref_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const 
                                       const tw_operand *rhs, tw_op rhs_op, const tw_tensor *group_sizes,
                                       tw_tensor *out, int accumulate) {
   float *L = NULL;
-  TW_TRY(gather_lhs("grouped_gemm_wgrad_rows", lhs, lhs_rows, group_sizes, &L));
-  tw_tensor t = tw_tensor_2d(L, TW_F32, lhs_rows->shape[0], lhs->data.shape[1], TW_MEM_HOST);
+  tw_tensor t;
+  TW_TRY(gather_lhs("grouped_gemm_wgrad_rows", lhs, lhs_rows, group_sizes, &L, &t));
   tw_operand gathered = tw_operand_plain(&t);
   tw_status s = ref_grouped_gemm_wgrad(ctx, &gathered, TW_OP_N, rhs, rhs_op, group_sizes, out, accumulate);
   free(L);

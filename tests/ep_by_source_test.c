@@ -326,6 +326,57 @@ Test(ep_by_source, source_scales_shape_is_the_quantizers_one_group_layout) {
   int64_t sh[2];
   tw_dtype dt;
   tt_expect_status(tw_ep_source_scales_shape(&cfg, 2, sh, &dt), TW_ERR_INVALID_ARG, "bf16 tokens have no src_scales");
+  cfg.token_dtype = TW_E4M3;
+  cfg.scale_block = 32;
+  cfg.hidden = 64;
+  tt_expect_status(tw_ep_source_scales_shape(&cfg, 0, sh, &dt), TW_ERR_INVALID_ARG, "ep_size = 0");
+  tt_expect_status(tw_ep_source_scales_shape(&cfg, 2, NULL, &dt), TW_ERR_NULL, "shape or dtype is NULL");
+  tt_expect_status(tw_ep_source_scales_shape(NULL, 2, sh, &dt), TW_ERR_NULL, "cfg is NULL");
+  cr_expect_eq(tw_ep_source_rows(NULL), 0);
+}
+
+/* bf16 tokens: src_scales must be none */
+static tw_status bf16_scales_fn(int r, tw_comm *comm, void *arg) {
+  (void)r;
+  (void)arg;
+  tw_ctx *ctx = NULL;
+  tw_ctx_config cc = TW_CTX_CONFIG_INIT;
+  cc.comm = comm;
+  TW_TRY(tw_ctx_create(&ctx, &cc));
+  tw_ep_config cfg = TW_EP_CONFIG_INIT;
+  cfg.num_experts = 2; cfg.topk = 1; cfg.max_tokens = 2; cfg.hidden = 4; cfg.token_dtype = TW_BF16;
+  tw_ep *ep = NULL;
+  tw_ep_layer *ly = NULL;
+  cr_assert_eq(tw_ep_create(ctx, comm, &cfg, &ep), TW_OK, "%s", tw_last_error());
+  cr_assert_eq(tw_ep_layer_create(ep, &ly), TW_OK);
+  uint16_t tok[8] = {0}, src[8];
+  float w[2] = {1, 1}, rw[8], sc[2];
+  int32_t ids[2] = {0, 1}, row[8], gs[2];
+  const int64_t R = tw_ep_recv_capacity(ep);
+  tw_tensor t = tw_tensor_2d(tok, TW_BF16, 2, 4, TW_MEM_HOST), idx = tw_tensor_2d(ids, TW_I32, 2, 1, TW_MEM_HOST);
+  tw_tensor tw_ = tw_tensor_2d(w, TW_F32, 2, 1, TW_MEM_HOST), ts = tw_tensor_2d(src, TW_BF16, 2, 4, TW_MEM_HOST);
+  tw_tensor trow = tw_tensor_1d(row, TW_I32, R, TW_MEM_HOST), trw = tw_tensor_1d(rw, TW_F32, R, TW_MEM_HOST);
+  tw_tensor tgs = tw_tensor_1d(gs, TW_I32, 2, TW_MEM_HOST), none = tw_tensor_none();
+  tw_tensor scl = tw_tensor_2d(sc, TW_F32, 2, 1, TW_MEM_HOST);
+  tt_expect_status(tw_ep_dispatch_by_source(ctx, ly, &t, &none, &idx, &tw_, &ts, &scl, &trow, &trw, &tgs, &none),
+                   TW_ERR_INVALID_ARG, "src_scales are for fp8 tokens only (tokens are bf16)");
+  tt_expect_status(tw_ep_dispatch_by_source(ctx, ly, &t, &scl, &idx, &tw_, &ts, &none, &trow, &trw, &tgs, &none),
+                   TW_ERR_INVALID_ARG, "token_scales are for fp8 tokens only (tokens are bf16)");
+  tt_expect_status(tw_ep_dispatch_by_source(NULL, ly, &t, &none, &idx, &tw_, &ts, &none, &trow, &trw, &tgs, &none),
+                   TW_ERR_NULL, "ctx or layer is NULL");
+  cr_expect_eq(tw_ep_dispatch_by_source(ctx, ly, &t, &none, &idx, &tw_, &ts, &none, &trow, &trw, &tgs, &none), TW_OK,
+               "%s", tw_last_error());
+  tw_ep_layer_destroy(ly);
+  tw_ep_destroy(ep);
+  tw_ctx_destroy(ctx);
+  return TW_OK;
+}
+
+Test(ep_by_source, scales_for_bf16_tokens_and_nulls_are_refused) {
+  tw_comm *comm;
+  cr_assert_eq(tw_comm_init_threads(1, &comm), TW_OK);
+  cr_assert_eq(tw_run_ranks(1, &comm, bf16_scales_fn, NULL), TW_OK, "%s", tw_last_error());
+  tw_comm_destroy(comm);
 }
 
 /* ---- errors ------------------------------------------------------------------------------ */

@@ -703,4 +703,26 @@ Test(gemm_errors, rows_wgrad) {
                    tw_tensor_1d(sc, TW_F32, 1, TW_MEM_HOST), 0, 0, 5, 4, 0};
   EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &ql, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_INVALID_ARG,
              "takes plain operands (lhs is current");
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &a.l, &a.rows, &r, (tw_op)7, &a.gs, &out, 0), TW_ERR_INVALID_ARG,
+             "rhs_op is 7");
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(NULL, &a.l, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_NULL, "ctx is NULL");
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, NULL, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_NULL, "lhs is NULL");
+  tw_tensor l3 = tw_tensor_3d(buf_a, TW_F32, 1, 5, 4, TW_MEM_HOST);
+  tw_operand o3 = tw_operand_plain(&l3);
+  EXPECT_ERR(tw_grouped_gemm_wgrad_rows(ctx, &o3, &a.rows, &r, TW_OP_N, &a.gs, &out, 0), TW_ERR_SHAPE,
+             "lhs must have 2 dims, has 3");
+}
+
+Test(gemm_errors, rows_forward_pairs_and_nulls) {
+  rows_args a = rows_fwd();
+  EXPECT_ERR(tw_grouped_gemm_rows(NULL, &a.l, &a.rows, &a.r, TW_OP_N, &a.gs, &a.to, 0), TW_ERR_NULL, "ctx is NULL");
+  EXPECT_ERR(tw_grouped_gemm_rows(ctx, NULL, &a.rows, &a.r, TW_OP_N, &a.gs, &a.to, 0), TW_ERR_NULL, "lhs is NULL");
+  EXPECT_ERR(tw_grouped_gemm_rows(ctx, &a.l, &a.rows, NULL, TW_OP_N, &a.gs, &a.to, 0), TW_ERR_NULL, "rhs is NULL");
+  EXPECT_ERR(tw_grouped_gemm_rows(ctx, &a.l, &a.rows, &a.r, (tw_op)3, &a.gs, &a.to, 0), TW_ERR_INVALID_ARG,
+             "rhs_op is 3");
+  a.tl = tw_tensor_2d(buf_a, TW_BF16, 5, 4, TW_MEM_HOST); /* bf16 x f16: no plain pair */
+  a.tr = tw_tensor_3d(buf_b, TW_F16, 2, 4, 3, TW_MEM_HOST);
+  a.l = tw_operand_plain(&a.tl);
+  a.r = tw_operand_plain(&a.tr);
+  EXPECT_ERR(ROWS(a), TW_ERR_DTYPE, "bf16");
 }
