@@ -215,6 +215,17 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint3
 }
 #endif  // GGW_DEVICE
 
+// A 16-byte cp.async of n (16 or 0: zero fill) bytes, and the arrival on a barrier once every
+// earlier cp.async of this thread has landed (noinc: it is one of the barrier's counted arrivals).
+#ifdef GGW_DEVICE
+__device__ __forceinline__ void ggw_cp_async16(void *dst, const void *src, int n) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(wgc_smem(dst)), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void ggw_cp_async_arrive(uint64_t *b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(wgc_smem(b)) : "memory");
+}
+#endif
+
 // F16: f16 inputs (else bf16). TB: rhs op N ([G, K, N], N-major in shared memory; wgmma's
 // transpose bit), else op T ([G, N, K], K-major). OUT: output tw_dtype. CL: CTAs per cluster
 // (2: the pair takes 256 rows x 256 columns, same group and columns; each CTA loads half of
@@ -222,10 +233,15 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint3
 // once the consumers of both CTAs released it).
 // GA (CL = 1 only): a row-gathered lhs. TMA cannot gather rows on Hopper, so the producer
 // warpgroup's 128 threads load A instead, thread r row r of the tile: 8 16-byte chunks per k-tile
-// (two halves of 4, within the producer's 40 registers), stored in the 128-byte swizzle that TMA
-// would have written (chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4) of a 1024-aligned
-// stage), then fence.proxy.async (generic-proxy stores before the wgmma's async-proxy reads) and
-// an arrival on the full barrier (128 arrivals plus thread 0's expect_tx for the rhs bytes).
+// in the 128-byte swizzle that TMA would have written (chunk c of row r at r * 128 +
+// ((c ^ (r & 7)) << 4) of a 1024-aligned stage); the full barrier counts 128 arrivals plus
+// thread 0's expect_tx for the rhs bytes.
+//   GA = 2 (default): cp.async copies, the arrival made by cp.async.mbarrier.arrive.noinc when
+//   they land, so every stage of the ring can be in flight at once; the consumers order those
+//   generic-proxy writes before their wgmma (fence.proxy.async after the full barrier).
+//   GA = 1 (TWIN_GG_WGMMA_GA=sync, a measurement knob): loads through registers (two halves of
+//   4 chunks, within the producer's 40 registers), stores, fence.proxy.async, then the arrival:
+//   one stage in flight per thread.
 template <bool F16, int TB, int OUT, int CL, int GA = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -280,6 +296,16 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
             }
           }
           unsigned char *line = sa + tid * 128;
+          if (GA == 2) {  // asynchronous: 8 cp.async (zero-filled past K or for a -1 row), then an
+                          // arrival on full[s] once they land; the thread goes on to the next stage
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+              const int64_t k = (int64_t)kt * GGW_BK + 8 * c;  // K % 8 == 0: whole chunks
+              const bool in = src && k < p.K;
+              ggw_cp_async16(line + ((c ^ (tid & 7)) << 4), in ? src + k * 2 : p.a, in ? 16 : 0);
+            }
+            ggw_cp_async_arrive(&full[s]);
+          } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             uint4 v[4];
@@ -293,6 +319,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           }
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
           wgc_bar_arrive(&full[s]);
+          }
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -356,6 +383,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         wgc_bar_wait(&full[s], phase);
+        // GA 2: the A rows came by cp.async (generic proxy); order them before wgmma's reads
+        if (GA == 2) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const uint32_t a0 = wgc_smem(base + s * GGW_STAGE_BYTES) + c * (64 * GGW_BK * 2);
         const uint32_t b0 = wgc_smem(base + s * GGW_STAGE_BYTES + GGW_A_BYTES);
         wgc_fence();
@@ -620,8 +649,11 @@ static tw_status ggw_forward(tw_ctx *ctx, const tw_operand *lhs, const int32_t *
   ggw_tile_prefix<<<1, GGW_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, (int64_t)GGW_BM * cl, p.tilesQ, ts);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   p.tile_start = ts;
+  const char *gav = getenv("TWIN_GG_WGMMA_GA");  // measurement knob: "sync" = the register loads
+  const int ga_sync = gav && strcmp(gav, "sync") == 0;
 #define GGW_CL(F, T, O) \
-  return rows ? ggw_launch_t<F, T, O, 1, 1>(ctx, &ma, &mb, &mo, &p, op) \
+  return rows ? (ga_sync ? ggw_launch_t<F, T, O, 1, 1>(ctx, &ma, &mb, &mo, &p, op) \
+                         : ggw_launch_t<F, T, O, 1, 2>(ctx, &ma, &mb, &mo, &p, op)) \
          : cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
                    : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_OUT(F, T)                   \

@@ -12,6 +12,7 @@
 #include "twin/tw_ep.h"
 #include "twin/tw_gemm.h"
 #include "twin/tw_moe.h"
+#include "twin/tw_numerics.h"
 #include "twin/tw_quantize.h"
 #include "twin/tw_router.h"
 
@@ -63,6 +64,9 @@ struct tw_moe {
    * the reduce-scatter, and one staging buffer for the layout swaps */
   void *wi_full, *wo_full, *stage;
   float *dwi_full, *dwo_full;
+  /* bf16 d_wi / d_wo with dp or fsdp > 1: the shard's f32 gradients, summed, then rounded once
+   * (allocated by the first such backward) */
+  float *dwi_f32, *dwo_f32;
   /* fp8_gather: the shards' fp8 copies, their uniform group sizes (Hs), the per-expert scales
    * (FP8_CURRENT) and how each part of wi (plan[0]) and wo (plan[1]) travels: row data, col
    * data, row scales, col scales */
@@ -170,7 +174,8 @@ tw_status tw_moe_destroy(tw_moe *m) {
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 5; j++)
       if (m->qsbuf[i][j]) tw_free(m->ctx, m->qsbuf[i][j]);
-  void *fs_bufs[] = {m->wi_full, m->wo_full, m->stage, m->dwi_full, m->dwo_full, m->gs_hs, m->scale_wi, m->scale_wo};
+  void *fs_bufs[] = {m->wi_full,  m->wo_full, m->stage,    m->dwi_full, m->dwo_full,
+                     m->dwi_f32,  m->dwo_f32, m->gs_hs, m->scale_wi, m->scale_wo};
   for (size_t i = 0; i < sizeof fs_bufs / sizeof *fs_bufs; i++)
     if (fs_bufs[i]) tw_free(m->ctx, fs_bufs[i]);
   if (m->gs_h) tw_free(m->ctx, m->gs_h);
@@ -799,8 +804,20 @@ static tw_status check_grads(const char *op, const tw_moe *m, const tw_moe_grads
   if (!g) return tw_error(TW_ERR_NULL, "%s: grads is NULL", op);
   tw_mem mem = tw_ctx_mem(m->ctx);
   TW_TRY(check_tensor(op, "grads.gate", &g->gate, mem, TW_F32, 2, m->H, m->E, 0));
-  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, TW_F32, 3, m->nle, m->Hs, 2 * m->F));
-  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, TW_F32, 3, m->nle, m->F, m->Hs));
+  /* d_wi and d_wo: both f32, or both bf16 where the recipe's weights are bf16 */
+  tw_dtype gw = g->wi.dtype;
+  if (!tw_tensor_is_none(&g->wi) && !tw_tensor_is_none(&g->wo)) {
+    if (gw != TW_F32 && gw != TW_BF16)
+      return tw_error(TW_ERR_DTYPE, "%s: grads.wi is %s, expected f32 or bf16", op, tw_dtype_name(gw));
+    if (gw == TW_BF16 && m->dt != TW_BF16)
+      return tw_error(TW_ERR_DTYPE, "%s: bf16 grads.wi and grads.wo need a recipe with bf16 weights (this one is %s)",
+                      op, tw_moe_recipe_name(m->cfg.recipe));
+    if (g->wo.dtype != gw)
+      return tw_error(TW_ERR_DTYPE, "%s: grads.wi is %s but grads.wo is %s: give both in the same dtype", op,
+                      tw_dtype_name(gw), tw_dtype_name(g->wo.dtype));
+  }
+  TW_TRY(check_tensor(op, "grads.wi", &g->wi, mem, gw, 3, m->nle, m->Hs, 2 * m->F));
+  TW_TRY(check_tensor(op, "grads.wo", &g->wo, mem, gw, 3, m->nle, m->F, m->Hs));
   if (bias) {
     TW_TRY(check_tensor(op, "grads.bi", &g->bi, mem, TW_F32, 2, m->nle, 2 * m->F, 0));
     TW_TRY(check_tensor(op, "grads.bo", &g->bo, mem, TW_F32, 2, m->nle, m->H, 0));
@@ -835,9 +852,20 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   tw_tensor tw = t2(m, m->topk_w, TW_F32, T, k), dtw = t2(m, m->d_topk_w, TW_F32, T, k);
   tw_tensor eo = t2(m, m->eo, m->dt, R, H), d_eo = t2(m, m->d_eo, m->dt, R, H);
   tw_tensor d_recv_w = tw_tensor_1d(m->d_recv_w, TW_F32, R, mem);
-  /* the expert weight gradients at full size (fsdp: scattered to the shards at the end) */
-  tw_tensor gwi = m->fs > 1 ? tw_tensor_3d(m->dwi_full, TW_F32, m->nle, H, 2 * F, mem) : grads->wi;
-  tw_tensor gwo = m->fs > 1 ? tw_tensor_3d(m->dwo_full, TW_F32, m->nle, F, H, mem) : grads->wo;
+  /* the shard's expert weight gradients before the final rounding: the caller's tensors, or
+   * with bf16 gradients summed over dp or fsdp, f32 ones rounded once at the end */
+  tw_tensor swi = grads->wi, swo = grads->wo;
+  const int round_late = grads->wi.dtype == TW_BF16 && (m->fs > 1 || m->dp_comm);
+  if (round_late) {
+    if (!m->dwi_f32) TW_TRY(alloc(m, 4 * (size_t)tw_tensor_numel(&grads->wi), &m->dwi_f32, 0));
+    if (!m->dwo_f32) TW_TRY(alloc(m, 4 * (size_t)tw_tensor_numel(&grads->wo), &m->dwo_f32, 0));
+    swi = tw_tensor_3d(m->dwi_f32, TW_F32, m->nle, m->Hs, 2 * F, mem);
+    swo = tw_tensor_3d(m->dwo_f32, TW_F32, m->nle, F, m->Hs, mem);
+  }
+  /* the expert weight gradients at full size (fsdp: scattered to the shards at the end); bf16
+   * with neither dp nor fsdp: the wgrad GEMMs round their f32 sums straight into grads */
+  tw_tensor gwi = m->fs > 1 ? tw_tensor_3d(m->dwi_full, TW_F32, m->nle, H, 2 * F, mem) : swi;
+  tw_tensor gwo = m->fs > 1 ? tw_tensor_3d(m->dwo_full, TW_F32, m->nle, F, H, mem) : swo;
 
   TW_TRY(step((mark(m, "combine_bwd"), tw_ep_combine_bwd(ctx, m->layer, d_out, late ? &tw : &none, late ? &eo : &none, &d_eo, late ? &dtw : &none)), op, "combine_bwd"));
   /* f32/bf16: a again from h (not saved), as the forward made it. FP8_*: the forward's colwise
@@ -885,16 +913,22 @@ tw_status tw_moe_backward(tw_moe *m, const tw_tensor *x, const tw_moe_weights *w
   TW_TRY(step((mark(m, "wgrad gate"), mm(m, *x, TW_OP_T, d_logits, TW_OP_N, grads->gate, 0)), op, "wgrad gate"));
   TW_TRY(step((mark(m, "d_gate sum"), reduce(m, m->tok_comm, &grads->gate)), op, "d_gate sum"));
   if (m->fs > 1) {
-    TW_TRY(step((mark(m, "d_wi reduce-scatter over fsdp"), scatter_grad(m, m->dwi_full, m->nle, H / m->fs * 2 * F, &grads->wi)), op, "d_wi reduce-scatter over fsdp"));
-    TW_TRY(step((mark(m, "d_wo reduce-scatter over fsdp"), scatter_grad(m, m->dwo_full, m->nle * F, H / m->fs, &grads->wo)), op, "d_wo reduce-scatter over fsdp"));
+    TW_TRY(step((mark(m, "d_wi reduce-scatter over fsdp"), scatter_grad(m, m->dwi_full, m->nle, H / m->fs * 2 * F, &swi)), op, "d_wi reduce-scatter over fsdp"));
+    TW_TRY(step((mark(m, "d_wo reduce-scatter over fsdp"), scatter_grad(m, m->dwo_full, m->nle * F, H / m->fs, &swo)), op, "d_wo reduce-scatter over fsdp"));
     if (bias) {
       TW_TRY(step((mark(m, "d_bi sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bi)), op, "d_bi sum over fsdp"));
       TW_TRY(step((mark(m, "d_bo sum over fsdp"), reduce(m, m->fsdp_comm, &grads->bo)), op, "d_bo sum over fsdp"));
     }
   }
+  if (!tw_moe_plant_skip_dp_reduce) {
+    TW_TRY(step((mark(m, "d_wi sum over dp"), reduce(m, m->dp_comm, &swi)), op, "d_wi sum over dp"));
+    TW_TRY(step((mark(m, "d_wo sum over dp"), reduce(m, m->dp_comm, &swo)), op, "d_wo sum over dp"));
+  }
+  if (round_late) {
+    TW_TRY(step((mark(m, "weight grads to bf16"), tw_cast(ctx, &grads->wi, &swi, 0)), op, "d_wi to bf16"));
+    TW_TRY(step((mark(m, "weight grads to bf16"), tw_cast(ctx, &grads->wo, &swo, 0)), op, "d_wo to bf16"));
+  }
   if (tw_moe_plant_skip_dp_reduce) return TW_OK;
-  TW_TRY(step((mark(m, "d_wi sum over dp"), reduce(m, m->dp_comm, &grads->wi)), op, "d_wi sum over dp"));
-  TW_TRY(step((mark(m, "d_wo sum over dp"), reduce(m, m->dp_comm, &grads->wo)), op, "d_wo sum over dp"));
   if (bias) {
     TW_TRY(step((mark(m, "d_bi sum over dp"), reduce(m, m->dp_comm, &grads->bi)), op, "d_bi sum over dp"));
     TW_TRY(step((mark(m, "d_bo sum over dp"), reduce(m, m->dp_comm, &grads->bo)), op, "d_bo sum over dp"));

@@ -72,8 +72,9 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   /* host copies in the recipe's dtype, then their ctx-memory twins */
   int64_t n[NBUF] = {Tl * H, H * E, nle * Hs * 2 * F, nle * F * Hs, nle * 2 * F, nle * H, Tl * H, E, Tl * H, Tl * H,
                      Tl * H, 1, 1, H * E, nle * Hs * 2 * F, nle * F * Hs, nle * 2 * F, nle * H};
+  tw_dtype gw = r->bf16_grads ? TW_BF16 : TW_F32; /* d_wi, d_wo */
   tw_dtype t[NBUF] = {dt, dt, dt, dt, TW_F32, TW_F32, dt, TW_F32, dt, dt, dt, TW_F32, TW_F32,
-                      TW_F32, TW_F32, TW_F32, TW_F32, TW_F32};
+                      TW_F32, gw, gw, TW_F32, TW_F32};
   void *host[NBUF] = {0}, *dev[NBUF] = {0};
   host[IN_X] = as_dtype(r->x + Tl * H * shard, Tl * H, dt);
   host[IN_GATE] = as_dtype(r->gate, H * E, dt);
@@ -112,8 +113,8 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
     w.bo = r->bo ? tw_tensor_2d(dev[IN_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_moe_grads g;
     g.gate = tw_tensor_2d(dev[G_GATE], TW_F32, H, E, mem);
-    g.wi = tw_tensor_3d(dev[G_WI], TW_F32, nle, Hs, 2 * F, mem);
-    g.wo = tw_tensor_3d(dev[G_WO], TW_F32, nle, F, Hs, mem);
+    g.wi = tw_tensor_3d(dev[G_WI], gw, nle, Hs, 2 * F, mem);
+    g.wo = tw_tensor_3d(dev[G_WO], gw, nle, F, Hs, mem);
     g.bi = bias ? tw_tensor_2d(dev[G_BI], TW_F32, nle, 2 * F, mem) : tw_tensor_none();
     g.bo = bias ? tw_tensor_2d(dev[G_BO], TW_F32, nle, H, mem) : tw_tensor_none();
     tw_tensor tx = tw_tensor_2d(dev[IN_X], dt, Tl, H, mem), tout = tw_tensor_2d(dev[OUT_Y], dt, Tl, H, mem);
@@ -134,6 +135,10 @@ tw_status tw_moe_run_rank(tw_ctx *ctx, const tw_moe_threads_run *r, int rank, in
   }
   for (int i = OUT_Y; s == TW_OK && i < NBUF; i++)
     if (host[i]) s = unstage(ctx, host[i], dev[i], t[i], n[i]);
+  if (s == TW_OK && gw == TW_BF16) /* widen in place, from the end (f32 i covers bf16 2i, 2i+1) */
+    for (int i = G_WI; i <= G_WO; i++)
+      for (int64_t e = n[i] - 1; e >= 0; e--)
+        ((float *)host[i])[e] = tw_bf16_to_f32(((const uint16_t *)host[i])[e]);
   if (s == TW_OK) {
     if (r->out) to_f32(r->out + Tl * H * shard, host[OUT_Y], Tl * H, dt);
     if (r->dx) to_f32(r->dx + Tl * H * shard, host[OUT_DX], Tl * H, dt);

@@ -18,6 +18,8 @@ typedef struct {
   float d_aux;
   int layers;          /* 1, or 2: two layers interleaved (fwd 1, fwd 2, bwd 2, bwd 1), layer 2
                         * on other tokens (x and d_out swapped); the outputs are layer 1's */
+  int bf16_grads;      /* 1: d_wi and d_wo come back from the block as bf16 (widened to f32 here);
+                        * recipes with bf16 weights only */
   int reuse;           /* 1: a step on other tokens first (fwd + bwd, x and d_out swapped),
                         * then the step whose outputs are returned, with tw_moe_set_weight_reuse
                         * on: it takes the first step's gathered / fp8 weights */

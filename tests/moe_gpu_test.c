@@ -13,6 +13,7 @@
 #include "test_util.h"
 #include "pipeline/loopback_comm.h"
 #include "twin/tw_comm.h"
+#include "twin/tw_numerics.h"
 
 #define NEED_GPUS(n) TT_NEED_GPUS(n)
 
@@ -302,6 +303,65 @@ Test(moe_gpu, larger_fp8_blocks_match_ref) {
   larger_block_matches_ref(TW_MOE_FP8_CURRENT);
   larger_block_matches_ref(TW_MOE_FP8_BLOCK);
   larger_block_matches_ref(TW_MOE_FP8_MXFP8);
+}
+
+/* bf16 d_wi / d_wo on the GPU (tw_moe.h "Backward"): the f32 gradients of the same block rounded
+ * once, bit for bit, on one rank (the wgrad GEMMs write bf16) and at dp = 2 over loopback (the
+ * block rounds after the sum); the other outputs unchanged. The larger block, every recipe with
+ * bf16 weights. */
+static void bf16_grads_on_one_gpu(tw_moe_recipe recipe, int dp) {
+  enum { T = 512, H = 256, F = 128, E = 16, K = 4 };
+  float *in[7];
+  int64_t n[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
+  for (int i = 0; i < 7; i++) {
+    in[i] = (float *)malloc(sizeof(float) * (size_t)n[i]);
+    tt_fill_uniform_f32(in[i], n[i], 140 + i, -1, 1);
+  }
+  for (int64_t i = 0; i < n[2]; i++) in[2][i] *= 0.0625f;
+  for (int64_t i = 0; i < n[3]; i++) in[3][i] *= 0.09f;
+  tw_moe_threads_run r;
+  memset(&r, 0, sizeof r);
+  tw_moe_config cfg = TW_MOE_CONFIG_INIT;
+  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = recipe;
+  cfg.aux_coeff = 0.01f; cfg.alignment = 8;
+  r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
+  r.x = in[0]; r.gate = in[1]; r.wi = in[2]; r.wo = in[3]; r.bi = in[4]; r.bo = in[5]; r.d_out = in[6];
+  tw_axis ax = TW_AXIS_DP;
+  cr_assert_eq(tw_mesh_init(&r.mesh, 1, &ax, &dp), TW_OK);
+  int64_t on[6] = {T * H, T * H, E * H * 2 * F, E * F * H, E * 2 * F, E * H};
+  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  float *o[2][6];
+  for (int u = 0; u < 2; u++) {
+    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)on[i], sizeof(float));
+    tw_moe_threads_run ru = r;
+    ru.bf16_grads = u;
+    ru.out = o[u][0]; ru.dx = o[u][1]; ru.dwi = o[u][2]; ru.dwo = o[u][3]; ru.dbi = o[u][4]; ru.dbo = o[u][5];
+    cr_assert_eq(run_loopback(&ru), TW_OK, "%s dp=%d bf16_grads=%d: %s", tw_moe_recipe_name(recipe), dp, u, tw_last_error());
+  }
+  for (int i = 0; i < 6; i++) {
+    if (i == 2 || i == 3) {
+      for (int64_t e = 0; e < on[i]; e++) {
+        float want = tw_bf16_to_f32(tw_f32_to_bf16(o[0][i][e]));
+        cr_assert(memcmp(&want, &o[1][i][e], 4) == 0, "%s dp=%d: %s[%lld] = %a, the f32 one %a rounds to %a",
+                  tw_moe_recipe_name(recipe), dp, names[i], (long long)e, (double)o[1][i][e], (double)o[0][i][e],
+                  (double)want);
+      }
+    } else {
+      cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)on[i]) == 0, "%s dp=%d: %s differs with bf16 grads",
+                tw_moe_recipe_name(recipe), dp, names[i]);
+    }
+  }
+  cr_log_info("moe gpu bf16 weight grads %s dp=%d (one GPU): the f32 ones rounded once, bit for bit",
+              tw_moe_recipe_name(recipe), dp);
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) free(o[u][i]);
+  for (int i = 0; i < 7; i++) free(in[i]);
+}
+
+Test(moe_gpu, bf16_weight_grads_are_the_f32_ones_rounded_once) {
+  NEED_GPUS(1);
+  for (int rc = TW_MOE_BF16; rc <= TW_MOE_FP8_MXFP8; rc++)
+    for (int dp = 1; dp <= 2; dp++) bf16_grads_on_one_gpu((tw_moe_recipe)rc, dp);
 }
 
 /* ---- the block's forward + backward in one CUDA graph -------------------------------------- */

@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_ep.h"
+#include "twin/tw_numerics.h"
 #include "twin/tw_quantize.h"
 
 enum { T = 8, H = 6, F = 4, E = 4, K = 2 };
@@ -291,6 +292,18 @@ Test(moe_errors, tensors_biases_and_order_are_checked) {
   tw_moe_grads gb = g;
   gb.wo = tw_tensor_3d(g_wo, TW_F32, E, H, F, TW_MEM_HOST);
   tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &gb), TW_ERR_SHAPE, "grads.wo");
+  /* bf16 weight gradients: both or neither, and only where the weights are bf16 */
+  gb = g;
+  gb.wi.dtype = gb.wo.dtype = TW_BF16;
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &gb), TW_ERR_DTYPE,
+                   "bf16 grads.wi and grads.wo need a recipe with bf16 weights (this one is f32)");
+  gb = g;
+  gb.wo.dtype = TW_BF16;
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &gb), TW_ERR_DTYPE,
+                   "grads.wi is f32 but grads.wo is bf16: give both in the same dtype");
+  gb = g;
+  gb.wi.dtype = gb.wo.dtype = TW_F16;
+  tt_expect_status(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &gb), TW_ERR_DTYPE, "grads.wi is f16, expected f32 or bf16");
   tt_expect_status(tw_moe_backward(m, &x, &w, &d, NAN, &tdx, &g), TW_ERR_INVALID_ARG, "d_aux = nan");
   cr_assert_eq(tw_moe_backward(m, &x, &w, &d, 1, &tdx, &g), TW_OK, "%s", tw_last_error());
   /* a failed forward clears the state: no backward of a stale forward */
@@ -493,9 +506,10 @@ static void gproblem_free(gproblem *p) {
   for (int i = 0; i < 7; i++) free(b[i]);
 }
 
-/* Runs p on the dp x fsdp x ep mesh with fp8_gather = q; outputs: out, dx, dwi, dwo, dbi, dbo. */
-static void run_gathered_reuse(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, int reuse,
-                               float *o[6]) {
+/* Runs p on the dp x fsdp x ep mesh with fp8_gather = q; outputs: out, dx, dwi, dwo, dbi, dbo
+ * (bf16_grads: d_wi and d_wo asked for in bf16). */
+static void run_gathered_grads(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, int reuse,
+                               int bf16_grads, float *o[6]) {
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
   tw_moe_config c = TW_MOE_CONFIG_INIT;
@@ -507,10 +521,14 @@ static void run_gathered_reuse(const gproblem *p, tw_moe_recipe recipe, int dp, 
   int sz[3] = {dp, fsdp, ep};
   cr_assert_eq(tw_mesh_init(&r.mesh, 3, ax, sz), TW_OK);
   r.x = p->x; r.gate = p->gate; r.wi = p->wi; r.wo = p->wo; r.bi = p->bi; r.bo = p->bo; r.d_out = p->d_out;
-  r.d_aux = 1; r.layers = 1; r.reuse = reuse;
+  r.d_aux = 1; r.layers = 1; r.reuse = reuse; r.bf16_grads = bf16_grads;
   r.out = o[0]; r.dx = o[1]; r.dwi = o[2]; r.dwo = o[3]; r.dbi = o[4]; r.dbo = o[5];
   cr_assert_eq(tw_moe_run_threads(&r), TW_OK, "%s dp=%d fsdp=%d ep=%d fp8_gather=%d reuse=%d: %s", tw_moe_recipe_name(recipe),
                dp, fsdp, ep, q, reuse, tw_last_error());
+}
+static void run_gathered_reuse(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, int reuse,
+                               float *o[6]) {
+  run_gathered_grads(p, recipe, dp, fsdp, ep, q, reuse, 0, o);
 }
 static void run_gathered(const gproblem *p, tw_moe_recipe recipe, int dp, int fsdp, int ep, int q, float *o[6]) {
   run_gathered_reuse(p, recipe, dp, fsdp, ep, q, 0, o);
@@ -580,6 +598,48 @@ Test(moe_layers, weight_reuse_is_bit_identical) {
     for (int i = 0; i < 6; i++) free(o[u][i]);
   gproblem_free(&p);
   cr_assert_eq(runs, 4 * 3 + 3 * 2);
+}
+
+/* bf16 d_wi / d_wo (tw_moe.h "Backward"): each element is the f32 gradient of the same step
+ * rounded once, whether the wgrad GEMMs round it (no dp, no fsdp) or the block does after the
+ * sums over dp and fsdp; every other output is unchanged, bit for bit. Every recipe with bf16
+ * weights, on one rank and on dp, fsdp, ep and mixed meshes (fp8_gather on one). */
+Test(moe_layers, bf16_weight_grads_are_the_f32_ones_rounded_once) {
+  static const int meshes[][4] = {{1, 1, 1, 0}, {2, 1, 1, 0}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 2, 1, 0}, {1, 2, 2, 1}};
+  gproblem p = gproblem_make(40, 61);
+  int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
+  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  float *o[2][6];
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)n[i], sizeof(float));
+  int runs = 0;
+  for (int rc = TW_MOE_BF16; rc <= TW_MOE_FP8_MXFP8; rc++)
+    for (int mi = 0; mi < 6; mi++) {
+      const int *ms = meshes[mi];
+      int q = ms[3] && rc != TW_MOE_BF16;
+      for (int u = 0; u < 2; u++) {
+        for (int i = 0; i < 6; i++) memset(o[u][i], 0xA5, sizeof(float) * (size_t)n[i]);
+        run_gathered_grads(&p, (tw_moe_recipe)rc, ms[0], ms[1], ms[2], q, 0, u, o[u]);
+      }
+      runs++;
+      for (int i = 0; i < 6; i++) {
+        if (i == 2 || i == 3) {
+          for (int64_t e = 0; e < n[i]; e++) {
+            float want = tw_bf16_to_f32(tw_f32_to_bf16(o[0][i][e]));
+            cr_assert(memcmp(&want, &o[1][i][e], 4) == 0, "%s dp=%d fsdp=%d ep=%d: %s[%lld] = %a, the f32 one %a rounds to %a",
+                      tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], names[i], (long long)e,
+                      (double)o[1][i][e], (double)o[0][i][e], (double)want);
+          }
+        } else {
+          cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0, "%s dp=%d fsdp=%d ep=%d: %s differs with bf16 grads",
+                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], names[i]);
+        }
+      }
+    }
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) free(o[u][i]);
+  gproblem_free(&p);
+  cr_assert_eq(runs, 4 * 6);
 }
 
 Test(moe_layers, weight_reuse_arguments) {

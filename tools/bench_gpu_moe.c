@@ -1,7 +1,8 @@
 /* `twin bench --backend gpu --op moe`: the MoE block (tw_moe.h) forward + backward on one GPU
  * (a one-rank NCCL communicator), bf16, H 7168, F 2048, k 8, SwiGLU, late weighting, aux loss,
- * E 32 at 4096 and 16384 tokens and E 256 at 4096 (E 256 at 16384 does not fit 80 GB with f32
- * weight gradients). Rate: the six expert GEMMs' FLOPs (18 T k H F) over the fwd + bwd time.
+ * E 32 at 4096 and 16384 tokens and E 256 at 4096. d_wi and d_wo are bf16, as the peer's
+ * (tw_moe.h: the f32 gradients rounded once); TWIN_BENCH_MOE_GRADS=f32 asks for f32 ones (the
+ * rows then say "dW f32"). Rate: the six expert GEMMs' FLOPs (18 T k H F) over the fwd + bwd time.
  * Peer: the same block in PyTorch (tools/peers/torch_moe.py: torch.topk router, experts by
  * torch._grouped_mm, autograd backward), timed in the same call and read from --peers. Below
  * each row, the breakdown by step (CUDA events between the block's steps, one extra run).
@@ -26,6 +27,7 @@
 #include "twin/tw_moe.h"
 
 static cudaStream_t stream;
+static tw_dtype grad_dt = TW_BF16; /* d_wi, d_wo (TWIN_BENCH_MOE_GRADS=f32: f32) */
 
 /* random bf16 in +-[2^-8, 2^0) times 2^shift (shift <= 0) through a host chunk */
 static int fill_bf16(void *d, int64_t n, int shift, uint64_t *rs) {
@@ -86,7 +88,7 @@ static void *dalloc(tw_ctx *ctx, size_t bytes, int *ok) {
   return p;
 }
 
-/* The block's bf16 tensors and f32 weight gradients in device memory: T tokens, E experts
+/* The block's bf16 tensors and weight gradients (grad_dt) in device memory: T tokens, E experts
  * routed (the gate's width), nle of them held here (wi, wo and their gradients). */
 static void job_alloc(tw_ctx *ctx, job *j, int64_t E, int64_t nle, int64_t T, int64_t H, int64_t F, void **bufs,
                       int *nb, int *ok) {
@@ -102,8 +104,9 @@ static void job_alloc(tw_ctx *ctx, job *j, int64_t E, int64_t nle, int64_t T, in
   j->w.wo = tw_tensor_3d(A((size_t)(nle * F * H * 2)), TW_BF16, nle, F, H, D);
   j->w.bi = j->w.bo = tw_tensor_none();
   j->g.gate = tw_tensor_2d(A((size_t)(H * E * 4)), TW_F32, H, E, D);
-  j->g.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F * 4)), TW_F32, nle, H, 2 * F, D);
-  j->g.wo = tw_tensor_3d(A((size_t)(nle * F * H * 4)), TW_F32, nle, F, H, D);
+  const size_t gb = (size_t)tw_dtype_bits(grad_dt) / 8;
+  j->g.wi = tw_tensor_3d(A((size_t)(nle * H * 2 * F) * gb), grad_dt, nle, H, 2 * F, D);
+  j->g.wo = tw_tensor_3d(A((size_t)(nle * F * H) * gb), grad_dt, nle, F, H, D);
   j->g.bi = j->g.bo = tw_tensor_none();
 #undef A
 }
@@ -115,8 +118,9 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int
   tw_moe_config c = TW_MOE_CONFIG_INIT;
   c.num_experts = E; c.hidden = H; c.ffn = F; c.router.topk = K; c.recipe = recipe;
   c.aux_coeff = 0.01f; c.max_tokens = T; c.global_tokens = T; c.alignment = align;
-  char shape[96], key[64], at[16] = "";
+  char shape[96], key[64], at[32] = "";
   if (align > 1) snprintf(at, sizeof at, " A=%lld", (long long)align);
+  if (grad_dt == TW_F32) snprintf(at + strlen(at), sizeof at - strlen(at), " dW f32");
   snprintf(shape, sizeof shape, "E=%d T=%lld H=%lld F=%lld k=%d %s%s", E, (long long)T, (long long)H, (long long)F, K,
            tw_moe_recipe_name(recipe), at);
   snprintf(key, sizeof key, "moe_E%d_T%lld", E, (long long)T);
@@ -279,8 +283,8 @@ static void bench_moe_ep(int n, const char *peers, const tw_bench_cfg *cfg) {
       tw_bench_row r;
       memset(&r, 0, sizeof r);
       r.op = "moe";
-      snprintf(r.shape, sizeof r.shape, "ep=%d E=%d T=%lld/GPU H=7168 F=2048 k=8 %s", n, e.E, (long long)T,
-               tw_moe_recipe_name(e.recipe));
+      snprintf(r.shape, sizeof r.shape, "ep=%d E=%d T=%lld/GPU H=7168 F=2048 k=8 %s%s", n, e.E, (long long)T,
+               tw_moe_recipe_name(e.recipe), grad_dt == TW_F32 ? " dW f32" : "");
       r.backend = "gpu";
       snprintf(r.version, sizeof r.version, "fwd+bwd, %d GPUs", n);
       r.unit = "TFLOP/s";
@@ -305,6 +309,8 @@ static void bench_moe_ep(int n, const char *peers, const tw_bench_cfg *cfg) {
 
 int tw_bench_gpu_moe(const tw_bench_cfg *cfg) {
   if (!cfg->op || strcmp(cfg->op, "moe")) return 0; /* heavy (tens of GB): only when asked by name */
+  const char *gv = getenv("TWIN_BENCH_MOE_GRADS");
+  grad_dt = gv && !strcmp(gv, "f32") ? TW_F32 : TW_BF16;
   if (cfg->moe_ep) { /* --ep N (2..8, checked by cmd_bench.c): the ep = N rows only, each rank its own context */
     int have = 0;
     if (cudaGetDeviceCount(&have) != cudaSuccess) have = 0;

@@ -34,7 +34,11 @@
  *   d_x = d_x_disp + d_logits @ gate^T (one rounding to x's dtype);  d_gate = x^T d_logits
  *   d_gate is all-reduced over every token rank, d_wi/d_wo/d_bi/d_bo over dp and fsdp (the
  *   ranks with the same experts and other tokens; fsdp: see Sharding). Weight gradients are
- *   f32, overwritten, in the weights' (sharded) shapes.
+ *   overwritten, in the weights' (sharded) shapes: d_gate, d_bi, d_bo f32; d_wi and d_wo f32,
+ *   or both bf16 in the recipes with bf16 weights (TransformerEngine's gradient in the
+ *   parameter's dtype, half the bytes to write): each bf16 element is the f32 gradient of the
+ *   same step rounded once (RNE) after the sums over dp and fsdp; with neither, the wgrad
+ *   GEMMs round their own f32 results (the same bits, tw_gemm.h).
  * Elementwise math (act, its backward, bias, weighting) is done in double and rounded once to
  * f32 (then to bf16 where the recipe keeps bf16), like pipeline/dense.c.
  *
@@ -84,7 +88,9 @@
  *   fsdp > 1: the gathered wi and wo, s*NLE*H*2F + s*NLE*F*H (scratch: f32 gradients of the
  *   same sizes and one f32 staging buffer of the larger). With fp8_gather they are not kept:
  *   the fp8 copies above are the gathered weights (scratch: the shard's fp8 copies too).
- *   tw_moe_saved_bytes() returns the sum. Scratch for one call (not kept): 4*R*H (f32 GEMM
+ *   tw_moe_saved_bytes() returns the sum. bf16 d_wi / d_wo with dp or fsdp > 1: f32 copies of
+ *   the shards' gradients, 4*NLE*(H/fsdp)*3F, allocated by the first such backward and kept.
+ *   Scratch for one call (not kept): 4*R*H (f32 GEMM
  *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
  *
  * Sharding (tw_moe_create's mesh): axes dp, fsdp and ep (tp, pp, cp: TW_ERR_UNSUPPORTED
@@ -131,7 +137,8 @@
  * weighting out of range; a mesh with another axis, a rank count unlike ctx's communicator, a
  * context without a communicator, E % ep, H % fsdp, fp8_gather with a non-fp8 recipe or (block
  * and MXFP8 recipes) H / fsdp % 128; weights or tokens of the wrong shape or dtype; one
- * bias without the other (the missing one named); T_r > max_tokens; backward before forward;
+ * bias without the other (the missing one named); d_wi and d_wo in different dtypes, or bf16
+ * with the F32 recipe; T_r > max_tokens; backward before forward;
  * everything the router, EP and GEMM ops reject (their message, prefixed with the step).
  */
 #ifndef TWIN_TW_MOE_H
@@ -219,7 +226,8 @@ tw_status tw_moe_set_weight_reuse(tw_moe *moe, int reuse);
 tw_status tw_moe_forward(tw_moe *moe, const tw_tensor *x, const tw_moe_weights *w, tw_tensor *out,
                          tw_tensor *aux_loss);
 /* The last forward's backward: x and w as given to it, d_out [T_r, H] recipe dtype, d_aux the
- * aux loss's cotangent. d_x [T_r, H] recipe dtype, grads f32 (overwritten). */
+ * aux loss's cotangent. d_x [T_r, H] recipe dtype; grads overwritten, f32 but d_wi and d_wo
+ * f32 or bf16 (see Backward). */
 tw_status tw_moe_backward(tw_moe *moe, const tw_tensor *x, const tw_moe_weights *w, const tw_tensor *d_out,
                           float d_aux, tw_tensor *d_x, tw_moe_grads *grads);
 
