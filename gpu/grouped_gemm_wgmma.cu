@@ -224,6 +224,31 @@ __device__ __forceinline__ void ggw_cp_async16(void *dst, const void *src, int n
 __device__ __forceinline__ void ggw_cp_async_arrive(uint64_t *b) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(wgc_smem(b)) : "memory");
 }
+// The rhs tile of k-tile kt by TMA into sb, completing on bar. CL = 2: this CTA's half of the
+// tile (columns rank*128..), multicast to both CTAs of the pair.
+template <int TB, int CL>
+__device__ __forceinline__ void ggw_load_b(unsigned char *sb, const CUtensorMap *map_b, uint64_t *bar, int kt,
+                                           int64_t q0, int64_t g, uint32_t rank) {
+  if (CL == 1) {
+    if (TB == 0) {
+      wgc_tma_3d(sb, map_b, bar, kt * GGW_BK, (int)q0, (int)g);
+    } else {
+#pragma unroll
+      for (int j = 0; j < GGW_BN / 64; ++j)
+        wgc_tma_3d(sb + j * (64 * GGW_BK * 2), map_b, bar, (int)q0 + 64 * j, kt * GGW_BK, (int)g);
+    }
+  } else {
+    const int h = (int)rank * (GGW_BN / CL);
+    if (TB == 0) {
+      wgc_tma_3d_mc(sb + h * 128, map_b, bar, kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
+    } else {
+#pragma unroll
+      for (int j = 0; j < GGW_BN / 64 / CL; ++j)
+        wgc_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), map_b, bar, (int)q0 + h + 64 * j, kt * GGW_BK, (int)g,
+                      (uint16_t)3);
+    }
+  }
+}
 #endif
 
 // F16: f16 inputs (else bf16). TB: rhs op N ([G, K, N], N-major in shared memory; wgmma's
@@ -231,17 +256,14 @@ __device__ __forceinline__ void ggw_cp_async_arrive(uint64_t *b) {
 // (2: the pair takes 256 rows x 256 columns, same group and columns; each CTA loads half of
 // the rhs tile and multicasts it to both, halving rhs traffic out of L2; a stage is free
 // once the consumers of both CTAs released it).
-// GA (CL = 1 only): a row-gathered lhs. TMA cannot gather rows on Hopper, so the producer
-// warpgroup's 128 threads load A instead, thread r row r of the tile: 8 16-byte chunks per k-tile
-// in the 128-byte swizzle that TMA would have written (chunk c of row r at r * 128 +
-// ((c ^ (r & 7)) << 4) of a 1024-aligned stage); the full barrier counts 128 arrivals plus
-// thread 0's expect_tx for the rhs bytes.
-//   GA = 2 (default): cp.async copies, the arrival made by cp.async.mbarrier.arrive.noinc when
-//   they land, so every stage of the ring can be in flight at once; the consumers order those
-//   generic-proxy writes before their wgmma (fence.proxy.async after the full barrier).
-//   GA = 1 (TWIN_GG_WGMMA_GA=sync, a measurement knob): loads through registers (two halves of
-//   4 chunks, within the producer's 40 registers), stores, fence.proxy.async, then the arrival:
-//   one stage in flight per thread.
+// GA: a row-gathered lhs. TMA cannot gather rows on Hopper, so the producer warpgroup's 128
+// threads copy A by cp.async instead: 8 16-byte chunks per row and k-tile, in the 128-byte
+// swizzle that TMA would have written (chunk c of row r at r * 128 + ((c ^ (r & 7)) << 4) of a
+// 1024-aligned stage). Each thread's arrival on the full barrier is made by
+// cp.async.mbarrier.arrive.noinc when its copies land (the barrier counts 128 of them plus
+// thread 0's expect_tx for the rhs bytes), so every stage of the ring can be in flight; the
+// consumers order those generic-proxy writes before their wgmma (fence.proxy.async after the
+// full barrier). With CL = 2 each CTA copies its own 128 rows and the rhs is multicast as usual.
 template <bool F16, int TB, int OUT, int CL, int GA = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -270,56 +292,41 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   if (wg == 0) {
     // ---- producer: one thread issues every TMA load --------------------------------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (GA) {  // every producer thread: row tid of A; thread 0 also the rhs by TMA
+    if (GA) {  // every producer thread copies A rows; thread 0 also loads the rhs by TMA
       if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
       int s = 0;
       uint32_t phase = 0;
       const int64_t rowb = p.K * 2;
-      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+      // lanes 8j..8j+7 of a warp take the 8 chunks of one row, so each warp's copy reads 4
+      // whole 128-byte lines: thread tid copies chunk tid % 8 of rows tid / 8 + 16 i (i < 8)
+      const int c = tid & 7, r0 = tid / 8;
+      for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
         int64_t g, p0, q0;
         ggw_locate<CL>(p, t, rank, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
-        int64_t dr = p0 + tid < mg ? (int64_t)p.rows[og + p0 + tid] : -1;
-        if (dr >= p.U) dr = -1;  // reported by gg_check_rows; zeros, no read past the lhs
-        const unsigned char *src = dr >= 0 ? p.a + dr * rowb : NULL;
+        int32_t drow[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t v = p0 + r0 + 16 * i < mg ? (int64_t)p.rows[og + p0 + r0 + 16 * i] : -1;
+          drow[i] = v < p.U ? (int32_t)v : -1;  // >= U is reported by gg_check_rows: zeros, no read past the lhs
+        }
         for (int kt = 0; kt < ktiles; ++kt) {
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           if (tid == 0) {
             wgc_bar_expect(&full[s], GGW_STAGE_BYTES - GGW_A_BYTES);
-            if (TB == 0) {
-              wgc_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
-            } else {
-#pragma unroll
-              for (int j = 0; j < GGW_BN / 64; ++j)
-                wgc_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
-            }
+            ggw_load_b<TB, CL>(sb, &map_b, &full[s], kt, q0, g, rank);
           }
-          unsigned char *line = sa + tid * 128;
-          if (GA == 2) {  // asynchronous: 8 cp.async (zero-filled past K or for a -1 row), then an
-                          // arrival on full[s] once they land; the thread goes on to the next stage
+          // 8 cp.async (zero-filled past K or for a -1 row), then an arrival on full[s] once they
+          // land; the thread goes on to the next stage meanwhile
+          const int64_t k = (int64_t)kt * GGW_BK + 8 * c;  // K % 8 == 0: whole chunks
+          unsigned char *chunk = sa + r0 * 128 + ((c ^ (r0 & 7)) << 4);  // (r0 + 16 i) & 7 = r0 & 7
 #pragma unroll
-            for (int c = 0; c < 8; ++c) {
-              const int64_t k = (int64_t)kt * GGW_BK + 8 * c;  // K % 8 == 0: whole chunks
-              const bool in = src && k < p.K;
-              ggw_cp_async16(line + ((c ^ (tid & 7)) << 4), in ? src + k * 2 : p.a, in ? 16 : 0);
-            }
-            ggw_cp_async_arrive(&full[s]);
-          } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint4 v[4];
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int64_t k = (int64_t)kt * GGW_BK + 8 * (4 * h + c);  // K % 8 == 0: whole chunks
-              v[c] = src && k < p.K ? __ldg((const uint4 *)(src + k * 2)) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int c = 0; c < 4; ++c) *(uint4 *)(line + (((4 * h + c) ^ (tid & 7)) << 4)) = v[c];
+          for (int i = 0; i < 8; ++i) {
+            const bool in = drow[i] >= 0 && k < p.K;
+            ggw_cp_async16(chunk + i * 16 * 128, in ? p.a + (int64_t)drow[i] * rowb + k * 2 : p.a, in ? 16 : 0);
           }
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          wgc_bar_arrive(&full[s]);
-          }
+          ggw_cp_async_arrive(&full[s]);
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -340,25 +347,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           wgc_bar_expect(&full[s], GGW_STAGE_BYTES);
           wgc_tma_2d(sa, &map_a, &full[s], kt * GGW_BK, row0);
-          if (CL == 1) {
-            if (TB == 0) {
-              wgc_tma_3d(sb, &map_b, &full[s], kt * GGW_BK, (int)q0, (int)g);
-            } else {
-#pragma unroll
-              for (int j = 0; j < GGW_BN / 64; ++j)
-                wgc_tma_3d(sb + j * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + 64 * j, kt * GGW_BK, (int)g);
-            }
-          } else {  // this CTA's half of the rhs tile (columns rank*128..), to both CTAs
-            const int h = (int)rank * (GGW_BN / CL);
-            if (TB == 0) {
-              wgc_tma_3d_mc(sb + h * 128, &map_b, &full[s], kt * GGW_BK, (int)q0 + h, (int)g, (uint16_t)3);
-            } else {
-#pragma unroll
-              for (int j = 0; j < GGW_BN / 64 / CL; ++j)
-                wgc_tma_3d_mc(sb + (h / 64 + j) * (64 * GGW_BK * 2), &map_b, &full[s], (int)q0 + h + 64 * j,
-                              kt * GGW_BK, (int)g, (uint16_t)3);
-            }
-          }
+          ggw_load_b<TB, CL>(sb, &map_b, &full[s], kt, q0, g, rank);
           if (++s == GGW_STAGES) {
             s = 0;
             phase ^= 1;
@@ -383,8 +372,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         wgc_bar_wait(&full[s], phase);
-        // GA 2: the A rows came by cp.async (generic proxy); order them before wgmma's reads
-        if (GA == 2) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        // GA: the A rows came by cp.async (generic proxy); order them before wgmma's reads
+        if (GA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         const uint32_t a0 = wgc_smem(base + s * GGW_STAGE_BYTES) + c * (64 * GGW_BK * 2);
         const uint32_t b0 = wgc_smem(base + s * GGW_STAGE_BYTES + GGW_A_BYTES);
         wgc_fence();
@@ -589,7 +578,7 @@ static tw_status ggw_forward(tw_ctx *ctx, const tw_operand *lhs, const int32_t *
     const char *e = getenv("TWIN_GG_WGMMA_CLUSTER");
     forced_cl = e && (strcmp(e, "1") == 0 || strcmp(e, "2") == 0) ? atoi(e) : 0;
   }
-  const int cl = rows ? 1 : forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);  // a gathered A: pairs not built
+  const int cl = forced_cl ? forced_cl : (M / G >= 2 * GGW_BM ? 2 : 1);
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
@@ -649,11 +638,9 @@ static tw_status ggw_forward(tw_ctx *ctx, const tw_operand *lhs, const int32_t *
   ggw_tile_prefix<<<1, GGW_PREFIX_THREADS, 0, gpu_of(ctx)->stream>>>(offsets, G, (int64_t)GGW_BM * cl, p.tilesQ, ts);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   p.tile_start = ts;
-  const char *gav = getenv("TWIN_GG_WGMMA_GA");  // measurement knob: "sync" = the register loads
-  const int ga_sync = gav && strcmp(gav, "sync") == 0;
 #define GGW_CL(F, T, O) \
-  return rows ? (ga_sync ? ggw_launch_t<F, T, O, 1, 1>(ctx, &ma, &mb, &mo, &p, op) \
-                         : ggw_launch_t<F, T, O, 1, 2>(ctx, &ma, &mb, &mo, &p, op)) \
+  return rows ? (cl == 1 ? ggw_launch_t<F, T, O, 1, 1>(ctx, &ma, &mb, &mo, &p, op) \
+                         : ggw_launch_t<F, T, O, 2, 1>(ctx, &ma, &mb, &mo, &p, op)) \
          : cl == 1 ? ggw_launch_t<F, T, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
                    : ggw_launch_t<F, T, O, 2>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_OUT(F, T)                   \

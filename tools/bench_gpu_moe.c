@@ -11,7 +11,8 @@
  * second row each with the weights' fp8 copies reused across steps (tw_moe_set_weight_reuse:
  * later microbatches of one optimizer step); fp8_current and fp8_block then again with the
  * experts' slabs padded to 16 rows ("A=16", tw_moe_config.alignment, as TransformerEngine pads
- * fp8 expert counts). --ep n (cfg->moe_ep) instead runs the block with ep = n over n GPUs (NCCL,
+ * fp8 expert counts). TWIN_BENCH_MOE_STEPS=1 adds each step's time below the breakdown.
+ * --ep n (cfg->moe_ep) instead runs the block with ep = n over n GPUs (NCCL,
  * one thread per GPU), T = 4096 tokens per GPU, E 32 and 256, bf16, fp8_current and fp8_block,
  * against the same one-GPU torch block per GPU (bench_moe_ep). */
 #include <cuda_runtime.h>
@@ -191,6 +192,16 @@ static void bench_shape(tw_ctx *ctx, int E, int64_t T, tw_moe_recipe recipe, int
       }
       printf("  breakdown %s%s:", shape, reuse ? " (weights reused)" : "");
       for (int q = 0; q < NC; q++) printf(" %s %.3f ms%s", cats[q], sum[q], q < NC - 1 ? "," : "\n");
+      if (getenv("TWIN_BENCH_MOE_STEPS")) { /* every step on its own (forward, then backward) */
+        printf("  steps:");
+        for (int i = 0; i + 1 < mk.n; i++) {
+          if (!strcmp(mk.name[i], "end")) continue;
+          float ms = 0;
+          cudaEventElapsedTime(&ms, mk.ev[i], mk.ev[i + 1]);
+          printf(" %s %.3f;", mk.name[i], ms);
+        }
+        printf("\n");
+      }
     }
   }
   tw_moe_destroy(j.m);
