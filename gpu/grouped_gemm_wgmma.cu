@@ -97,6 +97,7 @@ struct ggw_params {
   const int32_t *rows;
   const unsigned char *a;
   int64_t U;
+  int m_first;  // tiles of a group walk its row tiles first (see ggw_forward)
 };
 
 #ifdef GGW_DEVICE
@@ -210,6 +211,12 @@ __device__ __forceinline__ void ggw_locate(const ggw_params &p, int64_t t, uint3
   }
   g = lo;
   int64_t local = t - p.tile_start[g];
+  if (p.m_first) {  // group g's tiles column by column: the row tiles sharing an rhs tile adjacent
+    const int64_t rg = (p.tile_start[g + 1] - p.tile_start[g]) / p.tilesQ;
+    p0 = (local % rg) * (GGW_BM * CL) + rank * GGW_BM;
+    q0 = (local / rg) * GGW_BN;
+    return;
+  }
   p0 = (local / p.tilesQ) * (GGW_BM * CL) + rank * GGW_BM;
   q0 = (local % p.tilesQ) * GGW_BN;
 }
@@ -612,6 +619,13 @@ static tw_status ggw_forward(tw_ctx *ctx, const tw_operand *lhs, const int32_t *
   p.G = G;
   p.tilesQ = (N + GGW_BN - 1) / GGW_BN;
   p.accumulate = accumulate;
+  // Tile order within a group: with single CTAs (groups averaging < 256 rows) row tiles first,
+  // so the few row tiles that share an rhs tile run side by side and read it from L2 once: the
+  // MoE block at E 256 (groups of ~128 rows) ran its bf16 forward GEMMs 11-18% faster, while
+  // with pairs (E 32, 1024-row groups) it was slower (gpu/NOTES-gemm.md session 19).
+  // TWIN_GG_TILE_ORDER=m|n forces either (measurement knob).
+  const char *tov = getenv("TWIN_GG_TILE_ORDER");
+  p.m_first = tov && !strcmp(tov, "m") ? 1 : tov && !strcmp(tov, "n") ? 0 : cl == 1;
   p.rows = rows;
   p.a = (const unsigned char *)lhs->data.data;
   p.U = U;

@@ -137,6 +137,7 @@ struct ggf_params {
   int scale_tx;            // TMA scale kinds: bytes of the two scale boxes per k-block
   int order;               // consumer turns (see the kernel): 0 none, 1 gate opened at issue, 2 at completion
   int a_sw, b_sw;          // MXFP8: scale bytes in the swizzled (1) or compact (0) order
+  int m_first;             // tiles of a group walk its row tiles first (1; CTAs of one pass, CL = 1 only)
 };
 
 
@@ -154,6 +155,12 @@ __device__ __forceinline__ void ggf_locate(const ggf_params &p, int t, int64_t &
     else hi = mid - 1;
   }
   g = lo;
+  if (p.m_first) {  // group g's tiles column by column: the row tiles sharing an rhs tile adjacent
+    const int rg = (int)(p.tiles[g + 1] - p.tiles[g]), l = t - (int)p.tiles[g] * tq;
+    p0 = (int64_t)(l % rg) * GGF_BM;
+    q0 = (int64_t)(l / rg) * BN;
+    return;
+  }
   p0 = (int64_t)(tp - (int)p.tiles[g]) * GGF_BM;
   q0 = (int64_t)(t - tp * tq) * BN;
 }
@@ -978,6 +985,8 @@ static tw_status ggf_forward_kmajor(tw_ctx *ctx, const tw_operand *lhs, const tw
   p.lda_s = lhs->scale_inv.ndim >= 1 ? lhs->scale_inv.shape[lhs->scale_inv.ndim - 1] : 1;
   p.ldb_s = rhs->scale_inv.ndim >= 1 ? rhs->scale_inv.shape[rhs->scale_inv.ndim - 1] : 1;
   p.b_transposed = rhs->colwise;
+  const char *tov = getenv("TWIN_GG_TILE_ORDER");  // measurement knob: "m" = a group's row tiles first
+  p.m_first = cl == 1 && tov && !strcmp(tov, "m");
   const char *ev = getenv("TWIN_GG_WGMMA_FP8_EPI");  // measurement knob
   // Turns: per-tensor ran up to 2% faster without them (its promotion is one add), 1x128 2-4.5%
   // faster with them (runs f5/f6, gpu/NOTES-gemm.md); MXFP8 (turns per 32-block) 1.5-5% faster
