@@ -69,6 +69,9 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
   }
   /* fp8_gather with block scales needs whole 128-row tiles per fsdp shard (tw_moe.h) */
   if (gather_tiles(c)) c->H = c->fsdp * 128 * (c->H / c->fsdp > 4 ? 2 : 1);
+  /* bf16 d_wi / d_wo in the sharded run, half the cases with bf16 weights: taken from the drawn
+   * sizes, not a new draw, so a seed draws the same cases as before this option */
+  c->bf16_grads = c->recipe != TW_MOE_F32 && (c->H + c->F + c->tokens_per_rank) % 2 == 0;
   c->expect = NULL;
   if (pick(st, 0, 4) != 0) return;
   switch (pick(st, 0, 4)) {
@@ -86,12 +89,12 @@ void tw_moe_fuzz_draw(uint64_t *st, tw_moe_fuzz_case *c) {
 }
 
 const char *tw_moe_fuzz_case_str(const tw_moe_fuzz_case *c, char *buf, size_t n) {
-  snprintf(buf, n, "%s=%d,fsdp=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s%s bias=%d aux=%d%s%s",
+  snprintf(buf, n, "%s=%d,fsdp=%d,ep=%d E=%d k=%d groups=%d/%d %s%s%s H=%lld F=%lld T/rank=%lld A=%lld %s %s %s%s%s bias=%d aux=%d%s%s",
            c->dp < 0 ? "tp" : "dp", abs(c->dp), c->fsdp, c->ep, c->E, c->k, c->groups, c->group_topk,
            c->score == TW_ROUTER_SIGMOID ? "sigmoid" : "softmax", c->pre_softmax ? "-pre" : "",
            c->expert_bias ? "+bias" : "", (long long)c->H, (long long)c->F, (long long)c->tokens_per_rank,
            (long long)c->alignment, tw_moe_act_name(c->act), tw_moe_weighting_name(c->weighting),
-           tw_moe_recipe_name(c->recipe), c->fp8_gather ? "+gather" : "", c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
+           tw_moe_recipe_name(c->recipe), c->fp8_gather ? "+gather" : "", c->bf16_grads ? " dW=bf16" : "", c->bias, c->aux, c->expect ? " expect: " : "", c->expect ? c->expect : "");
   return buf;
 }
 
@@ -192,7 +195,7 @@ static void draw_data(const tw_moe_fuzz_case *c, uint64_t seed, int64_t T, bufs 
 }
 
 static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int64_t T, int dp, int ep, int tp,
-                        int fsdp) {
+                        int fsdp, int bf16_grads) {
   int64_t H = c->H, F = c->F, E = c->E;
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
@@ -220,6 +223,7 @@ static tw_status run_on(const tw_moe_fuzz_case *c, const bufs *in, bufs *o, int6
   if (c->expert_bias) r.expert_bias = in->ebias;
   r.d_aux = 1;
   r.layers = 1;
+  r.bf16_grads = bf16_grads;
   o->out = (float *)calloc((size_t)(T * H + 1), 4); o->dx = (float *)calloc((size_t)(T * H + 1), 4);
   o->aux = (float *)calloc(1, 4); o->dgate = (float *)calloc((size_t)(H * E), 4);
   o->dwi = (float *)calloc((size_t)(E * H * 2 * F), 4); o->dwo = (float *)calloc((size_t)(E * F * H), 4);
@@ -261,7 +265,7 @@ tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int pla
   memset(&one, 0, sizeof one);
   memset(&sh, 0, sizeof sh);
   tw_moe_plant_skip_dp_reduce = plant == TW_MOE_FUZZ_PLANT_SKIP_DP_REDUCE;
-  tw_status s = run_on(c, &in, &sh, T, dp, c->ep, tp, fs);
+  tw_status s = run_on(c, &in, &sh, T, dp, c->ep, tp, fs, c->bf16_grads);
   tw_moe_plant_skip_dp_reduce = 0;
   if (c->expect) {
     char msg[TW_ERROR_MAX];
@@ -272,7 +276,7 @@ tw_status tw_moe_fuzz_run_case(const tw_moe_fuzz_case *c, uint64_t seed, int pla
       return tw_error(TW_ERR_INVALID_ARG, "refused with '%s', expected a message with '%s'", msg, c->expect);
     return TW_OK;
   }
-  if (s == TW_OK) s = run_on(c, &in, &one, T, 1, 1, 1, 1);
+  if (s == TW_OK) s = run_on(c, &in, &one, T, 1, 1, 1, 1, 0);
   if (s != TW_OK) {
     char msg[TW_ERROR_MAX];
     snprintf(msg, sizeof msg, "%s", tw_last_error());

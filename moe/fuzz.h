@@ -1,6 +1,7 @@
 /* The MoE block's differential fuzzer (`twin fuzz --op moe`): draws a block (E, k, H, F,
  * tokens, activation, weighting, biases, router mode with groups and expert bias, alignment,
- * aux loss, recipe: f32, bf16 or an fp8 one, with or without fp8_gather) and a dp x fsdp x ep
+ * aux loss, recipe: f32, bf16 or an fp8 one, with or without fp8_gather, and with bf16 weight
+ * gradients in about half the cases with bf16 weights) and a dp x fsdp x ep
  * mesh of up to 8 thread ranks; about a fifth of the cases
  * break one rule and must be refused with a message naming it. A valid case runs sharded and
  * on one rank, and every output and gradient must agree within twice tw_moe.h's budget (both
@@ -18,6 +19,7 @@
 
 typedef struct {
   int dp, fsdp, ep, E, k, groups, group_topk, bias, expert_bias, aux, fp8_gather;
+  int bf16_grads; /* the sharded run asks for bf16 d_wi / d_wo (recipes with bf16 weights) */
   int64_t H, F, tokens_per_rank, alignment;
   tw_router_score score;
   int pre_softmax;
