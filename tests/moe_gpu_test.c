@@ -228,24 +228,34 @@ Test(moe_gpu, every_stored_case_on_four_gpus_ep4_dp2ep2_fsdp2ep2) {
  * the recipe's budget c (tw_moe_error_budget) for bf16; for fp8 within 2c: each backend is
  * within c of the exact block, and values that differ by a GEMM rounding may quantize to
  * neighbouring e4m3 codes, so the two are not closer than that in general. */
-static void larger_block_matches_ref_on(tw_moe_recipe recipe, int ep) {
-  enum { T = 512, H = 256, F = 128, E = 16, K = 4 };
-  float *in[7];
+enum { LB_T = 512, LB_H = 256, LB_F = 128, LB_E = 16, LB_K = 4 };
+/* The larger block's inputs (seeds from seed0; the gate scaled by gate_scale) and its run
+ * description with the recipe, one rank; in[7] to free by the caller. */
+static tw_moe_threads_run larger_block(tw_moe_recipe recipe, uint64_t seed0, float gate_scale, float *in[7]) {
+  enum { T = LB_T, H = LB_H, F = LB_F, E = LB_E };
   int64_t n[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
   for (int i = 0; i < 7; i++) {
     in[i] = (float *)malloc(sizeof(float) * (size_t)n[i]);
-    tt_fill_uniform_f32(in[i], n[i], 100 + i, -1, 1);
+    tt_fill_uniform_f32(in[i], n[i], seed0 + (uint64_t)i, -1, 1);
   }
-  for (int64_t i = 0; i < n[1]; i++) in[1][i] *= 0.125f;
+  for (int64_t i = 0; i < n[1]; i++) in[1][i] *= gate_scale;
   for (int64_t i = 0; i < n[2]; i++) in[2][i] *= 0.0625f;
   for (int64_t i = 0; i < n[3]; i++) in[3][i] *= 0.09f;
   tw_moe_threads_run r;
   memset(&r, 0, sizeof r);
   tw_moe_config cfg = TW_MOE_CONFIG_INIT;
-  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = recipe;
+  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = LB_K; cfg.recipe = recipe;
   cfg.aux_coeff = 0.01f; cfg.alignment = 8;
   r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
   r.x = in[0]; r.gate = in[1]; r.wi = in[2]; r.wo = in[3]; r.bi = in[4]; r.bo = in[5]; r.d_out = in[6];
+  return r;
+}
+
+static void larger_block_matches_ref_on(tw_moe_recipe recipe, int ep) {
+  enum { T = LB_T, H = LB_H, F = LB_F, E = LB_E, K = LB_K };
+  float *in[7];
+  tw_moe_threads_run r = larger_block(recipe, 100, 0.125f, in);
+  const tw_moe_config cfg = r.cfg;
   if (ep > 1) { /* the gpu block over ep GPUs (NCCL) against the unsharded ref block */
     tw_axis ax = TW_AXIS_EP;
     cr_assert_eq(tw_mesh_init(&r.mesh, 1, &ax, &ep), TW_OK);
@@ -310,22 +320,9 @@ Test(moe_gpu, larger_fp8_blocks_match_ref) {
  * block rounds after the sum); the other outputs unchanged. The larger block, every recipe with
  * bf16 weights. */
 static void bf16_grads_on_one_gpu(tw_moe_recipe recipe, int dp) {
-  enum { T = 512, H = 256, F = 128, E = 16, K = 4 };
+  enum { T = LB_T, H = LB_H, F = LB_F, E = LB_E };
   float *in[7];
-  int64_t n[7] = {T * H, H * E, E * H * 2 * F, E * F * H, E * 2 * F, E * H, T * H};
-  for (int i = 0; i < 7; i++) {
-    in[i] = (float *)malloc(sizeof(float) * (size_t)n[i]);
-    tt_fill_uniform_f32(in[i], n[i], 140 + i, -1, 1);
-  }
-  for (int64_t i = 0; i < n[2]; i++) in[2][i] *= 0.0625f;
-  for (int64_t i = 0; i < n[3]; i++) in[3][i] *= 0.09f;
-  tw_moe_threads_run r;
-  memset(&r, 0, sizeof r);
-  tw_moe_config cfg = TW_MOE_CONFIG_INIT;
-  cfg.num_experts = E; cfg.hidden = H; cfg.ffn = F; cfg.router.topk = K; cfg.recipe = recipe;
-  cfg.aux_coeff = 0.01f; cfg.alignment = 8;
-  r.cfg = cfg; r.T = T; r.layers = 1; r.d_aux = 1;
-  r.x = in[0]; r.gate = in[1]; r.wi = in[2]; r.wo = in[3]; r.bi = in[4]; r.bo = in[5]; r.d_out = in[6];
+  tw_moe_threads_run r = larger_block(recipe, 140, 1.0f, in);
   tw_axis ax = TW_AXIS_DP;
   cr_assert_eq(tw_mesh_init(&r.mesh, 1, &ax, &dp), TW_OK);
   int64_t on[6] = {T * H, T * H, E * H * 2 * F, E * F * H, E * 2 * F, E * H};

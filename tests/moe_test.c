@@ -501,6 +501,18 @@ static gproblem gproblem_make(int64_t F, uint64_t seed) {
     }
   return p;
 }
+/* Two sets of the six outputs (out, dx, dwi, dwo, dbi, dbo: output_names) and their sizes. */
+static const char *const output_names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+static void gproblem_outputs(const gproblem *p, int64_t n[6], float *o[2][6]) {
+  const int64_t sz[6] = {p->T * p->H, p->T * p->H, p->E * p->H * 2 * p->F, p->E * p->F * p->H, p->E * 2 * p->F, p->E * p->H};
+  for (int i = 0; i < 6; i++) n[i] = sz[i];
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)n[i], sizeof(float));
+}
+static void gproblem_outputs_free(float *o[2][6]) {
+  for (int u = 0; u < 2; u++)
+    for (int i = 0; i < 6; i++) free(o[u][i]);
+}
 static void gproblem_free(gproblem *p) {
   float *b[7] = {p->x, p->gate, p->wi, p->wo, p->bi, p->bo, p->d_out};
   for (int i = 0; i < 7; i++) free(b[i]);
@@ -542,11 +554,9 @@ Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
   int runs = 0;
   for (int fi = 0; fi < 2; fi++) {
     gproblem p = gproblem_make(fi ? 136 : 40, 40 + (uint64_t)fi);
-    int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
-    const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+    int64_t n[6];
     float *o[2][6];
-    for (int q = 0; q < 2; q++)
-      for (int i = 0; i < 6; i++) o[q][i] = (float *)calloc((size_t)n[i], sizeof(float));
+    gproblem_outputs(&p, n, o);
     for (int rc = TW_MOE_FP8_CURRENT; rc <= TW_MOE_FP8_MXFP8; rc++)
       for (int mi = 0; mi < 4; mi++) {
         const int *ms = meshes[mi];
@@ -558,10 +568,9 @@ Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
         for (int i = 0; i < 6; i++)
           cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0,
                     "%s F=%lld dp=%d fsdp=%d ep=%d: %s differs with fp8_gather", tw_moe_recipe_name((tw_moe_recipe)rc),
-                    (long long)p.F, ms[0], ms[1], ms[2], names[i]);
+                    (long long)p.F, ms[0], ms[1], ms[2], output_names[i]);
       }
-    for (int q = 0; q < 2; q++)
-      for (int i = 0; i < 6; i++) free(o[q][i]);
+    gproblem_outputs_free(o);
     gproblem_free(&p);
   }
   cr_assert_eq(runs, 24);
@@ -573,11 +582,9 @@ Test(moe_layers, fp8_gather_is_bit_identical_for_every_fp8_recipe) {
 Test(moe_layers, weight_reuse_is_bit_identical) {
   static const int meshes[][3] = {{1, 1, 1}, {1, 2, 1}, {1, 2, 2}};
   gproblem p = gproblem_make(40, 52);
-  int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
-  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  int64_t n[6];
   float *o[2][6];
-  for (int u = 0; u < 2; u++)
-    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)n[i], sizeof(float));
+  gproblem_outputs(&p, n, o);
   int runs = 0;
   for (int rc = TW_MOE_BF16; rc <= TW_MOE_FP8_MXFP8; rc++)
     for (int mi = 0; mi < 3; mi++)
@@ -592,10 +599,9 @@ Test(moe_layers, weight_reuse_is_bit_identical) {
         for (int i = 0; i < 6; i++)
           cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0,
                     "%s dp=%d fsdp=%d ep=%d fp8_gather=%d: %s differs with weight reuse",
-                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], q, names[i]);
+                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], q, output_names[i]);
       }
-  for (int u = 0; u < 2; u++)
-    for (int i = 0; i < 6; i++) free(o[u][i]);
+  gproblem_outputs_free(o);
   gproblem_free(&p);
   cr_assert_eq(runs, 4 * 3 + 3 * 2);
 }
@@ -607,11 +613,9 @@ Test(moe_layers, weight_reuse_is_bit_identical) {
 Test(moe_layers, bf16_weight_grads_are_the_f32_ones_rounded_once) {
   static const int meshes[][4] = {{1, 1, 1, 0}, {2, 1, 1, 0}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 2, 1, 0}, {1, 2, 2, 1}};
   gproblem p = gproblem_make(40, 61);
-  int64_t n[6] = {p.T * p.H, p.T * p.H, p.E * p.H * 2 * p.F, p.E * p.F * p.H, p.E * 2 * p.F, p.E * p.H};
-  const char *names[6] = {"out", "dx", "dwi", "dwo", "dbi", "dbo"};
+  int64_t n[6];
   float *o[2][6];
-  for (int u = 0; u < 2; u++)
-    for (int i = 0; i < 6; i++) o[u][i] = (float *)calloc((size_t)n[i], sizeof(float));
+  gproblem_outputs(&p, n, o);
   int runs = 0;
   for (int rc = TW_MOE_BF16; rc <= TW_MOE_FP8_MXFP8; rc++)
     for (int mi = 0; mi < 6; mi++) {
@@ -627,17 +631,16 @@ Test(moe_layers, bf16_weight_grads_are_the_f32_ones_rounded_once) {
           for (int64_t e = 0; e < n[i]; e++) {
             float want = tw_bf16_to_f32(tw_f32_to_bf16(o[0][i][e]));
             cr_assert(memcmp(&want, &o[1][i][e], 4) == 0, "%s dp=%d fsdp=%d ep=%d: %s[%lld] = %a, the f32 one %a rounds to %a",
-                      tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], names[i], (long long)e,
+                      tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], output_names[i], (long long)e,
                       (double)o[1][i][e], (double)o[0][i][e], (double)want);
           }
         } else {
           cr_assert(memcmp(o[0][i], o[1][i], sizeof(float) * (size_t)n[i]) == 0, "%s dp=%d fsdp=%d ep=%d: %s differs with bf16 grads",
-                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], names[i]);
+                    tw_moe_recipe_name((tw_moe_recipe)rc), ms[0], ms[1], ms[2], output_names[i]);
         }
       }
     }
-  for (int u = 0; u < 2; u++)
-    for (int i = 0; i < 6; i++) free(o[u][i]);
+  gproblem_outputs_free(o);
   gproblem_free(&p);
   cr_assert_eq(runs, 4 * 6);
 }
