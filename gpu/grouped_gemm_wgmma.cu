@@ -305,7 +305,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       uint32_t phase = 0;
       const int64_t rowb = p.K * 2;
       // lanes 8j..8j+7 of a warp take the 8 chunks of one row, so each warp's copy reads 4
-      // whole 128-byte lines: thread tid copies chunk tid % 8 of rows tid / 8 + 16 i (i < 8)
+      // rows' 128 contiguous bytes (whole 128-byte lines when K % 64 == 0): thread tid copies
+      // chunk tid % 8 of rows tid / 8 + 16 i (i < 8)
       const int c = tid & 7, r0 = tid / 8;
       for (int64_t t = blockIdx.x / CL; t < total; t += gridDim.x / CL) {
         int64_t g, p0, q0;

@@ -42,7 +42,8 @@
 //   - wgmma m64n128k32 (e4m3/e5m2 x e4m3/e5m2 -> f32), 4 per k-block; fp8 wgmma takes both
 //     operands K-major from shared memory only, so rhs must be [G, N, K] (rhs_op T).
 //   - Persistent CTAs over 128-row x 128-column tiles: tile t is row tile t / tilesQ of the
-//     global 128-row tile space (gpu_group_prefix's T(g)), column tile t % tilesQ; the group
+//     global 128-row tile space (gpu_group_prefix's T(g)), column tile t % tilesQ (knob
+//     TWIN_GG_TILE_ORDER=m, CL = 1: a group's row tiles first instead); the group
 //     by binary search over T(g). No extra prefix kernel, nothing read back: capturable.
 //   - Epilogue (bf16/f16 out, no accumulate, N % 8 == 0, 16-byte aligned out): a warpgroup
 //     whose 64 rows all lie in the group writes them to shared memory (two 64 x 64 boxes,

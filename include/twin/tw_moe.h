@@ -46,7 +46,8 @@
  *   F32   everything f32.
  *   BF16  x, out, d_out, d_x, gate, wi, wo bf16; recv and d_recv bf16 (dispatched as bf16);
  *         a and d_h rounded to bf16 before their GEMMs, eo rounded to bf16 before combine;
- *         logits, h, d_a and every weight gradient f32.
+ *         logits, h, d_a f32; every weight gradient f32, but d_wi and d_wo bf16 when the
+ *         caller gives bf16 tensors for them (see Backward).
  *   FP8_CURRENT, FP8_BLOCK, FP8_MXFP8  the BF16 recipe, with each of the six expert GEMMs
  *         (forward h and eo, dgrad d_a and d_recv, wgrad d_wo and d_wi) on e4m3 operands made
  *         by tw_grouped_quantize (tw_quantize.h): the activations recv, a, d_eo, d_h by the
@@ -89,7 +90,8 @@
  *   same sizes and one f32 staging buffer of the larger). With fp8_gather they are not kept:
  *   the fp8 copies above are the gathered weights (scratch: the shard's fp8 copies too).
  *   tw_moe_saved_bytes() returns the sum. bf16 d_wi / d_wo with dp or fsdp > 1: f32 copies of
- *   the shards' gradients, 4*NLE*(H/fsdp)*3F, allocated by the first such backward and kept.
+ *   the shards' gradients, 4*NLE*(H/fsdp)*3F, allocated by the first such backward and kept
+ *   (so run one such step before capturing the block in a CUDA graph).
  *   Scratch for one call (not kept): 4*R*H (f32 GEMM
  *   output) + s*R*F (a) + 4*R*F (d_a) + s*R*2F (d_h) + s*R*H (d_eo, d_recv) + 8*T*E + 8*T*k + 4*R.
  *
@@ -194,7 +196,8 @@ typedef struct {
 } tw_moe_weights;
 
 typedef struct {
-  tw_tensor gate, wi, wo, bi, bo; /* f32, the shapes of the weights (bi, bo: none if no bias) */
+  tw_tensor gate, wi, wo, bi, bo; /* the shapes of the weights (bi, bo: none if no bias); f32, but
+                                   * wi and wo may both be bf16 (recipes with bf16 weights) */
 } tw_moe_grads;
 
 typedef struct tw_moe tw_moe;
