@@ -1510,6 +1510,7 @@ static tw_status skip_rank(int r, tw_comm *comm, void *arg) {
     lsa_views v = lsa_rank_views(c, r, b);
     cudaMemcpy(b[2], c->idx[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(b[3], c->w[0], (size_t)(T * k) * 4, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize(); /* the pageable uploads land before the context's stream reads them */
     for (int step = 0; step < 2; step++) {
       struct timespec t0, t1;
       clock_gettime(CLOCK_MONOTONIC, &t0);

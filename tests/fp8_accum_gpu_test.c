@@ -140,6 +140,7 @@ static void run_fwd(int64_t M, int64_t N, int64_t K, tw_dtype ta, tw_dtype tb, c
   cr_assert_eq(tw_alloc(ctx, 16, &gsd), TW_OK);
   cr_assert_eq(tw_alloc(ctx, (size_t)(M * N * 4), &od), TW_OK);
   cudaMemcpy(gsd, &gsz, 4, cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize(); /* a pageable upload may still be landing; the GEMM runs on another stream */
   tw_tensor gs = tw_tensor_1d(gsd, TW_I32, 1, TW_MEM_DEVICE);
   tw_tensor o = tw_tensor_2d(od, TW_F32, M, N, TW_MEM_DEVICE);
   tw_operand l = tw_operand_rowwise(&qa.q), r = tw_operand_rowwise(&qb.q);
@@ -258,6 +259,7 @@ static void wgrad_grid(const char *name, int64_t G, int64_t m, int64_t K, int64_
   cr_assert_eq(tw_alloc(ctx, (size_t)G * 4 + 16, &gsd), TW_OK);
   cr_assert_eq(tw_alloc(ctx, (size_t)n * 4, &od), TW_OK);
   cudaMemcpy(gsd, gsz, (size_t)G * 4, cudaMemcpyHostToDevice);
+  cudaDeviceSynchronize(); /* as above */
   tw_tensor gs = tw_tensor_1d(gsd, TW_I32, G, TW_MEM_DEVICE);
   tw_tensor o = tw_tensor_3d(od, TW_F32, G, K, N, TW_MEM_DEVICE);
   tw_operand l = tw_operand_colwise(&ql.q), r = tw_operand_colwise(&qr.q);

@@ -1604,6 +1604,8 @@ Test(grouped_gemm_wgrad_gpu, mxfp8_wgmma_fp8_declines_and_odd_data) {
       /* the quantization ran on the context's non-blocking stream: finish it before the copy */
       cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
       cr_assert_eq(cudaMemcpy((char *)keep[i] + 1, mvs[i]->data, b, cudaMemcpyDeviceToDevice), cudaSuccess);
+      /* the copy ran on the legacy stream, which the context's stream does not wait for */
+      cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
       mvs[i]->data = (char *)keep[i] + 1;
     }
     tw_tensor out = host_new(TW_F32, 3, os), ref = host_new(TW_F32, 3, os);

@@ -424,6 +424,7 @@ Test(moe_gpu, forward_and_backward_replay_in_one_cuda_graph) {
   /* eager once (first-use setup outside the capture), then capture */
   tt_fill_uniform_f32(x, T * H, 100, -1, 1);
   CU(cudaMemcpy(xd, x, sizeof x, cudaMemcpyHostToDevice));
+  CU(cudaDeviceSynchronize()); /* a pageable upload may still be landing; the block runs on its own stream */
   cr_assert_eq(tw_moe_forward(m, &tx, &w, &tout, &taux), TW_OK, "%s", tw_last_error());
   cr_assert_eq(tw_moe_backward(m, &tx, &w, &tdo, 1, &tdx, &g), TW_OK, "%s", tw_last_error());
   cr_assert_eq(tw_ctx_sync(ctx), TW_OK, "%s", tw_last_error());
