@@ -58,6 +58,9 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
                          const tw_tensor *out, const char **why);
 tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                          const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
+// The same with a row-gathered lhs [U, K] (token row o_g + x is data row rows[o_g + x]; ops N).
+tw_status gg_wgmma_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, const tw_operand *rhs,
+                              const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op);
 
 // gg_wgmma is the automatic choice for the forward ops it takes (gg_wgmma_takes): on since
 // it passed on the H100 (runs g1, g2 in gpu/NOTES-gemm.md).
@@ -380,10 +383,10 @@ tw_status gpu_grouped_gemm_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_o
 // The mma.sync kernel family reads lhs row x of group g from data row lhs_rows[o_g + x] in its
 // general tile loader (gg_load_tile; a cp.async per 16 bytes, so a per-row source costs nothing
 // there), scales from the one-group source; gg_mma_wide's hoisted interior loader is left out for
-// the gathered operand. The forward on sm_90 runs gg_wgmma where it takes the operands (plain
-// bf16 / f16), its producer warpgroup loading the A rows (gpu/grouped_gemm_wgmma.cu, GA).
-// gg_wgmma_fp8, gg_lt_loop and gg_wgmma's wgrad do not take it yet: auto runs gg_mma_wide
-// (gg_mma where it does not fit, gg_fma for f32); forcing one of them is TW_ERR_UNSUPPORTED.
+// the gathered operand. On sm_90 the forward and the wgrad run gg_wgmma where it takes the
+// operands (plain bf16 / f16), its producer warpgroup copying the A rows (gpu/grouped_gemm_wgmma.cu,
+// GA). gg_wgmma_fp8 and gg_lt_loop do not take it: auto runs gg_mma_wide (gg_mma where it does
+// not fit, gg_fma for f32); forcing one of them is TW_ERR_UNSUPPORTED.
 
 // Every entry read (i < S = offsets[G]) in [-1, U), else the error word (first one wins).
 __global__ void gg_check_rows(const int32_t *__restrict__ rows, const int64_t *__restrict__ offsets, int64_t G,
@@ -395,13 +398,12 @@ __global__ void gg_check_rows(const int32_t *__restrict__ rows, const int64_t *_
   }
 }
 
-// wgmma: the forward may run gg_wgmma (its producer warpgroup gathers A); the wgrad may not.
-static tw_status rows_version(tw_ctx *ctx, const char *op, const tw_operand *a, const tw_operand *b, int wgmma,
-                              gg_version *v) {
+static tw_status rows_version(tw_ctx *ctx, const char *op, const tw_operand *a, const tw_operand *b, gg_version *v) {
   TW_TRY(choose_version(ctx, op, a, b, v));
-  if (*v == VER_MMA || *v == VER_MMA_WIDE || *v == VER_FMA || (wgmma && *v == VER_WGMMA)) return TW_OK;
-  return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' takes no row-gathered lhs (%sgg_mma_wide, gg_mma and gg_fma do)",
-                  op, gg_names[*v], wgmma ? "gg_wgmma, " : "");
+  if (*v == VER_MMA || *v == VER_MMA_WIDE || *v == VER_FMA || *v == VER_WGMMA) return TW_OK;
+  return tw_error(TW_ERR_UNSUPPORTED,
+                  "%s: kernel '%s' takes no row-gathered lhs (gg_wgmma, gg_mma_wide, gg_mma and gg_fma do)", op,
+                  gg_names[*v]);
 }
 
 static tw_status rows_check(tw_ctx *ctx, const tw_tensor *rows, const int64_t *offsets, int64_t G, int64_t U,
@@ -419,7 +421,7 @@ tw_status gpu_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_ten
                                 tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
   const char *op = "grouped_gemm_rows";
   gg_version v;
-  TW_TRY(rows_version(ctx, op, lhs, rhs, 1, &v));
+  TW_TRY(rows_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
   const char *why;
   if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_takes(ctx, lhs, rhs, rhs_op, out, &why)) v = VER_WGMMA;
@@ -463,14 +465,20 @@ tw_status gpu_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const 
                                       int accumulate) {
   const char *op = "grouped_gemm_wgrad_rows";
   gg_version v;
-  TW_TRY(rows_version(ctx, op, lhs, rhs, 0, &v));
+  TW_TRY(rows_version(ctx, op, lhs, rhs, &v));
   gpu_scratch_reset(ctx);
+  const char *why;
+  if (GG_WGMMA_AUTO && !forced(ctx) && gg_wgmma_wgrad_takes(ctx, lhs, TW_OP_N, rhs, rhs_op, out, &why)) v = VER_WGMMA;
+  if (v == VER_WGMMA && !gg_wgmma_wgrad_takes(ctx, lhs, TW_OP_N, rhs, rhs_op, out, &why))  // before any work
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
   const int64_t M = lhs_rows->shape[0], U = lhs->data.shape[0];
   const int64_t G = out->shape[0], K = out->shape[1], N = out->shape[2];
   gg_problem p;
   memset(&p, 0, sizeof p);
   TW_TRY(prefix(ctx, group_sizes, M, GPU_OP_GROUPED_GEMM_WGRAD, (int64_t **)&p.offsets, (int64_t **)&p.tiles));
   TW_TRY(rows_check(ctx, lhs_rows, p.offsets, G, U, GPU_OP_GROUPED_GEMM_WGRAD_ROWS, op));
+  if (v == VER_WGMMA)
+    return gg_wgmma_wgrad_rows(ctx, lhs, (const int32_t *)lhs_rows->data, rhs, p.offsets, G, out, accumulate, op);
   p.kind = GG_WGRAD;
   p.compute = compute_of(lhs, rhs, v);
   p.wide = v == VER_MMA_WIDE;

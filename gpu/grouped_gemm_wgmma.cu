@@ -721,6 +721,12 @@ struct ggw_wparams {
                 // out 16-byte aligned); else stores from registers as the forward's
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
+  // row-gathered lhs (GA kernel, tw_grouped_gemm_wgrad_rows): token row o_g + x of the lhs is
+  // data row rows[o_g + x] of a [U, P] lhs (-1, or outside [0, U): zeros), copied by the
+  // producer warpgroup; zero_prod is 0
+  const int32_t *rows;
+  const unsigned char *a;
+  int64_t U;
 };
 #define GGW_ZERO_PROD_DEFAULT 0
 #define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
@@ -736,7 +742,12 @@ __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int
 #endif
 
 
-template <bool F16, int OUT>
+// GA: a row-gathered lhs (the forward's GA protocol): the 128 producer threads copy the two
+// 64 x 64 A boxes of each k-tile by cp.async (thread t: chunk t % 8 of token rows t / 8 + 16 i,
+// i < 4, in both boxes; rows past the group or with index -1 and columns past P zero-filled) and
+// arrive through cp.async.mbarrier.arrive.noinc; thread 0 loads the rhs boxes by TMA. The
+// consumers fence the generic-proxy writes after the full barrier, as in the forward.
+template <bool F16, int OUT, int GA = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
@@ -751,7 +762,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   const int zp = p.zero_prod;
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
-      wgc_bar_init(&full[s], zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
+      wgc_bar_init(&full[s], GA ? 1 + 128 : zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
       wgc_bar_init(&empty[s], 8);          // one arrival per consumer warp
       wgc_bar_init(&land[s], 1);
     }
@@ -764,7 +775,58 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   if (wg == 0) {
     // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (tid == 0) {
+    if (GA) {
+      if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
+      int s = 0;
+      uint32_t phase = 0;
+      const int c8 = tid & 7, r0 = tid / 8;
+      const int64_t rowb = p.P * 2;
+      for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t g, p0, q0;
+        ggw_wlocate(p, t, g, p0, q0);
+        const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
+        const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        // the row indices of k-tile kt, read one k-tile ahead (their loads overlap the copies and
+        // the next wait); >= U is reported by gg_check_rows and copies zeros
+        int32_t drow[4];
+        auto indices = [&](int kt) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int64_t x = (int64_t)kt * GGW_BK + r0 + 16 * i;
+            const int64_t v = x < mg ? (int64_t)p.rows[og + x] : -1;
+            drow[i] = v < p.U ? (int32_t)v : -1;
+          }
+        };
+        if (ktiles > 0) indices(0);
+        for (int kt = 0; kt < ktiles; ++kt) {
+          wgc_bar_wait(&empty[s], phase ^ 1);
+          unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
+          if (tid == 0) {
+            wgc_bar_expect(&full[s], GGW_STAGE_BYTES - GGW_A_BYTES);
+            const int row = (int)(og + (int64_t)kt * GGW_BK);
+#pragma unroll
+            for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, &full[s], (int)q0 + 64 * j, row);
+          }
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const int64_t col = p0 + 64 * b + 8 * c8;  // P % 8 == 0: whole chunks
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int r = r0 + 16 * i;
+              const bool in = drow[i] >= 0 && col < p.P;
+              ggw_cp_async16(sa + b * BOX + r * 128 + ((c8 ^ (r & 7)) << 4),
+                             in ? p.a + (int64_t)drow[i] * rowb + col * 2 : p.a, in ? 16 : 0);
+            }
+          }
+          ggw_cp_async_arrive(&full[s]);
+          if (kt + 1 < ktiles) indices(kt + 1);
+          if (++s == GGW_STAGES) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    } else if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_a) : "memory");
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
       int s = 0;
@@ -857,6 +919,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       int prev = -1;
       for (int kt = 0; kt < ktiles; ++kt) {
         wgc_bar_wait(&full[s], phase);
+        if (GA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the cp.async A rows
         unsigned char *st = base + s * GGW_STAGE_BYTES;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
         if (valid < GGW_BK && p.mask && !zp) {
@@ -962,11 +1025,12 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   return *why == NULL;
 }
 
-template <bool F16, int OUT>
+template <bool F16, int OUT, int GA = 0>
 static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
                                     const ggw_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) = ggw_wgrad_kernel<F16, OUT>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) =
+      ggw_wgrad_kernel<F16, OUT, GA>;
   static int ready[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!ready[dev]) {
@@ -981,27 +1045,29 @@ static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CU
   return TW_OK;
 }
 
-tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
-                         const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+// rows: a row-gathered lhs [U, P] (lhs_rows, device [M]); NULL: lhs [M, P].
+static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, tw_op lhs_op, const tw_operand *rhs,
+                           tw_op rhs_op, const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate,
+                           const char *op) {
   const char *why;
   if (!gg_wgmma_wgrad_takes(ctx, lhs, lhs_op, rhs, rhs_op, out, &why))
     return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s' %s", op, GG_KERNEL_WGMMA, why);
-  const int64_t M = lhs->data.shape[0], P = out->shape[1], N = out->shape[2];
+  const int64_t M = rhs->data.shape[0], P = out->shape[1], N = out->shape[2];  // lhs [M, P] or gathered
   if (G == 0 || P == 0 || N == 0) return TW_OK;
   PFN_cuTensorMapEncodeTiled_v12000 enc = wgc_encode_fn();
   if (!enc) return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': no cuTensorMapEncodeTiled in the driver", op, GG_KERNEL_WGMMA);
   const int f16 = lhs->data.dtype == TW_F16;
   const CUtensorMapDataType dt = f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   // M = 0: every group is empty, no load is ever issued; the maps only need valid dims
-  const cuuint64_t rows = (cuuint64_t)(M > 0 ? M : 1);
+  const cuuint64_t nrows = (cuuint64_t)(M > 0 ? M : 1);
   CUtensorMap ma, mb;
   memset(&ma, 0, sizeof ma);
   memset(&mb, 0, sizeof mb);
   const void *ptrs[2] = {lhs->data.data, rhs->data.data};
   const int64_t cols[2] = {P, N};
   CUtensorMap *maps[2] = {&ma, &mb};
-  for (int i = 0; i < 2; ++i) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols[i], rows}, strides[1] = {(cuuint64_t)cols[i] * 2};
+  for (int i = rows ? 1 : 0; i < 2; ++i) {  // a gathered lhs has no map: the producer copies it
+    cuuint64_t dims[2] = {(cuuint64_t)cols[i], nrows}, strides[1] = {(cuuint64_t)cols[i] * 2};
     cuuint32_t box[2] = {64, GGW_BK}, es[2] = {1, 1};
     CUresult r = enc(maps[i], dt, 2, (void *)ptrs[i], dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -1028,6 +1094,12 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   // producer | consumer overrides the default, read on every call (the bench times both)
   const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
+  if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
+    p.zero_prod = 0;
+    p.rows = rows;
+    p.a = (const unsigned char *)lhs->data.data;
+    p.U = lhs->data.shape[0];
+  }
   // out [G, K, N] as a 3-D map (so a box never crosses into group g+1), boxes of 64 rows x 128
   // bytes; TMA stores need a 16-byte aligned base (K, N multiples of 8 give 16-byte strides).
   // Measurement knob TWIN_GG_WGMMA_WGRAD_REGSTORE=1: the register epilogue instead.
@@ -1047,13 +1119,26 @@ tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
   }
-#define GGW_WOUT(F)                                                                   \
-  switch (out->dtype) {                                                               \
-    case TW_F32: return ggw_wgrad_launch_t<F, TW_F32>(ctx, &ma, &mb, &mo, &p, op);    \
-    case TW_BF16: return ggw_wgrad_launch_t<F, TW_BF16>(ctx, &ma, &mb, &mo, &p, op);  \
-    default: return ggw_wgrad_launch_t<F, TW_F16>(ctx, &ma, &mb, &mo, &p, op);        \
+#define GGW_WOUT1(F, O) \
+  return rows ? ggw_wgrad_launch_t<F, O, 1>(ctx, &ma, &mb, &mo, &p, op) : ggw_wgrad_launch_t<F, O>(ctx, &ma, &mb, &mo, &p, op);
+#define GGW_WOUT(F)                    \
+  switch (out->dtype) {                \
+    case TW_F32: GGW_WOUT1(F, TW_F32)  \
+    case TW_BF16: GGW_WOUT1(F, TW_BF16) \
+    default: GGW_WOUT1(F, TW_F16)      \
   }
   if (f16) { GGW_WOUT(true) }
   GGW_WOUT(false)
 #undef GGW_WOUT
+#undef GGW_WOUT1
+}
+
+tw_status gg_wgmma_wgrad(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
+                         const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+  return ggw_wgrad(ctx, lhs, NULL, lhs_op, rhs, rhs_op, offsets, G, out, accumulate, op);
+}
+
+tw_status gg_wgmma_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_t *rows, const tw_operand *rhs,
+                              const int64_t *offsets, int64_t G, tw_tensor *out, int accumulate, const char *op) {
+  return ggw_wgrad(ctx, lhs, rows, TW_OP_N, rhs, TW_OP_N, offsets, G, out, accumulate, op);
 }

@@ -6,7 +6,7 @@
  * addresses differ. The non-gathered kernels are checked against the oracle elsewhere
  * (grouped_gemm_gpu_test); the stored goldens of the row-gathered ops run through `twin check
  * --backend gpu` against NumPy. Versions: gg_mma_wide and gg_mma (fp8 too), gg_fma (f32), and
- * gg_wgmma on sm_90 (bf16 / f16, its producer warpgroup gathering A). Then the device error word
+ * gg_wgmma on sm_90 (bf16 / f16 forward and wgrad, its producer warpgroup gathering A). Then the device error word
  * for an entry outside [-1, U), and the versions that take no gathered lhs refusing by name. */
 #include <criterion/criterion.h>
 #include <cuda_runtime.h>
@@ -277,6 +277,17 @@ Test(grouped_gemm_rows_gpu, forward_gg_wgmma, .timeout = 600) {
   sweep("gg_wgmma", 0, nrows(), 0x7a300000u);
   wg_dims = 0;
 }
+/* gg_wgmma's wgrad: its producer warpgroup copies the gathered token rows of both A boxes */
+Test(grouped_gemm_rows_gpu, wgrad_gg_wgmma, .timeout = 600) {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0) cr_skip_test("gg_wgmma needs an sm_90 device, this is sm_%d%d", major, minor);
+  wg_dims = 1;
+  sweep("gg_wgmma", 1, nrows(), 0x7a400000u);
+  wg_dims = 0;
+}
 Test(grouped_gemm_rows_gpu, forward_gg_mma_wide, .timeout = 600) { sweep("gg_mma_wide", 0, nrows(), 0x7a000000u); }
 Test(grouped_gemm_rows_gpu, forward_gg_mma, .timeout = 600) { sweep("gg_mma", 0, nrows() / 2, 0x7a100000u); }
 Test(grouped_gemm_rows_gpu, wgrad_gg_mma_wide, .timeout = 600) { sweep("gg_mma_wide", 1, nrows(), 0x7a200000u); }
@@ -310,7 +321,7 @@ Test(grouped_gemm_rows_gpu, bad_entry_and_unsupported_versions) {
   tw_ctx_destroy(x);
 }
 
-/* Timing aid (GG_ROWS_TIME=1, skipped otherwise): one MoE-sized forward, a kernel reading the
+/* Timing aid (GG_ROWS_TIME=1, skipped otherwise): one MoE-sized forward and wgrad, a kernel reading the
  * gathered rows against the same kernel on the expanded operand, medians of 10 calls (kernel
  * GG_ROWS_TIME_KERNEL, default gg_wgmma).
  * Shape: G 32 experts, 512 rows each (S 16384: 2048 tokens x top-8), U 4096 source rows, K 7168,
@@ -348,12 +359,18 @@ Test(grouped_gemm_rows_gpu, timing_moe_shape, .timeout = 300) {
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);
-  for (int way = 0; way < 2; way++) {
+  /* the wgrad of the same shape: d_w [G, K, N] = gathered lhs^T [S, N] (o as its rhs, r as out) */
+  tw_tensor tdy = tw_tensor_2d(o, TW_BF16, S, N, TW_MEM_DEVICE), tdw = tw_tensor_3d(r, TW_BF16, G, K, N, TW_MEM_DEVICE);
+  tw_operand dyo = tw_operand_plain(&tdy);
+  for (int way = 0; way < 4; way++) {
     float ms[10];
+    const int wg = way >= 2, gathered = way & 1;
     for (int it = -2; it < 10; it++) {
       cudaEventRecord(e0, stream);
-      tw_status s = way ? tw_grouped_gemm_rows(x, &lo, &trows, &ro, TW_OP_N, &tgs, &to, 0)
-                        : tw_grouped_gemm(x, &Lo, &ro, TW_OP_N, &tgs, &to, 0);
+      tw_status s = wg ? (gathered ? tw_grouped_gemm_wgrad_rows(x, &lo, &trows, &dyo, TW_OP_N, &tgs, &tdw, 0)
+                                   : tw_grouped_gemm_wgrad(x, &Lo, TW_OP_N, &dyo, TW_OP_N, &tgs, &tdw, 0))
+                    : gathered ? tw_grouped_gemm_rows(x, &lo, &trows, &ro, TW_OP_N, &tgs, &to, 0)
+                               : tw_grouped_gemm(x, &Lo, &ro, TW_OP_N, &tgs, &to, 0);
       cr_assert_eq(s, TW_OK, "%s", tw_last_error());
       cudaEventRecord(e1, stream);
       cudaEventSynchronize(e1);
@@ -363,9 +380,9 @@ Test(grouped_gemm_rows_gpu, timing_moe_shape, .timeout = 300) {
       for (int j = i + 1; j < 10; j++)
         if (ms[j] < ms[i]) { float t = ms[i]; ms[i] = ms[j]; ms[j] = t; }
     const double med = 0.5 * (ms[4] + ms[5]);
-    cr_log_info("%s G %lld x m %lld, K %lld, N %lld, bf16: %s %.3f ms, %.0f TFLOP/s", cc.kernel, (long long)G,
-                (long long)m, (long long)K, (long long)N, way ? "rows gathered" : "expanded rows", med,
-                2.0 * S * K * N / (med * 1e9));
+    cr_log_info("%s %s G %lld x m %lld, K %lld, N %lld, bf16: %s %.3f ms, %.0f TFLOP/s", cc.kernel,
+                wg ? "wgrad" : "forward", (long long)G, (long long)m, (long long)K, (long long)N,
+                gathered ? "rows gathered" : "expanded rows", med, 2.0 * S * K * N / (med * 1e9));
   }
   tw_ctx_sync(x);
   tw_free(x, l); tw_free(x, L); tw_free(x, r); tw_free(x, o); tw_free(x, rw); tw_free(x, gsd);
