@@ -265,25 +265,27 @@ static void sweep(const char *kernel, int wgrad, int N, uint64_t base) {
 }
 
 static int nrows(void) { return getenv("GG_ROWS_N") ? atoi(getenv("GG_ROWS_N")) : 200; }
+/* gg_wgmma runs on sm_90 only: skip elsewhere, saying so */
+#define NEED_SM90()                                                                                      \
+  do {                                                                                                   \
+    int dev_ = 0, major_ = 0, minor_ = 0;                                                                \
+    cudaGetDevice(&dev_);                                                                                \
+    cudaDeviceGetAttribute(&major_, cudaDevAttrComputeCapabilityMajor, dev_);                            \
+    cudaDeviceGetAttribute(&minor_, cudaDevAttrComputeCapabilityMinor, dev_);                            \
+    if (major_ != 9 || minor_ != 0) cr_skip_test("gg_wgmma needs an sm_90 device, this is sm_%d%d", major_, minor_); \
+  } while (0)
+
 /* gg_wgmma: its producer warpgroup gathers the A rows (128 threads, a row each, stored in the
  * 128-byte swizzle); the same bits as gg_wgmma on the gathered operand (A by TMA) */
 Test(grouped_gemm_rows_gpu, forward_gg_wgmma, .timeout = 600) {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) cr_skip_test("gg_wgmma needs an sm_90 device, this is sm_%d%d", major, minor);
+  NEED_SM90();
   wg_dims = 1;
   sweep("gg_wgmma", 0, nrows(), 0x7a300000u);
   wg_dims = 0;
 }
 /* gg_wgmma's wgrad: its producer warpgroup copies the gathered token rows of both A boxes */
 Test(grouped_gemm_rows_gpu, wgrad_gg_wgmma, .timeout = 600) {
-  int dev = 0, major = 0, minor = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  if (major != 9 || minor != 0) cr_skip_test("gg_wgmma needs an sm_90 device, this is sm_%d%d", major, minor);
+  NEED_SM90();
   wg_dims = 1;
   sweep("gg_wgmma", 1, nrows(), 0x7a400000u);
   wg_dims = 0;
