@@ -1019,8 +1019,8 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
     *why = "needs K and N multiples of 8 for the wgrad (TMA: 16-byte row strides)";
   else if (((uintptr_t)lhs->data.data & 15) || ((uintptr_t)rhs->data.data & 15))
     *why = "needs 16-byte aligned lhs and rhs";
-  else if (lhs->data.shape[0] >= ((int64_t)1 << 31) - GGW_BK || out->shape[1] >= ((int64_t)1 << 31) ||
-           out->shape[2] >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31))
+  else if (rhs->data.shape[0] >= ((int64_t)1 << 31) - GGW_BK || out->shape[1] >= ((int64_t)1 << 31) ||
+           out->shape[2] >= ((int64_t)1 << 31) || out->shape[0] >= ((int64_t)1 << 31))  // M: rhs rows (a gathered lhs has U)
     *why = "needs M, N, K and G below 2^31 (TMA coordinates)";
   return *why == NULL;
 }
