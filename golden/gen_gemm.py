@@ -103,6 +103,12 @@ def offsets(group_sizes):
     return np.concatenate([[0], np.cumsum(np.asarray(group_sizes, np.int64))])
 
 
+def per_group_kn(v, G, rr, rc, src_kn):
+    """The rhs source [G*rr, rc] per group as [K, N]: as stored (rhs op N) or transposed (op T)."""
+    w = v.reshape(G, rr, rc)
+    return w if src_kn else np.swapaxes(w, 1, 2)
+
+
 def grouped_gemm_np(lhs, rhs, rhs_op, group_sizes, M, out_init=None, out_dtype="f32"):
     """Grouped forward: out[o_g:o_g+m_g] = lhs[o_g:o_g+m_g] @ op(rhs[g]) (+ out_init).
     lhs [M, K] (rows past sum(group_sizes) are ignored), rhs [G, K, N] (N) or [G, N, K] (T).
@@ -509,12 +515,9 @@ def qgrouped_case(root, rng, name, gs, M, K, N, mode, ql, qr, rhs_op, rhs_colwis
     rr, rc = (K, N) if src_kn else (N, K)
     rhs, rv, rl = qoperand(rng, G * rr, rc, [rr] * G, mode, qr, rhs_colwise)
 
-    def per_group_kn(v):
-        w = v.reshape(G, rr, rc)                     # per-group source
-        return w if src_kn else np.swapaxes(w, 1, 2)  # per group [K, N]
     init = out_init_for(rng, (M, N), out_dtype, accumulate)
-    exp, ab = grouped_gemm_np(np.nan_to_num(lv), per_group_kn(rv), "N", gs, M, init, out_dtype)
-    _, ab_lifted = grouped_gemm_np(np.nan_to_num(ll), per_group_kn(rl), "N", gs, M, init, out_dtype)
+    exp, ab = grouped_gemm_np(np.nan_to_num(lv), per_group_kn(rv, G, rr, rc, src_kn), "N", gs, M, init, out_dtype)
+    _, ab_lifted = grouped_gemm_np(np.nan_to_num(ll), per_group_kn(rl, G, rr, rc, src_kn), "N", gs, M, init, out_dtype)
     c = Case(root, name, "grouped_gemm")
     c.key("rhs_op", rhs_op)
     c.key("M", M)
@@ -662,12 +665,9 @@ def qrows_case(root, rng, name, gs, U, M, K, N, mode, ql, qr, rhs_op, out_dtype=
     rr, rc = (K, N) if src_kn else (N, K)
     rhs, rv, rl = qoperand(rng, G * rr, rc, [rr] * G, mode, qr, False)
 
-    def per_group_kn(v):
-        w = v.reshape(G, rr, rc)
-        return w if src_kn else np.swapaxes(w, 1, 2)
     init = out_init_for(rng, (M, N), out_dtype, accumulate)
-    exp, ab = grouped_gemm_np(np.nan_to_num(gathered(lv, rows, S)), per_group_kn(rv), "N", gs, M, init, out_dtype)
-    _, ab_lifted = grouped_gemm_np(np.nan_to_num(gathered(ll, rows, S)), per_group_kn(rl), "N", gs, M, init, out_dtype)
+    exp, ab = grouped_gemm_np(np.nan_to_num(gathered(lv, rows, S)), per_group_kn(rv, G, rr, rc, src_kn), "N", gs, M, init, out_dtype)
+    _, ab_lifted = grouped_gemm_np(np.nan_to_num(gathered(ll, rows, S)), per_group_kn(rl, G, rr, rc, src_kn), "N", gs, M, init, out_dtype)
     c = Case(root, name, "grouped_gemm_rows")
     c.key("rhs_op", rhs_op)
     c.key("M", M)

@@ -417,6 +417,18 @@ static tw_status rows_check(tw_ctx *ctx, const tw_tensor *rows, const int64_t *o
   return gpu_cuda_status(cudaGetLastError(), op);
 }
 
+// The gathered lhs [U, K] as the mma.sync loader reads it: K-major rows (forward) or the
+// wgrad's token-major A_g^T, row x of group g from data row lhs_rows[o_g + x].
+static void gathered_lhs(gg_operand *a, const tw_operand *lhs, const tw_tensor *lhs_rows, int64_t K, int kmajor) {
+  gg_operand_from(a, lhs);
+  a->kmajor = kmajor;
+  a->ragged = 1;
+  a->row_elems = K;
+  a->ld = K;
+  a->rows = (const int32_t *)lhs_rows->data;
+  a->gather_rows = lhs->data.shape[0];
+}
+
 tw_status gpu_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_tensor *lhs_rows, const tw_operand *rhs,
                                 tw_op rhs_op, const tw_tensor *group_sizes, tw_tensor *out, int accumulate) {
   const char *op = "grouped_gemm_rows";
@@ -442,13 +454,7 @@ tw_status gpu_grouped_gemm_rows(tw_ctx *ctx, const tw_operand *lhs, const tw_ten
   p.G = G;
   p.Q = N;
   p.R = K;
-  gg_operand_from(&p.a, lhs);  // lhs [U, K]: row x of group g is data row lhs_rows[o_g + x]
-  p.a.kmajor = 1;
-  p.a.ragged = 1;
-  p.a.row_elems = K;
-  p.a.ld = K;
-  p.a.rows = (const int32_t *)lhs_rows->data;
-  p.a.gather_rows = U;
+  gathered_lhs(&p.a, lhs, lhs_rows, K, 1);  // lhs [U, K]: row x of group g is data row lhs_rows[o_g + x]
   gg_operand_from(&p.b, rhs);
   p.b.kmajor = rhs_op == TW_OP_T;
   p.b.group_stride = K * N;
@@ -486,13 +492,7 @@ tw_status gpu_grouped_gemm_wgrad_rows(tw_ctx *ctx, const tw_operand *lhs, const 
   p.P = K;
   p.Q = N;
   // A_g = L_g^T [K, m_g], L_g's token rows gathered: storage row o_g + k is data row lhs_rows[o_g + k]
-  gg_operand_from(&p.a, lhs);
-  p.a.kmajor = 0;
-  p.a.ragged = 1;
-  p.a.row_elems = K;
-  p.a.ld = K;
-  p.a.rows = (const int32_t *)lhs_rows->data;
-  p.a.gather_rows = U;
+  gathered_lhs(&p.a, lhs, lhs_rows, K, 0);
   gg_operand_from(&p.b, rhs);
   p.b.kmajor = rhs_op == TW_OP_T;
   p.b.ragged = 1;
