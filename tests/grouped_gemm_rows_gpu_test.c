@@ -319,6 +319,21 @@ Test(grouped_gemm_rows_gpu, bad_entry_and_unsupported_versions) {
     tt_expect_status(tw_grouped_gemm_rows(y, &lo, &trows, &ro, TW_OP_N, &tgs, &out, 0), TW_ERR_UNSUPPORTED, want);
     tw_ctx_destroy(y);
   }
+  /* gg_wgmma forced on a wgrad it cannot take (K = 6: TMA needs 16-byte rows) says why, before any work */
+  {
+    tw_ctx *y = gctx("gg_wgmma");
+    static uint16_t l6[4 * 6], dy[5 * 8];
+    tw_tensor t6 = tw_tensor_2d(dput(y, l6, sizeof l6), TW_BF16, 4, 6, TW_MEM_DEVICE);
+    tw_tensor tdy = tw_tensor_2d(dput(y, dy, sizeof dy), TW_BF16, 5, 8, TW_MEM_DEVICE);
+    void *wb = NULL;
+    cr_assert_eq(tw_alloc(y, 2 * 6 * 8 * 4, &wb), TW_OK);
+    tw_tensor tw = tw_tensor_3d(wb, TW_F32, 2, 6, 8, TW_MEM_DEVICE);
+    tw_operand l6o = tw_operand_plain(&t6), dyo = tw_operand_plain(&tdy);
+    tt_expect_status(tw_grouped_gemm_wgrad_rows(y, &l6o, &trows, &dyo, TW_OP_N, &tgs, &tw, 0), TW_ERR_UNSUPPORTED,
+                     "kernel 'gg_wgmma'");
+    tw_ctx_sync(y);
+    tw_ctx_destroy(y);
+  }
   tw_ctx_sync(x);
   tw_ctx_destroy(x);
 }
