@@ -543,3 +543,29 @@ tw_status tw_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_
   return layer->ep->ops->ep->combine_bwd(ctx, layer, d_out, topk_weights, expert_out, d_expert_out,
                                          d_topk_weights);
 }
+
+tw_status tw_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                      const tw_tensor *expert_out, tw_tensor *d_src,
+                                      tw_tensor *d_topk_weights) {
+  const char *op = "ep_combine_bwd_by_source";
+  TW_TRY(check_layer(op, ctx, layer, 1));
+  tw_mem m = ctx->ops->mem;
+  const tw_ep_config *c = &layer->ep->cfg;
+  int64_t U = tw_ep_source_rows(layer->ep);
+  TW_TRY(want(op, "d_out", d_out, m, 2, layer->tokens, c->hidden));
+  TW_TRY(want(op, "d_src", d_src, m, 2, U, c->hidden));
+  TW_TRY(float_rows(op, "d_out", d_out, NULL, NULL));
+  TW_TRY(float_rows(op, "d_src", d_src, d_out, "d_out"));
+  if (!tw_tensor_is_none(d_topk_weights)) {
+    TW_TRY(check_weights(op, layer, d_topk_weights, m, "d_topk_weights"));
+    if (tw_tensor_is_none(expert_out))
+      return tw_error(TW_ERR_INVALID_ARG, "%s: d_topk_weights needs expert_out (it is none)", op);
+  }
+  if (!tw_tensor_is_none(expert_out)) {
+    TW_TRY(want(op, "expert_out", expert_out, m, 2, c->recv_capacity, c->hidden));
+    TW_TRY(float_rows(op, "expert_out", expert_out, NULL, NULL));
+  }
+  if (!layer->ep->ops->ep->combine_bwd_by_source)
+    return tw_error(TW_ERR_UNSUPPORTED, "%s: the %s backend does not provide it", op, ctx->ops->name);
+  return layer->ep->ops->ep->combine_bwd_by_source(ctx, layer, d_out, expert_out, d_src, d_topk_weights);
+}

@@ -61,6 +61,9 @@ typedef struct tw_ep_backend {
   tw_status (*combine_bwd)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                            const tw_tensor *topk_weights, const tw_tensor *expert_out,
                            tw_tensor *d_expert_out, tw_tensor *d_topk_weights);
+  tw_status (*combine_bwd_by_source)(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                     const tw_tensor *expert_out, tw_tensor *d_src,
+                                     tw_tensor *d_topk_weights);
 } tw_ep_backend;
 
 #endif

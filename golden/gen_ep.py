@@ -18,7 +18,9 @@ d_tokens_r and d_topk_weights_r (dispatch_bwd), d_expert_out_r and d_topk_weight
 (combine_bwd); rows by source (tw_ep_dispatch_by_source, U = ep_size * max_tokens with
 max_tokens = the largest T of the case): src_tokens_r [U, H] (row s * max_tokens + t = token t of
 source s when one of its kept routes lands on r, else zeros), src_scales_r (fp8, [U, H/32] rows)
-and recv_row_r [R] i32 (the src_tokens row of each expert-major row, -1 where none). Every f32 sum runs in the documented order (j; combine_bwd's d_topk_weights
+and recv_row_r [R] i32 (the src_tokens row of each expert-major row, -1 where none); combine_bwd
+by source: d_src_r [U, H] f32 (row s * max_tokens + t = d_out of source s, token t, when one of
+its kept routes lands on r, else zeros). Every f32 sum runs in the documented order (j; combine_bwd's d_topk_weights
 in the warp order: 32 partials over h, then a fold) with one f32 rounding per operation, as
 the header states, so the oracle must match bit for bit.
 """
@@ -176,6 +178,7 @@ def make_case(root, name, c, rng):
         maxT = max(T)
         src = np.zeros((n * maxT, H), recv.dtype)
         sscl = np.zeros((n * maxT, sc), np.uint8)
+        dsrc = np.zeros((n * maxT, H), F32)
         rrow = np.full(R, -1, np.int32)
         for i, s_ in enumerate(slots):
             if s_ is not None:
@@ -183,8 +186,10 @@ def make_case(root, name, c, rng):
                 u = so * maxT + t
                 src[u] = xs[so][t]
                 sscl[u] = scl[so][t]
+                dsrc[u] = dout[so][t]
                 rrow[i] = u
         np.save(os.path.join(d, "src_tokens_%d.npy" % r), src)
+        np.save(os.path.join(d, "d_src_%d.npy" % r), dsrc)
         np.save(os.path.join(d, "recv_row_%d.npy" % r), rrow)
         if sc:
             np.save(os.path.join(d, "src_scales_%d.npy" % r), sscl)

@@ -253,24 +253,28 @@ static tw_status ep_exact(ep_case *c, int r, const char *name, const tw_tensor *
 
 /* Rows by source on a second layer of the same group: src_tokens, src_scales, recv_row and the
  * shared outputs against the goldens, then its combine against the same out_r (the routing
- * state a by-source dispatch leaves is the same). */
+ * state a by-source dispatch leaves is the same), and combine_bwd by source: d_src and the
+ * dots against d_topk_weights_combine_r. */
 static tw_status ep_by_source(ep_case *c, int r, tw_ctx *ctx, mirror *m, tw_ep *ep, const tw_tensor *D_tok,
                               const tw_tensor *D_scl, const tw_tensor *D_idx, const tw_tensor *D_w,
-                              const tw_tensor *D_y, int64_t maxT) {
+                              const tw_tensor *D_y, const tw_tensor *D_dout, int64_t maxT) {
   int64_t U = (int64_t)c->n * maxT, H = c->H, R = c->R, T = D_tok->shape[0];
   int nle = c->E / c->n;
   tw_ep_layer *layer = NULL;
   void *src = calloc((size_t)(U * H) * 4 + 1, 1), *sscl = calloc((size_t)U * (size_t)(H / 32 + 1) * 4 + 1, 1);
   int32_t *row = calloc((size_t)R + 1, 4), *gs = calloc((size_t)nle + 1, 4), *dr = calloc((size_t)nle + 1, 4);
   float *rw = calloc((size_t)R + 1, 4), *out = calloc((size_t)(T * H) + 1, 4);
-  tw_status s = src && sscl && row && gs && dr && rw && out ? TW_OK : tw_error(TW_ERR_MEMORY, "ep golden: out of memory");
+  float *dsrc = calloc((size_t)(U * H) + 1, 4), *dtw = calloc((size_t)(T * c->k) + 1, 4);
+  tw_status s = src && sscl && row && gs && dr && rw && out && dsrc && dtw
+                    ? TW_OK : tw_error(TW_ERR_MEMORY, "ep golden: out of memory");
   tw_tensor tsrc = tw_tensor_2d(src, c->dt, U, H, TW_MEM_HOST), tsscl = tw_tensor_none();
   if (c->scale_block)
     tsscl = tw_tensor_2d(sscl, c->scale_block == 32 ? TW_E8M0 : TW_F32, U, H / c->scale_block, TW_MEM_HOST);
   tw_tensor trow = tw_tensor_1d(row, TW_I32, R, TW_MEM_HOST), trw = tw_tensor_1d(rw, TW_F32, R, TW_MEM_HOST);
   tw_tensor tgs = tw_tensor_1d(gs, TW_I32, nle, TW_MEM_HOST), tdr = tw_tensor_1d(dr, TW_I32, nle, TW_MEM_HOST);
   tw_tensor tout = tw_tensor_2d(out, TW_F32, T, H, TW_MEM_HOST);
-  tw_tensor D_src, D_sscl, D_row, D_rw, D_gs, D_dr, D_out;
+  tw_tensor tdsrc = tw_tensor_2d(dsrc, TW_F32, U, H, TW_MEM_HOST), tdtw = tw_tensor_2d(dtw, TW_F32, T, c->k, TW_MEM_HOST);
+  tw_tensor D_src, D_sscl, D_row, D_rw, D_gs, D_dr, D_out, D_dsrc, D_dtw;
   if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
   if (s == TW_OK) s = mirror_in(m, &tsrc, &D_src);
   if (s == TW_OK) s = mirror_in(m, &tsscl, &D_sscl);
@@ -279,6 +283,8 @@ static tw_status ep_by_source(ep_case *c, int r, tw_ctx *ctx, mirror *m, tw_ep *
   if (s == TW_OK) s = mirror_in(m, &tgs, &D_gs);
   if (s == TW_OK) s = mirror_in(m, &tdr, &D_dr);
   if (s == TW_OK) s = mirror_in(m, &tout, &D_out);
+  if (s == TW_OK) s = mirror_in(m, &tdsrc, &D_dsrc);
+  if (s == TW_OK) s = mirror_in(m, &tdtw, &D_dtw);
   if (s == TW_OK)
     s = tw_ep_dispatch_by_source(ctx, layer, D_tok, D_scl, D_idx, D_w, &D_src, &D_sscl, &D_row, &D_rw, &D_gs, &D_dr);
   if (s == TW_OK) s = mirror_out(m, &tsrc, &D_src);
@@ -296,9 +302,14 @@ static tw_status ep_by_source(ep_case *c, int r, tw_ctx *ctx, mirror *m, tw_ep *
   if (s == TW_OK) s = tw_ep_combine(ctx, layer, D_y, D_w, &D_out);
   if (s == TW_OK) s = mirror_out(m, &tout, &D_out);
   if (s == TW_OK) s = ep_exact(c, r, "out", &tout);
+  if (s == TW_OK) s = tw_ep_combine_bwd_by_source(ctx, layer, D_dout, D_y, &D_dsrc, &D_dtw);
+  if (s == TW_OK) s = mirror_out(m, &tdsrc, &D_dsrc);
+  if (s == TW_OK) s = mirror_out(m, &tdtw, &D_dtw);
+  if (s == TW_OK) s = ep_exact(c, r, "d_src", &tdsrc);
+  if (s == TW_OK) s = ep_exact(c, r, "d_topk_weights_combine", &tdtw);
   if (on_device(m)) tw_ctx_sync(ctx);
   tw_ep_layer_destroy(layer);
-  free(src); free(sscl); free(row); free(gs); free(dr); free(rw); free(out);
+  free(src); free(sscl); free(row); free(gs); free(dr); free(rw); free(out); free(dsrc); free(dtw);
   return s;
 }
 
@@ -382,7 +393,7 @@ static tw_status ep_rank(int r, tw_comm *comm, void *arg) {
   if (s == TW_OK) s = tw_ep_combine(ctx, layer, &D_y, &D_w, &D_out);
   if (s == TW_OK) s = mirror_out(&m, &tout, &D_out);
   if (s == TW_OK) s = ep_exact(c, r, "out", &tout);
-  if (s == TW_OK) s = ep_by_source(c, r, ctx, &m, ep, &D_tok, &D_scl, &D_idx, &D_w, &D_y, maxT);
+  if (s == TW_OK) s = ep_by_source(c, r, ctx, &m, ep, &D_tok, &D_scl, &D_idx, &D_w, &D_y, &D_dout, maxT);
   if (s == TW_OK) s = tw_ep_combine(ctx, layer, &D_y, &none, &D_out);
   if (s == TW_OK) s = mirror_out(&m, &tout, &D_out);
   if (s == TW_OK) s = ep_exact(c, r, "out_unweighted", &tout);

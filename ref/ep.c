@@ -462,13 +462,27 @@ static float dot_warp_order(const tw_tensor *d_out, int64_t off, const float *y,
   return P[0];
 }
 
+/* d_topk_weights of combine_bwd (both forms): expert_out's rows back to the routes' sources,
+ * then each kept route's dot with its token's d_out row. */
+static tw_status dots_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const tw_tensor *expert_out,
+                           tw_tensor *d_topk_weights) {
+  int64_t H = layer->ep->cfg.hidden, k = layer->ep->cfg.topk, T = layer->tokens;
+  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t j = 0; j < k; j++) {
+      const float *y = route_row(layer, t * k + j);
+      ((float *)d_topk_weights->data)[t * k + j] = y ? dot_warp_order(d_out, t * H, y, H) : 0.0f;
+    }
+  return TW_OK;
+}
+
 static tw_status ref_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                                     const tw_tensor *topk_weights, const tw_tensor *expert_out,
                                     tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
   const tw_ep *ep = layer->ep;
   layer_impl *L = layer->impl;
   ep_impl *im = ep->impl;
-  int64_t H = ep->cfg.hidden, k = ep->cfg.topk, R = ep->cfg.recv_capacity, T = layer->tokens;
+  int64_t H = ep->cfg.hidden, k = ep->cfg.topk, R = ep->cfg.recv_capacity;
   const float *w = tw_tensor_is_none(topk_weights) ? NULL : topk_weights->data;
   for (int64_t p = 0; p < L->send_off[ep->ep_size]; p++) {
     int64_t q = L->pack_list[p], t = q / k;
@@ -483,13 +497,37 @@ static tw_status ref_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
     for (int64_t h = 0; h < H; h++) set_f32(d_expert_out, L->recv_slot[p] * H + h, row[h]);
   }
   if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
-  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t j = 0; j < k; j++) {
-      const float *y = route_row(layer, t * k + j);
-      ((float *)d_topk_weights->data)[t * k + j] = y ? dot_warp_order(d_out, t * H, y, H) : 0.0f;
-    }
-  return TW_OK;
+  return dots_back(ctx, layer, d_out, expert_out, d_topk_weights);
+}
+
+/* combine_bwd by source (tw_ep.h): each kept route carries its token's d_out row (as f32, exact
+ * for bf16 too) and t to the route's rank, which writes it at row source * max_tokens + t of
+ * d_src (a token with several routes there: the same bytes again); zeros where nothing came. */
+static tw_status ref_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                              const tw_tensor *expert_out, tw_tensor *d_src,
+                                              tw_tensor *d_topk_weights) {
+  const tw_ep *ep = layer->ep;
+  layer_impl *L = layer->impl;
+  ep_impl *im = ep->impl;
+  int64_t H = ep->cfg.hidden, k = ep->cfg.topk, maxT = ep->cfg.max_tokens, U = (int64_t)ep->ep_size * maxT;
+  for (int64_t p = 0; p < L->send_off[ep->ep_size]; p++) {
+    int64_t q = L->pack_list[p], t = q / k;
+    int32_t t32 = (int32_t)t;
+    float *row = (float *)(im->send + (size_t)p * im->rb);
+    for (int64_t h = 0; h < H; h++) row[h] = row_f32(d_out, t * H + h);
+    memcpy(row + H, &t32, 4);
+  }
+  TW_TRY(move(ctx, ep, L, 1));
+  memset(d_src->data, 0, (size_t)U * tw_dtype_storage_bytes(d_src->dtype, H));
+  for (int64_t p = 0; p < L->recv_off[ep->ep_size]; p++) {
+    const float *row = (const float *)(im->recv + (size_t)p * im->rb);
+    int32_t t;
+    memcpy(&t, row + H, 4);
+    int64_t u = (int64_t)source_of(L, ep->ep_size, p) * maxT + t;
+    for (int64_t h = 0; h < H; h++) set_f32(d_src, u * H + h, row[h]);
+  }
+  if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
+  return dots_back(ctx, layer, d_out, expert_out, d_topk_weights);
 }
 
 const tw_ep_backend tw_ref_ep = {
@@ -502,4 +540,5 @@ const tw_ep_backend tw_ref_ep = {
     .combine = ref_ep_combine,
     .dispatch_bwd = ref_ep_dispatch_bwd,
     .combine_bwd = ref_ep_combine_bwd,
+    .combine_bwd_by_source = ref_ep_combine_bwd_by_source,
 };

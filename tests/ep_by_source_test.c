@@ -20,6 +20,7 @@
 #include "tests/test_util.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_ep.h"
+#include "twin/tw_numerics.h"
 #include "twin/tw_quantize.h"
 
 #define MAXR 4
@@ -141,6 +142,70 @@ static int all_zero(const unsigned char *p, size_t n) {
 
 #define BAD(...) do { cr_log_error(__VA_ARGS__); c->failed++; goto done; } while (0)
 
+/* combine_bwd by source after either dispatch of the step (la: expert-major, lb: by source),
+ * f32 d_out, then bf16 d_out (against combine_bwd in bf16 on la):
+ *   d_src[u] = d_out row of u's token where recv_row references u, zeros elsewhere (poisoned);
+ *   combine_bwd's d_expert_out[i] = recv_weights[i] * d_src[recv_row[i]] rounded to d_out's
+ *     dtype (0 rows where recv_row[i] = -1), bit for bit;
+ *   d_topk_weights = combine_bwd's, bit for bit; none for both leaves the rest unchanged. */
+static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_ep_layer *la, tw_ep_layer *lb,
+                                              const int32_t *row, const float *rw, const float *dexp_f32,
+                                              const float *dtw_f32) {
+  int64_t T = c->T[r], H = c->H, R = c->R, k = c->k, U = c->n * c->maxT;
+  tw_status s = TW_OK;
+  float *dsrc = malloc((size_t)(U * H) * 4 + 4), *dtw = malloc((size_t)(T * k) * 4 + 4);
+  uint16_t *db = malloc((size_t)(T * H) * 2 + 2), *dexpb = malloc((size_t)(R * H) * 2 + 2);
+  float *dtwb = malloc((size_t)(T * k) * 4 + 4);
+  char *used = calloc((size_t)U + 1, 1);
+  for (int64_t i = 0; i < R; i++)
+    if (row[i] >= 0) used[row[i]] = 1;
+  tw_tensor y = tw_tensor_2d(c->y[r], TW_F32, R, H, TW_MEM_HOST), none = tw_tensor_none();
+  tw_tensor w = tw_tensor_2d(c->w[r], TW_F32, T, k, TW_MEM_HOST);
+  tw_tensor tdtw = tw_tensor_2d(dtw, TW_F32, T, k, TW_MEM_HOST);
+  for (int pass = 0; pass < 3; pass++) { /* f32 on la, f32 on lb, bf16 on lb */
+    int bf = pass == 2;
+    tw_ep_layer *ly = pass == 0 ? la : lb;
+    size_t eb = bf ? 2 : 4;
+    memset(dsrc, 0xA5, (size_t)(U * H) * eb);
+    memset(dtw, 0xA5, (size_t)(T * k) * 4);
+    tw_tensor dout = tw_tensor_2d(c->dout[r], TW_F32, T, H, TW_MEM_HOST);
+    if (bf) {
+      for (int64_t i = 0; i < T * H; i++) db[i] = tw_f32_to_bf16(c->dout[r][i]);
+      dout = tw_tensor_2d(db, TW_BF16, T, H, TW_MEM_HOST);
+      tw_tensor tdexpb = tw_tensor_2d(dexpb, TW_BF16, R, H, TW_MEM_HOST), tdtwb = tw_tensor_2d(dtwb, TW_F32, T, k, TW_MEM_HOST);
+      s = tw_ep_combine_bwd(ctx, la, &dout, &w, &y, &tdexpb, &tdtwb);
+      if (s != TW_OK) goto done;
+    }
+    tw_tensor tdsrc = tw_tensor_2d(dsrc, bf ? TW_BF16 : TW_F32, U, H, TW_MEM_HOST);
+    s = tw_ep_combine_bwd_by_source(ctx, ly, &dout, pass == 1 ? &none : &y, &tdsrc, pass == 1 ? &none : &tdtw);
+    if (s != TW_OK) goto done;
+    const unsigned char *D = (const unsigned char *)dsrc;
+    for (int64_t u = 0; u < U; u++) {
+      const unsigned char *got = D + (size_t)(u * H) * eb;
+      int so = (int)(u / c->maxT);
+      int64_t t = u % c->maxT;
+      int bad = !used[u] ? !all_zero(got, (size_t)H * eb) : !bf && memcmp(got, c->dout[so] + t * H, (size_t)H * 4);
+      for (int64_t h = 0; used[u] && bf && h < H; h++)
+        bad |= ((const uint16_t *)got)[h] != tw_f32_to_bf16(c->dout[so][t * H + h]);
+      if (bad)
+        BAD("%s rank %d pass %d: d_src row %lld (token %lld of rank %d, referenced %d) is wrong", c->name, r, pass,
+            (long long)u, (long long)t, so, used[u]);
+    }
+    for (int64_t i = 0; i < R; i++)
+      for (int64_t h = 0; h < H; h++) {
+        float x = row[i] < 0 ? 0.0f : bf ? tw_bf16_to_f32(((uint16_t *)dsrc)[row[i] * H + h]) : dsrc[row[i] * H + h];
+        float p = rw[i] * x;
+        int ok = bf ? tw_f32_to_bf16(p) == dexpb[i * H + h] : memcmp(&p, dexp_f32 + i * H + h, 4) == 0;
+        if (!ok) BAD("%s rank %d pass %d: d_expert_out[%lld, %lld] != recv_weights * d_src[recv_row]", c->name, r, pass, (long long)i, (long long)h);
+      }
+    if (pass != 1 && memcmp(dtw, bf ? dtwb : dtw_f32, (size_t)(T * k) * 4))
+      BAD("%s rank %d pass %d: d_topk_weights differ from combine_bwd's", c->name, r, pass);
+  }
+done:
+  free(dsrc); free(dtw); free(db); free(dexpb); free(dtwb); free(used);
+  return s;
+}
+
 static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   bcase *c = arg;
   tw_ctx *ctx = NULL;
@@ -254,6 +319,7 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
       memcmp(dtw[0], dtw[1], (size_t)(T * k) * 4) || memcmp(dtwc[0], dtwc[1], (size_t)(T * k) * 4) ||
       memcmp(dexp[0], dexp[1], (size_t)(R * H) * 4))
     BAD("%s rank %d: combine / dispatch_bwd / combine_bwd differ after the by-source dispatch", c->name, r);
+  s = combine_bwd_by_source_checks(c, r, ctx, la, lb, row, rw[1], dexp[0], dtwc[0]);
 done:
   free(recv); free(rscl); free(src); free(sscl); free(row);
   for (int L = 0; L < 2; L++) {
@@ -440,8 +506,31 @@ static tw_status errors_fn(int r, tw_comm *comm, void *arg) {
   float yb[64 * 128], ob[3 * 128];
   tw_tensor y = tw_tensor_2d(yb, TW_F32, R, H, TW_MEM_HOST), out = tw_tensor_2d(ob, TW_F32, T, H, TW_MEM_HOST);
   tt_expect_status(tw_ep_combine(ctx, ly, &y, &tw_, &out), TW_ERR_INVALID_ARG, "no successful dispatch");
+  float dsb[8 * 128], dob[3 * 128] = {0}, dwb[6];
+  tw_tensor dout = tw_tensor_2d(dob, TW_F32, T, H, TW_MEM_HOST), dsrc = tw_tensor_2d(dsb, TW_F32, U, H, TW_MEM_HOST);
+  tw_tensor dw = tw_tensor_2d(dwb, TW_F32, T, k, TW_MEM_HOST), none = tw_tensor_none();
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &dsrc, &dw), TW_ERR_INVALID_ARG, "no successful dispatch");
   cr_expect_eq(tw_ep_dispatch_by_source(ctx, ly, &tok, &scl, &idx, &tw_, &src, &sscl, &row, &rw, &gs, &dr), TW_OK,
                "%s", tw_last_error());
+  /* combine_bwd by source */
+  bad = tw_tensor_2d(dsb, TW_F32, U - 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &bad, &dw), TW_ERR_SHAPE, "d_src");
+  bad = tw_tensor_2d(dsb, TW_BF16, U, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &bad, &dw), TW_ERR_DTYPE,
+                   "d_src is bf16 but d_out is f32 (they must match)");
+  bad = tw_tensor_2d(dob, TW_F32, T + 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &bad, &y, &dsrc, &dw), TW_ERR_SHAPE, "d_out");
+  bad = tw_tensor_2d(dob, TW_E4M3, T, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &bad, &y, &dsrc, &dw), TW_ERR_DTYPE,
+                   "d_out is e4m3, expected f32 or bf16");
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &none, &dsrc, &dw), TW_ERR_INVALID_ARG,
+                   "d_topk_weights needs expert_out (it is none)");
+  bad = tw_tensor_2d(yb, TW_F32, R - 1, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &bad, &dsrc, &dw), TW_ERR_SHAPE, "expert_out");
+  bad = tw_tensor_2d(dwb, TW_F32, T, k + 1, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &dsrc, &bad), TW_ERR_SHAPE, "d_topk_weights");
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, NULL, &y, &dsrc, &dw), TW_ERR_NULL, "d_out");
+  cr_expect_eq(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &none, &dsrc, &none), TW_OK, "%s", tw_last_error());
   tw_ep_layer_destroy(ly);
   tw_ep_destroy(ep);
   tw_ctx_destroy(ctx);

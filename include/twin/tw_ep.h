@@ -96,6 +96,16 @@
  *   row of row u, compact or swizzled (cfg.scales_mxfp8_swizzled); zeros elsewhere
  *   (tw_ep_source_scales_shape). combine, dispatch_bwd and combine_bwd after it are those of
  *   dispatch (their expert-major rows are the GEMM outputs, [R, H]).
+ * combine_bwd by source (tw_ep_combine_bwd_by_source, after either dispatch of the step): the
+ *   way in of combine_bwd without its T k H bytes of expert-major rows. d_src [U, H] (d_out's
+ *   dtype): row s * max_tokens + t = d_out_s[t] when at least one kept route of token t of source
+ *   rank s lands on this rank, else zeros (every row is written), so with the step's recv_row
+ *   and recv_weights (tw_ep_dispatch_by_source): combine_bwd's d_expert_out[i] =
+ *   f32(recv_weights[i] * d_src[recv_row[i]]) rounded to d_out's dtype (weighted form with the
+ *   dispatched weights; unweighted: d_src[recv_row[i]] itself), 0 where recv_row[i] = -1. A
+ *   grouped GEMM reads d_src through recv_row and scales its output rows by recv_weights
+ *   (row scaling commutes with the product). d_topk_weights (optional, needs expert_out) is
+ *   combine_bwd's, bit for bit (the same dots in the same warp order).
  *
  * Errors: E % ep_size, k < 1 or k > E, T > max_tokens, H % scale block (fp8), R % A, A not a
  * power of two, an expert id < 0 or >= E (token, slot and id named), the same id twice in one
@@ -198,6 +208,13 @@ tw_status tw_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d
 tw_status tw_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                             const tw_tensor *topk_weights, const tw_tensor *expert_out,
                             tw_tensor *d_expert_out, tw_tensor *d_topk_weights);
+
+/* combine_bwd by source (above): d_out [T, H] f32/bf16, expert_out [R, H] (needed when
+ * d_topk_weights is requested, else none) -> d_src [U, H] (d_out's dtype), d_topk_weights
+ * [T, k] f32 or none. */
+tw_status tw_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                      const tw_tensor *expert_out, tw_tensor *d_src,
+                                      tw_tensor *d_topk_weights);
 
 #ifdef __cplusplus
 }
