@@ -1511,7 +1511,7 @@ __device__ static uint4 scaled8_bf16(float w, uint4 v) {
 // dtype) from src, and with y (expert_out) d_topk_weights' dot of src with y[i] (warp_dot's
 // order), returned to every lane. vec: bf16 rows, 16-byte aligned, H % 8 == 0, for d_out, out
 // and y alike: each d_out vector is read once for both. Otherwise the row, then warp_dot on
-// any dtypes.
+// any dtypes. row = NULL: the dot only (combine_bwd by source), in the same order.
 __device__ static float dout_row(const unsigned char *__restrict__ src, float wq, unsigned char *__restrict__ row,
                                  const unsigned char *__restrict__ yr, int bf16, int y_bf16, int64_t H, int vec) {
   const int lane = threadIdx.x & 31;
@@ -1530,18 +1530,18 @@ __device__ static float dout_row(const unsigned char *__restrict__ src, float wq
       }
 #pragma unroll
       for (int u = 0; u < 4; u++) {
-        ov[c + 32 * u] = scaled8_bf16(wq, x[u]);
+        if (row) ov[c + 32 * u] = scaled8_bf16(wq, x[u]);
         if (yr) acc = dot8_bf16(acc, x[u], z[u]);
       }
     }
     for (; c < nc; c += 32) {
       const uint4 x = sv[c];
-      ov[c] = scaled8_bf16(wq, x);
+      if (row) ov[c] = scaled8_bf16(wq, x);
       if (yr) acc = dot8_bf16(acc, x, yv[c]);
     }
     return warp_fold(acc);
   }
-  for (int64_t h = lane; h < H; h += 32) store_f32(row, bf16, h, __fmul_rn(wq, load_f32(src, bf16, h)));
+  for (int64_t h = lane; row && h < H; h += 32) store_f32(row, bf16, h, __fmul_rn(wq, load_f32(src, bf16, h)));
   return yr ? warp_dot(src, bf16, yr, y_bf16, H, 0) : 0.0f;
 }
 
@@ -1614,6 +1614,125 @@ __global__ void lsa_take_dw(lsa_dev d, int64_t routes, const int64_t *__restrict
   const float *dw = (const float *)(d.peer[d.me] + d.off_dw);
   for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
     d_w[q] = route_pos[q] >= 0 ? dw[q] : 0.0f;
+}
+
+// combine_bwd by source (tw_ep.h), token side (after the entry barrier): one warp per (token t,
+// rank r). When t has a kept route on r, d_out[t] goes once into r's way-back slab at (me, t)
+// (r != me) or into this rank's d_src row me * max_tokens + t (r = me; zeros when it has none),
+// and the source tag of (me, t) in r's window is this push's epoch (0: no route there; the tags
+// of rows by source, whose epochs only grow, so a stale tag never matches). No row map: the
+// dispatch's stays. With own_in_push the dots of t's routes on this rank are formed here too
+// (under the remote stores), into this rank's window.
+__global__ void lsa_push_dsrc(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob, int64_t T, int k,
+                              int64_t S, layer_impl L, unsigned char *__restrict__ d_src, int bf16, int64_t H,
+                              const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec, int rank_major,
+                              int own_in_push) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const unsigned long long stamp = *d.epoch;  // the same on every rank after the entry barrier
+  float *dw = (float *)(d.peer[d.me] + d.off_dw);
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
+    const int64_t t = rank_major ? it % T : it / d.n;
+    const int r = (int)(rank_major ? it / T : it % d.n);
+    unsigned any = 0;
+    for (int j0 = 0; j0 < k; j0 += 32) {
+      unsigned hits = __ballot_sync(0xffffffffu, kept_on(L, t, k, j0 + lane, S, r) >= 0);
+      any |= hits;
+      if (r == d.me && own_in_push && y)
+        while (hits) {
+          const int b = __ffs(hits) - 1;
+          hits &= hits - 1;
+          const int64_t q = t * k + j0 + b, i = L.route_dst[q];
+          const float acc = dout_row(d_out + (size_t)t * ob, 1.0f, NULL, y + (size_t)i * yb, bf16, y_bf16, H, vec);
+          if (lane == 0) dw[q] = acc;
+        }
+    }
+    if (lane == 0)
+      ((unsigned long long *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0ull;
+    unsigned char *dst = r != d.me ? d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb
+                                   : d_src + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * ob;
+    if (any) warp_copy_wide(dst, d_out + (size_t)t * ob, ob);
+    else if (r == d.me) warp_zero(dst, ob);
+  }
+}
+
+// combine_bwd by source, expert side (after the barrier): items [0, U) are the source rows
+// u = s * max_tokens + t not written by the push: from the slab when its tag is the push's,
+// zeros otherwise; items [U, U + R) (with y) the dots of the expert-major rows' routes that the
+// push did not form, from the slab row (or d_out for this rank's own), stored into the route's
+// rank's window at its index.
+__global__ void lsa_dsrc_rows(lsa_dev d, int64_t T, int k, int64_t H, int64_t R, const int64_t *__restrict__ recv_route,
+                              const unsigned char *__restrict__ d_out, size_t ob, unsigned char *__restrict__ d_src,
+                              int bf16, const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec,
+                              int own_in_push) {
+  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
+  const unsigned long long stamp = *d.epoch - 1ull;  // the push's: one barrier since
+  const unsigned long long *tag = (const unsigned long long *)(d.peer[d.me] + d.off_tag);
+  const int64_t U = (int64_t)d.n * d.maxT, per = d.maxT * k, items = U + (y ? R : 0);
+  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items; it += warps) {
+    if (it < U) {
+      const int s = (int)(it / d.maxT);
+      const int64_t t = it % d.maxT;
+      if (s == d.me && t < T) continue;  // the push's
+      unsigned char *row = d_src + (size_t)it * ob;
+      if (s != d.me && tag[it] == stamp)
+        warp_copy_wide(row, d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb, ob);
+      else
+        warp_zero(row, ob);
+      continue;
+    }
+    const int64_t i = it - U;
+    const long long gid = recv_route[i];
+    if (gid < 0) continue;
+    const int s = (int)(gid / per);
+    if (s == d.me && own_in_push) continue;
+    const int64_t t = (gid % per) / k;
+    const unsigned char *src = s == d.me ? d_out + (size_t)t * ob
+                                         : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
+    const float acc = dout_row(src, 1.0f, NULL, y + (size_t)i * yb, bf16, y_bf16, H, vec);
+    if (lane == 0) ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
+  }
+}
+
+// combine_bwd by source on ep_nccl_slots, one warp per kept route: its token's d_out row (ob
+// bytes) and the source word (src_word) right after it into the route's staging row.
+__global__ void ep_pack_dout_src(const unsigned char *__restrict__ d_out, size_t ob, int64_t routes, int k,
+                                 const int64_t *__restrict__ route_pos, int64_t S, unsigned char *__restrict__ send,
+                                 size_t rb) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t q = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; q < routes; q += warps) {
+    const int64_t p = route_pos[q];
+    if (p < 0) continue;
+    unsigned char *row = send + (size_t)p * rb;
+    warp_copy_wide(row, d_out + (size_t)(q / k) * ob, ob);
+    if ((threadIdx.x & 31) == 0) {
+      const uint32_t tw = src_word(route_pos, q, k, S);
+      memcpy(row + ob, &tw, 4);
+    }
+  }
+}
+
+// ... and on the receiver (after ep_zero_unless_failed), one warp per expert-major row with a
+// route: its staging row into d_src at s * max_tokens + t when the word marks the token's first
+// route to this rank. direct (one rank, no staging): the row from d_out, the word from the route.
+__global__ void ep_unpack_dout_src(const unsigned char *__restrict__ recv, size_t rb, int64_t R, int64_t maxT, int k,
+                                   int64_t S, layer_impl L, int direct, const unsigned char *__restrict__ d_out,
+                                   size_t ob, unsigned char *__restrict__ d_src) {
+  const int warps = (gridDim.x * blockDim.x) >> 5;
+  for (int64_t i = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; i < R; i += warps) {
+    const int64_t p = L.recv_src[i];
+    if (p < 0) continue;
+    const unsigned char *row;
+    uint32_t word;
+    if (direct) {
+      const int64_t q = L.slot_route[p];
+      word = src_word(L.route_pos, q, k, S);
+      row = d_out + (size_t)(q / k) * ob;
+    } else {
+      row = recv + (size_t)p * rb;
+      memcpy(&word, row + ob, 4);
+    }
+    if (word >> 31) warp_copy_wide(d_src + ((size_t)(p / S) * (size_t)maxT + (word & 0x7fffffffu)) * ob, row, ob);
+  }
 }
 
 // ---- MXFP8 scales in the grouped GEMM's layout (cfg.scales_gemm_layout, scale_block 32) ----
@@ -1773,6 +1892,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
                          (const void *)ep_mx_prefix, (const void *)ep_mx_scales, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
                          (const void *)lsa_sum,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
+                         (const void *)lsa_push_dsrc, (const void *)lsa_dsrc_rows,
                          (const void *)lsa_take_dw,
                          (const void *)ep_pack_back, (const void *)ep_sum_routes,
                          (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
@@ -2490,6 +2610,65 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   return TW_OK;
 }
 
+// ep_nccl_lsa's combine_bwd by source: an entry barrier; d_out once per (token, rank) into the
+// rank's way-back slab with its source tag (own rows straight into d_src, and where the items
+// reach 16 warps per SM the own routes' dots, as combine_bwd); a barrier; the source rows from
+// the slab and the other dots, stored into the tokens' ranks; with dots, a barrier and
+// d_topk_weights from this rank's window. No expert-major rows are written.
+static tw_status lsa_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                           const tw_tensor *expert_out, tw_tensor *d_src, tw_tensor *d_topk_weights) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  const lsa_dev &d = im->lsa->d;
+  gpu_state *st = gpu_of(ctx);
+  cudaStream_t stream = st->stream;
+  const int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity, U = (int64_t)d.n * d.maxT;
+  const int k = ep->cfg.topk, bf16 = d_out->dtype == TW_BF16;
+  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H);
+  const unsigned char *dout = (const unsigned char *)d_out->data;
+  unsigned char *dsrc = (unsigned char *)d_src->data;
+  const int want_dw = !tw_tensor_is_none(d_topk_weights);
+  const unsigned char *y = want_dw ? (const unsigned char *)expert_out->data : NULL;
+  const int ybf = want_dw && expert_out->dtype == TW_BF16;
+  const size_t yb = want_dw ? tw_dtype_storage_bytes(expert_out->dtype, H) : 0;
+  const int vec = bf16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 && d.crb % 16 == 0 &&
+                  (!y || (ybf && (uintptr_t)y % 16 == 0));
+  const char *own = getenv("TWIN_EP_DOUT_OWN");
+  const int own_in_push = own && !strcmp(own, "push")   ? 1
+                          : own && !strcmp(own, "rows") ? 0
+                                                        : T * d.n >= (int64_t)st->num_sms * 16;
+  ep_phase_run ph;
+  ph_begin(&ph, stream, "combine_bwd_by_source", T, (long long)ob);
+  TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier0",
+                          "ep_combine_bwd_by_source: LSA barrier launch"));
+  if (T) {
+    lsa_push_dsrc<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, T, k, im->S, *L, dsrc, bf16, H, y, yb,
+                                                                  ybf, vec, push_rank_major(), own_in_push);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA push launch");
+  }
+  ph_mark(&ph, "push");
+  TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier",
+                          "ep_combine_bwd_by_source: LSA barrier launch"));
+  if (U + (y ? R : 0)) {
+    lsa_dsrc_rows<<<grid_for(ctx, U + (y ? R : 0), 8), 256, 0, stream>>>(d, T, k, H, R, L->recv_route, dout, ob, dsrc,
+                                                                         bf16, y, yb, ybf, vec, own_in_push);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA rows launch");
+  }
+  ph_mark(&ph, "rows");
+  if (want_dw) {
+    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier2",
+                            "ep_combine_bwd_by_source: LSA barrier launch"));
+    if (T * k) {
+      lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA d_w launch");
+    }
+    ph_mark(&ph, "take_dw");
+  }
+  ph_end(&ph);
+  return TW_OK;
+}
+
 static tw_status gpu_ep_combine(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *expert_out,
                                 const tw_tensor *topk_weights, tw_tensor *out) {
   if (((ep_impl *)layer->ep->impl)->lsa)
@@ -2531,6 +2710,32 @@ static tw_status gpu_ep_dispatch_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_t
   return TW_OK;
 }
 
+// combine_bwd's d_topk_weights on ep_nccl_slots (both forms): one rank reads expert_out in place
+// through slot_row; otherwise its rows come back to the sources (rows_back) and each route's dot
+// with its token's d_out row is taken there.
+static tw_status slots_dots(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out, const tw_tensor *expert_out,
+                            tw_tensor *d_topk_weights, const char *op) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  const int64_t T = layer->tokens, H = ep->cfg.hidden;
+  const int k = ep->cfg.topk, bf16 = d_out->dtype == TW_BF16, ebf = !tw_tensor_is_none(expert_out) && expert_out->dtype == TW_BF16;
+  if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
+  const unsigned char *base = (const unsigned char *)expert_out->data;
+  size_t rbe = tw_dtype_storage_bytes(expert_out->dtype, H);
+  if (!L->slot_row) {
+    TW_TRY(rows_back(ctx, layer, expert_out, NULL));
+    base = im->send;
+    rbe = step_rb_back(ep, expert_out->dtype);  // rows_back's stride
+  }
+  if (!(T * k)) return TW_OK;
+  ep_dot_routes<<<grid_for(ctx, T * k, 8), 256, 0, gpu_of(ctx)->stream>>>(
+      base, rbe, ebf, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data, L->slot_row,
+      dot_vec_ok(base, rbe, ebf, d_out->data, bf16, H));
+  GPU_TRY_CUDA(cudaGetLastError(), op);
+  return TW_OK;
+}
+
 static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                                     const tw_tensor *topk_weights, const tw_tensor *expert_out,
                                     tw_tensor *d_expert_out, tw_tensor *d_topk_weights) {
@@ -2552,14 +2757,7 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
               (uintptr_t)d_expert_out->data % 16 == 0);
       GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: direct launch");
     }
-    if (tw_tensor_is_none(d_topk_weights) || !(T * k)) return TW_OK;
-    const size_t erb = tw_dtype_storage_bytes(expert_out->dtype, H);
-    const int ebf = expert_out->dtype == TW_BF16;
-    ep_dot_routes<<<grid_for(ctx, T * k, 8), 256, 0, stream>>>(
-        (const unsigned char *)expert_out->data, erb, ebf, d_out->data, bf16, T * k, k, H, L->route_pos,
-        (float *)d_topk_weights->data, L->slot_row, dot_vec_ok(expert_out->data, erb, ebf, d_out->data, bf16, H));
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
-    return TW_OK;
+    return slots_dots(ctx, layer, d_out, expert_out, d_topk_weights, "ep_combine_bwd: dot launch");
   }
   // rows of d_out's dtype go out, d_expert_out's row bytes are read back: the stride covers both
   const size_t dob = tw_dtype_storage_bytes(d_out->dtype, H), deb = tw_dtype_storage_bytes(d_expert_out->dtype, H);
@@ -2576,17 +2774,45 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
                                                             tw_dtype_storage_bytes(d_expert_out->dtype, H));
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: unpack launch");
   }
-  if (tw_tensor_is_none(d_topk_weights)) return TW_OK;
-  TW_TRY(rows_back(ctx, layer, expert_out, NULL));
-  if (T * k) {
-    const int ebf = expert_out->dtype == TW_BF16;
-    const size_t rbe = step_rb_back(ep, expert_out->dtype);  // rows_back's stride
-    ep_dot_routes<<<grid_for(ctx, T * k, 8), 256, 0, stream>>>(
-        im->send, rbe, ebf, d_out->data, bf16, T * k, k, H, L->route_pos, (float *)d_topk_weights->data, NULL,
-        dot_vec_ok(im->send, rbe, ebf, d_out->data, bf16, H));
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: dot launch");
+  return slots_dots(ctx, layer, d_out, expert_out, d_topk_weights, "ep_combine_bwd: dot launch");
+}
+
+// ep_nccl_slots' combine_bwd by source: every kept route's d_out row with its source word to the
+// route's rank, then the first route of each (source, token) there writes d_src's row (one
+// rank: straight from d_out); zeros first. The dots as combine_bwd's.
+static tw_status gpu_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
+                                              const tw_tensor *expert_out, tw_tensor *d_src,
+                                              tw_tensor *d_topk_weights) {
+  const tw_ep *ep = layer->ep;
+  ep_impl *im = (ep_impl *)ep->impl;
+  layer_impl *L = (layer_impl *)layer->impl;
+  if (im->lsa && !L->slot_row) return lsa_combine_bwd_by_source(ctx, layer, d_out, expert_out, d_src, d_topk_weights);
+  cudaStream_t stream = gpu_of(ctx)->stream;
+  const int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity, maxT = ep->cfg.max_tokens;
+  const int k = ep->cfg.topk;
+  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H), rb = round16(ob + 4);
+  const size_t zb = (size_t)ep->ep_size * (size_t)maxT * ob;
+  const unsigned char *dout = (const unsigned char *)d_out->data;
+  if (!L->slot_row) {
+    if (T * k) {
+      ep_pack_dout_src<<<grid_for(ctx, T * k, 8), 256, 0, stream>>>(dout, ob, T * k, k, L->route_pos, im->S, im->send,
+                                                                      rb);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: pack launch");
+    }
+    TW_TRY(exchange(ctx, ep, 1, rb));
   }
-  return TW_OK;
+  if (zb) {
+    ep_zero_unless_failed<<<grid_for(ctx, (int64_t)(zb / 16 + 1), 256), 256, 0, stream>>>(
+        L->flag, (unsigned char *)d_src->data, zb, NULL, 0);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: zero launch");
+  }
+  if (R) {
+    ep_unpack_dout_src<<<grid_for(ctx, R, 8), 256, 0, stream>>>(im->recv, rb, R, maxT, k, im->S, *L,
+                                                                 L->slot_row != NULL, dout, ob,
+                                                                 (unsigned char *)d_src->data);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: unpack launch");
+  }
+  return slots_dots(ctx, layer, d_out, expert_out, d_topk_weights, "ep_combine_bwd_by_source: dot launch");
 }
 
 }  // namespace
@@ -2594,4 +2820,5 @@ static tw_status gpu_ep_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_te
 extern "C" const tw_ep_backend gpu_ep = {
     gpu_ep_create,    gpu_ep_destroy,  gpu_ep_layer_create, gpu_ep_layer_destroy,
     gpu_ep_dispatch,  gpu_ep_dispatch_by_source, gpu_ep_combine,  gpu_ep_dispatch_bwd, gpu_ep_combine_bwd,
+    gpu_ep_combine_bwd_by_source,
 };

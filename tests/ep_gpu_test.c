@@ -69,8 +69,8 @@ typedef struct {
 } scen;
 
 typedef struct { /* every output of one rank */
-  unsigned char *recv, *rscl, *out, *outu, *dtok, *dexp;
-  float *rw, *dtw, *dtwc;
+  unsigned char *recv, *rscl, *out, *outu, *dtok, *dexp, *dsrc; /* dsrc: combine_bwd by source (by_source runs) */
+  float *rw, *dtw, *dtwc, *dtws;
   int32_t *gs, *dr, *row;
   tw_status st; /* of dispatch (error cases) */
   char msg[240]; /* the rank's last error message (several ranks) */
@@ -214,12 +214,14 @@ static void outs_alloc(outs *o, const scen *c, int r) {
   o->rw = malloc((size_t)R * 4 + 4); memset(o->rw, 0xAB, (size_t)R * 4);
   o->dtw = malloc((size_t)(T * c->k) * 4 + 4);
   o->dtwc = malloc((size_t)(T * c->k) * 4 + 4);
+  o->dsrc = malloc(yb(c) * (size_t)(c->n * c->maxT) + 1);
+  o->dtws = malloc((size_t)(T * c->k) * 4 + 4);
   o->gs = malloc((size_t)nle * 4); memset(o->gs, 0xAB, (size_t)nle * 4);
   o->dr = malloc((size_t)nle * 4); memset(o->dr, 0xAB, (size_t)nle * 4);
 }
 static void outs_free(outs *o) {
   free(o->recv); free(o->rscl); free(o->out); free(o->outu); free(o->dtok); free(o->dexp); free(o->rw); free(o->dtw);
-  free(o->dtwc); free(o->gs); free(o->dr); free(o->row);
+  free(o->dtwc); free(o->gs); free(o->dr); free(o->row); free(o->dsrc); free(o->dtws);
 }
 
 /* ---- one rank's step on either backend ----------------------------------------------------- */
@@ -300,6 +302,9 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
     if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &none, &outu);
     if (s == TW_OK) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
     if (s == TW_OK) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
+    tw_tensor dsrc = by_source ? put(&m, o->dsrc, c->ydt, 2, c->n * c->maxT, H, 0) : none;
+    tw_tensor dtws = by_source ? put(&m, o->dtws, TW_F32, 2, T, k, 0) : none;
+    if (s == TW_OK && by_source) s = tw_ep_combine_bwd_by_source(ctx, layer, &dout, &y, &dsrc, &dtws);
     if (s == TW_OK && tw_ctx_mem(ctx) != TW_MEM_HOST) s = tw_ctx_check(ctx);
     if (s != TW_OK) {  /* a failure after a good dispatch (a barrier timeout, say) shows as a status, not as zeros */
       o->st = s;
@@ -308,6 +313,7 @@ static tw_status run_rank(tw_ctx *ctx, tw_comm *comm, const scen *c, int r, outs
     if (s == TW_OK) {
       get(&m, o->out, &out); get(&m, o->outu, &outu); get(&m, o->dtok, &dtok); get(&m, o->dtw, &dtw);
       get(&m, o->dexp, &dexp); get(&m, o->dtwc, &dtwc);
+      if (by_source) { get(&m, o->dsrc, &dsrc); get(&m, o->dtws, &dtws); }
     }
   }
   if (tw_ctx_mem(ctx) != TW_MEM_HOST) tw_ctx_sync(ctx);
@@ -350,7 +356,9 @@ static int same_outs(const scen *c, int r, const outs *g, const outs *f, const c
          cmp(g->dtok, f->dtok, yb(c) * (size_t)T, "d_tokens", name, r) &&
          cmp(g->dtw, f->dtw, (size_t)(T * c->k) * 4, "d_topk_weights (dispatch_bwd)", name, r) &&
          cmp(g->dexp, f->dexp, yb(c) * (size_t)R, "d_expert_out", name, r) &&
-         cmp(g->dtwc, f->dtwc, (size_t)(T * c->k) * 4, "d_topk_weights (combine_bwd)", name, r);
+         cmp(g->dtwc, f->dtwc, (size_t)(T * c->k) * 4, "d_topk_weights (combine_bwd)", name, r) &&
+         (!by_source || (cmp(g->dsrc, f->dsrc, yb(c) * (size_t)(c->n * c->maxT), "d_src (combine_bwd by source)", name, r) &&
+                         cmp(g->dtws, f->dtws, (size_t)(T * c->k) * 4, "d_topk_weights (combine_bwd by source)", name, r)));
 }
 
 /* Token conservation: kept rows (sum of group sizes without padding is not visible, so: kept =
@@ -1066,7 +1074,8 @@ Test(ep_gpu, random_cases_mxfp8_gemm_scales_2_and_4_on_one_gpu_loopback) {
 
 /* Rows by source (tw_ep_dispatch_by_source): src_tokens, src_scales (rows, 1x128 GEMM layout,
  * MXFP8 one-group layout) and recv_row vs the oracle bit for bit, with the weights, group sizes,
- * drops and statuses, and combine / dispatch_bwd / combine_bwd after it: ep_size 1 (the direct
+ * drops and statuses, and combine / dispatch_bwd / combine_bwd and combine_bwd by source (d_src
+ * and its dots) after it: ep_size 1 (the direct
  * path) and 2 / 4 ranks on one GPU (loopback, ep_nccl_slots and ep_nccl_lsa) */
 Test(ep_gpu, random_cases_by_source) {
   const int few = getenv("EP_SWEEP_N") != NULL; /* a sanitizer run: EP_SWEEP_N cases each */
