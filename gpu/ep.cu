@@ -1387,16 +1387,17 @@ __device__ static void push_back_rows(const lsa_dev &d, const back_args &a, cons
   }
 }
 
-// The chunks' lists: destination row i of another rank's route goes to the list of the chunk
-// of its token, t / cs (lists [C][R], counts [C], zeroed before). Order within a list is free.
+// The chunks' lists: destination row i of another rank's route (own: of any rank's) goes to the
+// list of the chunk of its token, t / cs (lists [C][R], counts [C], zeroed before). Order within
+// a list is free.
 __global__ void lsa_back_bucket(lsa_dev d, int64_t R, int k, const int64_t *__restrict__ recv_route, int64_t cs,
-                                int32_t *__restrict__ list, int32_t *__restrict__ count) {
+                                int32_t *__restrict__ list, int32_t *__restrict__ count, int own) {
   const int64_t per = d.maxT * k;
   const int lane = threadIdx.x & 31;
   for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < R; base += (int64_t)gridDim.x * blockDim.x) {
     const int64_t i = base + threadIdx.x;
     const int64_t gid = i < R ? recv_route[i] : -1;
-    const int c = gid < 0 || gid / per == d.me ? -1 : (int)(((gid % per) / k) / cs);
+    const int c = gid < 0 || (!own && gid / per == d.me) ? -1 : (int)(((gid % per) / k) / cs);
     // one atomic per chunk and warp: the lanes of a chunk take consecutive places
     const unsigned peers = __match_any_sync(0xffffffffu, c);
     const int leader = __ffs(peers) - 1;
@@ -1616,81 +1617,119 @@ __global__ void lsa_take_dw(lsa_dev d, int64_t routes, const int64_t *__restrict
     d_w[q] = route_pos[q] >= 0 ? dw[q] : 0.0f;
 }
 
-// combine_bwd by source (tw_ep.h), token side (after the entry barrier): one warp per (token t,
-// rank r). When t has a kept route on r, d_out[t] goes once into r's way-back slab at (me, t)
-// (r != me) or into this rank's d_src row me * max_tokens + t (r = me; zeros when it has none),
-// and the source tag of (me, t) in r's window is this push's epoch (0: no route there; the tags
-// of rows by source, whose epochs only grow, so a stale tag never matches). No row map: the
+// combine_bwd by source (tw_ep.h) over ep_nccl_lsa, in C chunks of the token index (C = 1: push,
+// barrier, rows). Step c: blocks [0, P) push chunk c, the others write chunk c - 1's rows; a
+// barrier after each push.
+struct dsrc_args {
+  const unsigned char *d_out, *y;  // d_out [T, H]; expert_out [R, H] (NULL: no dots)
+  unsigned char *d_src;            // [U, H]
+  size_t ob, yb;
+  int64_t T, H, R, S, cs;          // cs: tokens per chunk
+  int k, bf16, y_bf16, vec, own_in_push, rank_major;
+  const int64_t *recv_route;
+};
+
+// Push item (t, r): when t has a kept route on r, d_out[t] once into r's way-back slab at (me, t)
+// (r != me) or into this rank's d_src row me * max_tokens + t (r = me; zeros when it has none);
+// the source tag of (me, t) in r's window is this push's epoch (0: no route there; the tags of
+// rows by source, whose epochs only grow, so a stale tag never matches). No row map: the
 // dispatch's stays. With own_in_push the dots of t's routes on this rank are formed here too
 // (under the remote stores), into this rank's window.
-__global__ void lsa_push_dsrc(lsa_dev d, const unsigned char *__restrict__ d_out, size_t ob, int64_t T, int k,
-                              int64_t S, layer_impl L, unsigned char *__restrict__ d_src, int bf16, int64_t H,
-                              const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec, int rank_major,
-                              int own_in_push) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
-  const unsigned long long stamp = *d.epoch;  // the same on every rank after the entry barrier
-  float *dw = (float *)(d.peer[d.me] + d.off_dw);
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < T * d.n; it += warps) {
-    const int64_t t = rank_major ? it % T : it / d.n;
-    const int r = (int)(rank_major ? it / T : it % d.n);
-    unsigned any = 0;
-    for (int j0 = 0; j0 < k; j0 += 32) {
-      unsigned hits = __ballot_sync(0xffffffffu, kept_on(L, t, k, j0 + lane, S, r) >= 0);
-      any |= hits;
-      if (r == d.me && own_in_push && y)
-        while (hits) {
-          const int b = __ffs(hits) - 1;
-          hits &= hits - 1;
-          const int64_t q = t * k + j0 + b, i = L.route_dst[q];
-          const float acc = dout_row(d_out + (size_t)t * ob, 1.0f, NULL, y + (size_t)i * yb, bf16, y_bf16, H, vec);
-          if (lane == 0) dw[q] = acc;
-        }
-    }
-    if (lane == 0)
-      ((unsigned long long *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0ull;
-    unsigned char *dst = r != d.me ? d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb
-                                   : d_src + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * ob;
-    if (any) warp_copy_wide(dst, d_out + (size_t)t * ob, ob);
-    else if (r == d.me) warp_zero(dst, ob);
+__device__ static void dsrc_push(const lsa_dev &d, const dsrc_args &a, const layer_impl &L, int64_t t, int r,
+                                 unsigned long long stamp) {
+  const int lane = threadIdx.x & 31;
+  unsigned any = 0;
+  for (int j0 = 0; j0 < a.k; j0 += 32) {
+    unsigned hits = __ballot_sync(0xffffffffu, kept_on(L, t, a.k, j0 + lane, a.S, r) >= 0);
+    any |= hits;
+    if (r == d.me && a.own_in_push && a.y)
+      while (hits) {
+        const int b = __ffs(hits) - 1;
+        hits &= hits - 1;
+        const int64_t q = t * a.k + j0 + b, i = L.route_dst[q];
+        const float acc =
+            dout_row(a.d_out + (size_t)t * a.ob, 1.0f, NULL, a.y + (size_t)i * a.yb, a.bf16, a.y_bf16, a.H, a.vec);
+        if (lane == 0) ((float *)(d.peer[d.me] + d.off_dw))[q] = acc;
+      }
   }
+  if (lane == 0)
+    ((unsigned long long *)(d.peer[r] + d.off_tag))[(size_t)d.me * (size_t)d.maxT + (size_t)t] = any ? stamp : 0ull;
+  unsigned char *dst = r != d.me ? d.peer[r] + d.off_comb + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * d.crb
+                                 : a.d_src + ((size_t)d.me * (size_t)d.maxT + (size_t)t) * a.ob;
+  if (any) warp_copy_wide(dst, a.d_out + (size_t)t * a.ob, a.ob);
+  else if (r == d.me) warp_zero(dst, a.ob);
 }
 
-// combine_bwd by source, expert side (after the barrier): items [0, U) are the source rows
-// u = s * max_tokens + t not written by the push: from the slab when its tag is the push's,
-// zeros otherwise; items [U, U + R) (with y) the dots of the expert-major rows' routes that the
-// push did not form, from the slab row (or d_out for this rank's own), stored into the route's
-// rank's window at its index.
-__global__ void lsa_dsrc_rows(lsa_dev d, int64_t T, int k, int64_t H, int64_t R, const int64_t *__restrict__ recv_route,
-                              const unsigned char *__restrict__ d_out, size_t ob, unsigned char *__restrict__ d_src,
-                              int bf16, const unsigned char *__restrict__ y, size_t yb, int y_bf16, int vec,
-                              int own_in_push) {
-  const int warps = (gridDim.x * blockDim.x) >> 5, lane = threadIdx.x & 31;
-  const unsigned long long stamp = *d.epoch - 1ull;  // the push's: one barrier since
-  const unsigned long long *tag = (const unsigned long long *)(d.peer[d.me] + d.off_tag);
-  const int64_t U = (int64_t)d.n * d.maxT, per = d.maxT * k, items = U + (y ? R : 0);
-  for (int64_t it = (int64_t)(blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items; it += warps) {
-    if (it < U) {
-      const int s = (int)(it / d.maxT);
-      const int64_t t = it % d.maxT;
-      if (s == d.me && t < T) continue;  // the push's
-      unsigned char *row = d_src + (size_t)it * ob;
-      if (s != d.me && tag[it] == stamp)
-        warp_copy_wide(row, d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb, ob);
-      else
-        warp_zero(row, ob);
-      continue;
-    }
-    const int64_t i = it - U;
-    const long long gid = recv_route[i];
-    if (gid < 0) continue;
-    const int s = (int)(gid / per);
-    if (s == d.me && own_in_push) continue;
-    const int64_t t = (gid % per) / k;
-    const unsigned char *src = s == d.me ? d_out + (size_t)t * ob
-                                         : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
-    const float acc = dout_row(src, 1.0f, NULL, y + (size_t)i * yb, bf16, y_bf16, H, vec);
-    if (lane == 0) ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
+// Source row u = s * max_tokens + t not written by a push (s != me, or t >= T): from the slab
+// when its tag is the previous push's (stamp), zeros otherwise.
+__device__ static void dsrc_row(const lsa_dev &d, const dsrc_args &a, int64_t u, unsigned long long stamp) {
+  const int s = (int)(u / d.maxT);
+  const int64_t t = u % d.maxT;
+  if (s == d.me && t < a.T) return;
+  unsigned char *row = a.d_src + (size_t)u * a.ob;
+  if (s != d.me && ((const unsigned long long *)(d.peer[d.me] + d.off_tag))[u] == stamp)
+    warp_copy_wide(row, d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb, a.ob);
+  else
+    warp_zero(row, a.ob);
+}
+
+// The dot of expert-major row i's route (unless the push formed it), from the slab row (or d_out
+// for this rank's own route), stored into the route's rank's window at its index.
+__device__ static void dsrc_dot(const lsa_dev &d, const dsrc_args &a, int64_t i) {
+  const long long gid = a.recv_route[i];
+  if (gid < 0) return;
+  const int64_t per = d.maxT * a.k;
+  const int s = (int)(gid / per);
+  if (s == d.me && a.own_in_push) return;
+  const int64_t t = (gid % per) / a.k;
+  const unsigned char *src = s == d.me ? a.d_out + (size_t)t * a.ob
+                                       : d.peer[d.me] + d.off_comb + ((size_t)s * (size_t)d.maxT + (size_t)t) * d.crb;
+  const float acc = dout_row(src, 1.0f, NULL, a.y + (size_t)i * a.yb, a.bf16, a.y_bf16, a.H, a.vec);
+  if ((threadIdx.x & 31) == 0) ((float *)(d.peer[s] + d.off_dw))[gid % per] = acc;
+}
+
+// Step c's two roles over blocks [blk0, blk0 + nblk). Push: tokens [c cs, (c + 1) cs) to every
+// rank. Write: chunk c - 1's source rows of every rank and its dots: with C = 1 every expert-major
+// row's (those of own routes unless the push formed them), else the rows of lsa_back_bucket's
+// list c - 1 (every rank's routes of that chunk).
+__device__ static void dsrc_push_chunk(const lsa_dev &d, const dsrc_args &a, const layer_impl &L, int c, int blk,
+                                       int nblk) {
+  const int lw = (int)(threadIdx.x >> 5), wpb = (int)(blockDim.x >> 5);
+  const unsigned long long epoch = *d.epoch;  // the same on every rank at this step
+  const int64_t t0 = (int64_t)c * a.cs, t1 = t0 + a.cs < a.T ? t0 + a.cs : a.T;
+  const int64_t len = t1 > t0 ? t1 - t0 : 0, items = len * d.n, warps = (int64_t)nblk * wpb;
+  for (int64_t it = (int64_t)blk * wpb + lw; it < items; it += warps) {
+    const int64_t t = t0 + (a.rank_major ? it % len : it / d.n);
+    const int r = (int)(a.rank_major ? it / len : it % d.n);
+    dsrc_push(d, a, L, t, r, epoch);
   }
+}
+__device__ static void dsrc_write_chunk(const lsa_dev &d, const dsrc_args &a, int c, int C, const int32_t *list,
+                                        const int32_t *nlist, int blk, int nblk) {
+  const int lw = (int)(threadIdx.x >> 5), wpb = (int)(blockDim.x >> 5);
+  const unsigned long long stamp = *d.epoch - 1ull;  // the previous push's: one barrier since
+  const int64_t t0 = (int64_t)(c - 1) * a.cs, t1 = t0 + a.cs < d.maxT ? t0 + a.cs : d.maxT;
+  const int64_t len = t1 > t0 ? t1 - t0 : 0;  // chunks past max_tokens are empty
+  const int64_t rows = (int64_t)d.n * len, dots = !a.y ? 0 : C == 1 ? a.R : *nlist;
+  const int64_t warps = (int64_t)nblk * wpb;
+  for (int64_t it = (int64_t)blk * wpb + lw; it < rows + dots; it += warps) {
+    if (it < rows) dsrc_row(d, a, (it / len) * d.maxT + t0 + it % len, stamp);
+    else dsrc_dot(d, a, C == 1 ? it - rows : list[it - rows]);
+  }
+}
+// A step that does both: blocks [0, P) push chunk c, the others write chunk c - 1. The steps
+// with one role (the first push, the last write) run the same device functions in kernels of
+// their own registers (the fused kernel's made C = 1 ~10% slower on 2 H200s).
+__global__ void lsa_dsrc_step(lsa_dev d, dsrc_args a, layer_impl L, int c, int C, int P, const int32_t *list,
+                              const int32_t *nlist) {
+  if ((int)blockIdx.x < P) dsrc_push_chunk(d, a, L, c, blockIdx.x, P);
+  else dsrc_write_chunk(d, a, c, C, list, nlist, blockIdx.x - P, gridDim.x - P);
+}
+__global__ void lsa_dsrc_push(lsa_dev d, dsrc_args a, layer_impl L, int c) {
+  dsrc_push_chunk(d, a, L, c, blockIdx.x, gridDim.x);
+}
+__global__ void lsa_dsrc_write(lsa_dev d, dsrc_args a, int c, int C, const int32_t *list, const int32_t *nlist) {
+  dsrc_write_chunk(d, a, c, C, list, nlist, blockIdx.x, gridDim.x);
 }
 
 // combine_bwd by source on ep_nccl_slots, one warp per kept route: its token's d_out row (ob
@@ -1892,7 +1931,7 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
                          (const void *)ep_mx_prefix, (const void *)ep_mx_scales, (const void *)lsa_back_step, (const void *)lsa_back_bucket, (const void *)lsa_push_back,
                          (const void *)lsa_sum,
                          (const void *)lsa_push_dout, (const void *)lsa_dout_rows,
-                         (const void *)lsa_push_dsrc, (const void *)lsa_dsrc_rows,
+                         (const void *)lsa_dsrc_step, (const void *)lsa_dsrc_push, (const void *)lsa_dsrc_write,
                          (const void *)lsa_take_dw,
                          (const void *)ep_pack_back, (const void *)ep_sum_routes,
                          (const void *)ep_pack_dout, (const void *)ep_unpack_rows, (const void *)ep_dot_routes,
@@ -2519,7 +2558,8 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   if (C > 1) {
     back_step_blocks(sms, threads, &push_part, &sum_part);
     GPU_TRY_CUDA(cudaMemsetAsync(L->back_n, 0, sizeof(int32_t) * EP_BACK_MAXC, stream), "ep: LSA way-back lists");
-    lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, cs, L->back_list, L->back_n);
+    lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, cs, L->back_list, L->back_n,
+                                                                0);
     GPU_TRY_CUDA(cudaGetLastError(), "ep: LSA way-back lists launch");
     ph_mark(&ph, "lists");
   }
@@ -2610,11 +2650,28 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   return TW_OK;
 }
 
-// ep_nccl_lsa's combine_bwd by source: an entry barrier; d_out once per (token, rank) into the
-// rank's way-back slab with its source tag (own rows straight into d_src, and where the items
-// reach 16 warps per SM the own routes' dots, as combine_bwd); a barrier; the source rows from
-// the slab and the other dots, stored into the tokens' ranks; with dots, a barrier and
-// d_topk_weights from this rank's window. No expert-major rows are written.
+// Chunks of combine_bwd by source (lsa_dsrc_step), from the shared config and the dots request
+// only (every rank asks alike), so every rank takes the same barrier count. With dots, the
+// chunks put the dots of chunk c - 1 under the push of chunk c: on 2 H200s (gpu/NOTES-routing.md,
+// session 20) 4096 tokens ran best at C = 4 (0.377 / 0.448 ms uniform / skewed against 0.416 /
+// 0.476 at C = 1), 16384 at C = 8 (1.372 / 1.713 against 1.576 / 1.920); without dots the push
+// alone is left and every C > 1 was slower (16384: 0.820 at C = 1, 0.829 / 0.850 / 0.902 at
+// 2 / 4 / 8). TWIN_EP_DSRC_CHUNKS forces C (1 .. 8, at most max_tokens; the same on every rank).
+static int dsrc_chunks(int64_t maxT, int dots) {
+  const char *e = getenv("TWIN_EP_DSRC_CHUNKS");
+  int64_t c = e ? atoi(e) : !dots ? 1 : maxT >= 16384 ? 8 : maxT >= 4096 ? 4 : 1;
+  if (c > EP_BACK_MAXC) c = EP_BACK_MAXC;
+  if (c > maxT) c = maxT;
+  if (c < 1) c = 1;
+  return (int)c;
+}
+
+// ep_nccl_lsa's combine_bwd by source: an entry barrier; the steps (d_out once per (token, rank)
+// into the rank's way-back slab with its source tag, own rows straight into d_src, and with one
+// chunk where the items reach 16 warps per SM the own routes' dots, as combine_bwd; then the
+// source rows from the slab and the other dots, stored into the tokens' ranks), a barrier after
+// each push; with dots, a barrier and d_topk_weights from this rank's window. No expert-major
+// rows are written.
 static tw_status lsa_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *d_out,
                                            const tw_tensor *expert_out, tw_tensor *d_src, tw_tensor *d_topk_weights) {
   const tw_ep *ep = layer->ep;
@@ -2623,39 +2680,59 @@ static tw_status lsa_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, cons
   const lsa_dev &d = im->lsa->d;
   gpu_state *st = gpu_of(ctx);
   cudaStream_t stream = st->stream;
-  const int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity, U = (int64_t)d.n * d.maxT;
-  const int k = ep->cfg.topk, bf16 = d_out->dtype == TW_BF16;
-  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H);
-  const unsigned char *dout = (const unsigned char *)d_out->data;
-  unsigned char *dsrc = (unsigned char *)d_src->data;
-  const int want_dw = !tw_tensor_is_none(d_topk_weights);
-  const unsigned char *y = want_dw ? (const unsigned char *)expert_out->data : NULL;
-  const int ybf = want_dw && expert_out->dtype == TW_BF16;
-  const size_t yb = want_dw ? tw_dtype_storage_bytes(expert_out->dtype, H) : 0;
-  const int vec = bf16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 && d.crb % 16 == 0 &&
-                  (!y || (ybf && (uintptr_t)y % 16 == 0));
+  const int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity;
+  const int k = ep->cfg.topk, want_dw = !tw_tensor_is_none(d_topk_weights);
+  dsrc_args a = {};
+  a.d_out = (const unsigned char *)d_out->data;
+  a.y = want_dw ? (const unsigned char *)expert_out->data : NULL;
+  a.d_src = (unsigned char *)d_src->data;
+  a.ob = tw_dtype_storage_bytes(d_out->dtype, H);
+  a.yb = want_dw ? tw_dtype_storage_bytes(expert_out->dtype, H) : 0;
+  a.T = T; a.H = H; a.R = R; a.S = im->S; a.k = k;
+  a.bf16 = d_out->dtype == TW_BF16;
+  a.y_bf16 = want_dw && expert_out->dtype == TW_BF16;
+  a.vec = a.bf16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 && d.crb % 16 == 0 &&
+          (!a.y || (a.y_bf16 && (uintptr_t)a.y % 16 == 0));
+  a.rank_major = push_rank_major();
+  a.recv_route = L->recv_route;
+  const int C = dsrc_chunks(d.maxT, want_dw);
+  a.cs = (d.maxT + C - 1) / C;
   const char *own = getenv("TWIN_EP_DOUT_OWN");
-  const int own_in_push = own && !strcmp(own, "push")   ? 1
-                          : own && !strcmp(own, "rows") ? 0
-                                                        : T * d.n >= (int64_t)st->num_sms * 16;
+  a.own_in_push = C > 1                              ? 0  // the lists hold own routes too
+                  : own && !strcmp(own, "push") ? 1
+                  : own && !strcmp(own, "rows") ? 0
+                                                : T * d.n >= (int64_t)st->num_sms * 16;
   ep_phase_run ph;
-  ph_begin(&ph, stream, "combine_bwd_by_source", T, (long long)ob);
+  ph_begin(&ph, stream, "combine_bwd_by_source", T, (long long)a.ob);
+  int P = 0, W = 0;
+  if (C > 1) {  // the other ranks' routes by chunk of their token (the way back's lists)
+    src_step_blocks(st->num_sms, &P, &W);
+    GPU_TRY_CUDA(cudaMemsetAsync(L->back_n, 0, sizeof(int32_t) * EP_BACK_MAXC, stream),
+                 "ep_combine_bwd_by_source: LSA chunk lists");
+    if (R) {
+      lsa_back_bucket<<<grid_for(ctx, R, 256), 256, 0, stream>>>(d, R, k, L->recv_route, a.cs, L->back_list, L->back_n,
+                                                                  1);
+      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA chunk lists launch");
+    }
+    ph_mark(&ph, "lists");
+  }
   TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier0",
                           "ep_combine_bwd_by_source: LSA barrier launch"));
-  if (T) {
-    lsa_push_dsrc<<<grid_for(ctx, T * d.n, 8), 256, 0, stream>>>(d, dout, ob, T, k, im->S, *L, dsrc, bf16, H, y, yb,
-                                                                  ybf, vec, push_rank_major(), own_in_push);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA push launch");
+  for (int c = 0; c <= C; c++) {
+    const int grid = c == 0 ? grid_for(ctx, T * d.n, 8)
+                     : c == C ? grid_for(ctx, (int64_t)d.n * a.cs + (a.y ? (C == 1 ? R : R / C + 1) : 0), 8)
+                              : P + W;
+    const int32_t *list = C > 1 && c > 0 ? L->back_list + (int64_t)(c - 1) * R : NULL;
+    const int32_t *nlist = list ? L->back_n + (c - 1) : NULL;
+    if (c == 0 && T > 0 && grid > 0) lsa_dsrc_push<<<grid, 256, 0, stream>>>(d, a, *L, c);
+    else if (c == C && grid > 0) lsa_dsrc_write<<<grid, 256, 0, stream>>>(d, a, c, C, list, nlist);
+    else if (c > 0 && c < C) lsa_dsrc_step<<<grid, 256, 0, stream>>>(d, a, *L, c, C, P, list, nlist);
+    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA step launch");
+    ph_mark(&ph, c == 0 ? "push" : c == C ? "rows" : "push+rows");
+    if (c < C)
+      TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier",
+                              "ep_combine_bwd_by_source: LSA barrier launch"));
   }
-  ph_mark(&ph, "push");
-  TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier",
-                          "ep_combine_bwd_by_source: LSA barrier launch"));
-  if (U + (y ? R : 0)) {
-    lsa_dsrc_rows<<<grid_for(ctx, U + (y ? R : 0), 8), 256, 0, stream>>>(d, T, k, H, R, L->recv_route, dout, ob, dsrc,
-                                                                         bf16, y, yb, ybf, vec, own_in_push);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA rows launch");
-  }
-  ph_mark(&ph, "rows");
   if (want_dw) {
     TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier2",
                             "ep_combine_bwd_by_source: LSA barrier launch"));

@@ -1097,7 +1097,8 @@ Test(ep_gpu, random_cases_by_source) {
 }
 
 /* Rows by source over ep_nccl_lsa in C chunks of the token index (lsa_src_step: chunk c's source
- * rows written while chunk c + 1 is pushed; the default takes one chunk, so these force C): C = 2, 3 and 8 (more chunks than some ranks' tokens), and
+ * rows written while chunk c + 1 is pushed; the default takes one chunk, so these force C), and
+ * combine_bwd by source in the same C chunks (lsa_dsrc_step): C = 2, 3 and 8 (more chunks than some ranks' tokens), and
  * 3 with one push block in the steps that do both (the C = 3 runs with fp8 tokens in the 1x128
  * and the MXFP8 GEMM layouts), bit for bit against the oracle */
 Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
@@ -1106,6 +1107,7 @@ Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
   by_source = 1;
   for (int i = 0; i < 4; i++) {
     setenv("TWIN_EP_SRC_CHUNKS", cs[i], 1);
+    setenv("TWIN_EP_DSRC_CHUNKS", cs[i], 1); /* combine_bwd by source in the same chunks (at most 8) */
     if (i == 3) setenv("TWIN_EP_SRC_PUSH_BLOCKS", "1", 1);
     gemm_scales = i == 1 ? 1 : i == 3 ? 4 : 0; /* C = 3: 1x128 GEMM layout; C = 3, one push block: MXFP8 */
     loop_24("ep_nccl_lsa", n);
@@ -1113,6 +1115,7 @@ Test(ep_gpu, random_cases_by_source_lsa_in_chunks) {
   gemm_scales = 0;
   by_source = 0;
   unsetenv("TWIN_EP_SRC_CHUNKS");
+  unsetenv("TWIN_EP_DSRC_CHUNKS");
   unsetenv("TWIN_EP_SRC_PUSH_BLOCKS");
 }
 

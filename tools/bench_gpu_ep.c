@@ -37,7 +37,8 @@
  * expert-major row map instead of expert-major rows (tw_ep.h); its peer is the same NCCL figure:
  * it moves and writes each token row once per (token, destination rank), as NCCL's all-to-all.
  * "combine_bwd by source" (tw_ep_combine_bwd_by_source): d_out into rows by source (no
- * d_expert_out rows) with the same d_topk_weights; peer: bf16 dispatch's NCCL figure. */
+ * d_expert_out rows) with the same d_topk_weights, and without them ("no dots": the bytes NCCL
+ * moves and nothing else); peer: bf16 dispatch's NCCL figure. */
 #include <cuda_runtime.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -113,15 +114,15 @@ typedef struct {
   int warmup, iters;
   pthread_barrier_t bar;
   volatile int failed;
-  double ms[10][MAXN]; /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
+  double ms[11][MAXN]; /* dispatch, combine, nccl: dispatch's token rows, combine's rows, one row per route;
                         * dispatch_bwd, combine_bwd; a memset of the expert-major rows this rank receives;
-                        * dispatch by source, combine_bwd by source */
+                        * dispatch by source, combine_bwd by source with and without d_topk_weights */
   char used[MAXN][32];
   char err[MAXN][320];
 } bcase;
 
 enum { T_DISPATCH, T_COMBINE, T_PEER_D, T_PEER_C, T_PEER_DR, T_DISPATCH_BWD, T_COMBINE_BWD, T_FILL, T_DISPATCH_SRC,
-       T_COMBINE_BWD_SRC };
+       T_COMBINE_BWD_SRC, T_COMBINE_BWD_SRC_ND };
 
 static size_t row_bytes(tw_dtype dt, int mx) {
   return dt == TW_BF16 ? (size_t)HIDDEN * 2 : mx ? (size_t)HIDDEN + (size_t)(HIDDEN / 32) : (size_t)HIDDEN + (size_t)(HIDDEN / 128) * 4;
@@ -204,6 +205,11 @@ static tw_status do_combine_bwd(rank_job *j) {
 /* d_src into src (bf16 rows: combine runs with bf16 tokens only) */
 static tw_status do_combine_bwd_by_source(rank_job *j) {
   return tw_ep_combine_bwd_by_source(j->ctx, j->layer, &j->out, &j->y, &j->src, &j->dtw);
+}
+/* the same without the dots (the way in alone, as DeepEP's combine backward moves it) */
+static tw_status do_combine_bwd_by_source_no_dots(rank_job *j) {
+  tw_tensor none = tw_tensor_none();
+  return tw_ep_combine_bwd_by_source(j->ctx, j->layer, &j->out, &none, &j->src, &none);
 }
 /* The peer calls NCCL itself (grouped ncclSend/ncclRecv on the same communicator and stream)
  * and polls a non-blocking group without sleeping: tw_comm's all_to_allv naps 100 us per poll,
@@ -354,6 +360,9 @@ static tw_status rank_fn(int r, tw_comm *comm, void *arg) {
   if (c->combine && together(c)) c->ms[T_COMBINE_BWD][r] = time_op(c, r, stream, &j, do_combine_bwd, "combine_bwd");
   if (c->combine && together(c))
     c->ms[T_COMBINE_BWD_SRC][r] = time_op(c, r, stream, &j, do_combine_bwd_by_source, "combine_bwd by source");
+  if (c->combine && together(c))
+    c->ms[T_COMBINE_BWD_SRC_ND][r] =
+        time_op(c, r, stream, &j, do_combine_bwd_by_source_no_dots, "combine_bwd by source, no dots");
   /* the expansion's write floor: dispatch's rows in its dtype (bf16: combine_bwd's d_expert_out too) */
   if (c->peers && n > 1) {
     int64_t routes_in = 0;
@@ -621,6 +630,8 @@ int tw_bench_gpu_ep(const tw_bench_cfg *cfg) {
             /* by source: the same bytes on the wire, d_out written once per (token, rank), no d_expert_out */
             emit(cfg, &ro, "combine_bwd by source", "bf16", c->used[0], slowest(c->ms[T_COMBINE_BWD_SRC], n), peer_d,
                  incl, excl, nvl, -1, 0, -1);
+            emit(cfg, &ro, "combine_bwd by source, no dots", "bf16", c->used[0],
+                 slowest(c->ms[T_COMBINE_BWD_SRC_ND], n), peer_d, incl, excl, nvl, -1, 0, -1);
           }
           fflush(stdout);
           free(c);

@@ -13,6 +13,9 @@
  * layers may interleave in any order. Per-step calls allocate nothing (gpu: capturable in a
  * CUDA graph; every size that depends on the routing stays in device memory).
  *
+ * Every operation is collective over the group: each rank calls it for the same layer in the
+ * same order and asks for the same optional outputs (d_topk_weights, d_recv_weights), since
+ * those decide the steps the ranks take together.
  * Per rank r with T_r tokens (0 <= T_r <= max_tokens; T may differ between ranks, 0 too):
  *   count[r][l][s] = #{(t, j) on source rank s : topk_idx_s[t, j] == r*NLE + l}
  *   count[r][l]    = sum_s count[r][l][s]        (a token sent to two experts counts twice)
