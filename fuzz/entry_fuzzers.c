@@ -78,7 +78,7 @@ int tw_fuzz_run_ep(const tw_op_fuzz_opts *o, FILE *out) {
   }
   char a[256], b[256];
   if (!rep.found) {
-    fprintf(out, "ep: %d cases (dispatch, combine, both backward on 1-8 thread ranks, meshes up to 8) clean\n", rep.cases);
+    fprintf(out, "ep: %d cases (dispatch, combine, both backward, combine_bwd by source on 1-8 thread ranks, meshes up to 8) clean\n", rep.cases);
     return 0;
   }
   fprintf(out, "ep: FAILED after %d cases: %s\n  first: %s\n  shrunk (%d steps): %s\n  repro: %s\n", rep.cases, rep.message,

@@ -280,7 +280,8 @@ static tw_status ep_rank(world *W, int me, tw_comm *comm) {
   unsigned char *recv = calloc((size_t)R * W->tb + 1, 1), *rscl = calloc((size_t)R * W->sb + 1, 1);
   float *rw = calloc((size_t)R + 1, 4), *y = calloc((size_t)(R * H) + 1, 4), *dy = calloc((size_t)(R * H) + 1, 4);
   float *out = calloc((size_t)(T * H) + 1, 4), *dtok = calloc((size_t)(T * H) + 1, 4);
-  float *dexp = calloc((size_t)(R * H) + 1, 4);
+  float *dexp = calloc((size_t)(R * H) + 1, 4), *dsrc = NULL;
+  char *used = NULL;
   int32_t gs[32], dropped[32];
   tw_status s = tw_ep_create(&ctx, comm, &cfg, &ep);
   if (s == TW_OK) s = tw_ep_layer_create(ep, &layer);
@@ -354,8 +355,26 @@ static tw_status ep_rank(world *W, int me, tw_comm *comm) {
       if (memcmp(&want, &dexp[i * H + h], 4)) FAIL("rank %d: d_expert_out[%lld, %lld] = %g, formula %g", me, (long long)i, (long long)h, dexp[i * H + h], want);
     }
   }
+  /* combine_bwd by source: d_src row s * MAXT + t = d_out_s[t] where a kept route of (s, t)
+   * lands here, zeros elsewhere (the buffer starts poisoned) */
+  {
+    const int64_t U = (int64_t)c->n * MAXT;
+    dsrc = malloc((size_t)(U * H) * 4 + 4);
+    used = calloc((size_t)U + 1, 1);
+    if (!dsrc || !used) { s = tw_error(TW_ERR_MEMORY, "ep fuzz: out of memory"); goto out; }
+    memset(dsrc, 0xA5, (size_t)(U * H) * 4);
+    for (int64_t i = 0; i < R; i++)
+      if (W->slot_src[me][i] >= 0) used[W->slot_src[me][i] / k] = 1;
+    tw_tensor tdsrc = tw_tensor_2d(dsrc, TW_F32, U, H, TW_MEM_HOST);
+    if ((s = tw_ep_combine_bwd_by_source(&ctx, layer, &tdout, &none, &tdsrc, &none)) != TW_OK) goto out;
+    for (int64_t u = 0; u < U; u++)
+      for (int64_t h = 0; h < H; h++) {
+        float want = used[u] ? W->dout[u / MAXT][(u % MAXT) * H + h] : 0.0f;
+        if (memcmp(&want, &dsrc[u * H + h], 4)) FAIL("rank %d: d_src[%lld, %lld] = %g, formula %g", me, (long long)u, (long long)h, dsrc[u * H + h], want);
+      }
+  }
 out:
-  free(recv); free(rscl); free(rw); free(y); free(dy); free(out); free(dtok); free(dexp);
+  free(recv); free(rscl); free(rw); free(y); free(dy); free(out); free(dtok); free(dexp); free(dsrc); free(used);
   tw_ep_layer_destroy(layer);
   tw_ep_destroy(ep);
   tw_ctx_destroy(real);
