@@ -13,8 +13,8 @@
  *   1 GPU, several ranks: ep_size 2 and 4 as threads on GPU 0 over the loopback communicator
  *           (160 random cases, error-policy overflow included) against the ref threads; with
  *           ep_nccl_lsa forced, the same and 4 x 40 cases with combine's and dispatch_bwd's way
- *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph of all four ops replayed
- *           (also with 3 chunks);
+ *           back forced into 2, 3 and 8 chunks (lsa_back), and a graph of all four ops and
+ *           combine_bwd by source replayed (also with 3 chunks both ways);
  *           combine_bwd with this rank's own rows formed in the push kernel (forced: the
  *           default forms them in the rows kernel at these sizes);
  *   scales_gemm_layout = 1 (fp8 1x128, recv_scales [H/128, roundup(R, 4)]): 120 + 60 (LSA forced)
@@ -1258,6 +1258,7 @@ enum { NREP = 3 };
 typedef struct {
   scen *reps;     /* NREP scenarios: the same shapes, new routing each */
   outs (*fo)[2];  /* the oracle's outputs per replay and rank */
+  outs (*fs)[2];  /* the same with a by-source dispatch: combine_bwd by source's d_src and dots */
   int bad[2];
   char msg[2][240];
   /* the ranks' host steps around each replay: neither uploads nor copies back while the other's
@@ -1350,16 +1351,20 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   /* the backward ops too: d_recv, d_recv_weights, d_tokens, d_topk_weights (dispatch_bwd), d_out,
    * d_expert_out, d_topk_weights (combine_bwd) */
   int64_t H = c->H;
-  void *e[7] = {0};
-  size_t esz[7] = {yb(c) * (size_t)R + 16, (size_t)R * 4 + 16, yb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
-                   yb(c) * (size_t)T + 16, yb(c) * (size_t)R + 16, (size_t)(T * k) * 4 + 16};
-  for (int i = 0; i < 7 && s == TW_OK; i++) s = tw_alloc(ctx, esz[i], &e[i]);
+  /* and combine_bwd by source: d_src [2 max_tokens, H], its d_topk_weights */
+  const int64_t U = 2 * c->maxT;
+  void *e[9] = {0};
+  size_t esz[9] = {yb(c) * (size_t)R + 16, (size_t)R * 4 + 16, yb(c) * (size_t)T + 16, (size_t)(T * k) * 4 + 16,
+                   yb(c) * (size_t)T + 16, yb(c) * (size_t)R + 16, (size_t)(T * k) * 4 + 16,
+                   yb(c) * (size_t)U + 16, (size_t)(T * k) * 4 + 16};
+  for (int i = 0; i < 9 && s == TW_OK; i++) s = tw_alloc(ctx, esz[i], &e[i]);
   const int bwd = !getenv("EP_GRAPH_FWD_ONLY"); /* a measuring aid: dispatch -> combine alone */
   tw_mem D = TW_MEM_DEVICE;
   tw_tensor dy = tw_tensor_2d(e[0], c->ydt, R, H, D), rdw = tw_tensor_1d(e[1], TW_F32, R, D),
             dtok = tw_tensor_2d(e[2], c->ydt, T, H, D), dtw = tw_tensor_2d(e[3], TW_F32, T, k, D),
             dout = tw_tensor_2d(e[4], c->ydt, T, H, D), dexp = tw_tensor_2d(e[5], c->ydt, R, H, D),
-            dtwc = tw_tensor_2d(e[6], TW_F32, T, k, D);
+            dtwc = tw_tensor_2d(e[6], TW_F32, T, k, D), dsrc = tw_tensor_2d(e[7], c->ydt, U, H, D),
+            dtws = tw_tensor_2d(e[8], TW_F32, T, k, D);
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   for (int i = -1; i < NREP && s == TW_OK; i++) { /* i = -1: eager step, then capture */
@@ -1375,8 +1380,8 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
       cudaMemcpyAsync(e[0], ci->dy[r], yb(c) * (size_t)R, cudaMemcpyHostToDevice, stream);
       cudaMemcpyAsync(e[1], ci->rdw[r], (size_t)R * 4, cudaMemcpyHostToDevice, stream);
       cudaMemcpyAsync(e[4], ci->dout[r], yb(c) * (size_t)T, cudaMemcpyHostToDevice, stream);
-      const int poisoned[4] = {2, 3, 5, 6};
-      for (int j = 0; j < 4; j++) cudaMemsetAsync(e[poisoned[j]], 0xAB, esz[poisoned[j]] - 16, stream);
+      const int poisoned[6] = {2, 3, 5, 6, 7, 8};
+      for (int j = 0; j < 6; j++) cudaMemsetAsync(e[poisoned[j]], 0xAB, esz[poisoned[j]] - 16, stream);
     }
     if (cudaStreamSynchronize(stream) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "upload");
     if (s == TW_OK && i < 0) {
@@ -1384,6 +1389,7 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
       if (s == TW_OK) s = tw_ep_combine(ctx, layer, &y, &w, &out);
       if (s == TW_OK && bwd) s = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
       if (s == TW_OK && bwd) s = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
+      if (s == TW_OK && bwd) s = tw_ep_combine_bwd_by_source(ctx, layer, &dout, &y, &dsrc, &dtws);
       if (s == TW_OK) s = tw_ctx_check(ctx);
       if (s == TW_OK && cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         s = tw_error(TW_ERR_CUDA, "begin capture");
@@ -1392,6 +1398,7 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
         if (s1 == TW_OK) s1 = tw_ep_combine(ctx, layer, &y, &w, &out);
         if (s1 == TW_OK && bwd) s1 = tw_ep_dispatch_bwd(ctx, layer, &dy, &rdw, &dtok, &dtw);
         if (s1 == TW_OK && bwd) s1 = tw_ep_combine_bwd(ctx, layer, &dout, &w, &y, &dexp, &dtwc);
+        if (s1 == TW_OK && bwd) s1 = tw_ep_combine_bwd_by_source(ctx, layer, &dout, &y, &dsrc, &dtws);
         cudaError_t ce = cudaStreamEndCapture(stream, &graph);
         s = s1 != TW_OK ? s1 : ce != cudaSuccess ? tw_error(TW_ERR_CUDA, "end capture: %s", cudaGetErrorString(ce)) : TW_OK;
         if (s == TW_OK && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) s = tw_error(TW_ERR_CUDA, "instantiate");
@@ -1415,6 +1422,9 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
     cudaMemcpy(g.dtw, e[3], (size_t)(T * k) * 4, cudaMemcpyDeviceToHost);
     cudaMemcpy(g.dexp, e[5], yb(c) * (size_t)R, cudaMemcpyDeviceToHost);
     cudaMemcpy(g.dtwc, e[6], (size_t)(T * k) * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dsrc, e[7], yb(c) * (size_t)U, cudaMemcpyDeviceToHost);
+    cudaMemcpy(g.dtws, e[8], (size_t)(T * k) * 4, cudaMemcpyDeviceToHost);
+    const outs *fs = &a->fs[i][r];
     char name[64];
     snprintf(name, sizeof name, "graph replay %d", i);
     int ok = cmp(g.recv, f->recv, tokb(c) * (size_t)R, "recv_tokens", name, r) &&
@@ -1423,10 +1433,12 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
              cmp(g.gs, f->gs, (size_t)nle * 4, "group_sizes", name, r) &&
              cmp(g.dr, f->dr, (size_t)nle * 4, "dropped", name, r) &&
              cmp(g.out, f->out, yb(c) * (size_t)T, "combine out", name, r) && (!bwd ||
-             cmp(g.dtok, f->dtok, yb(c) * (size_t)T, "d_tokens", name, r) &&
+             (cmp(g.dtok, f->dtok, yb(c) * (size_t)T, "d_tokens", name, r) &&
              cmp(g.dtw, f->dtw, (size_t)(T * k) * 4, "d_topk_weights (dispatch_bwd)", name, r) &&
              cmp(g.dexp, f->dexp, yb(c) * (size_t)R, "d_expert_out", name, r) &&
-             cmp(g.dtwc, f->dtwc, (size_t)(T * k) * 4, "d_topk_weights (combine_bwd)", name, r));
+             cmp(g.dtwc, f->dtwc, (size_t)(T * k) * 4, "d_topk_weights (combine_bwd)", name, r) &&
+             cmp(g.dsrc, fs->dsrc, yb(c) * (size_t)U, "d_src (combine_bwd by source)", name, r) &&
+             cmp(g.dtws, fs->dtws, (size_t)(T * k) * 4, "d_topk_weights (combine_bwd by source)", name, r)));
     a->bad[r] += !ok;
     outs_free(&g);
   }
@@ -1436,7 +1448,7 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   if (graph) cudaGraphDestroy(graph);
   for (int i = 0; i < 11; i++)
     if (b[i]) tw_free(ctx, b[i]);
-  for (int i = 0; i < 7; i++)
+  for (int i = 0; i < 9; i++)
     if (e[i]) tw_free(ctx, e[i]);
   tw_ep_layer_destroy(layer);
   tw_ep_destroy(ep);
@@ -1445,10 +1457,11 @@ static tw_status graph2_rank(int r, tw_comm *comm, void *arg) {
   return s;
 }
 
-/* dispatch -> combine -> dispatch_bwd -> combine_bwd of ep_nccl_lsa captured in one CUDA graph
- * per rank (2 ranks as threads on GPU 0, the version's loopback test mode), replayed NREP times
- * with new routing written into the same buffers; each replay's outputs against the oracle. The
- * barriers count epochs on the device, so the replays must go on agreeing. */
+/* dispatch -> combine -> dispatch_bwd -> combine_bwd -> combine_bwd by source of ep_nccl_lsa
+ * captured in one CUDA graph per rank (2 ranks as threads on GPU 0, the version's loopback test
+ * mode), replayed NREP times with new routing written into the same buffers; each replay's
+ * outputs against the oracle (d_src and its dots from the oracle's by-source run of the same
+ * routing). The barriers count epochs on the device, so the replays must go on agreeing. */
 static void graph_lsa_loopback(void) {
   scen reps[NREP];
   for (int i = 0; i < NREP; i++) {
@@ -1456,22 +1469,26 @@ static void graph_lsa_loopback(void) {
     reps[i].policy = TW_EP_OVERFLOW_DROP;
     if (i) scen_reroute(&reps[i], 0x7000u + (uint64_t)i);
   }
-  outs fo[NREP][2];
-  for (int i = 0; i < NREP; i++) {
-    tw_comm *f[2];
-    cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
-    for (int r = 0; r < 2; r++) outs_alloc(&fo[i][r], &reps[i], r);
-    rank_arg fa = {&reps[i], fo[i], 0, NULL};
-    cr_assert_eq(tw_run_ranks(2, f, rank_fn, &fa), TW_OK, "ref: %s", tw_last_error());
-    tw_comm_destroy(f[0]);
-    tw_comm_destroy(f[1]);
-  }
+  outs fo[NREP][2], fs[NREP][2];
+  for (int i = 0; i < NREP; i++)
+    for (int src = 0; src < 2; src++) {
+      tw_comm *f[2];
+      cr_assert_eq(tw_comm_init_threads(2, f), TW_OK);
+      by_source = src; /* before outs_alloc: the by-source recv buffer has 2 max_tokens rows */
+      for (int r = 0; r < 2; r++) outs_alloc(src ? &fs[i][r] : &fo[i][r], &reps[i], r);
+      rank_arg fa = {&reps[i], src ? fs[i] : fo[i], 0, NULL};
+      cr_assert_eq(tw_run_ranks(2, f, rank_fn, &fa), TW_OK, "ref: %s", tw_last_error());
+      by_source = 0;
+      tw_comm_destroy(f[0]);
+      tw_comm_destroy(f[1]);
+    }
   tw_comm *g[2];
   cr_assert_eq(tw_comm_init_loopback(2, TW_MEM_DEVICE, g), TW_OK, "%s", tw_last_error());
   graph2_arg ga;
   memset(&ga, 0, sizeof ga);
   ga.reps = reps;
   ga.fo = fo;
+  ga.fs = fs;
   tw_status s = tw_run_ranks(2, g, graph2_rank, &ga);
   cr_assert_eq(s, TW_OK, "rank 0: %s / rank 1: %s", ga.msg[0], ga.msg[1]);
   cr_log_info("EP ep_nccl_lsa graph, 2 ranks on one GPU (E=%d k=%d H=%lld T=%lld,%lld R=%lld %s): %d replays, %d+%d differ",
@@ -1479,7 +1496,10 @@ static void graph_lsa_loopback(void) {
               (long long)reps[0].R, tw_dtype_name(reps[0].dt), NREP, ga.bad[0], ga.bad[1]);
   cr_assert_eq(ga.bad[0] + ga.bad[1], 0, "replays differ from ref");
   for (int i = 0; i < NREP; i++) {
-    for (int r = 0; r < 2; r++) outs_free(&fo[i][r]);
+    for (int r = 0; r < 2; r++) {
+      outs_free(&fo[i][r]);
+      outs_free(&fs[i][r]);
+    }
     tw_comm_destroy(i < 2 ? g[i] : NULL);
     scen_free(&reps[i]);
   }
@@ -1489,8 +1509,10 @@ Test(ep_gpu, graph_capture_and_replay_lsa_two_ranks_loopback) { graph_lsa_loopba
  * inside the graph, barriers between the steps) */
 Test(ep_gpu, graph_capture_and_replay_lsa_way_back_in_chunks) {
   setenv("TWIN_EP_BACK_CHUNKS", "3", 1);
+  setenv("TWIN_EP_DSRC_CHUNKS", "3", 1); /* combine_bwd by source's way in too */
   graph_lsa_loopback();
   unsetenv("TWIN_EP_BACK_CHUNKS");
+  unsetenv("TWIN_EP_DSRC_CHUNKS");
 }
 
 /* A rank that does not come to ep_nccl_lsa's barrier (2 ranks on GPU 0, the loopback test mode:
