@@ -2587,6 +2587,28 @@ static tw_status lsa_back(tw_ctx *ctx, tw_ep_layer *layer, const tw_tensor *rows
   return TW_OK;
 }
 
+// The end of both combine_bwd forms with dots: a barrier (every rank's dots are in their
+// tokens' windows), then d_topk_weights from this rank's window.
+static tw_status lsa_take_dots(tw_ctx *ctx, tw_ep_layer *layer, tw_tensor *d_topk_weights, ep_phase_run *ph,
+                               const char *op) {
+  const tw_ep *ep = layer->ep;
+  const lsa_dev &d = ((ep_impl *)ep->impl)->lsa->d;
+  const layer_impl *L = (const layer_impl *)layer->impl;
+  gpu_state *st = gpu_of(ctx);
+  const int64_t routes = layer->tokens * ep->cfg.topk;
+  char what[96];
+  snprintf(what, sizeof what, "%s: LSA barrier launch", op);
+  TW_TRY(lsa_step_barrier(st->stream, d, st->err_word, GPU_OP_EP_COMBINE, ph, "barrier2", what));
+  if (routes) {
+    lsa_take_dw<<<grid_for(ctx, routes, 256), 256, 0, st->stream>>>(d, routes, L->route_pos,
+                                                                     (float *)d_topk_weights->data);
+    snprintf(what, sizeof what, "%s: LSA d_w launch", op);
+    GPU_TRY_CUDA(cudaGetLastError(), what);
+  }
+  ph_mark(ph, "take_dw");
+  return TW_OK;
+}
+
 // ep_nccl_lsa's combine_bwd: an entry barrier; d_out once per (token, rank) with the routes'
 // weights beside it; a barrier; d_expert_out = w * d_out and the dots on the expert side, the
 // dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window. This
@@ -2637,15 +2659,7 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
     GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA rows launch");
   }
   ph_mark(&ph, "rows");
-  if (want_dw) {
-    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier2",
-                            "ep_combine_bwd: LSA barrier launch"));
-    if (T * k) {
-      lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd: LSA d_w launch");
-    }
-    ph_mark(&ph, "take_dw");
-  }
+  if (want_dw) TW_TRY(lsa_take_dots(ctx, layer, d_topk_weights, &ph, "ep_combine_bwd"));
   ph_end(&ph);
   return TW_OK;
 }
@@ -2733,15 +2747,7 @@ static tw_status lsa_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, cons
       TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier",
                               "ep_combine_bwd_by_source: LSA barrier launch"));
   }
-  if (want_dw) {
-    TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier2",
-                            "ep_combine_bwd_by_source: LSA barrier launch"));
-    if (T * k) {
-      lsa_take_dw<<<grid_for(ctx, T * k, 256), 256, 0, stream>>>(d, T * k, L->route_pos, (float *)d_topk_weights->data);
-      GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: LSA d_w launch");
-    }
-    ph_mark(&ph, "take_dw");
-  }
+  if (want_dw) TW_TRY(lsa_take_dots(ctx, layer, d_topk_weights, &ph, "ep_combine_bwd_by_source"));
   ph_end(&ph);
   return TW_OK;
 }
