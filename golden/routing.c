@@ -267,6 +267,7 @@ static tw_status ep_by_source(ep_case *c, int r, tw_ctx *ctx, mirror *m, tw_ep *
   float *dsrc = calloc((size_t)(U * H) + 1, 4), *dtw = calloc((size_t)(T * c->k) + 1, 4);
   tw_status s = src && sscl && row && gs && dr && rw && out && dsrc && dtw
                     ? TW_OK : tw_error(TW_ERR_MEMORY, "ep golden: out of memory");
+  if (dsrc) memset(dsrc, 0xA5, (size_t)(U * H) * 4); /* poisoned: every row must be written */
   tw_tensor tsrc = tw_tensor_2d(src, c->dt, U, H, TW_MEM_HOST), tsscl = tw_tensor_none();
   if (c->scale_block)
     tsscl = tw_tensor_2d(sscl, c->scale_block == 32 ? TW_E8M0 : TW_F32, U, H / c->scale_block, TW_MEM_HOST);

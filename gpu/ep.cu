@@ -1956,11 +1956,12 @@ static tw_status lsa_create(tw_ep *ep, ep_impl *im, int forced) {
   d.off_counts = o; o += round_to((size_t)n * (size_t)c->num_experts * 4, 256);
   d.off_rowmap = o; o += round_to((size_t)c->recv_capacity * sizeof(lsa_rowmap), 256);
   d.off_slab = o; o += round_to((size_t)n * (size_t)c->max_tokens * d.srb, 256);
-  // way-back slab: combine's and dispatch_bwd's [max_tokens * k] route rows, combine_bwd's
-  // [n][max_tokens] d_out rows
+  // way-back slab: combine's and dispatch_bwd's [max_tokens * k] route rows, combine_bwd's (both
+  // forms) [n][max_tokens] d_out rows
   const size_t back_rows = (size_t)c->max_tokens * (size_t)(c->topk > n ? c->topk : n);
   d.off_comb = o; o += round_to(back_rows * d.crb, 256);
   d.off_dw = o; o += round_to((size_t)c->max_tokens * (size_t)c->topk * 4, 256);
+  // source tags [n][max_tokens] (an epoch each) of both by-source ops: which slab rows this step wrote
   d.off_tag = o; o += (size_t)n * (size_t)c->max_tokens * 8;
   {
     const char *te = getenv("TWIN_EP_LSA_TIMEOUT_S");  // a shorter wait for first runs on new machines
@@ -2670,7 +2671,9 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
 // session 20) 4096 tokens ran best at C = 4 (0.377 / 0.448 ms uniform / skewed against 0.416 /
 // 0.476 at C = 1), 16384 at C = 8 (1.372 / 1.713 against 1.576 / 1.920); without dots the push
 // alone is left and every C > 1 was slower (16384: 0.820 at C = 1, 0.829 / 0.850 / 0.902 at
-// 2 / 4 / 8). TWIN_EP_DSRC_CHUNKS forces C (1 .. 8, at most max_tokens; the same on every rank).
+// 2 / 4 / 8). TWIN_EP_DSRC_CHUNKS forces C (1 .. 8, at most max_tokens; the same on every rank);
+// the push / write block split of the steps is rows by source's (TWIN_EP_SRC_PUSH_BLOCKS), and
+// with C > 1 the own dots always go to the write role (TWIN_EP_DOUT_OWN applies at C = 1).
 static int dsrc_chunks(int64_t maxT, int dots) {
   const char *e = getenv("TWIN_EP_DSRC_CHUNKS");
   int64_t c = e ? atoi(e) : !dots ? 1 : maxT >= 16384 ? 8 : maxT >= 4096 ? 4 : 1;
@@ -2873,7 +2876,7 @@ static tw_status gpu_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, c
   cudaStream_t stream = gpu_of(ctx)->stream;
   const int64_t T = layer->tokens, H = ep->cfg.hidden, R = ep->cfg.recv_capacity, maxT = ep->cfg.max_tokens;
   const int k = ep->cfg.topk;
-  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H), rb = round16(ob + 4);
+  const size_t ob = tw_dtype_storage_bytes(d_out->dtype, H), rb = step_rb_back(ep, d_out->dtype);  // row + word
   const size_t zb = (size_t)ep->ep_size * (size_t)maxT * ob;
   const unsigned char *dout = (const unsigned char *)d_out->data;
   if (!L->slot_row) {
@@ -2884,11 +2887,10 @@ static tw_status gpu_ep_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, c
     }
     TW_TRY(exchange(ctx, ep, 1, rb));
   }
-  if (zb) {
-    ep_zero_unless_failed<<<grid_for(ctx, (int64_t)(zb / 16 + 1), 256), 256, 0, stream>>>(
-        L->flag, (unsigned char *)d_src->data, zb, NULL, 0);
-    GPU_TRY_CUDA(cudaGetLastError(), "ep_combine_bwd_by_source: zero launch");
-  }
+  // every row, also after a step whose dispatch failed on the device (its routes are gone: all
+  // zeros, as ep_nccl_lsa and combine_bwd write)
+  if (zb)
+    GPU_TRY_CUDA(cudaMemsetAsync(d_src->data, 0, zb, stream), "ep_combine_bwd_by_source: zero d_src");
   if (R) {
     ep_unpack_dout_src<<<grid_for(ctx, R, 8), 256, 0, stream>>>(im->recv, rb, R, maxT, k, im->S, *L,
                                                                  L->slot_row != NULL, dout, ob,

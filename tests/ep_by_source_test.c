@@ -148,6 +148,14 @@ static int all_zero(const unsigned char *p, size_t n) {
  *   combine_bwd's d_expert_out[i] = recv_weights[i] * d_src[recv_row[i]] rounded to d_out's
  *     dtype (0 rows where recv_row[i] = -1), bit for bit;
  *   d_topk_weights = combine_bwd's, bit for bit; none for both leaves the rest unchanged. */
+/* A failed check logs, counts and ends that pass's checking without leaving the collective calls
+ * (a rank that skipped them would leave the others waiting). */
+#define CHECK_FAIL(...) do { cr_log_error(__VA_ARGS__); c->failed++; bad_pass = 1; } while (0)
+static int all_a5(const unsigned char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0xA5) return 0;
+  return 1;
+}
 static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_ep_layer *la, tw_ep_layer *lb,
                                               const int32_t *row, const float *rw, const float *dexp_f32,
                                               const float *dtw_f32) {
@@ -157,6 +165,10 @@ static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_e
   uint16_t *db = malloc((size_t)(T * H) * 2 + 2), *dexpb = malloc((size_t)(R * H) * 2 + 2);
   float *dtwb = malloc((size_t)(T * k) * 4 + 4);
   char *used = calloc((size_t)U + 1, 1);
+  if (!dsrc || !dtw || !db || !dexpb || !dtwb || !used) {
+    free(dsrc); free(dtw); free(db); free(dexpb); free(dtwb); free(used);
+    return tw_error(TW_ERR_MEMORY, "ep_by_source_test: out of host memory");
+  }
   for (int64_t i = 0; i < R; i++)
     if (row[i] >= 0) used[row[i]] = 1;
   tw_tensor y = tw_tensor_2d(c->y[r], TW_F32, R, H, TW_MEM_HOST), none = tw_tensor_none();
@@ -180,7 +192,8 @@ static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_e
     s = tw_ep_combine_bwd_by_source(ctx, ly, &dout, pass == 1 ? &none : &y, &tdsrc, pass == 1 ? &none : &tdtw);
     if (s != TW_OK) goto done;
     const unsigned char *D = (const unsigned char *)dsrc;
-    for (int64_t u = 0; u < U; u++) {
+    int bad_pass = 0;
+    for (int64_t u = 0; u < U && !bad_pass; u++) {
       const unsigned char *got = D + (size_t)(u * H) * eb;
       int so = (int)(u / c->maxT);
       int64_t t = u % c->maxT;
@@ -188,18 +201,22 @@ static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_e
       for (int64_t h = 0; used[u] && bf && h < H; h++)
         bad |= ((const uint16_t *)got)[h] != tw_f32_to_bf16(c->dout[so][t * H + h]);
       if (bad)
-        BAD("%s rank %d pass %d: d_src row %lld (token %lld of rank %d, referenced %d) is wrong", c->name, r, pass,
-            (long long)u, (long long)t, so, used[u]);
+        CHECK_FAIL("%s rank %d pass %d: d_src row %lld (token %lld of rank %d, referenced %d) is wrong", c->name, r,
+                   pass, (long long)u, (long long)t, so, used[u]);
     }
-    for (int64_t i = 0; i < R; i++)
-      for (int64_t h = 0; h < H; h++) {
+    for (int64_t i = 0; i < R && !bad_pass; i++)
+      for (int64_t h = 0; h < H && !bad_pass; h++) {
         float x = row[i] < 0 ? 0.0f : bf ? tw_bf16_to_f32(((uint16_t *)dsrc)[row[i] * H + h]) : dsrc[row[i] * H + h];
         float p = rw[i] * x;
         int ok = bf ? tw_f32_to_bf16(p) == dexpb[i * H + h] : memcmp(&p, dexp_f32 + i * H + h, 4) == 0;
-        if (!ok) BAD("%s rank %d pass %d: d_expert_out[%lld, %lld] != recv_weights * d_src[recv_row]", c->name, r, pass, (long long)i, (long long)h);
+        if (!ok)
+          CHECK_FAIL("%s rank %d pass %d: d_expert_out[%lld, %lld] != recv_weights * d_src[recv_row]", c->name, r,
+                     pass, (long long)i, (long long)h);
       }
     if (pass != 1 && memcmp(dtw, bf ? dtwb : dtw_f32, (size_t)(T * k) * 4))
-      BAD("%s rank %d pass %d: d_topk_weights differ from combine_bwd's", c->name, r, pass);
+      CHECK_FAIL("%s rank %d pass %d: d_topk_weights differ from combine_bwd's", c->name, r, pass);
+    if (pass == 1 && T * k && !all_a5((const unsigned char *)dtw, (size_t)(T * k) * 4))
+      CHECK_FAIL("%s rank %d: d_topk_weights none, yet its buffer was written", c->name, r);
   }
 done:
   free(dsrc); free(dtw); free(db); free(dexpb); free(dtwb); free(used);

@@ -108,12 +108,15 @@
  *   dispatched weights; unweighted: d_src[recv_row[i]] itself), 0 where recv_row[i] = -1. A
  *   grouped GEMM reads d_src through recv_row and scales its output rows by recv_weights
  *   (row scaling commutes with the product). d_topk_weights (optional, needs expert_out) is
- *   combine_bwd's, bit for bit (the same dots in the same warp order).
+ *   combine_bwd's, bit for bit (the same dots in the same warp order). After a plain dispatch
+ *   the map is the one tw_ep_dispatch_by_source returns for the same routing (the op reads the
+ *   layer's routing state, whichever dispatch made it).
  *
  * Errors: E % ep_size, k < 1 or k > E, T > max_tokens, H % scale block (fp8), R % A, A not a
  * power of two, an expert id < 0 or >= E (token, slot and id named), the same id twice in one
  * token's top-k (rejected: TE would count and store it twice; twin's router never makes it),
- * dtype or shape mismatches, capacity under the error policy.
+ * dtype or shape mismatches, capacity under the error policy, d_topk_weights without the tensor
+ * its dots need (combine_bwd: topk_weights and expert_out; by source: expert_out).
  */
 #ifndef TWIN_TW_EP_H
 #define TWIN_TW_EP_H
