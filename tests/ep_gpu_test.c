@@ -25,7 +25,7 @@
  *   2 GPUs  the same random comparison with ep_size 2 over NCCL (one thread per GPU) against
  *           the ref thread communicator of 2 ranks, with token conservation checked; skipped
  *           with "needs 2 GPUs, sees n" where fewer are visible (LSA also with the way back in 3
- *           chunks); 4 and 8 GPUs: the same with ep_size 4, 8.
+ *           chunks); 4 and 8 GPUs: the same with ep_size 4, 8 (4: rows by source on ep_nccl_lsa too).
  *   one process per GPU (ep_gpu_proc): the test launches one process per visible GPU (up to 8),
  *           as `mpirun -np N` would, each one rank over tw_comm_init_nccl_rank (the NCCL id
  *           handed out through a file), 100 cases per EP version against the ref threads, its
@@ -936,6 +936,11 @@ Test(ep_gpu_2, random_cases_ep_size_2_over_nccl_lsa_way_back_in_chunks) {
 }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl) { sweep_gpus(4, "ep_nccl_slots"); }
 Test(ep_gpu_4, random_cases_ep_size_4_over_nccl_lsa) { sweep_gpus(4, "ep_nccl_lsa"); }
+Test(ep_gpu_4, random_cases_by_source_ep_size_4_over_nccl_lsa) {
+  by_source = 1;
+  sweep_gpus(4, "ep_nccl_lsa");
+  by_source = 0;
+}
 Test(ep_gpu_8, random_cases_ep_size_8_over_nccl) { sweep_gpus(8, "ep_nccl_slots"); }
 Test(ep_gpu_8, random_cases_ep_size_8_over_nccl_lsa) { sweep_gpus(8, "ep_nccl_lsa"); }
 
