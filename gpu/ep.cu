@@ -2610,6 +2610,13 @@ static tw_status lsa_take_dots(tw_ctx *ctx, tw_ep_layer *layer, tw_tensor *d_top
   return TW_OK;
 }
 
+// Whether combine_bwd's push forms this rank's own routes' rows / dots (both forms, one chunk):
+// from 16 (token, rank) items per SM, or as TWIN_EP_DOUT_OWN=push|rows forces (see below).
+static int dout_own_in_push(int64_t T, int n, int sms) {
+  const char *own = getenv("TWIN_EP_DOUT_OWN");
+  return own && !strcmp(own, "push") ? 1 : own && !strcmp(own, "rows") ? 0 : T * n >= (int64_t)sms * 16;
+}
+
 // ep_nccl_lsa's combine_bwd: an entry barrier; d_out once per (token, rank) with the routes'
 // weights beside it; a barrier; d_expert_out = w * d_out and the dots on the expert side, the
 // dots stored into the tokens' ranks; a barrier; d_topk_weights from this rank's window. This
@@ -2638,10 +2645,7 @@ static tw_status lsa_combine_bwd(tw_ctx *ctx, tw_ep_layer *layer, const tw_tenso
   unsigned char *dexp = (unsigned char *)d_expert_out->data;
   const int vec = bf16 && d_expert_out->dtype == TW_BF16 && H % 8 == 0 && (uintptr_t)d_out->data % 16 == 0 &&
                   (uintptr_t)d_expert_out->data % 16 == 0 && d.crb % 16 == 0 && (!y || (ybf && (uintptr_t)y % 16 == 0));
-  const char *own = getenv("TWIN_EP_DOUT_OWN");
-  const int own_in_push = own && !strcmp(own, "push")   ? 1
-                          : own && !strcmp(own, "rows") ? 0
-                                                        : T * d.n >= (int64_t)st->num_sms * 16;
+  const int own_in_push = dout_own_in_push(T, d.n, st->num_sms);
   ep_phase_run ph;
   ph_begin(&ph, stream, "combine_bwd", T, (long long)ob);
   TW_TRY(lsa_step_barrier(stream, d, st->err_word, GPU_OP_EP_COMBINE, &ph, "barrier0",
@@ -2714,11 +2718,7 @@ static tw_status lsa_combine_bwd_by_source(tw_ctx *ctx, tw_ep_layer *layer, cons
   a.recv_route = L->recv_route;
   const int C = dsrc_chunks(d.maxT, want_dw);
   a.cs = (d.maxT + C - 1) / C;
-  const char *own = getenv("TWIN_EP_DOUT_OWN");
-  a.own_in_push = C > 1                              ? 0  // the lists hold own routes too
-                  : own && !strcmp(own, "push") ? 1
-                  : own && !strcmp(own, "rows") ? 0
-                                                : T * d.n >= (int64_t)st->num_sms * 16;
+  a.own_in_push = C > 1 ? 0 : dout_own_in_push(T, d.n, st->num_sms);  // C > 1: the lists hold own routes too
   ep_phase_run ph;
   ph_begin(&ph, stream, "combine_bwd_by_source", T, (long long)a.ob);
   int P = 0, W = 0;
