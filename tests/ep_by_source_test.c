@@ -215,7 +215,7 @@ static tw_status combine_bwd_by_source_checks(bcase *c, int r, tw_ctx *ctx, tw_e
       }
     if (pass != 1 && memcmp(dtw, bf ? dtwb : dtw_f32, (size_t)(T * k) * 4))
       CHECK_FAIL("%s rank %d pass %d: d_topk_weights differ from combine_bwd's", c->name, r, pass);
-    if (pass == 1 && T * k && !all_a5((const unsigned char *)dtw, (size_t)(T * k) * 4))
+    if (pass == 1 && T * k > 0 && !all_a5((const unsigned char *)dtw, (size_t)(T * k) * 4))
       CHECK_FAIL("%s rank %d: d_topk_weights none, yet its buffer was written", c->name, r);
   }
 done:
@@ -544,8 +544,14 @@ static tw_status errors_fn(int r, tw_comm *comm, void *arg) {
                    "d_topk_weights needs expert_out (it is none)");
   bad = tw_tensor_2d(yb, TW_F32, R - 1, H, TW_MEM_HOST);
   tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &bad, &dsrc, &dw), TW_ERR_SHAPE, "expert_out");
+  bad = tw_tensor_2d(yb, TW_E4M3, R, H, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &bad, &dsrc, &dw), TW_ERR_DTYPE,
+                   "expert_out is e4m3, expected f32 or bf16");
   bad = tw_tensor_2d(dwb, TW_F32, T, k + 1, TW_MEM_HOST);
   tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &dsrc, &bad), TW_ERR_SHAPE, "d_topk_weights");
+  bad = tw_tensor_2d(dwb, TW_I32, T, k, TW_MEM_HOST);
+  tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &y, &dsrc, &bad), TW_ERR_DTYPE,
+                   "d_topk_weights is i32, expected f32");
   tt_expect_status(tw_ep_combine_bwd_by_source(ctx, ly, NULL, &y, &dsrc, &dw), TW_ERR_NULL, "d_out");
   cr_expect_eq(tw_ep_combine_bwd_by_source(ctx, ly, &dout, &none, &dsrc, &none), TW_OK, "%s", tw_last_error());
   tw_ep_layer_destroy(ly);
