@@ -2065,8 +2065,10 @@ static tw_status gpu_ep_create(tw_ep *ep) {
     s = lsa_create(ep, im, want == 2);  // every rank asks alike
   if (s == TW_OK && want == 2 && !im->lsa)
     s = tw_error(TW_ERR_UNSUPPORTED, "ep_create: ep_nccl_lsa was forced but cannot run here: %s", im->why);
-  // the slots' staging (ep_nccl_slots only: with LSA every step runs in the window)
-  if (s == TW_OK && bytes && !im->lsa) {
+  // the slots' staging (ep_nccl_slots only: with LSA every step runs in the window); max_tokens
+  // 0 still gets a few bytes, so that its steps exchange empty slots instead of failing
+  if (s == TW_OK && !im->lsa) {
+    if (!bytes) bytes = 16;
     s = tw_alloc(ep->ctx, bytes, (void **)&im->send);
     // one rank: the exchange is the identity on the slots, so both sides share one staging
     // buffer and exchange() moves nothing (5 whole-slot copies fewer per fwd + bwd)

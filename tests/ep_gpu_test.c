@@ -35,16 +35,15 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "golden/runner.h"
 #include "pipeline/loopback_comm.h"
+#include "tests/proc_util.h"
 #include "tests/test_util.h"
 #include "twin/tw_comm.h"
 #include "twin/tw_ep.h"
@@ -1624,31 +1623,6 @@ Test(ep_gpu, lsa_barrier_timeout_is_reported_and_not_waited_again) {
  * a shared file system). Every process draws the same cases, runs the oracle for every rank on
  * threads and its own rank on its GPU over its tw_comm_init_nccl_rank communicator, and checks
  * its rank (outputs bit for bit, tokens conserved), with both EP versions forced. */
-static void proc_exchange_id(int rank, tw_comm_id *id) {
-  const char *path = getenv("TWIN_COMM_ID_FILE");
-  cr_assert(path && *path, "TWIN_COMM_ID_FILE is not set (the file through which rank 0 hands out the NCCL id)");
-  if (rank == 0) {
-    cr_assert_eq(tw_comm_nccl_get_id(id), TW_OK, "%s", tw_last_error());
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    cr_assert(f && fwrite(id->bytes, 1, sizeof id->bytes, f) == sizeof id->bytes && fclose(f) == 0,
-              "cannot write %s", tmp);
-    cr_assert_eq(rename(tmp, path), 0, "cannot rename %s to %s", tmp, path);
-    return;
-  }
-  for (int waited_ms = 0;; waited_ms += 10) {
-    FILE *f = fopen(path, "rb");
-    if (f) {
-      size_t got = fread(id->bytes, 1, sizeof id->bytes, f);
-      fclose(f);
-      if (got == sizeof id->bytes) return;
-    }
-    cr_assert(waited_ms < 60000, "rank %d: no NCCL id in %s after 60 s", rank, path);
-    usleep(10000);
-  }
-}
-
 Test(ep_gpu_proc, rank_of_one_process_per_gpu, .timeout = 900) {
   if (!getenv("TWIN_EP_CHILD"))
     cr_skip_test("one rank of ep_gpu_proc/one_process_per_gpu (or of `mpirun -np N` with TWIN_EP_CHILD=1 and "
@@ -1660,7 +1634,7 @@ Test(ep_gpu_proc, rank_of_one_process_per_gpu, .timeout = 900) {
             size, MAXR);
   proc_device = local;
   tw_comm_id id;
-  proc_exchange_id(rank, &id);
+  tt_proc_exchange_id(rank, &id);
   tw_comm *comm;
   cr_assert_eq(tw_comm_init_nccl_rank(&id, size, rank, local, 60.0, &comm), TW_OK, "rank %d: %s", rank,
                tw_last_error());
@@ -1720,55 +1694,9 @@ Test(ep_gpu_proc, one_process_per_gpu, .timeout = 900) {
   int n = tw_gpu_device_count();
   if (n < 1) cr_skip_test("needs a GPU, sees none");
   if (n > MAXR) n = MAXR;
-  char dir[] = "/tmp/twin-ep-proc-XXXXXX";
-  cr_assert(mkdtemp(dir), "mkdtemp failed");
-  char idfile[64], envs[5][96];
-  snprintf(idfile, sizeof idfile, "%s/nccl_id", dir);
-  extern char **environ;
-  int ne = 0;
-  while (environ[ne]) ne++;
-  char **env = calloc((size_t)ne + 8, sizeof *env);
-  pid_t pids[MAXR];
-  for (int r = 0; r < n; r++) {
-    int k = 0;
-    /* the children must not overwrite this process's XML report, nor take this test's worker's
-     * BoxFort map (BXFI_MAP: a child that sees it runs as that sandboxed worker and aborts) */
-    for (int i = 0; i < ne; i++)
-      if (strncmp(environ[i], "XML_OUTPUT_FILE=", 16) && strncmp(environ[i], "TWIN_RANK=", 10) &&
-          strncmp(environ[i], "TWIN_WORLD_SIZE=", 16) && strncmp(environ[i], "TWIN_LOCAL_RANK=", 16) &&
-          strncmp(environ[i], "BXFI_", 5))
-        env[k++] = environ[i];
-    snprintf(envs[0], sizeof envs[0], "TWIN_EP_CHILD=1");
-    snprintf(envs[1], sizeof envs[1], "TWIN_RANK=%d", r);
-    snprintf(envs[2], sizeof envs[2], "TWIN_WORLD_SIZE=%d", n);
-    snprintf(envs[3], sizeof envs[3], "TWIN_LOCAL_RANK=%d", r);
-    snprintf(envs[4], sizeof envs[4], "TWIN_COMM_ID_FILE=%s", idfile);
-    for (int j = 0; j < 5; j++) env[k++] = envs[j];
-    env[k] = NULL;
-    char *argv[] = {(char *)"/proc/self/exe", (char *)"--filter", (char *)"ep_gpu_proc/rank_of_one_process_per_gpu",
-                    (char *)"-j1", NULL};
-    cr_assert_eq(posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, argv, env), 0, "cannot start rank %d", r);
-  }
-  int bad = 0, status;
-  for (int r = 0; r < n; r++) {
-    int waited = 0;
-    while (waitpid(pids[r], &status, WNOHANG) == 0) {
-      if (waited++ > 60000) { /* 600 s */
-        for (int q = 0; q < n; q++) kill(pids[q], SIGKILL);
-        waitpid(pids[r], &status, 0);
-        break;
-      }
-      usleep(10000);
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      bad++;
-      cr_log_error("rank %d of %d: %s %d", r, n, WIFEXITED(status) ? "exit status" : "signal",
-                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    }
-  }
-  free(env);
-  unlink(idfile);
-  rmdir(dir);
+  char dir[64];
+  int bad = tt_proc_run(n, "TWIN_EP_CHILD", "ep_gpu_proc/rank_of_one_process_per_gpu", 600, dir);
+  tt_proc_cleanup(dir);
   cr_log_info("EP one process per GPU: %d processes, %d failed", n, bad);
   cr_assert_eq(bad, 0, "%d of %d rank processes failed (their output is above)", bad, n);
 }
