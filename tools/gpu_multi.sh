@@ -13,7 +13,9 @@
 #   phase 2 (4 GPUs): the pipeline S = 3, 4 and pp x fsdp and its goldens (alone), then EP
 #           ep_size 4 beside MoE ep = 4 / dp x ep / fsdp x ep, 4 processes and `mpirun -np 4`,
 #           shard_nccl, memcheck and racecheck of the 2-GPU EP sweep, every one-GPU EP case
-#   phase 2b (8 GPUs): EP ep_size 8, 8 processes, MoE ep = 8 / dp x ep / fsdp x ep = 2 x 4
+#           the sharded EP sweep over NCCL (every mesh of 1, 2, 4 GPUs; 4 processes)
+#   phase 2b (8 GPUs): EP ep_size 8, 8 processes, MoE ep = 8 / dp x ep / fsdp x ep = 2 x 4, the
+#           sharded EP sweep on every mesh of 8 GPUs (one process; 8 processes; mpirun -np 8)
 #   phase 3 (quiet machine): twin bench --op ep on 2, 4 (and 8) GPUs, --op moe with ep = 2
 #           (and 8), --op pipeline at S = 4, the sharding check over NCCL on 2-4 (and 8) ranks
 set -uo pipefail
@@ -113,6 +115,10 @@ if [ "$ngpu" -ge 4 ]; then
       -x TWIN_EP_CHILD=1 -x TWIN_COMM_ID_FILE=/tmp/twin_mpi_id4 -x EP_PROC_N=40 \
       "$B/run.sh" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/rank_of_one_process_per_gpu' ) &
   step shard_nccl 150 $all "$R" bin/shard_nccl_gpu_test --verbose -j1 &
+  wait
+  # the sharded EP sweep over NCCL: every mesh of 1, 2 and 4 GPUs; then one process per GPU
+  step shard_ep4 150 $all "$R" bin/shard_ep_gpu_test --verbose -j1 --filter 'shard_ep_gpu/*'
+  step shard_ep4_proc 120 $all "$R" bin/shard_ep_gpu_test --verbose --filter 'shard_ep_gpu_proc/one_process_per_gpu'
   TWIN_EP_LSA_TIMEOUT_S=60 EP_SWEEP_N=3 step ep2_memcheck 150 2,3 compute-sanitizer --tool memcheck --report-api-errors no --print-limit 20 \
     "$B/run.sh" bin/ep_gpu_test -j1 --filter 'ep_gpu_2/*' &
   wait
@@ -145,6 +151,12 @@ if [ "$ngpu" -ge 8 ]; then
   step moe8 170 $all8 "$R" bin/moe_gpu_test --verbose --filter '*eight_gpus*' &
   wait
   step ep8_proc 90 $all8 "$R" bin/ep_gpu_test --verbose --filter 'ep_gpu_proc/one_process_per_gpu'
+  step shard_ep8 240 $all8 "$R" bin/shard_ep_gpu_test --verbose -j1 --filter 'shard_ep_gpu/every_mesh_of_8_gpus'
+  step shard_ep8_proc 240 $all8 "$R" bin/shard_ep_gpu_test --verbose --filter 'shard_ep_gpu_proc/one_process_per_gpu'
+  ( rm -f /tmp/twin_mpi_id8
+    step shard_ep8_mpirun 240 $all8 mpirun --allow-run-as-root --oversubscribe -np 8 -x NCCL_NVLS_ENABLE \
+      -x CUDA_VISIBLE_DEVICES -x TWIN_SHARD_EP_CHILD=1 -x TWIN_COMM_ID_FILE=/tmp/twin_mpi_id8 \
+      "$B/run.sh" bin/shard_ep_gpu_test --verbose --filter 'shard_ep_gpu_proc/rank_of_one_process_per_gpu' )
 fi
 
 # ---- phase 3: benches, one at a time ----
