@@ -721,6 +721,7 @@ struct ggw_wparams {
                 // out 16-byte aligned); else stores from registers as the forward's
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
+  int pingpong;   // the PP kernel (p.tilesP counts 64-row tiles): see ggw_wgrad_kernel
   // row-gathered lhs (GA kernel, tw_grouped_gemm_wgrad_rows): token row o_g + x of the lhs is
   // data row rows[o_g + x] of a [U, P] lhs (-1, or outside [0, U): zeros), copied by the
   // producer warpgroup; zero_prod is 0
@@ -732,22 +733,31 @@ struct ggw_wparams {
 #define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
 
 #ifdef GGW_DEVICE
+template <int BM = GGW_BM>
 __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
   const int64_t per = p.tilesP * p.tilesQ;
   g = t / per;
   const int64_t local = t - g * per;
-  p0 = (local / p.tilesQ) * GGW_BM;
+  p0 = (local / p.tilesQ) * BM;
   q0 = (local % p.tilesQ) * GGW_BN;
 }
 #endif
 
 
+// PP (ping-pong; not with GA or zero_prod): each consumer warpgroup owns whole 64 x 256 output
+// tiles, the CTA's tiles i = 0, 1, 2, .. (t = blockIdx.x + i * gridDim.x) alternating between
+// warpgroups 1 and 2 (i % 2). The producer fills the ring in tile order, each stage one 64 x 64
+// A box and the four B boxes; a warpgroup skips the stages of the other's tiles (it counts their
+// k-tiles) and releases its own (4 warp arrivals), so one warpgroup's epilogue and pipeline
+// drain run under the other's wgmmas. The tail zeroing is the owner's alone (its A box and the
+// four B boxes; named barrier 4 + c). Each B tile is loaded once per 64 output rows instead of
+// 128 (from L2). Accumulation order per element is the non-PP kernel's: same bits.
 // GA: a row-gathered lhs (the forward's GA protocol): the 128 producer threads copy the two
 // 64 x 64 A boxes of each k-tile by cp.async (thread t: chunk t % 8 of token rows t / 8 + 16 i,
 // i < 4, in both boxes; rows past the group or with index -1 and columns past P zero-filled) and
 // arrive through cp.async.mbarrier.arrive.noinc; thread 0 loads the rhs boxes by TMA. The
 // consumers fence the generic-proxy writes after the full barrier, as in the forward.
-template <bool F16, int OUT, int GA = 0>
+template <bool F16, int OUT, int GA = 0, int PP = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
@@ -763,7 +773,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < GGW_STAGES; ++s) {
       wgc_bar_init(&full[s], GA ? 1 + 128 : zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
-      wgc_bar_init(&empty[s], 8);          // one arrival per consumer warp
+      wgc_bar_init(&empty[s], PP ? 4 : 8);  // one arrival per consumer warp (PP: of the owner)
       wgc_bar_init(&land[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -833,7 +843,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       uint32_t phase = 0;
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
-        ggw_wlocate(p, t, g, p0, q0);
+        ggw_wlocate<PP ? 64 : GGW_BM>(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
         for (int kt = 0; kt < ktiles; ++kt) {
@@ -841,9 +851,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           const int row = (int)(og + (int64_t)kt * GGW_BK);
           uint64_t *tb = zp ? &land[s] : &full[s];
-          wgc_bar_expect(tb, GGW_STAGE_BYTES);
+          wgc_bar_expect(tb, PP ? GGW_STAGE_BYTES - BOX : GGW_STAGE_BYTES);
           wgc_tma_2d(sa, &map_a, tb, (int)p0, row);
-          wgc_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
+          if (!PP) wgc_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
 #pragma unroll
           for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
           if (++s == GGW_STAGES) {
@@ -895,12 +905,28 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
     unsigned char *ebuf = epi + c * 16384;  // this warpgroup's two staging buffers
     int eb = 0;                             // next staging buffer
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+    int64_t i_tile = 0;  // PP: the CTA's tile count so far (warpgroup c owns i % 2 == c)
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x, ++i_tile) {
       int64_t g, p0, q0;
-      ggw_wlocate(p, t, g, p0, q0);
+      ggw_wlocate<PP ? 64 : GGW_BM>(p, t, g, p0, q0);
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
       const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
-      const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
+      if (PP && (i_tile & 1) != c) {  // the other warpgroup's tile: skip its stages
+        const int adv = s + ktiles;
+        phase ^= (uint32_t)((adv / GGW_STAGES) & 1);
+        s = adv % GGW_STAGES;
+        continue;
+      }
+      // PP: wait until the other warpgroup has passed the full barrier of every k-tile of the
+      // tile before this one (named barrier 6 + c). An mbarrier parity wait only tells apart
+      // the current phase and the one before it, so this warpgroup must not wait on a stage
+      // whose previous fill (the other's k-tile) has not landed yet: it would pass at once.
+      // Then, once this tile's full barriers are passed (at once for an empty group), it lets
+      // the other warpgroup start the next tile (bar.arrive on 6 + (c ^ 1)).
+      if (PP && i_tile > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(6 + c) : "memory");
+      if (PP && ktiles == 0 && t + gridDim.x < total)
+        asm volatile("bar.arrive %0, 256;\n" ::"r"(6 + (c ^ 1)) : "memory");
+      const int64_t r0 = p0 + (PP ? 0 : 64 * c) + 16 * warp + lane / 4;
       const int64_t cbase = q0 + 2 * (lane % 4);
       if (ktiles == 0) {  // empty group: out[g] = +0 (accumulate: untouched); d is not used here
         if (p.accumulate) continue;
@@ -923,18 +949,21 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         unsigned char *st = base + s * GGW_STAGE_BYTES;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
         if (valid < GGW_BK && p.mask && !zp) {
-          // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 belong to another
-          // group (or past the sum): zero them, then make the writes visible to wgmma
+          // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 (PP: all four)
+          // belong to another group (or past the sum): zero them, then make the writes visible
+          // to wgmma
           const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
-          for (int i = tid; i < 3 * per_box; i += 128) {
+          for (int i = tid; i < (PP ? 5 : 3) * per_box; i += 128) {
             const int b = i / per_box, r = i - b * per_box;
-            unsigned char *box = b == 0 ? st + c * BOX : st + GGW_A_BYTES + (2 * c + b - 1) * BOX;
+            unsigned char *box = PP ? (b == 0 ? st : st + GGW_A_BYTES + (b - 1) * BOX)
+                                    : (b == 0 ? st + c * BOX : st + GGW_A_BYTES + (2 * c + b - 1) * BOX);
             *(uint4 *)(box + (valid + r / 8) * 128 + (r % 8) * 16) = make_uint4(0, 0, 0, 0);
           }
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          asm volatile("bar.sync 1, 256;\n" ::: "memory");
+          if (PP) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + c) : "memory");
+          else asm volatile("bar.sync 1, 256;\n" ::: "memory");
         }
-        const uint32_t a0 = wgc_smem(st) + c * BOX;
+        const uint32_t a0 = wgc_smem(st) + (PP ? 0 : c * BOX);
         const uint32_t b0 = wgc_smem(st + GGW_A_BYTES);
         wgc_fence();
 #pragma unroll
@@ -957,6 +986,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           phase ^= 1;
         }
       }
+      if (PP && t + gridDim.x < total) asm volatile("bar.arrive %0, 256;\n" ::"r"(6 + (c ^ 1)) : "memory");
       wgc_wait<0>();
       wgc_touch<128>(d);
       __syncwarp();
@@ -967,14 +997,15 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         // of the box into out viewed as [G, K, N] (rows past K and columns past N are clipped by
         // the map, never into group g+1). Two buffers alternate; a buffer is refilled once the
         // store issued from it two chunks ago has read it.
-        if (p0 + 64 * c >= p.P) continue;  // this warpgroup's rows are all past K (uniform)
+        const int64_t pw = p0 + (PP ? 0 : 64 * c);  // this warpgroup's first row
+        if (pw >= p.P) continue;                      // its rows are all past K (uniform)
         constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = GGW_BN / CW;
 #pragma unroll
         for (int ch = 0; ch < NCH; ++ch) {
           if (q0 + ch * CW >= p.N) break;  // uniform
           unsigned char *buf = ebuf + eb * 8192;
           ggw_stage_chunk<OUT>(d, ch, buf, c, warp, lane, tid);
-          if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)(p0 + 64 * c), (int)g);
+          if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)pw, (int)g);
           eb ^= 1;
         }
         continue;
@@ -1025,12 +1056,12 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   return *why == NULL;
 }
 
-template <bool F16, int OUT, int GA = 0>
+template <bool F16, int OUT, int GA = 0, int PP = 0>
 static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
                                     const ggw_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
   void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) =
-      ggw_wgrad_kernel<F16, OUT, GA>;
+      ggw_wgrad_kernel<F16, OUT, GA, PP>;
   static int ready[64];
   const int dev = st->device < 64 ? st->device : 0;
   if (!ready[dev]) {
@@ -1043,6 +1074,17 @@ static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CU
   fn<<<grid, GGW_THREADS, GGW_WSMEM, st->stream>>>(*ma, *mb, *mo, *p);
   GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
+}
+
+// The ping-pong kernel is never the default: on an H200 it was slower on all five standard
+// shapes (gpu/NOTES-gemm.md, session 21: G32 0.868 against 0.745 ms, G128 0.804 against 0.704,
+// the large ones 1.6-1.9x slower): one warpgroup's 64-row mainloop alone does not keep the
+// tensor cores busy, and each B tile is read twice. Kept behind TWIN_GG_WGMMA_WGRAD_PP=1 as the
+// base of the next try (128-row tiles per warpgroup).
+static int ggw_wgrad_pp_auto(int64_t M, int64_t G) {
+  (void)M;
+  (void)G;
+  return 0;
 }
 
 // rows: a row-gathered lhs [U, P] (lhs_rows, device [M]); NULL: lhs [M, P].
@@ -1094,6 +1136,11 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
   // producer | consumer overrides the default, read on every call (the bench times both)
   const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
+  // Ping-pong (PP kernel): TWIN_GG_WGMMA_WGRAD_PP=1 / 0 forces it on / off (read on every call);
+  // else ggw_wgrad_pp_auto.
+  const char *pv = getenv("TWIN_GG_WGMMA_WGRAD_PP");
+  p.pingpong = !rows && !p.zero_prod && (pv && *pv ? *pv == '1' : ggw_wgrad_pp_auto(M, G));
+  if (p.pingpong) p.tilesP = (P + 63) / 64;
   if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
     p.zero_prod = 0;
     p.rows = rows;
@@ -1119,8 +1166,10 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
   }
-#define GGW_WOUT1(F, O) \
-  return rows ? ggw_wgrad_launch_t<F, O, 1>(ctx, &ma, &mb, &mo, &p, op) : ggw_wgrad_launch_t<F, O>(ctx, &ma, &mb, &mo, &p, op);
+#define GGW_WOUT1(F, O)                                                  \
+  return rows         ? ggw_wgrad_launch_t<F, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
+         : p.pingpong ? ggw_wgrad_launch_t<F, O, 0, 1>(ctx, &ma, &mb, &mo, &p, op) \
+                      : ggw_wgrad_launch_t<F, O>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_WOUT(F)                    \
   switch (out->dtype) {                \
     case TW_F32: GGW_WOUT1(F, TW_F32)  \

@@ -555,6 +555,9 @@ static int fp8w_only_mxfp8;
 /* gg_wgmma wgrad: rows past the sizes' sum set to NaN in both operands (they must never be
  * read: a group's last k-tile must not take them into the contraction). */
 static int nan_rest;
+/* 1: gg_wgmma's wgrad runs twice, TWIN_GG_WGMMA_WGRAD_PP=0 then 1 (its ping-pong kernel), and
+ * the two outputs must be the same bits (the first is also checked against the bound) */
+static int pp_bits, pp_bits_cases;
 /* Fixed wgrad problems (the tails test): sizes, shape, output dtype and accumulate given. */
 static const int32_t *fixed_gs;
 static int64_t fixed_G, fixed_M, fixed_N, fixed_K;
@@ -678,12 +681,29 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   memcpy(out_g.data, out_r.data, tw_tensor_bytes(&out_r));
   double *init = values_of(&out_r);
   tw_tensor out_d = dev_copy(&out_g);
+  tw_tensor out_pp = pp_bits ? dev_copy(&out_g) : tw_tensor_none();
   tw_tensor gs_d = dev_copy(&gs);
   cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
                what, tw_last_error());
+  if (pp_bits) setenv("TWIN_GG_WGMMA_WGRAD_PP", "0", 1);
   tw_status gs_st = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate);
   if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
   if (gs_st == TW_OK) to_host(&out_g, &out_d);
+  if (pp_bits && gs_st == TW_OK) {
+    setenv("TWIN_GG_WGMMA_WGRAD_PP", "1", 1);
+    tw_status ps = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_pp, accumulate);
+    if (ps == TW_OK) ps = tw_ctx_check(gpu_ctx);
+    cr_assert_eq(ps, TW_OK, "%s: ping-pong: %s", what, tw_last_error());
+    tw_tensor h = host_new(od, 3, os);
+    to_host(&h, &out_pp);
+    cr_assert(memcmp(h.data, out_g.data, tw_tensor_bytes(&h)) == 0, "%s: the ping-pong wgrad's bits differ", what);
+    host_free(&h);
+    pp_bits_cases++;
+  }
+  if (pp_bits) {
+    unsetenv("TWIN_GG_WGMMA_WGRAD_PP");
+    dev_free(&out_pp);
+  }
 
   int64_t n = G * K * N;
   double *ex = (double *)calloc((size_t)(n + 1), sizeof(double));
@@ -1192,6 +1212,26 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
           wgrad_case(14000 + v, kind, BUDGET);
         }
   fixed_gs = NULL; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_tails");
+}
+
+/* The ping-pong wgrad kernel (TWIN_GG_WGMMA_WGRAD_PP=1): every random, large and tail case of
+ * gg_wgmma's wgrad run by both kernels, the same bits (and the bound against the ref). */
+Test(grouped_gemm_wgrad_gpu, pingpong_same_bits_gg_wgmma_version, .timeout = 900) {
+  static const int32_t sizes[2][8] = {{1, 63, 64, 65, 0, 129, 2, 1}, {0, 0, 200, 0, 7, 0, 0, 1}};
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; pp_bits_cases = 0;
+  const int n = getenv("GG_PP_N") ? atoi(getenv("GG_PP_N")) : 200;
+  for (int s = 0; s < n; ++s) wgrad_case(15000 + s, (int)(s % 2), BUDGET);
+  for (int s = 0; s < (n >= 200 ? 6 : 0); ++s) wgrad_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
+  for (int v = 0; v < 2; ++v)
+    for (int o = 0; o < 3; ++o)
+      for (int acc = 0; acc < 2; ++acc) {
+        fixed_gs = sizes[v]; fixed_G = 8; fixed_M = 400; fixed_N = 264; fixed_K = 136;
+        fixed_od = out_types[o]; fixed_acc = acc;
+        wgrad_case(14000 + v, (v + o + acc) % 2, BUDGET);
+      }
+  fixed_gs = NULL;
+  cr_log_info("ping-pong wgrad: %d cases, the same bits as the non-ping-pong kernel", pp_bits_cases);
+  pp_bits = 0; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_pingpong");
 }
 
 /* gg_wgmma_fp8 wgrad (fp8 wgmma from the colwise copies, promoted every 128 tokens of a group):
