@@ -37,6 +37,20 @@ void tt_proc_exchange_id(int rank, tw_comm_id *id) {
   }
 }
 
+tw_comm *tt_proc_child_comm(int max_ranks, int *rank, int *size, int *local) {
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
+  cr_assert_eq(tw_comm_env_rank(rank, size, local), 0, "no rank/size in the environment (TWIN_RANK, ...)");
+  cr_assert(*size >= 1 && *size <= max_ranks && *rank >= 0 && *rank < *size, "rank %d of %d (this test takes 1..%d)",
+            *rank, *size, max_ranks);
+  tw_comm_id id;
+  tt_proc_exchange_id(*rank, &id);
+  tw_comm *comm;
+  cr_assert_eq(tw_comm_init_nccl_rank(&id, *size, *rank, *local, 60.0, &comm), TW_OK, "rank %d: %s", *rank,
+               tw_last_error());
+  tw_comm_set_timeout(comm, 60.0);
+  return comm;
+}
+
 int tt_proc_run(int n, const char *child_flag, const char *child_test, int timeout_s, char dir[64]) {
   snprintf(dir, 64, "/tmp/twin-proc-XXXXXX");
   cr_assert(mkdtemp(dir), "mkdtemp failed");

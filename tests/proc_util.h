@@ -10,6 +10,12 @@
  * rename), the others wait for it (60 s). One host, or a shared file system. Asserts. */
 void tt_proc_exchange_id(int rank, tw_comm_id *id);
 
+/* A child's side: rank, size and GPU from the environment (tw_comm_env_rank: TWIN_RANK,
+ * TWIN_WORLD_SIZE, TWIN_LOCAL_RANK or mpirun's OMPI_COMM_WORLD_*), the NCCL id through
+ * TWIN_COMM_ID_FILE, then its NCCL communicator (60 s timeout). NVLink multicast off unless the
+ * environment says otherwise. Asserts 1 <= size <= max_ranks. */
+tw_comm *tt_proc_child_comm(int max_ranks, int *rank, int *size, int *local);
+
 /* Starts n processes of this binary, each `--filter child_test -j1` with child_flag=1,
  * TWIN_RANK=r, TWIN_WORLD_SIZE=n, TWIN_LOCAL_RANK=r, TWIN_COMM_ID_FILE=dir/nccl_id and
  * TWIN_PROC_DIR=dir in its environment (dir: a fresh directory, written to dir[64], where the

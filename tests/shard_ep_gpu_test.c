@@ -153,17 +153,9 @@ Test(shard_ep_gpu_proc, rank_of_one_process_per_gpu, .timeout = 900) {
   if (!getenv("TWIN_SHARD_EP_CHILD"))
     cr_skip_test("one rank of shard_ep_gpu_proc/one_process_per_gpu (or of `mpirun -np N` with "
                  "TWIN_SHARD_EP_CHILD=1 and TWIN_COMM_ID_FILE set)");
-  setenv("NCCL_NVLS_ENABLE", "0", 0);
   int rank, size, local;
-  cr_assert_eq(tw_comm_env_rank(&rank, &size, &local), 0, "no rank/size in the environment (TWIN_RANK, ...)");
-  cr_assert(size >= 1 && size <= SEP_MAXR && (size & (size - 1)) == 0 && rank >= 0 && rank < size,
-            "rank %d of %d (this test takes 1, 2, 4 or 8 ranks)", rank, size);
-  tw_comm_id id;
-  tt_proc_exchange_id(rank, &id);
-  tw_comm *comm;
-  cr_assert_eq(tw_comm_init_nccl_rank(&id, size, rank, local, 60.0, &comm), TW_OK, "rank %d: %s", rank,
-               tw_last_error());
-  tw_comm_set_timeout(comm, 60.0);
+  tw_comm *comm = tt_proc_child_comm(SEP_MAXR, &rank, &size, &local);
+  cr_assert((size & (size - 1)) == 0, "%d ranks: this test takes 1, 2, 4 or 8", size);
   FILE *rec = NULL;
   const char *dir = getenv("TWIN_PROC_DIR");
   if (dir) {
