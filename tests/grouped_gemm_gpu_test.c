@@ -1231,6 +1231,7 @@ Test(grouped_gemm_wgrad_gpu, pingpong_same_bits_gg_wgmma_version, .timeout = 900
       }
   fixed_gs = NULL;
   cr_log_info("ping-pong wgrad: %d cases, the same bits as the non-ping-pong kernel", pp_bits_cases);
+  cr_assert_gt(pp_bits_cases, 0, "no case ran both kernels");
   pp_bits = 0; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_pingpong");
 }
 

@@ -67,7 +67,9 @@ int tt_proc_run(int n, const char *child_flag, const char *child_test, int timeo
     for (int i = 0; i < ne; i++)
       if (strncmp(environ[i], "XML_OUTPUT_FILE=", 16) && strncmp(environ[i], "TWIN_RANK=", 10) &&
           strncmp(environ[i], "TWIN_WORLD_SIZE=", 16) && strncmp(environ[i], "TWIN_LOCAL_RANK=", 16) &&
-          strncmp(environ[i], "BXFI_", 5))
+          strncmp(environ[i], "BXFI_", 5) && strncmp(environ[i], "TWIN_COMM_ID_FILE=", 18) &&
+          strncmp(environ[i], "TWIN_PROC_DIR=", 14) &&
+          !(strncmp(environ[i], child_flag, strlen(child_flag)) == 0 && environ[i][strlen(child_flag)] == '='))
         env[k++] = environ[i];
     snprintf(envs[0], sizeof envs[0], "%s=1", child_flag);
     snprintf(envs[1], sizeof envs[1], "TWIN_RANK=%d", r);
@@ -80,17 +82,23 @@ int tt_proc_run(int n, const char *child_flag, const char *child_test, int timeo
     char *argv[] = {(char *)"/proc/self/exe", (char *)"--filter", (char *)child_test, (char *)"-j1", NULL};
     cr_assert_eq(posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, argv, env), 0, "cannot start rank %d", r);
   }
-  int bad = 0, status = 0;
+  int bad = 0;
+  long waited = 0; /* one deadline for all of them, in 10 ms steps */
   for (int r = 0; r < n; r++) {
-    for (long waited = 0; waitpid(pids[r], &status, WNOHANG) == 0; waited++) {
-      if (waited > (long)timeout_s * 100) {
+    int status = 0;
+    pid_t got;
+    while ((got = waitpid(pids[r], &status, WNOHANG)) == 0) {
+      if (waited++ > (long)timeout_s * 100) {
         for (int q = 0; q < n; q++) kill(pids[q], SIGKILL);
-        waitpid(pids[r], &status, 0);
+        got = waitpid(pids[r], &status, 0);
         break;
       }
       usleep(10000);
     }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    if (got != pids[r]) {
+      bad++;
+      cr_log_error("rank %d of %d: lost (waitpid)", r, n);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       bad++;
       cr_log_error("rank %d of %d: %s %d", r, n, WIFEXITED(status) ? "exit status" : "signal",
                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));

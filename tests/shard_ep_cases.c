@@ -109,15 +109,17 @@ typedef struct {
 static tw_status stage(tw_ctx *ctx, staged *s, void *host, tw_dtype dt, int64_t rows, int64_t cols, int in) {
   s->host = cols ? tw_tensor_2d(host, dt, rows, cols, TW_MEM_HOST) : tw_tensor_1d(host, dt, rows, TW_MEM_HOST);
   s->t = s->host;
-  s->dev = tw_ctx_mem(ctx) != TW_MEM_HOST;
+  s->dev = 0;
   size_t bytes = tw_tensor_bytes(&s->host);
-  if (!s->dev) {
+  if (tw_ctx_mem(ctx) == TW_MEM_HOST) {
     if (!in) memset(host, 0xFF, bytes);
     return TW_OK;
   }
   void *p = NULL;
+  s->t.data = NULL;
   TW_TRY(tw_alloc(ctx, bytes + 16, &p));
   s->t.data = p;
+  s->dev = 1;
   s->t.mem = tw_ctx_mem(ctx);
   return in ? tw_tensor_copy(ctx, &s->t, &s->host) : tw_memset(ctx, p, 0xFF, bytes);
 }
@@ -133,7 +135,7 @@ static void unstage(tw_ctx *ctx, staged *s) {
 tw_status sep_rank_case(tw_ctx *ctx, tw_comm *world, tw_mesh_comms *mc, sep_case *c, int rank) {
   const tw_ep_plan *p = &c->plan;
   const int64_t Tl = p->local_tokens, H = GH, k = GK;
-  int ep_rank, n_ep = p->ep_size, nle = GE / n_ep;
+  int ep_rank = 0, n_ep = p->ep_size, nle = GE / n_ep;
   tw_comm *own = NULL, *epc;
   tw_ep *ep = NULL;
   tw_ep_layer *layer = NULL;
@@ -149,11 +151,12 @@ tw_status sep_rank_case(tw_ctx *ctx, tw_comm *world, tw_mesh_comms *mc, sep_case
       epc = own;
     }
   }
-  if (tw_comm_size(epc) != n_ep || tw_comm_rank(epc) != ep_rank) {
-    snprintf(c->msg[rank], sizeof c->msg[rank], "ep communicator has size %d rank %d, the plan says %d / %d",
-             tw_comm_size(epc), tw_comm_rank(epc), n_ep, ep_rank);
+  if (tw_comm_size(epc) != n_ep || tw_comm_rank(epc) != ep_rank) { /* an error, not a mismatch: peers would
+                                                                      * wait in tw_ep_create; the error aborts them */
+    s = tw_error(TW_ERR_INTERNAL, "rank %d: ep communicator has size %d rank %d, the plan says %d / %d", rank,
+                 tw_comm_size(epc), tw_comm_rank(epc), n_ep, ep_rank);
     tw_comm_destroy(own);
-    return TW_OK;
+    return s;
   }
   tw_ep_config cfg = TW_EP_CONFIG_INIT;
   cfg.num_experts = GE; cfg.topk = GK; cfg.max_tokens = Tl; cfg.hidden = GH; cfg.token_dtype = c->dt;
@@ -202,6 +205,7 @@ tw_status sep_rank_case(tw_ctx *ctx, tw_comm *world, tw_mesh_comms *mc, sep_case
         }
     int64_t padded = (i - o + SEP_ALIGN - 1) / SEP_ALIGN * SEP_ALIGN;
     if (gs[l] != padded) BAD(checked, "group_sizes[%d] = %d, formula %lld", l, gs[l], (long long)padded);
+    if (o + padded > R) BAD(checked, "expert %d's slab ends at row %lld, past R = %lld", e, (long long)(o + padded), (long long)R);
     for (; i < o + padded; i++)
       for (int64_t h = 0; h < H * (int64_t)es; h++)
         if (recv[i * H * es + h] || rw[i] != 0.0f) BAD(checked, "padding row %lld is not zero", (long long)i);

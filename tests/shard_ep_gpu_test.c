@@ -122,8 +122,10 @@ static void every_mesh(int n) {
           cr_log_error("%s %s: %s", versions[v], sep_case_str(&j.cases[i], name, sizeof name), why);
           ok = 0;
         }
-        if (!ok)
-          for (int r = 0; r < n; r++) rank_results(&j, r, versions[v]);
+        for (int r = 0; r < n; r++)
+          if (j.cases[i].msg[r][0])
+            cr_log_error("%s %s, rank %d: %s", versions[v], sep_case_str(&j.cases[i], name, sizeof name), r,
+                         j.cases[i].msg[r]);
         passed += ok;
         runs++;
       }
