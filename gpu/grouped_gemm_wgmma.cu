@@ -734,14 +734,15 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this (gpu/NOTES-gemm.md,
 //     "gg_wgmma wgrad", says why this and not per-group tensor maps patched on the device).
 //   - Empty groups: out[g] = +0 written by the consumers (accumulate: untouched); no loads.
-//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block goes through two 8 KiB
+//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block (PP: two 64 x 128 halves) goes through two 8 KiB
 //     staging buffers (64 rows x 128 bytes, 128-byte swizzle) and TMA stores into out seen as
 //     [G, K, N] (clipped per group); accumulating: stores from registers (f32 read-modify-write,
 //     one rounding). Run w2: 2.7x on the write-bound G128 shape.
 //   - Knobs (measurement): TWIN_GG_WGMMA_WGRAD_ZERO=producer has producer warps 1-3 zero the
 //     tail rows between a land and the full barrier (correct, not faster: run w3);
 //     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (wrong results, timing only);
-//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue.
+//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue; TWIN_GG_WGMMA_WGRAD_PP=1 the
+//     ping-pong kernel and TWIN_GG_WGMMA_WGRAD_CL=2 pairs of CTAs (both below, off by default).
 struct ggw_wparams {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
   void *out;               // [G, P, N]
@@ -753,7 +754,7 @@ struct ggw_wparams {
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
   int pingpong;   // the PP kernel (p.tilesQ counts 128-column tiles): see ggw_wgrad_kernel
-  int cluster;    // CTAs per cluster (2: PP only; p.tilesP counts 256-row pairs)
+  int cluster;    // CTAs per cluster (2: p.tilesP counts 256-row pairs; not with GA or zero_prod)
   // row-gathered lhs (GA kernel, tw_grouped_gemm_wgrad_rows): token row o_g + x of the lhs is
   // data row rows[o_g + x] of a [U, P] lhs (-1, or outside [0, U): zeros), copied by the
   // producer warpgroup; zero_prod is 0
@@ -839,7 +840,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   }
   __syncthreads();
   static_assert(CL == 1 || GA == 0, "clusters not with the row-gathered lhs");
-  // CL = 2: a tile id names 256 rows x 128 columns, CTA rank r of the pair takes rows 128 r ..;
+  // CL = 2: a tile id names 256 rows (x TBN columns), CTA rank r of the pair takes rows 128 r ..;
   // both walk the same tile sequence
   const uint32_t rank = CL > 1 ? wgc_cta_rank() : 0;
   const int64_t t_first = blockIdx.x / CL, t_step = gridDim.x / CL;
@@ -927,7 +928,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
             constexpr int JB = TBN / 64 / CL;
 #pragma unroll
             for (int j = (int)rank * JB; j < ((int)rank + 1) * JB; ++j)
-              wgc_tma_2d_mc(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row, (uint16_t)3);
+              wgc_tma_2d_mc(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row, (uint16_t)((1u << CL) - 1));
           }
           if (++s == NST) {
             s = 0;
@@ -935,7 +936,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           }
         }
       }
-    } else if (zp && tid >= 32) {
+    } else if (!PP && CL == 1 && zp && tid >= 32) {  // the host takes zero_prod only without PP and CL
       // ---- zero_prod: warps 1-3 pass every stage on from land[s] to full[s]; on a group's
       // last k-tile they first zero rows valid..63 of its six 64 x 64 boxes (A: 2, B: 4,
       // contiguous), each warp a third, then fence.proxy.async (generic writes -> wgmma)
@@ -969,7 +970,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       }
     }
   } else {
-    // ---- consumers: warpgroup c owns rows p0 + 64c .. + 63 of out[g] ----
+    // ---- consumers: warpgroup c owns rows p0 + 64c .. + 63 of out[g] (PP: rows p0 .. + 127 of
+    // its own tiles) ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     float d[128];
@@ -1103,7 +1105,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         continue;
       }
       // ---- epilogue from registers (accumulate, or out not 16-byte aligned): rows
-      // p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
+      // p0 + 64c + 16*warp + lane/4 (+8) (PP: p0 + 64 half + ..), columns q0 + 8j + 2*(lane%4) (+1)
 #pragma unroll
       for (int hh = 0; hh < (PP ? 4 : 2); ++hh) {  // PP: hh / 2 is the 64-row half
         const int h = hh % 2, half = hh / 2;
@@ -1194,7 +1196,10 @@ static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CU
     cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
     GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg),
                  "grouped_gemm_wgrad (gg_wgmma): cluster occupancy");
-    clusters_of[dev] = clusters > 0 ? clusters : st->num_sms / CL;
+    if (clusters <= 0)
+      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': a cluster of %d CTAs (%d bytes of shared memory each) does not fit",
+                      op, GG_KERNEL_WGMMA, CL, smem);
+    clusters_of[dev] = clusters;
   }
   const int64_t clusters = total < clusters_of[dev] ? total : clusters_of[dev];
   cfg.gridDim = dim3((unsigned)(clusters * CL));

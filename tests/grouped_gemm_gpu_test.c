@@ -688,7 +688,10 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   tw_tensor gs_d = dev_copy(&gs);
   cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
                what, tw_last_error());
-  if (pp_bits) setenv("TWIN_GG_WGMMA_WGRAD_PP", "0", 1);
+  if (pp_bits) {  /* the first run is the default kernel, whatever the environment says */
+    setenv("TWIN_GG_WGMMA_WGRAD_PP", "0", 1);
+    unsetenv("TWIN_GG_WGMMA_WGRAD_CL");
+  }
   tw_status gs_st = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate);
   if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
   if (gs_st == TW_OK) to_host(&out_g, &out_d);
@@ -698,10 +701,10 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     tw_status ps = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_pp, accumulate);
     unsetenv("TWIN_GG_WGMMA_WGRAD_CL");
     if (ps == TW_OK) ps = tw_ctx_check(gpu_ctx);
-    cr_assert_eq(ps, TW_OK, "%s: ping-pong: %s", what, tw_last_error());
+    cr_assert_eq(ps, TW_OK, "%s: wgrad variant: %s", what, tw_last_error());
     tw_tensor h = host_new(od, 3, os);
     to_host(&h, &out_pp);
-    cr_assert(memcmp(h.data, out_g.data, tw_tensor_bytes(&h)) == 0, "%s: the ping-pong wgrad's bits differ", what);
+    cr_assert(memcmp(h.data, out_g.data, tw_tensor_bytes(&h)) == 0, "%s: the wgrad variant's bits differ from the default kernel's", what);
     host_free(&h);
     pp_bits_cases++;
   }
@@ -1225,6 +1228,8 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
  * default kernel, the same bits (and the bound against the ref). */
 static void variant_same_bits(int pp, int cluster) {
   static const int32_t sizes[2][8] = {{1, 63, 64, 65, 0, 129, 2, 1}, {0, 0, 200, 0, 7, 0, 0, 1}};
+  /* knobs that would turn the variants off (zero_prod) or change both runs alike */
+  unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO"); unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK"); unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
   ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; pp_second = pp; pp_cluster = cluster; pp_bits_cases = 0;
   const int n = getenv("GG_PP_N") ? atoi(getenv("GG_PP_N")) : 200;
   for (int s = 0; s < n; ++s) wgrad_case(15000 + s, (int)(s % 2), BUDGET);
