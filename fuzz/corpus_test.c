@@ -16,7 +16,7 @@
 
 #define CORPUS "golden/fuzz-corpus"
 #define FZ_SEED1_FINGERPRINT 0xc3143fda5abb044aull
-#define FZ_SHARDED_SEED1_FINGERPRINT 0x9f422daa63f103eeull
+#define FZ_SHARDED_SEED1_FINGERPRINT 0x531d5fb8938d88d9ull
 
 static const char *tmp_root(void) {
   const char *t = getenv("TEST_TMPDIR");
@@ -167,7 +167,7 @@ Test(fuzz_gen, sharded_generator_reaches_the_rules) {
   fz_mesh_opt mo;
   char err[200];
   cr_assert_eq(fz_mesh_opt_parse("all", &mo, err, sizeof err), 0);
-  int ranks[9] = {0}, passes[3][3] = {{0}}, fp8 = 0, qbg = 0, ep_blocks = 0, invalid = 0, rule_errors = 0, batched = 0;
+  int ranks[9] = {0}, passes[3][3] = {{0}}, fp8_pass[3] = {0}, fp8 = 0, qbg = 0, ep_blocks = 0, invalid = 0, rule_errors = 0, batched = 0;
   static const fz_op ops[4] = {FZ_QUANTIZE, FZ_GEMM, FZ_GROUPED_GEMM, FZ_WGRAD};
   for (int i = 0; i < 2000; i++) {
     fz_case c;
@@ -177,6 +177,7 @@ Test(fuzz_gen, sharded_generator_reaches_the_rules) {
     ranks[r]++;
     passes[c.rule][c.pass]++;
     fp8 += c.fp8_inputs;
+    fp8_pass[c.pass] += c.fp8_inputs;
     qbg += c.quantize_before_gather;
     batched += c.B > 0;
     ep_blocks += strstr(c.note, "ep_blocks") != NULL;
@@ -191,6 +192,7 @@ Test(fuzz_gen, sharded_generator_reaches_the_rules) {
   cr_expect(passes[TW_SHARD_GROUPED_QUANTIZE][0] == 500);
   cr_expect(fp8 > 20 && qbg > 10 && batched > 50 && ep_blocks > 50, "fp8 %d qbg %d batched %d ep_blocks %d", fp8, qbg,
             batched, ep_blocks);
+  for (int p = 0; p < 3; p++) cr_expect(fp8_pass[p] > 10, "fp8 inputs in the %s pass: %d", tw_pass_name((tw_pass)p), fp8_pass[p]);
   cr_expect(invalid > 100 && invalid < 400 && rule_errors > 50, "invalid %d (rules %d)", invalid, rule_errors);
 }
 

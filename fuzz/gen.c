@@ -997,7 +997,7 @@ int fz_generate_sharded(fz_case *c, fz_op op, uint64_t seed, uint64_t index, con
     case FZ_GROUPED_GEMM:
       c->rule = TW_SHARD_GROUPED_GEMM;
       c->pass = fz_chance(&r, 60) ? TW_PASS_FWD : TW_PASS_DGRAD;
-      if (c->pass == TW_PASS_FWD && fz_chance(&r, 25)) {
+      if (fz_chance(&r, 25)) { /* fp8 inputs, w (fwd, dgrad) quantized before its gather or after */
         c->fp8_inputs = 1;
         c->quantize_before_gather = fz_chance(&r, 50);
       }
@@ -1005,6 +1005,7 @@ int fz_generate_sharded(fz_case *c, fz_op op, uint64_t seed, uint64_t index, con
     default:
       c->rule = TW_SHARD_GROUPED_GEMM;
       c->pass = TW_PASS_WGRAD;
+      c->fp8_inputs = fz_chance(&r, 25); /* x and dy; the wgrad has no w to quantize before a gather */
   }
   if (mo->all) draw_mesh(&r, c->rule, mo->max_ranks, &c->mesh);
   else c->mesh = mo->mesh;

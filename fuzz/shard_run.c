@@ -441,38 +441,46 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
   }
 }
 
-/* fp8 forward (tensor current e4m3 from the global amax): x by its groups, w as [G*K, N] in G
- * groups of K rows; the grouped GEMM on those bytes; the dequantized operands in dx, dw. */
-static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *x, const tw_tensor *w,
-                               const tw_tensor *gs, tw_tensor *out, float *dx, float *dw) {
-  int64_t M = c->M, K = c->K, N = c->N, G = c->G;
+/* fp8 inputs of any pass (tensor current e4m3 from the global amax): x and dy by their groups,
+ * w as [G*K, N] in G groups of K rows; the pass's grouped GEMM on those bytes; the dequantized
+ * operands in da, db. */
+static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *a, const tw_tensor *b,
+                               const tw_tensor *gs, tw_tensor *out, float *da, float *db) {
+  int64_t G = c->G;
+  /* a: x (fwd, wgrad) or dy (dgrad), by the groups; b: w [G, K, N] in the uniform form
+   * [G*K, N] (fwd, dgrad) or dy (wgrad), by the groups */
+  const int b_is_w = c->pass != TW_PASS_WGRAD;
+  int64_t ra = a->shape[0], ca = a->shape[1];
+  int64_t rb = b_is_w ? b->shape[0] * b->shape[1] : b->shape[0], cb = b_is_w ? b->shape[2] : b->shape[1];
   tw_quantize_opts qo = TW_QUANTIZE_OPTS_INIT;
   qo.mode = TW_SCALE_TENSOR_CURRENT;
   qo.qdtype = TW_E4M3;
   qo.layout = TW_ROWWISE;
   int32_t *ugs = bag_alloc(bg, sizeof(int32_t) * (size_t)(G ? G : 1));
   if (!ugs) return tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
-  for (int64_t g = 0; g < G; g++) ugs[g] = (int32_t)K;
-  tw_tensor w2 = tw_tensor_2d(w->data, w->dtype, G * K, N, TW_MEM_HOST), ugst = tw_tensor_1d(ugs, TW_I32, G, TW_MEM_HOST);
-  tw_qtensor qx, qw;
-  memset(&qx, 0, sizeof qx);
-  memset(&qw, 0, sizeof qw);
-  tw_status s = tw_quantize_output_shapes(&qo, M, K, G, &qx);
-  if (s == TW_OK) s = tw_quantize_output_shapes(&qo, G * K, N, G, &qw);
-  if (s == TW_OK) s = q_alloc(o, &qx);
-  if (s == TW_OK) s = q_alloc(o, &qw);
-  if (s == TW_OK) s = tw_grouped_quantize(o, x, gs, &qo, &qx);
-  if (s == TW_OK) s = tw_grouped_quantize(o, &w2, &ugst, &qo, &qw);
+  for (int64_t g = 0; g < G; g++) ugs[g] = (int32_t)(b_is_w ? b->shape[1] : 0);
+  tw_tensor b2 = tw_tensor_2d(b->data, b->dtype, rb, cb, TW_MEM_HOST), ugst = tw_tensor_1d(ugs, TW_I32, G, TW_MEM_HOST);
+  const tw_tensor *bgs = b_is_w ? &ugst : gs;
+  tw_qtensor qa, qb;
+  memset(&qa, 0, sizeof qa);
+  memset(&qb, 0, sizeof qb);
+  tw_status s = tw_quantize_output_shapes(&qo, ra, ca, G, &qa);
+  if (s == TW_OK) s = tw_quantize_output_shapes(&qo, rb, cb, G, &qb);
+  if (s == TW_OK) s = q_alloc(o, &qa);
+  if (s == TW_OK) s = q_alloc(o, &qb);
+  if (s == TW_OK) s = tw_grouped_quantize(o, a, gs, &qo, &qa);
+  if (s == TW_OK) s = tw_grouped_quantize(o, &b2, bgs, &qo, &qb);
   if (s == TW_OK) {
-    tw_operand a = tw_operand_rowwise(&qx), b = tw_operand_rowwise(&qw);
-    s = tw_grouped_gemm(o, &a, &b, TW_OP_N, gs, out, 0);
+    tw_operand oa = tw_operand_rowwise(&qa), ob = tw_operand_rowwise(&qb);
+    if (c->pass == TW_PASS_WGRAD) s = tw_grouped_gemm_wgrad(o, &oa, TW_OP_N, &ob, TW_OP_N, gs, out, 0);
+    else s = tw_grouped_gemm(o, &oa, &ob, c->pass == TW_PASS_FWD ? TW_OP_N : TW_OP_T, gs, out, 0);
   }
-  int64_t xs[2] = {M, K}, ws[2] = {G * K, N};
-  tw_tensor tx = tw_host_tensor(dx, TW_F32, 2, xs), tw = tw_host_tensor(dw, TW_F32, 2, ws);
-  if (s == TW_OK) s = tw_grouped_dequantize(o, &qx, gs, 0, &tx);
-  if (s == TW_OK) s = tw_grouped_dequantize(o, &qw, &ugst, 0, &tw);
-  q_release(o, &qx);
-  q_release(o, &qw);
+  int64_t as[2] = {ra, ca}, bs[2] = {rb, cb};
+  tw_tensor ta = tw_host_tensor(da, TW_F32, 2, as), tb = tw_host_tensor(db, TW_F32, 2, bs);
+  if (s == TW_OK) s = tw_grouped_dequantize(o, &qa, gs, 0, &ta);
+  if (s == TW_OK) s = tw_grouped_dequantize(o, &qb, bgs, 0, &tb);
+  q_release(o, &qa);
+  q_release(o, &qb);
   return s;
 }
 
@@ -496,8 +504,8 @@ static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shar
   tw_dtype ta = c->sa.dtype, tb = c->sb.dtype;
   tw_status s;
   if (c->fp8_inputs) {
-    va = bag_alloc(bg, sizeof(float) * (size_t)(c->M * c->K));
-    vb = bag_alloc(bg, sizeof(float) * (size_t)(c->G * c->K * c->N));
+    va = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_a(c));
+    vb = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_b(c));
     ta = tb = TW_E4M3;
     s = va && vb && un.data ? unsharded_fp8(e->oracle, bg, c, &j->in[0], &j->in[1], &gs, &un, va, vb)
                             : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
@@ -642,8 +650,12 @@ static int sharded_sane(const fz_case *c, char *msg, size_t n) {
     return 0;
   }
   if (c->rule == TW_SHARD_GROUPED_QUANTIZE && c->pass != TW_PASS_FWD) { snprintf(msg, n, "quantize has only fwd"); return 0; }
-  if (c->fp8_inputs && (c->rule != TW_SHARD_GROUPED_GEMM || c->pass != TW_PASS_FWD)) {
-    snprintf(msg, n, "fp8 inputs are a grouped_gemm fwd option");
+  if (c->fp8_inputs && c->rule != TW_SHARD_GROUPED_GEMM) {
+    snprintf(msg, n, "fp8 inputs are a grouped_gemm option");
+    return 0;
+  }
+  if (c->quantize_before_gather && (!c->fp8_inputs || c->pass == TW_PASS_WGRAD)) {
+    snprintf(msg, n, "quantize_before_gather needs fp8 inputs and a pass with w (fwd, dgrad)");
     return 0;
   }
   if (tw_mesh_ranks(&c->mesh) > MAX_RANKS) { snprintf(msg, n, "more than %d ranks", MAX_RANKS); return 0; }

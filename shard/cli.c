@@ -16,7 +16,7 @@ static void plan_usage(FILE *f) {
           "                 [--pass fwd|dgrad|wgrad|all] [--x-shape 1024,256] [--w-shape 8,256,512]\n"
           "                 [--lhs-spec '[(ep,dp), None]'] [--rhs-spec '[None, fsdp, None]'] [--groups G]\n"
           "                 [--mode current|delayed|mxfp8|block1x128|block128x128] [--layout row|col|rowcol]\n"
-          "                 [--fp8] [--quantize-before-gather]   (grouped_gemm fwd: e4m3 inputs)\n"
+          "                 [--fp8] [--quantize-before-gather]   (grouped_gemm: e4m3 inputs; before the gather: fwd, dgrad)\n"
           "Prints the plan of each pass: tensors (global/local shapes and specs), the collectives\n"
           "before and after the local op, and the rules that changed something; or the error\n"
           "naming the broken rule (exit 1). --x-spec/--w-spec are aliases of --lhs-spec/--rhs-spec.\n");

@@ -326,11 +326,14 @@ static void qin_drop(tw_ctx *ctx, qin *q) {
   q->on = 0;
 }
 
-/* Quantizes cur in place of itself: x [M, K] by the local groups; w [G, K, N] in the uniform
- * form [G*K, N] with G groups of K rows. */
+/* Whether input i of the plan is w [G, K, N] (fwd, dgrad) rather than a row-grouped x or dy. */
+static int input_is_w(const tw_plan *p, int i) { return i == 1 && p->pass != TW_PASS_WGRAD; }
+
+/* Quantizes cur in place of itself: x or dy [M, *] by the local groups; w [G, K, N] in the
+ * uniform form [G*K, N] with G groups of K rows. */
 static tw_status quantize_input(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, const tw_plan_step *st, buf *cur,
                                 const tw_tensor *gs_local, qin *out) {
-  int is_w = st->tensor == 1;
+  int is_w = input_is_w(p, st->tensor);
   int64_t rows = is_w ? cur->t.shape[0] * cur->t.shape[1] : cur->t.shape[0];
   int64_t cols = is_w ? cur->t.shape[2] : cur->t.shape[1];
   int64_t G = is_w ? cur->t.shape[0] : gs_local->shape[0];
@@ -376,7 +379,8 @@ static tw_status quantize_input(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p
   return TW_OK;
 }
 
-/* The rowwise operand of an fp8 input: x [M, K], or w [G, K, N] as its uniform [G*K, N]. */
+/* The rowwise operand of an fp8 input: x or dy [M, *], or w [G, K, N] as its uniform [G*K, N]
+ * (tw_gemm.h: the storage of rhs_op N in the forward, of rhs_op T in the dgrad). */
 static tw_operand qin_operand(const buf *cur, const qin *q, int is_w) {
   tw_qtensor t;
   memset(&t, 0, sizeof t);
@@ -406,7 +410,7 @@ static tw_status run_gemm(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_s
       s = quantize_input(ctx, mc, p, st, &in[st->tensor], &gs.t, &q[st->tensor]);
       continue;
     }
-    if (q[st->tensor].on && st->dim == 0) { /* per-expert scales follow w's expert dim */
+    if (q[st->tensor].on && input_is_w(p, st->tensor) && st->dim == 0) { /* per-expert scales follow w's expert dim */
       tw_plan_step ss = *st;
       memset(ss.shape, 0, sizeof ss.shape);
       ss.shape[0] = st->shape[0];
@@ -432,8 +436,9 @@ static tw_status run_gemm(tw_ctx *ctx, tw_mesh_comms *mc, const tw_plan *p, tw_s
   }
   if (s == TW_OK) {
     if (q[0].on && q[1].on) {
-      tw_operand a = qin_operand(&in[0], &q[0], 0), b = qin_operand(&in[1], &q[1], 1);
-      s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gs.t, &out.t, 0);
+      tw_operand a = qin_operand(&in[0], &q[0], 0), b = qin_operand(&in[1], &q[1], input_is_w(p, 1));
+      if (p->pass == TW_PASS_WGRAD) s = tw_grouped_gemm_wgrad(ctx, &a, TW_OP_N, &b, TW_OP_N, &gs.t, &out.t, 0);
+      else s = tw_grouped_gemm(ctx, &a, &b, p->pass == TW_PASS_FWD ? TW_OP_N : TW_OP_T, &gs.t, &out.t, 0);
     } else {
       s = local_gemm(ctx, p, &in[0].t, &in[1].t, &gs.t, &out.t);
     }

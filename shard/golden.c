@@ -42,8 +42,9 @@ static const rule_desc rules[] = {
     {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
     {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0},
     /* on gpu K and N are 64 (shapes_for): fp8 shards keep 16-byte rows up to 4 ranks */
-    {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
-    {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 1, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
+    {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
+    /* quantized before the gather: fwd and dgrad (the wgrad has no w: its rule error is a plan test) */
+    {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 2, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
     {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
      TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE, 0, 0},
     {"quantize.delayed", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
@@ -219,50 +220,74 @@ static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor 
   return TW_OK;
 }
 
-/* The unsharded fp8 forward: x quantized by its groups and w in the uniform form [G*K, N],
- * both tensor current scaling (e4m3), then the grouped GEMM; the bound's |a||b| from the
- * dequantized values. ax/aw are scratch of x's and w's sizes. */
-static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, float *ax, float *aw) {
+/* The unsharded fp8 passes: x and dy quantized by their groups, w in the uniform form
+ * [G*K, N], all tensor current scaling (e4m3), then the pass's grouped GEMM (fwd x w, dgrad
+ * dy w^T, wgrad x^T dy per group); the bound's |a||b| from the dequantized values. ax / aw /
+ * ady are scratch of x's, w's and dy's sizes. */
+static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, float *ax, float *aw, float *ady) {
   int64_t M = r->xs[0], K = r->xs[1], G = r->ws[0], N = r->ws[2];
   tw_quantize_opts o = TW_QUANTIZE_OPTS_INIT;
   o.mode = TW_SCALE_TENSOR_CURRENT;
   o.qdtype = TW_E4M3;
   o.layout = TW_ROWWISE;
-  tw_qtensor qx, qw;
+  tw_qtensor qx, qw, qdy;
   memset(&qx, 0, sizeof qx);
   memset(&qw, 0, sizeof qw);
+  memset(&qdy, 0, sizeof qdy);
   int32_t *ugs = (int32_t *)malloc(sizeof(int32_t) * (size_t)G);
-  d->expect[0] = (float *)calloc((size_t)(M * N), sizeof(float));
-  d->absprod[0] = (float *)calloc((size_t)(M * N), sizeof(float));
-  if (!ugs || !d->expect[0] || !d->absprod[0]) { free(ugs); return tw_error(TW_ERR_MEMORY, "golden: out of memory"); }
+  if (!ugs) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
   for (int64_t g = 0; g < G; g++) ugs[g] = (int32_t)K;
+  int64_t ys[2] = {M, N};
   tw_tensor xt = tw_host_tensor(d->x, TW_F32, 2, r->xs), wt = tw_tensor_2d(d->w, TW_F32, G * K, N, TW_MEM_HOST);
+  tw_tensor dyt = tw_host_tensor(d->dy, TW_F32, 2, ys);
   tw_tensor gst = tw_tensor_1d(d->gs, TW_I32, G, TW_MEM_HOST), ugst = tw_tensor_1d(ugs, TW_I32, G, TW_MEM_HOST);
   tw_status s = tw_quantize_output_shapes(&o, M, K, G, &qx);
   if (s == TW_OK) s = tw_quantize_output_shapes(&o, G * K, N, G, &qw);
+  if (s == TW_OK) s = tw_quantize_output_shapes(&o, M, N, G, &qdy);
   if (s == TW_OK) s = q_alloc(ctx, &qx);
   if (s == TW_OK) s = q_alloc(ctx, &qw);
+  if (s == TW_OK) s = q_alloc(ctx, &qdy);
   if (s == TW_OK) s = tw_grouped_quantize(ctx, &xt, &gst, &o, &qx);
   if (s == TW_OK) s = tw_grouped_quantize(ctx, &wt, &ugst, &o, &qw);
-  int64_t ys[2] = {M, N};
-  tw_tensor yt = tw_host_tensor(d->expect[0], TW_F32, 2, ys), at = tw_host_tensor(d->absprod[0], TW_F32, 2, ys);
-  if (s == TW_OK) {
-    tw_operand a = tw_operand_rowwise(&qx), b = tw_operand_rowwise(&qw);
-    s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &yt, 0);
-  }
+  if (s == TW_OK) s = tw_grouped_quantize(ctx, &dyt, &gst, &o, &qdy);
+  /* |dequantized| of each operand, for the bound */
   tw_tensor dxt = tw_host_tensor(ax, TW_F32, 2, r->xs), dwt = tw_tensor_2d(aw, TW_F32, G * K, N, TW_MEM_HOST);
+  tw_tensor ddyt = tw_host_tensor(ady, TW_F32, 2, ys);
   if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qx, &gst, 0, &dxt);
   if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qw, &ugst, 0, &dwt);
+  if (s == TW_OK) s = tw_grouped_dequantize(ctx, &qdy, &gst, 0, &ddyt);
   if (s == TW_OK) {
     for (int64_t i = 0; i < M * K; i++) ax[i] = fabsf(ax[i]);
     for (int64_t i = 0; i < G * K * N; i++) aw[i] = fabsf(aw[i]);
-    tw_tensor a3 = tw_host_tensor(aw, TW_F32, 3, r->ws);
-    tw_operand a = tw_operand_plain(&dxt), b = tw_operand_plain(&a3);
-    s = tw_grouped_gemm(ctx, &a, &b, TW_OP_N, &gst, &at, 0);
+    for (int64_t i = 0; i < M * N; i++) ady[i] = fabsf(ady[i]);
   }
-  d->contract[0] = K;
+  tw_tensor a3 = tw_host_tensor(aw, TW_F32, 3, r->ws);
+  for (int p = 0; p < r->npasses && s == TW_OK; p++) {
+    int64_t os[TW_MAX_DIMS];
+    int ond;
+    out_shape(r, (tw_pass)p, &ond, os);
+    int64_t no = tw_numel(ond, os);
+    d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
+    d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
+    if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+    tw_tensor et = tw_host_tensor(d->expect[p], TW_F32, ond, os), at = tw_host_tensor(d->absprod[p], TW_F32, ond, os);
+    tw_operand ox = tw_operand_rowwise(&qx), ow = tw_operand_rowwise(&qw), ody = tw_operand_rowwise(&qdy);
+    tw_operand px = tw_operand_plain(&dxt), pw = tw_operand_plain(&a3), pdy = tw_operand_plain(&ddyt);
+    if (p == TW_PASS_FWD) {
+      s = tw_grouped_gemm(ctx, &ox, &ow, TW_OP_N, &gst, &et, 0);
+      if (s == TW_OK) s = tw_grouped_gemm(ctx, &px, &pw, TW_OP_N, &gst, &at, 0);
+    } else if (p == TW_PASS_DGRAD) {
+      s = tw_grouped_gemm(ctx, &ody, &ow, TW_OP_T, &gst, &et, 0);
+      if (s == TW_OK) s = tw_grouped_gemm(ctx, &pdy, &pw, TW_OP_T, &gst, &at, 0);
+    } else {
+      s = tw_grouped_gemm_wgrad(ctx, &ox, TW_OP_N, &ody, TW_OP_N, &gst, &et, 0);
+      if (s == TW_OK) s = tw_grouped_gemm_wgrad(ctx, &px, TW_OP_N, &pdy, TW_OP_N, &gst, &at, 0);
+    }
+    d->contract[p] = p == TW_PASS_FWD ? K : p == TW_PASS_DGRAD ? N : M;
+  }
   q_free(ctx, &qx);
   q_free(ctx, &qw);
+  q_free(ctx, &qdy);
   free(ugs);
   return s;
 }
@@ -328,8 +353,8 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
   for (int64_t i = 0; i < ny; i++) ady[i] = fabsf(d->dy[i]);
   tw_ctx *ctx = NULL;
   tw_status s = host_ctx(&ctx, NULL);
-  if (s == TW_OK && r->qin) { /* fp8 forward: the unsharded quantize of x and w, then the GEMM */
-    s = fp8_expected(ctx, r, d, ax, aw);
+  if (s == TW_OK && r->qin) { /* fp8: the unsharded quantize of the inputs, then each pass's GEMM */
+    s = fp8_expected(ctx, r, d, ax, aw, ady);
     tw_ctx_destroy(ctx);
     free(ax); free(aw); free(ady);
     return s;

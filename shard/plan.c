@@ -270,13 +270,17 @@ static void dims_axes(const tw_pspec *s, int from, int to, tw_dimspec *out) {
     for (int i = 0; i < s->dim[d].n; i++) ds_add(out, s->dim[d].axis[i]);
 }
 
-/* fp8 inputs: x quantized after its steps; w after its steps or, quantizing before the
- * gather, before them. The step list is rebuilt in that order. */
+/* fp8 inputs, in every pass: the row-grouped inputs (x, dy) quantized after their steps, per
+ * local group, the amax over the axes of their op spec (not ep when the experts are on ep:
+ * those ranks hold other experts' rows); w (fwd, dgrad) after its steps or, quantizing before
+ * the gather, before them, per expert over its K / N axes. The step list is rebuilt in that
+ * order. The wgrad's inputs are x and dy, both row-grouped. */
 static tw_status add_quantize_steps(tw_plan *p) {
   tw_plan_step old[TW_PLAN_MAX_STEPS];
   int n = p->nsteps;
   memcpy(old, p->steps, sizeof old);
   if (n + 2 > TW_PLAN_MAX_STEPS) return tw_error(TW_ERR_INTERNAL, "plan: more than %d steps", TW_PLAN_MAX_STEPS);
+  const int has_w = p->pass != TW_PASS_WGRAD;
   tw_plan_step qx, qw;
   memset(&qx, 0, sizeof qx);
   memset(&qw, 0, sizeof qw);
@@ -289,7 +293,12 @@ static tw_status add_quantize_steps(tw_plan *p) {
   memcpy(qw.shape, qbg ? p->t[1].local : p->t[1].op_local, sizeof qw.shape);
   dims_axes(&p->t[0].op_spec, 0, 2, &qx.axes);
   if (p->experts_on_ep) qx.axes = ds_without(&qx.axes, TW_AXIS_EP); /* ep ranks hold other experts */
-  dims_axes(qbg ? &p->t[1].spec : &p->t[1].op_spec, 1, 3, &qw.axes);
+  if (has_w) {
+    dims_axes(qbg ? &p->t[1].spec : &p->t[1].op_spec, 1, 3, &qw.axes);
+  } else { /* dy: row-grouped like x */
+    dims_axes(&p->t[1].op_spec, 0, 2, &qw.axes);
+    if (p->experts_on_ep) qw.axes = ds_without(&qw.axes, TW_AXIS_EP);
+  }
   p->nsteps = 0;
   for (int i = 0; i < n; i++)
     if (old[i].tensor == 0) p->steps[p->nsteps++] = old[i];
@@ -320,8 +329,8 @@ static tw_status add_quantize_steps(tw_plan *p) {
   }
   for (int i = 0; i < n; i++)
     if (old[i].tensor == 2) p->steps[p->nsteps++] = old[i];
-  note(p, "grouped_gemm: x and w quantized to %s (current scaling from the global amax)%s", tw_dtype_name(p->opts.fp8),
-       qbg ? "; w quantized before its collectives: fp8 bytes and per-expert scales travel" : "");
+  note(p, "grouped_gemm: %s and %s quantized to %s (current scaling, per group, global amax)%s", p->t[0].name, p->t[1].name,
+       tw_dtype_name(p->opts.fp8), qbg ? "; w quantized before its gather: fp8 bytes and scales travel" : "");
   return TW_OK;
 }
 
@@ -341,16 +350,16 @@ static tw_status rule_grouped_gemm(tw_plan *p, const tw_shard_operand *x, const 
   TW_TRY(tw_pspec_check(m, &x->spec, 2, x->shape, "x"));
   TW_TRY(tw_pspec_check(m, &w->spec, 3, w->shape, "w"));
   if (p->opts.quantize_inputs) {
-    if (p->pass != TW_PASS_FWD)
-      return rule_error(p, "grouped_gemm.quantized_fwd_only", "quantize_inputs applies to the forward GEMM; the %s GEMM takes plain inputs here",
-                        tw_pass_name(p->pass));
+    if (p->opts.quantize_before_gather && p->pass == TW_PASS_WGRAD)
+      return rule_error(p, "grouped_gemm.quantize_before_gather_needs_w", "quantize_before_gather quantizes w before its all-gather; "
+                        "the wgrad GEMM's inputs are x and dy, so there is no w to gather");
     if (!tw_dtype_is_fp8(p->opts.fp8))
       return tw_error(TW_ERR_DTYPE, "plan grouped_gemm: opts.fp8 must be e4m3, got %s",
                       tw_dtype_name(p->opts.fp8) ? tw_dtype_name(p->opts.fp8) : "?");
     if (p->opts.fp8 == TW_E5M2)
-      return rule_error(p, "grouped_gemm.fp8_pair", "x and w both e5m2: e5m2 x e5m2 is no GEMM (TE rejects it); use e4m3");
+      return rule_error(p, "grouped_gemm.fp8_pair", "both inputs e5m2: e5m2 x e5m2 is no GEMM (TE rejects it); use e4m3");
   } else if (p->opts.quantize_before_gather) {
-    return rule_error(p, "grouped_gemm.quantized_fwd_only", "quantize_before_gather needs quantize_inputs");
+    return rule_error(p, "grouped_gemm.quantize_before_gather_needs_fp8", "quantize_before_gather needs quantize_inputs");
   }
   tw_dimspec rows = x->spec.dim[0], wg = w->spec.dim[0];
   int ep_rows = ds_has(&rows, TW_AXIS_EP);

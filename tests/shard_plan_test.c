@@ -386,10 +386,34 @@ Test(grouped_rule, quantize_before_gather_moves_fp8) {
   cr_assert_eq(p.steps[3].axes.n, 0); /* after the gather w is whole: nothing to reduce */
 }
 
+/* The backward passes take fp8 inputs too: the dgrad quantizes dy by its groups and w per
+ * expert (before its gather when asked), the wgrad x and dy by their groups. */
+Test(grouped_rule, fp8_backward_passes) {
+  tw_plan p;
+  char b[512];
+  cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_DGRAD, 1, 1, TW_E4M3, &p), TW_OK, "%s",
+               tw_last_error());
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT dy dp; SLICE w ep d0; QUANT w dp; AG w fsdp d1");
+  cr_assert_eq(p.steps[0].axes.n, 1);
+  cr_assert_eq(p.steps[0].axes.axis[0], TW_AXIS_FSDP); /* dy: rows over fsdp; ep ranks hold other experts */
+  cr_assert_eq(p.steps[2].axes.axis[0], TW_AXIS_FSDP); /* w: its fsdp shard of K */
+  cr_assert_eq(p.steps[2].shape[1], 16);
+  cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_WGRAD, 1, 0, TW_E4M3, &p), TW_OK, "%s",
+               tw_last_error());
+  cr_assert_eq(p.steps[0].kind, TW_STEP_QUANTIZE);
+  cr_assert_eq(p.steps[0].tensor, 0);
+  cr_assert_eq(p.steps[1].kind, TW_STEP_QUANTIZE);
+  cr_assert_eq(p.steps[1].tensor, 1); /* dy, by its groups like x: amax over fsdp, not ep */
+  cr_assert_eq(p.steps[1].axes.n, 1);
+  cr_assert_eq(p.steps[1].axes.axis[0], TW_AXIS_FSDP);
+  cr_assert(strstr(p.notes[p.nnotes - 1], "x and dy quantized to e4m3"), "%s", p.notes[p.nnotes - 1]);
+}
+
 Test(grouped_rule, fp8_errors_name_the_rule) {
   tw_plan p;
   cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_WGRAD, 1, 1, TW_E4M3, &p), TW_ERR_INVALID_ARG);
-  cr_assert(strstr(tw_last_error(), "rule grouped_gemm.quantized_fwd_only"), "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "rule grouped_gemm.quantize_before_gather_needs_w"), "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "inputs are x and dy"), "%s", tw_last_error());
   cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_E5M2, &p), TW_ERR_INVALID_ARG);
   cr_assert(strstr(tw_last_error(), "rule grouped_gemm.fp8_pair"), "%s", tw_last_error());
   cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_BF16, &p), TW_ERR_DTYPE);

@@ -45,11 +45,15 @@
  *   grouped_gemm.rhs_k_and_n, grouped_gemm.axis_reuse (an axis of x's rows may not shard w's
  *                           K or N): errors. x's K follows w's K; K sharded -> all-reduce.
  *   Rows stay sharded (group sizes are clipped per row shard; the local op sees its rows).
- *   quantized inputs (opts.quantize_inputs, fwd): x is quantized after its collectives, with
- *     the amax reduced over the axes of x's op spec; w after its collectives, or, with
- *     quantize_before_gather, before them (amax over w's given K/N axes, fsdp included) so the
- *     all-gather moves fp8 bytes and the per-expert scales follow the expert dim.
- *     grouped_gemm.quantized_fwd_only, grouped_gemm.fp8_pair: errors.
+ *   quantized inputs (opts.quantize_inputs; fwd, dgrad and wgrad): the row-grouped inputs (x,
+ *     dy) are quantized per local group after their collectives, the amax reduced over the axes
+ *     of their op spec (less ep when the experts are on ep); w (fwd, dgrad) per expert after
+ *     its collectives, or, with quantize_before_gather, before them (amax over w's given K/N
+ *     axes, fsdp included) so the all-gather moves fp8 bytes and the per-expert scales follow
+ *     the expert dim. Tensor current scaling: the rowwise bytes serve every orientation (dgrad
+ *     reads w with rhs_op T, wgrad x and dy with ops N), the same bytes as quantizing the
+ *     unsharded tensors. grouped_gemm.quantize_before_gather_needs_w (wgrad: no w),
+ *     grouped_gemm.quantize_before_gather_needs_fp8, grouped_gemm.fp8_pair: errors.
  *   dgrad: dx = dy w[g]^T per group, reduced over Nn, to x's spec.
  *   wgrad: dw[g] = x_g^T dy_g, partial over x's non-ep row axes, then to w's spec.
  * grouped_quantize  x [M, K] ragged along M -> q (same spec as x), amax [G] replicated
@@ -134,10 +138,10 @@ int tw_pass_from_name(const char *name, tw_pass *out);
 typedef struct {
   size_t size;            /* sizeof(tw_rule_opts) */
   tw_quantize_opts quant; /* grouped_quantize: the quantization (delayed: scale given at run) */
-  /* grouped_gemm fwd: quantize x and w to fp8 (tensor current scaling, per group/expert, from
-   * the global amax) right before the GEMM, and optionally quantize w's shard *before* its
-   * all-gather so fp8 bytes + per-expert scales travel instead of 16/32-bit weights. Both
-   * give the same bytes as quantizing the unsharded tensors. */
+  /* grouped_gemm, every pass: quantize both inputs to fp8 (tensor current scaling, per
+   * group/expert, from the global amax) right before the GEMM, and optionally (fwd, dgrad)
+   * quantize w's shard *before* its all-gather so fp8 bytes + per-expert scales travel instead
+   * of 16/32-bit weights. Both give the same bytes as quantizing the unsharded tensors. */
   int quantize_inputs;
   tw_dtype fp8;           /* e4m3 (e5m2 x e5m2 is no GEMM) */
   int quantize_before_gather;
