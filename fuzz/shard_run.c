@@ -444,8 +444,25 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
 /* fp8 inputs of any pass (tensor current e4m3 from the global amax): x and dy by their groups,
  * w as [G*K, N] in G groups of K rows; the pass's grouped GEMM on those bytes; the dequantized
  * operands in da, db. */
+/* |dequantized q| into out with every nonzero subnormal code lifted to the smallest normal
+ * one: the promoted model's magnitudes (tw_check.h). */
+static tw_status lifted_abs(tw_ctx *o, bag *bg, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols,
+                            float *out) {
+  const int64_t n = rows * cols;
+  uint8_t *codes = bag_alloc(bg, (size_t)(n ? n : 1));
+  if (!codes) return tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
+  tw_qtensor l = *q;
+  l.row_data.data = codes;
+  TW_TRY(tw_fp8_lift_subnormal_codes((const uint8_t *)q->row_data.data, n, q->qdtype, codes));
+  int64_t sh[2] = {rows, cols};
+  tw_tensor t = tw_host_tensor(out, TW_F32, 2, sh);
+  TW_TRY(tw_grouped_dequantize(o, &l, gs, 0, &t));
+  for (int64_t i = 0; i < n; i++) out[i] = fabsf(out[i]);
+  return TW_OK;
+}
+
 static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *a, const tw_tensor *b,
-                               const tw_tensor *gs, tw_tensor *out, float *da, float *db) {
+                               const tw_tensor *gs, tw_tensor *out, float *da, float *db, float *lda, float *ldb) {
   int64_t G = c->G;
   /* a: x (fwd, wgrad) or dy (dgrad), by the groups; b: w [G, K, N] in the uniform form
    * [G*K, N] (fwd, dgrad) or dy (wgrad), by the groups */
@@ -479,6 +496,8 @@ static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_te
   tw_tensor ta = tw_host_tensor(da, TW_F32, 2, as), tb = tw_host_tensor(db, TW_F32, 2, bs);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qa, gs, 0, &ta);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qb, bgs, 0, &tb);
+  if (s == TW_OK && lda) s = lifted_abs(o, bg, &qa, gs, ra, ca, lda);
+  if (s == TW_OK && ldb) s = lifted_abs(o, bg, &qb, bgs, rb, cb, ldb);
   q_release(o, &qa);
   q_release(o, &qb);
   return s;
@@ -503,12 +522,21 @@ static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shar
   float *va = c->a, *vb = c->b;
   tw_dtype ta = c->sa.dtype, tb = c->sb.dtype;
   tw_status s;
+  /* the gpu's fp8 dgrad (rhs_op T) runs gg_wgmma_fp8 where it takes the shapes: its promoted
+   * model (tw_gemm.h) on the lifted magnitudes */
+  const int promoted = c->fp8_inputs && c->pass == TW_PASS_DGRAD && e->backend == TW_BACKEND_GPU;
+  float *la = NULL, *lb = NULL;
   if (c->fp8_inputs) {
     va = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_a(c));
     vb = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_b(c));
+    if (promoted) {
+      la = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_a(c));
+      lb = bag_alloc(bg, sizeof(float) * (size_t)fz_numel_b(c));
+    }
     ta = tb = TW_E4M3;
-    s = va && vb && un.data ? unsharded_fp8(e->oracle, bg, c, &j->in[0], &j->in[1], &gs, &un, va, vb)
-                            : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
+    s = va && vb && un.data && (!promoted || (la && lb))
+            ? unsharded_fp8(e->oracle, bg, c, &j->in[0], &j->in[1], &gs, &un, va, vb, la, lb)
+            : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   } else {
     s = un.data ? tw_pass_gemm(e->oracle, c->rule, c->pass, &j->in[0], &j->in[1], &gs, &un) : tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
   }
@@ -521,10 +549,22 @@ static void check_gemm(fz_shard_env *e, const fz_case *c, const tw_plan *p, shar
   double *bound = bag_alloc(bg, sizeof(double) * (size_t)ng);
   if (!x.e || !x.absp || !x.fl || !x.K || !bound) { fz_fail(res, FZ_ERROR, "setup", "out of memory"); return; }
   exact_f64(c, va, vb, ta, tb, &x);
+  f64_expect xl = x; /* promoted: the lifted magnitudes' sums */
+  if (promoted) {
+    xl.e = bag_alloc(bg, sizeof(double) * (size_t)ng);
+    xl.absp = bag_alloc(bg, sizeof(double) * (size_t)ng);
+    xl.fl = bag_alloc(bg, sizeof(double) * (size_t)ng);
+    xl.K = bag_alloc(bg, sizeof(int64_t) * (size_t)ng);
+    if (!xl.e || !xl.absp || !xl.fl || !xl.K) { fz_fail(res, FZ_ERROR, "setup", "out of memory"); return; }
+    exact_f64(c, la, lb, ta, tb, &xl);
+  }
   int extra = c->fp8_inputs ? 2 : 0; /* a scaled operand's two more roundings */
   for (int64_t i = 0; i < ng; i++) {
     if (x.K[i] < 0) { bound[i] = -1; continue; }
-    tw_gemm_error_bound(&x.absp[i], &x.e[i], 1, x.K[i] + extra, 0x1p-24, c->out_dtype, &bound[i]);
+    if (promoted)
+      tw_gemm_error_bound_promoted(&xl.absp[i], &x.e[i], 1, x.K[i], 128, 0x1p-13, 0x1p-24, 2, c->out_dtype, &bound[i]);
+    else
+      tw_gemm_error_bound(&x.absp[i], &x.e[i], 1, x.K[i] + extra, 0x1p-24, c->out_dtype, &bound[i]);
     bound[i] += x.fl[i];
     if (!isfinite(bound[i]) || !isfinite(x.e[i])) bound[i] = 0; /* specials: the same special */
   }

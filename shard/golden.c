@@ -84,13 +84,15 @@ typedef struct {
   int32_t *gs;
   float *scale;       /* delayed scaling: [G] */
   float *expect[3], *absprod[3]; /* per pass: unsharded result, and the same op on |inputs| */
+  float *absprod_lift[3];        /* fp8: the op on the lifted |inputs| (tw_fp8_lift_subnormal_codes), the
+                                    promoted model's magnitudes (gpu fp8 dgrad: gg_wgmma_fp8) */
   int64_t contract[3];
   float *deq_row, *deq_col, *amax; /* quantize */
 } golden_data;
 
 static void data_free(golden_data *d) {
   free(d->x); free(d->w); free(d->dy); free(d->gs); free(d->scale);
-  for (int i = 0; i < 3; i++) { free(d->expect[i]); free(d->absprod[i]); }
+  for (int i = 0; i < 3; i++) { free(d->expect[i]); free(d->absprod[i]); free(d->absprod_lift[i]); }
   free(d->deq_row); free(d->deq_col); free(d->amax);
   memset(d, 0, sizeof *d);
 }
@@ -220,6 +222,22 @@ static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor 
   return TW_OK;
 }
 
+/* |dequantized q| with every nonzero subnormal code lifted to the smallest normal one (the
+ * promoted model's magnitudes, tw_check.h), into out (rows x cols of the source). */
+static tw_status lifted_abs(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols, float *out) {
+  const int64_t n = rows * cols;
+  uint8_t *codes = (uint8_t *)malloc((size_t)(n ? n : 1));
+  if (!codes) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  tw_qtensor l = *q;
+  l.row_data.data = codes;
+  tw_status s = tw_fp8_lift_subnormal_codes((const uint8_t *)q->row_data.data, n, q->qdtype, codes);
+  tw_tensor o = tw_tensor_2d(out, TW_F32, rows, cols, TW_MEM_HOST);
+  if (s == TW_OK) s = tw_grouped_dequantize(ctx, &l, gs, 0, &o);
+  for (int64_t i = 0; s == TW_OK && i < n; i++) out[i] = fabsf(out[i]);
+  free(codes);
+  return s;
+}
+
 /* The unsharded fp8 passes: x and dy quantized by their groups, w in the uniform form
  * [G*K, N], all tensor current scaling (e4m3), then the pass's grouped GEMM (fwd x w, dgrad
  * dy w^T, wgrad x^T dy per group); the bound's |a||b| from the dequantized values. ax / aw /
@@ -262,6 +280,15 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
     for (int64_t i = 0; i < M * N; i++) ady[i] = fabsf(ady[i]);
   }
   tw_tensor a3 = tw_host_tensor(aw, TW_F32, 3, r->ws);
+  /* the lifted magnitudes (same as the above unless a code is subnormal) */
+  float *lx = (float *)malloc(sizeof(float) * (size_t)(M * K)), *lw = (float *)malloc(sizeof(float) * (size_t)(G * K * N));
+  float *ldy = (float *)malloc(sizeof(float) * (size_t)(M * N));
+  if (s == TW_OK && (!lx || !lw || !ldy)) s = tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  if (s == TW_OK) s = lifted_abs(ctx, &qx, &gst, M, K, lx);
+  if (s == TW_OK) s = lifted_abs(ctx, &qw, &ugst, G * K, N, lw);
+  if (s == TW_OK) s = lifted_abs(ctx, &qdy, &gst, M, N, ldy);
+  tw_tensor lxt = tw_host_tensor(lx, TW_F32, 2, r->xs), lw3 = tw_host_tensor(lw, TW_F32, 3, r->ws);
+  tw_tensor ldyt = tw_host_tensor(ldy, TW_F32, 2, ys);
   for (int p = 0; p < r->npasses && s == TW_OK; p++) {
     int64_t os[TW_MAX_DIMS];
     int ond;
@@ -269,19 +296,25 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
     int64_t no = tw_numel(ond, os);
     d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
     d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
-    if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+    d->absprod_lift[p] = (float *)calloc((size_t)no, sizeof(float));
+    if (!d->expect[p] || !d->absprod[p] || !d->absprod_lift[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
     tw_tensor et = tw_host_tensor(d->expect[p], TW_F32, ond, os), at = tw_host_tensor(d->absprod[p], TW_F32, ond, os);
+    tw_tensor lt = tw_host_tensor(d->absprod_lift[p], TW_F32, ond, os);
     tw_operand ox = tw_operand_rowwise(&qx), ow = tw_operand_rowwise(&qw), ody = tw_operand_rowwise(&qdy);
     tw_operand px = tw_operand_plain(&dxt), pw = tw_operand_plain(&a3), pdy = tw_operand_plain(&ddyt);
+    tw_operand qlx = tw_operand_plain(&lxt), qlw = tw_operand_plain(&lw3), qldy = tw_operand_plain(&ldyt);
     if (p == TW_PASS_FWD) {
       s = tw_grouped_gemm(ctx, &ox, &ow, TW_OP_N, &gst, &et, 0);
       if (s == TW_OK) s = tw_grouped_gemm(ctx, &px, &pw, TW_OP_N, &gst, &at, 0);
+      if (s == TW_OK) s = tw_grouped_gemm(ctx, &qlx, &qlw, TW_OP_N, &gst, &lt, 0);
     } else if (p == TW_PASS_DGRAD) {
       s = tw_grouped_gemm(ctx, &ody, &ow, TW_OP_T, &gst, &et, 0);
       if (s == TW_OK) s = tw_grouped_gemm(ctx, &pdy, &pw, TW_OP_T, &gst, &at, 0);
+      if (s == TW_OK) s = tw_grouped_gemm(ctx, &qldy, &qlw, TW_OP_T, &gst, &lt, 0);
     } else {
       s = tw_grouped_gemm_wgrad(ctx, &ox, TW_OP_N, &ody, TW_OP_N, &gst, &et, 0);
       if (s == TW_OK) s = tw_grouped_gemm_wgrad(ctx, &px, TW_OP_N, &pdy, TW_OP_N, &gst, &at, 0);
+      if (s == TW_OK) s = tw_grouped_gemm_wgrad(ctx, &qlx, TW_OP_N, &qldy, TW_OP_N, &gst, &lt, 0);
     }
     d->contract[p] = p == TW_PASS_FWD ? K : p == TW_PASS_DGRAD ? N : M;
   }
@@ -289,6 +322,7 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   q_free(ctx, &qw);
   q_free(ctx, &qdy);
   free(ugs);
+  free(lx); free(lw); free(ldy);
   return s;
 }
 
@@ -584,7 +618,10 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   tw_tensor hl = tw_host_tensor(lo, TW_F32, ot->ndim, ot->local);
   if (st == TW_OK) st = tw_tensor_copy(ctx, &hl, &io.out);
   if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &he);
-  if (st == TW_OK) st = slice_in(p, 2, rank, d->absprod[s->pass], &la, &ha);
+  /* the gpu's fp8 dgrad (rhs_op T) runs gg_wgmma_fp8 where it takes the shapes: its promoted
+   * model (tw_gemm.h) on the lifted magnitudes; everything else the exact f32 model */
+  const int promoted = s->backend == TW_BACKEND_GPU && s->r->qin && s->pass == TW_PASS_DGRAD;
+  if (st == TW_OK) st = slice_in(p, 2, rank, promoted ? d->absprod_lift[s->pass] : d->absprod[s->pass], &la, &ha);
   if (st == TW_OK) {
     const float *got = (const float *)lo, *exp = (const float *)le, *ab = (const float *)la;
     double u = ldexp(1.0, -24), K = (double)d->contract[s->pass];
@@ -594,6 +631,11 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
     int64_t bad_i = -1;
     for (int64_t i = 0; i < n; i++) {
       double bound = 2 * (gamma * ab[i] + u * fabs(exp[i])) + 1e-30;
+      if (promoted) {
+        double a = ab[i], e = exp[i];
+        tw_gemm_error_bound_promoted(&a, &e, 1, d->contract[s->pass], 128, 0x1p-13, 0x1p-24, 2, TW_F32, &bound);
+        bound = 2 * bound + 1e-30;
+      }
       double err = fabs((double)got[i] - (double)exp[i]);
       if (!(err <= bound)) { if (bad_i < 0) bad_i = i; worst = INFINITY; }
       else if (err / bound > worst) worst = err / bound;
