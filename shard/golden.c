@@ -222,6 +222,18 @@ static tw_status dequant_both(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor 
   return TW_OK;
 }
 
+/* The output buffers of pass p (expected, |a||b| and, for fp8, the lifted |a||b|), zeroed; its
+ * shape in ond / os. */
+static tw_status pass_buffers(const rule_desc *r, int p, golden_data *d, int lifted, int *ond, int64_t *os) {
+  out_shape(r, (tw_pass)p, ond, os);
+  int64_t no = tw_numel(*ond, os);
+  d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
+  d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
+  if (lifted) d->absprod_lift[p] = (float *)calloc((size_t)no, sizeof(float));
+  if (!d->expect[p] || !d->absprod[p] || (lifted && !d->absprod_lift[p])) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
+  return TW_OK;
+}
+
 /* |dequantized q| with every nonzero subnormal code lifted to the smallest normal one (the
  * promoted model's magnitudes, tw_check.h), into out (rows x cols of the source). */
 static tw_status lifted_abs(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols, float *out) {
@@ -292,12 +304,7 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   for (int p = 0; p < r->npasses && s == TW_OK; p++) {
     int64_t os[TW_MAX_DIMS];
     int ond;
-    out_shape(r, (tw_pass)p, &ond, os);
-    int64_t no = tw_numel(ond, os);
-    d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
-    d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
-    d->absprod_lift[p] = (float *)calloc((size_t)no, sizeof(float));
-    if (!d->expect[p] || !d->absprod[p] || !d->absprod_lift[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+    if ((s = pass_buffers(r, p, d, 1, &ond, os)) != TW_OK) break;
     tw_tensor et = tw_host_tensor(d->expect[p], TW_F32, ond, os), at = tw_host_tensor(d->absprod[p], TW_F32, ond, os);
     tw_tensor lt = tw_host_tensor(d->absprod_lift[p], TW_F32, ond, os);
     tw_operand ox = tw_operand_rowwise(&qx), ow = tw_operand_rowwise(&qw), ody = tw_operand_rowwise(&qdy);
@@ -396,11 +403,7 @@ static tw_status make_data(const rule_desc *r, int index, int ep, golden_data *d
   for (int p = 0; p < 3 && s == TW_OK; p++) {
     int64_t os[TW_MAX_DIMS];
     int ond;
-    out_shape(r, (tw_pass)p, &ond, os);
-    int64_t no = tw_numel(ond, os);
-    d->expect[p] = (float *)calloc((size_t)no, sizeof(float));
-    d->absprod[p] = (float *)calloc((size_t)no, sizeof(float));
-    if (!d->expect[p] || !d->absprod[p]) { s = tw_error(TW_ERR_MEMORY, "golden: out of memory"); break; }
+    if ((s = pass_buffers(r, p, d, 0, &ond, os)) != TW_OK) break;
     s = unsharded_gemm(ctx, r, (tw_pass)p, d->x, d->w, d->dy, d->gs, d->expect[p]);
     if (s == TW_OK) s = unsharded_gemm(ctx, r, (tw_pass)p, ax, aw, ady, d->gs, d->absprod[p]);
     int xb = r->xnd == 3;
