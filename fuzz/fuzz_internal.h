@@ -102,8 +102,8 @@ typedef struct {
   tw_pspec x_spec, w_spec; /* the forward operands' specs (w_spec unused for quantize) */
   int64_t B;              /* dense: x's batch (0: x is 2-D) */
   int w_batched;          /* dense: w has the batch dim too */
-  int fp8_inputs;         /* grouped_gemm fwd: x and w quantized to e4m3 inside the plan */
-  int quantize_before_gather;
+  int fp8_inputs;         /* grouped_gemm, any pass: its inputs (x, w, dy) quantized to e4m3 inside the plan */
+  int quantize_before_gather; /* fp8 w quantized before its gather: fwd, dgrad */
 } fz_case;
 
 void fz_case_free(fz_case *c);

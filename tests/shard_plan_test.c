@@ -407,6 +407,23 @@ Test(grouped_rule, fp8_backward_passes) {
   cr_assert_eq(p.steps[1].axes.n, 1);
   cr_assert_eq(p.steps[1].axes.axis[0], TW_AXIS_FSDP);
   cr_assert(strstr(p.notes[p.nnotes - 1], "x and dy quantized to e4m3"), "%s", p.notes[p.nnotes - 1]);
+  /* w sharded on N by tp: dy's N columns are split, so dy's amax reduces over tp too (dgrad
+   * and wgrad); without quantize_before_gather w is quantized after its gather */
+  cr_assert_eq(gplan("tp=2,fsdp=2", "[fsdp, None]", "[None, None, tp]", TW_PASS_DGRAD, 1, 0, TW_E4M3, &p), TW_OK, "%s",
+               tw_last_error());
+  int qdy = -1, qw = -1, ag = -1;
+  for (int i = 0; i < p.nsteps; i++) {
+    if (p.steps[i].kind == TW_STEP_QUANTIZE) { if (p.steps[i].tensor == 0) qdy = i; else qw = i; }
+    if (p.steps[i].kind == TW_STEP_ALL_GATHER && p.steps[i].tensor == 1) ag = i;
+  }
+  cr_assert(qdy >= 0 && qw >= 0);
+  cr_assert_eq(p.steps[qdy].axes.n, 2, "dy's amax axes: %d", p.steps[qdy].axes.n); /* fsdp (rows) and tp (N) */
+  cr_assert(ag < qw, "w quantized after its gather");
+  cr_assert_eq(gplan("tp=2,fsdp=2", "[fsdp, None]", "[None, None, tp]", TW_PASS_WGRAD, 1, 0, TW_E4M3, &p), TW_OK, "%s",
+               tw_last_error());
+  for (int i = 0; i < p.nsteps; i++)
+    if (p.steps[i].kind == TW_STEP_QUANTIZE && p.steps[i].tensor == 1)
+      cr_assert_eq(p.steps[i].axes.n, 2, "wgrad dy's amax axes: %d", p.steps[i].axes.n);
 }
 
 Test(grouped_rule, fp8_errors_name_the_rule) {
@@ -419,4 +436,5 @@ Test(grouped_rule, fp8_errors_name_the_rule) {
   cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_BF16, &p), TW_ERR_DTYPE);
   cr_assert_eq(gplan("fsdp=2", "[fsdp, None]", "[None, fsdp, None]", TW_PASS_FWD, 0, 1, TW_E4M3, &p), TW_ERR_INVALID_ARG);
   cr_assert(strstr(tw_last_error(), "quantize_before_gather needs quantize_inputs"), "%s", tw_last_error());
+  cr_assert(strstr(tw_last_error(), "rule grouped_gemm.quantize_before_gather_needs_fp8"), "%s", tw_last_error());
 }
