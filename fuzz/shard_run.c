@@ -441,9 +441,6 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
   }
 }
 
-/* fp8 inputs of any pass (tensor current e4m3 from the global amax): x and dy by their groups,
- * w as [G*K, N] in G groups of K rows; the pass's grouped GEMM on those bytes; the dequantized
- * operands in da, db. */
 /* |dequantized q| into out with every nonzero subnormal code lifted to the smallest normal
  * one: the promoted model's magnitudes (tw_check.h). */
 static tw_status lifted_abs(tw_ctx *o, bag *bg, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols,
@@ -461,6 +458,9 @@ static tw_status lifted_abs(tw_ctx *o, bag *bg, const tw_qtensor *q, const tw_te
   return TW_OK;
 }
 
+/* fp8 inputs of any pass (tensor current e4m3 from the global amax): x and dy by their groups,
+ * w as [G*K, N] in G groups of K rows; the pass's grouped GEMM on those bytes; the dequantized
+ * operands in da, db (and, lda / ldb non-NULL, their lifted magnitudes). */
 static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_tensor *a, const tw_tensor *b,
                                const tw_tensor *gs, tw_tensor *out, float *da, float *db, float *lda, float *ldb) {
   int64_t G = c->G;
