@@ -30,6 +30,8 @@ typedef struct {
   tw_scaling mode;
   tw_qlayout layout;
   int qin, qbg; /* grouped_gemm: fp8 inputs; quantized before the gather */
+  const char *kernel; /* gpu only: the rule runs with this kernel version forced (tw_ctx_config.kernel);
+                         the ref sweep leaves such rules out */
 } rule_desc;
 
 #define DP TW_AXIS_DP
@@ -45,6 +47,12 @@ static const rule_desc rules[] = {
     {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
     /* quantized before the gather: fwd and dgrad (the wgrad has no w: its rule error is a plan test) */
     {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 2, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
+    /* gpu only: the fp8 passes again on gg_mma_wide, whose exact f32 model is tight. The default
+     * fp8 dgrad runs gg_wgmma_fp8, judged by its promoted model (about 1.6% of sum |a||b| at
+     * these sizes): loose enough to miss a wrong amax axis or an unquantized operand, which this
+     * rule's f32 bound catches */
+    {"grouped_gemm.fp8.exact_kernel", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP},
+     0, 0, 1, 0, "gg_mma_wide"},
     {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
      TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE, 0, 0},
     {"quantize.delayed", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
@@ -622,8 +630,9 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   if (st == TW_OK) st = tw_tensor_copy(ctx, &hl, &io.out);
   if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &he);
   /* the gpu's fp8 dgrad (rhs_op T) runs gg_wgmma_fp8 where it takes the shapes: its promoted
-   * model (tw_gemm.h) on the lifted magnitudes; everything else the exact f32 model */
-  const int promoted = s->backend == TW_BACKEND_GPU && s->r->qin && s->pass == TW_PASS_DGRAD;
+   * model (tw_gemm.h) on the lifted magnitudes; everything else (a rule forcing gg_mma_wide
+   * too) the exact f32 model */
+  const int promoted = s->backend == TW_BACKEND_GPU && s->r->qin && s->pass == TW_PASS_DGRAD && !s->r->kernel;
   if (st == TW_OK) st = slice_in(p, 2, rank, promoted ? d->absprod_lift[s->pass] : d->absprod[s->pass], &la, &ha);
   if (st == TW_OK) {
     const float *got = (const float *)lo, *exp = (const float *)le, *ab = (const float *)la;
@@ -738,7 +747,8 @@ typedef struct {
 
 static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
   mesh_job *j = (mesh_job *)arg;
-  tw_ctx *ctx = NULL;
+  tw_ctx *ctx = NULL, *forced = NULL; /* forced: a second context on the same device and
+                                         communicator for the rules that force a kernel */
   tw_mesh_comms *mc = NULL;
   tw_ctx_config cc = TW_CTX_CONFIG_INIT;
   cc.backend = j->backend;
@@ -748,9 +758,16 @@ static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
   tw_status st = tw_mesh_comms_create(ctx, j->mesh, &mc);
   for (int k = 0; k < j->n && st == TW_OK; k++) {
     sweep *s = &j->sweeps[k];
+    if (s->r->kernel && s->ncases > 0 && (!forced || strcmp(tw_ctx_kernel(forced), s->r->kernel))) {
+      tw_ctx_destroy(forced);
+      forced = NULL;
+      cc.kernel = s->r->kernel;
+      st = tw_ctx_create(&forced, &cc);
+    }
+    tw_ctx *use = s->r->kernel ? forced : ctx;
     for (long ci = 0; ci < s->ncases && st == TW_OK; ci++) {
-      st = s->r->op == TW_SHARD_GROUPED_QUANTIZE ? run_quant_case(s, ci, rank, ctx, mc)
-                                                 : run_gemm_case(s, ci, rank, ctx, mc);
+      st = s->r->op == TW_SHARD_GROUPED_QUANTIZE ? run_quant_case(s, ci, rank, use, mc)
+                                                 : run_gemm_case(s, ci, rank, use, mc);
       if (st != TW_OK) {
         s->bad[ci] = 1;
         note_problem(s, ci, rank, tw_last_error());
@@ -758,6 +775,7 @@ static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
     }
   }
   tw_mesh_comms_destroy(mc);
+  tw_ctx_destroy(forced);
   tw_ctx_destroy(ctx);
   return st;
 }
@@ -905,14 +923,17 @@ tw_status tw_golden_sharding(const tw_golden_cfg *cfg_in, tw_golden_row **rows_o
   const rule_desc *rules = rules_b;
   int use[NRULES] = {0}, nuse = 0;
   for (int ri = 0; ri < NRULES; ri++)
-    if ((!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) && registered(&rules[ri], cfg.filter)) {
+    if ((!cfg.only || strncmp(rules[ri].name, cfg.only, strlen(cfg.only)) == 0) && registered(&rules[ri], cfg.filter) &&
+        (!rules[ri].kernel || cfg.backend == TW_BACKEND_GPU)) {
       use[ri] = 1;
       nuse++;
     }
   if (!nuse && cfg.filter)
     return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule of an operation matching '%s'%s%s", cfg.filter,
                     cfg.only ? " starts with " : "", cfg.only ? cfg.only : "");
-  if (!nuse) return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule starts with '%s'", cfg.only);
+  if (!nuse)
+    return tw_error(TW_ERR_INVALID_ARG, "golden_sharding: no rule starts with '%s'%s", cfg.only,
+                    cfg.backend == TW_BACKEND_GPU ? "" : " (rules that force a gpu kernel run on the gpu backend only)");
   /* inputs and unsharded results per rule and ep size */
   golden_data(*data)[4] = (golden_data(*)[4])calloc(NRULES, sizeof *data);
   tw_mesh *meshes = (tw_mesh *)malloc(sizeof(tw_mesh) * 256);

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "shard/golden.h"
 
@@ -34,3 +35,15 @@ Test(shard_golden, dense2) { sweep("dense2", 3000); }
 Test(shard_golden, dense3) { sweep("dense3", 10000); }
 Test(shard_golden, grouped_gemm) { sweep("grouped_gemm", 10000); }
 Test(shard_golden, quantize) { sweep("quantize.", 500); }
+
+/* a rule that forces a gpu kernel version is left out of the ref sweep, and asking for it alone
+ * there says why */
+Test(shard_golden, a_gpu_kernel_rule_is_gpu_only) {
+  tw_golden_cfg cfg = TW_GOLDEN_CFG_INIT;
+  cfg.only = "grouped_gemm.fp8.exact_kernel";
+  tw_golden_row *rows = NULL;
+  int n = 0;
+  cr_assert_eq(tw_golden_sharding(&cfg, &rows, &n), TW_ERR_INVALID_ARG);
+  cr_assert(strstr(tw_last_error(), "gpu backend only"), "%s", tw_last_error());
+  cr_assert_null(rows);
+}

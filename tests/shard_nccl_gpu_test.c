@@ -595,4 +595,7 @@ Test(shard_nccl, dense_plans_over_nccl_vs_ref_4, .timeout = 600) { sweep_gpu("de
 Test(shard_nccl, grouped_gemm_plans_over_nccl_vs_ref_2, .timeout = 600) { sweep_gpu("grouped_gemm", 2); }
 Test(shard_nccl, grouped_gemm_plans_over_nccl_vs_ref_4, .timeout = 600) { sweep_gpu("grouped_gemm", 4); }
 Test(shard_nccl, grouped_quantize_plans_over_nccl_vs_ref_2, .timeout = 600) { sweep_gpu("quantize.", 2); }
+/* the fp8 passes with gg_mma_wide forced (its exact f32 bound; the default fp8 dgrad is judged by
+ * the promoted model) on one GPU: the 2- and 4-GPU tests above run it at their sizes */
+Test(shard_nccl, fp8_passes_on_the_exact_kernel_1, .timeout = 600) { sweep_gpu("grouped_gemm.fp8.exact_kernel", 1); }
 Test(shard_nccl, grouped_quantize_plans_over_nccl_vs_ref_4, .timeout = 600) { sweep_gpu("quantize.", 4); }
