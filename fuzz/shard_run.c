@@ -441,23 +441,6 @@ static void exact_f64(const fz_case *c, const float *va, const float *vb, tw_dty
   }
 }
 
-/* |dequantized q| into out with every nonzero subnormal code lifted to the smallest normal
- * one: the promoted model's magnitudes (tw_check.h). */
-static tw_status lifted_abs(tw_ctx *o, bag *bg, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols,
-                            float *out) {
-  const int64_t n = rows * cols;
-  uint8_t *codes = bag_alloc(bg, (size_t)(n ? n : 1));
-  if (!codes) return tw_error(TW_ERR_MEMORY, "fuzz: out of memory");
-  tw_qtensor l = *q;
-  l.row_data.data = codes;
-  TW_TRY(tw_fp8_lift_subnormal_codes((const uint8_t *)q->row_data.data, n, q->qdtype, codes));
-  int64_t sh[2] = {rows, cols};
-  tw_tensor t = tw_host_tensor(out, TW_F32, 2, sh);
-  TW_TRY(tw_grouped_dequantize(o, &l, gs, 0, &t));
-  for (int64_t i = 0; i < n; i++) out[i] = fabsf(out[i]);
-  return TW_OK;
-}
-
 /* fp8 inputs of any pass (tensor current e4m3 from the global amax): x and dy by their groups,
  * w as [G*K, N] in G groups of K rows; the pass's grouped GEMM on those bytes; the dequantized
  * operands in da, db (and, lda / ldb non-NULL, their lifted magnitudes). */
@@ -496,8 +479,8 @@ static tw_status unsharded_fp8(tw_ctx *o, bag *bg, const fz_case *c, const tw_te
   tw_tensor ta = tw_host_tensor(da, TW_F32, 2, as), tb = tw_host_tensor(db, TW_F32, 2, bs);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qa, gs, 0, &ta);
   if (s == TW_OK) s = tw_grouped_dequantize(o, &qb, bgs, 0, &tb);
-  if (s == TW_OK && lda) s = lifted_abs(o, bg, &qa, gs, ra, ca, lda);
-  if (s == TW_OK && ldb) s = lifted_abs(o, bg, &qb, bgs, rb, cb, ldb);
+  if (s == TW_OK && lda) s = tw_pass_lifted_abs(o, &qa, gs, ra, ca, lda);
+  if (s == TW_OK && ldb) s = tw_pass_lifted_abs(o, &qb, bgs, rb, cb, ldb);
   q_release(o, &qa);
   q_release(o, &qb);
   return s;

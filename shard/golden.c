@@ -39,14 +39,14 @@ typedef struct {
 #define EP TW_AXIS_EP
 #define TP TW_AXIS_TP
 static const rule_desc rules[] = {
-    {"dense2", TW_SHARD_DENSE, 3, 2, 2, {16, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
-    {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
-    {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0},
-    {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0},
+    {"dense2", TW_SHARD_DENSE, 3, 2, 2, {16, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0, NULL},
+    {"dense3", TW_SHARD_DENSE, 3, 3, 2, {8, 8, 16}, {16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0, NULL},
+    {"dense3.batched_w", TW_SHARD_DENSE, 3, 3, 3, {8, 8, 16}, {8, 16, 16}, 0, 3, {DP, FSDP, TP}, 0, 0, 0, 0, NULL},
+    {"grouped_gemm", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0, NULL},
     /* on gpu K and N are 64 (shapes_for): fp8 shards keep 16-byte rows up to 4 ranks */
-    {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0},
+    {"grouped_gemm.fp8", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 0, NULL},
     /* quantized before the gather: fwd and dgrad (the wgrad has no w: its rule error is a plan test) */
-    {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 2, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1},
+    {"grouped_gemm.fp8.qbg", TW_SHARD_GROUPED_GEMM, 2, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP}, 0, 0, 1, 1, NULL},
     /* gpu only: the fp8 passes again on gg_mma_wide, whose exact f32 model is tight. The default
      * fp8 dgrad runs gg_wgmma_fp8, judged by its promoted model (about 1.6% of sum |a||b| at
      * these sizes): loose enough to miss a wrong amax axis or an unquantized operand, which this
@@ -54,17 +54,17 @@ static const rule_desc rules[] = {
     {"grouped_gemm.fp8.exact_kernel", TW_SHARD_GROUPED_GEMM, 3, 2, 3, {64, 16}, {8, 16, 16}, 8, 4, {DP, FSDP, EP, TP},
      0, 0, 1, 0, "gg_mma_wide"},
     {"quantize.current", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE, 0, 0},
+     TW_SCALE_TENSOR_CURRENT, TW_ROWWISE_COLWISE, 0, 0, NULL},
     {"quantize.delayed", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_TENSOR_DELAYED, TW_ROWWISE, 0, 0},
+     TW_SCALE_TENSOR_DELAYED, TW_ROWWISE, 0, 0, NULL},
     {"quantize.mxfp8.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_MXFP8_1D, TW_ROWWISE, 0, 0},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE, 0, 0, NULL},
     {"quantize.mxfp8.rowcol", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_MXFP8_1D, TW_ROWWISE_COLWISE, 0, 0},
+     TW_SCALE_MXFP8_1D, TW_ROWWISE_COLWISE, 0, 0, NULL},
     {"quantize.block1x128.row", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_BLOCK_1x128, TW_ROWWISE, 0, 0},
+     TW_SCALE_BLOCK_1x128, TW_ROWWISE, 0, 0, NULL},
     {"quantize.block128x128", TW_SHARD_GROUPED_QUANTIZE, 1, 2, 0, {64, 256}, {0}, 4, 4, {DP, FSDP, EP, TP},
-     TW_SCALE_BLOCK_128x128, TW_ROWWISE, 0, 0},
+     TW_SCALE_BLOCK_128x128, TW_ROWWISE, 0, 0, NULL},
 };
 enum { NRULES = (int)(sizeof rules / sizeof rules[0]) };
 
@@ -242,22 +242,6 @@ static tw_status pass_buffers(const rule_desc *r, int p, golden_data *d, int lif
   return TW_OK;
 }
 
-/* |dequantized q| with every nonzero subnormal code lifted to the smallest normal one (the
- * promoted model's magnitudes, tw_check.h), into out (rows x cols of the source). */
-static tw_status lifted_abs(tw_ctx *ctx, const tw_qtensor *q, const tw_tensor *gs, int64_t rows, int64_t cols, float *out) {
-  const int64_t n = rows * cols;
-  uint8_t *codes = (uint8_t *)malloc((size_t)(n ? n : 1));
-  if (!codes) return tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  tw_qtensor l = *q;
-  l.row_data.data = codes;
-  tw_status s = tw_fp8_lift_subnormal_codes((const uint8_t *)q->row_data.data, n, q->qdtype, codes);
-  tw_tensor o = tw_tensor_2d(out, TW_F32, rows, cols, TW_MEM_HOST);
-  if (s == TW_OK) s = tw_grouped_dequantize(ctx, &l, gs, 0, &o);
-  for (int64_t i = 0; s == TW_OK && i < n; i++) out[i] = fabsf(out[i]);
-  free(codes);
-  return s;
-}
-
 /* The unsharded fp8 passes: x and dy quantized by their groups, w in the uniform form
  * [G*K, N], all tensor current scaling (e4m3), then the pass's grouped GEMM (fwd x w, dgrad
  * dy w^T, wgrad x^T dy per group); the bound's |a||b| from the dequantized values. ax / aw /
@@ -304,9 +288,9 @@ static tw_status fp8_expected(tw_ctx *ctx, const rule_desc *r, golden_data *d, f
   float *lx = (float *)malloc(sizeof(float) * (size_t)(M * K)), *lw = (float *)malloc(sizeof(float) * (size_t)(G * K * N));
   float *ldy = (float *)malloc(sizeof(float) * (size_t)(M * N));
   if (s == TW_OK && (!lx || !lw || !ldy)) s = tw_error(TW_ERR_MEMORY, "golden: out of memory");
-  if (s == TW_OK) s = lifted_abs(ctx, &qx, &gst, M, K, lx);
-  if (s == TW_OK) s = lifted_abs(ctx, &qw, &ugst, G * K, N, lw);
-  if (s == TW_OK) s = lifted_abs(ctx, &qdy, &gst, M, N, ldy);
+  if (s == TW_OK) s = tw_pass_lifted_abs(ctx, &qx, &gst, M, K, lx);
+  if (s == TW_OK) s = tw_pass_lifted_abs(ctx, &qw, &ugst, G * K, N, lw);
+  if (s == TW_OK) s = tw_pass_lifted_abs(ctx, &qdy, &gst, M, N, ldy);
   tw_tensor lxt = tw_host_tensor(lx, TW_F32, 2, r->xs), lw3 = tw_host_tensor(lw, TW_F32, 3, r->ws);
   tw_tensor ldyt = tw_host_tensor(ldy, TW_F32, 2, ys);
   for (int p = 0; p < r->npasses && s == TW_OK; p++) {
@@ -879,7 +863,7 @@ static void collect(const tw_golden_cfg *cfg, const sweep *s, tw_golden_row *row
 }
 
 /* Every mesh over {dp, fsdp, ep, tp}: sizes 2, 4, 8, within [min, max] ranks. */
-static const rule_desc all_axes = {"", TW_SHARD_DENSE, 0, 0, 0, {0}, {0}, 0, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0};
+static const rule_desc all_axes = {"", TW_SHARD_DENSE, 0, 0, 0, {0}, {0}, 0, 4, {DP, FSDP, EP, TP}, 0, 0, 0, 0, NULL};
 
 static int mesh_fits(const tw_mesh *m, const rule_desc *r) {
   for (int i = 0; i < m->naxes; i++) {

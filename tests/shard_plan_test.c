@@ -34,10 +34,18 @@ static const char *steps_str(const tw_plan *p, char *buf, size_t n) {
   buf[0] = 0;
   for (int i = 0; i < p->nsteps && u < n; i++)
   {
-    char dim[8] = "";
-    if (p->steps[i].dim >= 0) snprintf(dim, sizeof dim, " d%d", p->steps[i].dim);
-    u += (size_t)snprintf(buf + u, n - u, "%s%s %s %s%s", i ? "; " : "", k[p->steps[i].kind],
-                          p->t[p->steps[i].tensor].name, tw_axis_name(p->steps[i].axis), dim);
+    char dim[8] = "", where[64] = "";
+    const tw_plan_step *st = &p->steps[i];
+    if (st->dim >= 0) snprintf(dim, sizeof dim, " d%d", st->dim);
+    if (st->kind == TW_STEP_QUANTIZE) { /* no axis of its own: the axes its amax reduces over */
+      size_t w = (size_t)snprintf(where, sizeof where, "amax(");
+      for (int a = 0; a < st->axes.n && w < sizeof where; a++)
+        w += (size_t)snprintf(where + w, sizeof where - w, "%s%s", a ? "," : "", tw_axis_name(st->axes.axis[a]));
+      if (w < sizeof where) snprintf(where + w, sizeof where - w, ")");
+    } else {
+      snprintf(where, sizeof where, "%s", tw_axis_name(st->axis));
+    }
+    u += (size_t)snprintf(buf + u, n - u, "%s%s %s %s%s", i ? "; " : "", k[st->kind], p->t[st->tensor].name, where, dim);
   }
   return buf;
 }
@@ -375,14 +383,14 @@ Test(grouped_rule, quantize_before_gather_moves_fp8) {
   char b[512];
   cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 1, TW_E4M3, &p), TW_OK, "%s",
                tw_last_error());
-  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x dp; SLICE w ep d0; QUANT w dp; AG w fsdp d1");
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x amax(fsdp); SLICE w ep d0; QUANT w amax(fsdp); AG w fsdp d1");
   cr_assert_eq(p.steps[0].axes.n, 1);
   cr_assert_eq(p.steps[0].axes.axis[0], TW_AXIS_FSDP); /* x: rows over fsdp; ep ranks hold other experts */
   cr_assert_eq(p.steps[2].axes.axis[0], TW_AXIS_FSDP); /* w: its fsdp shard of K */
   cr_assert_eq(p.steps[2].shape[1], 16);               /* quantized before the gather: K/2 */
   cr_assert_eq(p.steps[3].shape[1], 32);
   cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_FWD, 1, 0, TW_E4M3, &p), TW_OK);
-  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x dp; AG w fsdp d1; SLICE w ep d0; QUANT w dp");
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT x amax(fsdp); AG w fsdp d1; SLICE w ep d0; QUANT w amax()");
   cr_assert_eq(p.steps[3].axes.n, 0); /* after the gather w is whole: nothing to reduce */
 }
 
@@ -393,7 +401,7 @@ Test(grouped_rule, fp8_backward_passes) {
   char b[512];
   cr_assert_eq(gplan("fsdp=2,ep=2", "[(ep,fsdp), None]", "[None, fsdp, None]", TW_PASS_DGRAD, 1, 1, TW_E4M3, &p), TW_OK, "%s",
                tw_last_error());
-  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT dy dp; SLICE w ep d0; QUANT w dp; AG w fsdp d1");
+  cr_assert_str_eq(steps_str(&p, b, sizeof b), "QUANT dy amax(fsdp); SLICE w ep d0; QUANT w amax(fsdp); AG w fsdp d1");
   cr_assert_eq(p.steps[0].axes.n, 1);
   cr_assert_eq(p.steps[0].axes.axis[0], TW_AXIS_FSDP); /* dy: rows over fsdp; ep ranks hold other experts */
   cr_assert_eq(p.steps[2].axes.axis[0], TW_AXIS_FSDP); /* w: its fsdp shard of K */
