@@ -152,37 +152,6 @@ __device__ __forceinline__ void ggw_mma_256(float *d, uint64_t da, uint64_t db, 
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
 }
-// d (+)= A(64x16) * B(16x128): the 64 f32 accumulators of a 64 x 128 block (the 128-row
-// ping-pong wgrad issues two of these per k16 step, one per 64-row half: two independent chains).
-template <bool F16, int TB, int TA = 0>
-__device__ __forceinline__ void ggw_mma_128(float *d, uint64_t da, uint64_t db, int scale_d) {
-  if (F16)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %68, %67;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
-  else
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %68, %67;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
-}
 // TMA store of one 2-D / 3-D box from shared memory (bulk-group completion), and its waits.
 __device__ __forceinline__ void ggw_tma_store_2d(const CUtensorMap *map, const void *src, int c0, int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"((uint64_t)map),
@@ -734,15 +703,17 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this (gpu/NOTES-gemm.md,
 //     "gg_wgmma wgrad", says why this and not per-group tensor maps patched on the device).
 //   - Empty groups: out[g] = +0 written by the consumers (accumulate: untouched); no loads.
-//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block (PP: two 64 x 128 halves) goes through two 8 KiB
+//   - Epilogue, not accumulating: each warpgroup's 64 x 256 block goes through two 8 KiB
 //     staging buffers (64 rows x 128 bytes, 128-byte swizzle) and TMA stores into out seen as
 //     [G, K, N] (clipped per group); accumulating: stores from registers (f32 read-modify-write,
 //     one rounding). Run w2: 2.7x on the write-bound G128 shape.
 //   - Knobs (measurement): TWIN_GG_WGMMA_WGRAD_ZERO=producer has producer warps 1-3 zero the
 //     tail rows between a land and the full barrier (correct, not faster: run w3);
 //     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (wrong results, timing only);
-//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue; TWIN_GG_WGMMA_WGRAD_PP=1 the
-//     ping-pong kernel and TWIN_GG_WGMMA_WGRAD_CL=2 pairs of CTAs (both below, off by default).
+//     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue.
+//   - Tried and removed (gpu/NOTES-gemm.md, sessions 21-23; code at b391088): a ping-pong with
+//     whole 128 x 128 tiles per consumer warpgroup, and pairs of CTAs sharing B by multicast,
+//     each slower than this kernel or no faster (G32 / G128: 0.86-0.89 of the forward in all).
 struct ggw_wparams {
   const int64_t *offsets;  // device [G+1] row offsets (gpu_group_prefix)
   void *out;               // [G, P, N]
@@ -753,8 +724,6 @@ struct ggw_wparams {
                 // out 16-byte aligned); else stores from registers as the forward's
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
-  int pingpong;   // the PP kernel (p.tilesQ counts 128-column tiles): see ggw_wgrad_kernel
-  int cluster;    // CTAs per cluster (2: p.tilesP counts 256-row pairs; not with GA or zero_prod)
   // row-gathered lhs (GA kernel, tw_grouped_gemm_wgrad_rows): token row o_g + x of the lhs is
   // data row rows[o_g + x] of a [U, P] lhs (-1, or outside [0, U): zeros), copied by the
   // producer warpgroup; zero_prod is 0
@@ -764,11 +733,6 @@ struct ggw_wparams {
 };
 #define GGW_ZERO_PROD_DEFAULT 0
 #define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
-// PP (128 x 128 tiles per warpgroup): a stage is two A boxes and two B boxes (32 KiB), so the
-// ring has 6 stages in about the same shared memory
-#define GGW_PP_STAGES 6
-#define GGW_PP_STAGE_BYTES (4 * 64 * GGW_BK * 2)
-#define GGW_PP_WSMEM (GGW_PP_STAGES * GGW_PP_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_PP_STAGES * 8)
 
 #ifdef GGW_DEVICE
 template <int BM = GGW_BM, int BN = GGW_BN>
@@ -782,48 +746,20 @@ __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int
 #endif
 
 
-#ifdef GGW_DEVICE
-// A consumer warp's release of a stage: to its own CTA, or (CL = 2, the stage's B half came from
-// the peer's producer) to both CTAs of the pair.
-template <int CL>
-__device__ __forceinline__ void ggw_release(uint64_t *empty_s) {
-  if (CL == 1) wgc_bar_arrive(empty_s);
-  else
-    for (uint32_t r = 0; r < (uint32_t)CL; ++r) wgc_bar_arrive_at(empty_s, r);
-}
-#endif
 
-// PP (ping-pong; not with GA or zero_prod; never the default, see ggw_wgrad_pp_auto): each
-// consumer warpgroup owns whole 128 x 128 output tiles (p.tilesQ counts 128 columns), the CTA's
-// tiles i = 0, 1, 2, .. alternating between warpgroups 1 and 2 (i % 2). The producer fills the
-// ring in tile order, each stage two A boxes and two B boxes (32 KiB, a 6-stage ring); a
-// warpgroup skips the stages of the other's tiles (it counts their k-tiles) and releases its own
-// (4 warp arrivals per CTA), so one warpgroup's epilogue and pipeline drain run under the other's
-// wgmmas. Per k16 step two m64n128k16 wgmmas, one per 64-row half, on separate accumulators
-// (d[0..63], d[64..127]): a warpgroup running alone keeps two independent chains in the tensor
-// cores. The tail zeroing is the owner's alone (named barrier 4 + c). Accumulation order per
-// element is the non-PP kernel's: same bits.
-// CL = 2 (not with GA or zero_prod): pairs of CTAs; a tile id names 256 rows (x 256 columns, PP:
-// x 128), CTA rank r takes rows 128 r ..; each loads its own A boxes and half of the B boxes,
-// multicast to both, and a stage is free once the consumer warps (PP: the owner's) of both CTAs
-// released it. Cuts L2 -> SM traffic by 1/3 (PP: 1/4).
 // GA: a row-gathered lhs (the forward's GA protocol): the 128 producer threads copy the two
 // 64 x 64 A boxes of each k-tile by cp.async (thread t: chunk t % 8 of token rows t / 8 + 16 i,
 // i < 4, in both boxes; rows past the group or with index -1 and columns past P zero-filled) and
 // arrive through cp.async.mbarrier.arrive.noinc; thread 0 loads the rhs boxes by TMA. The
 // consumers fence the generic-proxy writes after the full barrier, as in the forward.
-template <bool F16, int OUT, int GA = 0, int PP = 0, int CL = 1>
+template <bool F16, int OUT, int GA = 0>
 __global__ void __launch_bounds__(GGW_THREADS, 1)
     ggw_wgrad_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                      const __grid_constant__ CUtensorMap map_o, const ggw_wparams p) {
 #ifdef GGW_DEVICE
   extern __shared__ __align__(1024) unsigned char ggw_raw[];
   unsigned char *base = ggw_raw + ((1024 - (wgc_smem(ggw_raw) & 1023)) & 1023);
-  // the ring (PP: 6 stages of 32 KiB), the tile (TBM x TBN per warpgroup with PP, else per
-  // CTA) and where a stage's B boxes start (after two A boxes in both variants)
-  constexpr int NST = PP ? GGW_PP_STAGES : GGW_STAGES;
-  constexpr int SBY = PP ? GGW_PP_STAGE_BYTES : GGW_STAGE_BYTES;
-  constexpr int TBM = GGW_BM, TBN = PP ? 128 : GGW_BN;
+  constexpr int NST = GGW_STAGES, SBY = GGW_STAGE_BYTES;
   unsigned char *epi = base + NST * SBY;
   uint64_t *full = (uint64_t *)(epi + GGW_EPI_BYTES);
   uint64_t *empty = full + NST;
@@ -833,18 +769,13 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < NST; ++s) {
       wgc_bar_init(&full[s], GA ? 1 + 128 : zp ? 3 : 1);  // zero_prod: one arrival per zeroing warp
-      wgc_bar_init(&empty[s], (PP ? 4 : 8) * CL);  // one arrival per consumer warp (PP: of the owner) of each CTA
+      wgc_bar_init(&empty[s], 8);  // one arrival per consumer warp
       wgc_bar_init(&land[s], 1);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  static_assert(CL == 1 || GA == 0, "clusters not with the row-gathered lhs");
-  // CL = 2: a tile id names 256 rows (x TBN columns), CTA rank r of the pair takes rows 128 r ..;
-  // both walk the same tile sequence
-  const uint32_t rank = CL > 1 ? wgc_cta_rank() : 0;
-  const int64_t t_first = blockIdx.x / CL, t_step = gridDim.x / CL;
-  if (CL > 1) wgc_cluster_sync();  // the peer's barriers exist before any multicast or remote arrive
+  const int64_t t_first = blockIdx.x, t_step = gridDim.x;
   const int64_t total = p.G * p.tilesP * p.tilesQ;
   constexpr int BOX = 64 * GGW_BK * 2;  // one 64 x 64 box, 8 KiB
 
@@ -909,8 +840,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       uint32_t phase = 0;
       for (int64_t t = t_first; t < total; t += t_step) {
         int64_t g, p0, q0;
-        ggw_wlocate<TBM * CL, TBN>(p, t, g, p0, q0);
-        p0 += rank * TBM;
+        ggw_wlocate(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
         for (int kt = 0; kt < ktiles; ++kt) {
@@ -918,25 +848,18 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           unsigned char *sa = base + s * SBY, *sb = sa + GGW_A_BYTES;
           const int row = (int)(og + (int64_t)kt * GGW_BK);
           uint64_t *tb = zp ? &land[s] : &full[s];
-          wgc_bar_expect(tb, (TBM / 64 + TBN / 64) * BOX);
+          wgc_bar_expect(tb, (GGW_BM / 64 + GGW_BN / 64) * BOX);
           wgc_tma_2d(sa, &map_a, tb, (int)p0, row);
           wgc_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
-          if (CL == 1) {
 #pragma unroll
-            for (int j = 0; j < TBN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
-          } else {  // this CTA's B boxes (its half of the columns), into both CTAs of the pair
-            constexpr int JB = TBN / 64 / CL;
-#pragma unroll
-            for (int j = (int)rank * JB; j < ((int)rank + 1) * JB; ++j)
-              wgc_tma_2d_mc(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row, (uint16_t)((1u << CL) - 1));
-          }
+          for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
           if (++s == NST) {
             s = 0;
             phase ^= 1;
           }
         }
       }
-    } else if (!PP && CL == 1 && zp && tid >= 32) {  // the host takes zero_prod only without PP and CL
+    } else if (zp && tid >= 32) {
       // ---- zero_prod: warps 1-3 pass every stage on from land[s] to full[s]; on a group's
       // last k-tile they first zero rows valid..63 of its six 64 x 64 boxes (A: 2, B: 4,
       // contiguous), each warp a third, then fence.proxy.async (generic writes -> wgmma)
@@ -970,8 +893,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       }
     }
   } else {
-    // ---- consumers: warpgroup c owns rows p0 + 64c .. + 63 of out[g] (PP: rows p0 .. + 127 of
-    // its own tiles) ----
+    // ---- consumers: warpgroup c owns rows p0 + 64c .. + 63 of out[g] ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     float d[128];
@@ -980,48 +902,23 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     const bool pairs = (p.N & 1) == 0 && ((uintptr_t)p.out & (OUT == TW_F32 ? 7 : 3)) == 0;
     unsigned char *ebuf = epi + c * 16384;  // this warpgroup's two staging buffers
     int eb = 0;                             // next staging buffer
-    int64_t i_tile = 0;  // PP: the CTA's tile count so far (warpgroup c owns i % 2 == c)
-    for (int64_t t = t_first; t < total; t += t_step, ++i_tile) {
+    for (int64_t t = t_first; t < total; t += t_step) {
       int64_t g, p0, q0;
-      ggw_wlocate<TBM * CL, TBN>(p, t, g, p0, q0);
-      p0 += rank * TBM;
+      ggw_wlocate(p, t, g, p0, q0);
       const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
       const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
-      if (PP && (i_tile & 1) != c) {  // the other warpgroup's tile: skip its stages
-        const int adv = s + ktiles;
-        phase ^= (uint32_t)((adv / NST) & 1);
-        s = adv % NST;
-        continue;
-      }
-      // PP: wait until the other warpgroup has passed the full barrier of every k-tile of the
-      // tile before this one (named barrier 6 + c). An mbarrier parity wait only tells apart
-      // the current phase and the one before it, so this warpgroup must not wait on a stage
-      // whose previous fill (the other's k-tile) has not landed yet: it would pass at once.
-      // Then, once this tile's full barriers are passed (at once for an empty group), it lets
-      // the other warpgroup start the next tile (bar.arrive on 6 + (c ^ 1)).
-      if (PP && i_tile > 0) asm volatile("bar.sync %0, 256;\n" ::"r"(6 + c) : "memory");
-      if (PP && ktiles == 0 && t + t_step < total)
-        asm volatile("bar.arrive %0, 256;\n" ::"r"(6 + (c ^ 1)) : "memory");
-      const int64_t r0 = p0 + (PP ? 0 : 64 * c) + 16 * warp + lane / 4;
+      const int64_t r0 = p0 + 64 * c + 16 * warp + lane / 4;
       const int64_t cbase = q0 + 2 * (lane % 4);
       if (ktiles == 0) {  // empty group: out[g] = +0 (accumulate: untouched); d is not used here
         if (p.accumulate) continue;
-        if (PP) {  // the warpgroup's 128 x 128 tile, 8 columns per thread and step
-          for (int i = tid; i < 128 * 16; i += 128) {
-            const int64_t r = p0 + i / 16, col = q0 + 8 * (i % 16);
-            if (r >= p.P) break;  // rows grow with i
-            for (int e = 0; e < 8 && col + e < p.N; ++e) wgc_put1<OUT>(p.out, (g * p.P + r) * p.N + col + e, 0.f, 0);
-          }
-        } else {
-          for (int h = 0; h < 2; ++h) {
-            const int64_t r = r0 + 8 * h;
-            if (r >= p.P) continue;
-            const int64_t rowbase = (g * p.P + r) * p.N;
-            for (int j = 0; j < 32; ++j) {
-              const int64_t col = cbase + 8 * j;
-              if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, 0.f, 0);
-              if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
-            }
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = r0 + 8 * h;
+          if (r >= p.P) continue;
+          const int64_t rowbase = (g * p.P + r) * p.N;
+          for (int j = 0; j < 32; ++j) {
+            const int64_t col = cbase + 8 * j;
+            if (col < p.N) wgc_put1<OUT>(p.out, rowbase + col, 0.f, 0);
+            if (col + 1 < p.N) wgc_put1<OUT>(p.out, rowbase + col + 1, 0.f, 0);
           }
         }
         continue;
@@ -1033,21 +930,18 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         unsigned char *st = base + s * SBY;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
         if (valid < GGW_BK && p.mask && !zp) {
-          // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 (PP: both A boxes and
-          // both B boxes) belong to another group (or past the sum): zero them, then make the
-          // writes visible to wgmma
+          // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 belong to another
+          // group (or past the sum): zero them, then make the writes visible to wgmma
           const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
-          for (int i = tid; i < (PP ? 4 : 3) * per_box; i += 128) {
+          for (int i = tid; i < 3 * per_box; i += 128) {
             const int b = i / per_box, r = i - b * per_box;
-            unsigned char *box = PP ? (b < 2 ? st + b * BOX : st + GGW_A_BYTES + (b - 2) * BOX)
-                                    : (b == 0 ? st + c * BOX : st + GGW_A_BYTES + (2 * c + b - 1) * BOX);
+            unsigned char *box = b == 0 ? st + c * BOX : st + GGW_A_BYTES + (2 * c + b - 1) * BOX;
             *(uint4 *)(box + (valid + r / 8) * 128 + (r % 8) * 16) = make_uint4(0, 0, 0, 0);
           }
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          if (PP) asm volatile("bar.sync %0, 128;\n" ::"r"(4 + c) : "memory");
-          else asm volatile("bar.sync 1, 256;\n" ::: "memory");
+          asm volatile("bar.sync 1, 256;\n" ::: "memory");
         }
-        const uint32_t a0 = wgc_smem(st) + (PP ? 0 : c * BOX);
+        const uint32_t a0 = wgc_smem(st) + c * BOX;
         const uint32_t b0 = wgc_smem(st + GGW_A_BYTES);
         wgc_fence();
 #pragma unroll
@@ -1055,20 +949,14 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           // both MN-major: a k16 step is 16 rows of 128 bytes; LBO = next 64-wide box
           const uint64_t da = wgc_desc(a0 + k * (16 * 128), BOX, 1024);
           const uint64_t db = wgc_desc(b0 + k * (16 * 128), BOX, 1024);
-          if (PP) {  // the two 64-row halves (A boxes 0 and 1) on their own accumulators
-            const uint64_t da1 = wgc_desc(a0 + BOX + k * (16 * 128), BOX, 1024);
-            ggw_mma_128<F16, 1, 1>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
-            ggw_mma_128<F16, 1, 1>(d + 64, da1, db, (kt > 0 || k > 0) ? 1 : 0);
-          } else {
-            ggw_mma_256<F16, 1, 1>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
-          }
+          ggw_mma_256<F16, 1, 1>(d, da, db, (kt > 0 || k > 0) ? 1 : 0);
         }
         wgc_commit();
         wgc_wait<1>();
         wgc_touch<128>(d);
         if (prev >= 0) {
           __syncwarp();
-          if (lane == 0) ggw_release<CL>(&empty[prev]);
+          if (lane == 0) wgc_bar_arrive(&empty[prev]);
         }
         prev = s;
         if (++s == NST) {
@@ -1076,46 +964,40 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           phase ^= 1;
         }
       }
-      if (PP && t + t_step < total) asm volatile("bar.arrive %0, 256;\n" ::"r"(6 + (c ^ 1)) : "memory");
       wgc_wait<0>();
       wgc_touch<128>(d);
       __syncwarp();
-      if (lane == 0) ggw_release<CL>(&empty[prev]);
+      if (lane == 0) wgc_bar_arrive(&empty[prev]);
       if (p.tma_out) {
         // ---- epilogue through shared memory: chunks of 64 rows x 128 bytes (CW columns), each
         // converted into a staging buffer (128-byte swizzle: conflict-free), then one TMA store
         // of the box into out viewed as [G, K, N] (rows past K and columns past N are clipped by
         // the map, never into group g+1). Two buffers alternate; a buffer is refilled once the
         // store issued from it two chunks ago has read it.
-        // PP: the two 64-row halves in turn, each from its 64 accumulators
-        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = TBN / CW;
+        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, NCH = GGW_BN / CW;
+        const int64_t pw = p0 + 64 * c;  // this warpgroup's first row
+        if (pw >= p.P) continue;         // rows all past K (uniform)
 #pragma unroll
-        for (int half = 0; half < (PP ? 2 : 1); ++half) {
-          const int64_t pw = p0 + (PP ? 64 * half : 64 * c);  // these accumulators' first row
-          if (pw >= p.P) break;                                // rows all past K (uniform)
-#pragma unroll
-          for (int ch = 0; ch < NCH; ++ch) {
-            if (q0 + ch * CW >= p.N) break;  // uniform
-            unsigned char *buf = ebuf + eb * 8192;
-            ggw_stage_chunk<OUT>(d + 64 * half, ch, buf, c, warp, lane, tid);
-            if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)pw, (int)g);
-            eb ^= 1;
-          }
+        for (int ch = 0; ch < NCH; ++ch) {
+          if (q0 + ch * CW >= p.N) break;  // uniform
+          unsigned char *buf = ebuf + eb * 8192;
+          ggw_stage_chunk<OUT>(d, ch, buf, c, warp, lane, tid);
+          if (tid == 0) ggw_tma_store_3d(&map_o, buf, (int)(q0 + ch * CW), (int)pw, (int)g);
+          eb ^= 1;
         }
         continue;
       }
       // ---- epilogue from registers (accumulate, or out not 16-byte aligned): rows
-      // p0 + 64c + 16*warp + lane/4 (+8) (PP: p0 + 64 half + ..), columns q0 + 8j + 2*(lane%4) (+1)
+      // p0 + 64c + 16*warp + lane/4 (+8), columns q0 + 8j + 2*(lane%4) (+1)
 #pragma unroll
-      for (int hh = 0; hh < (PP ? 4 : 2); ++hh) {  // PP: hh / 2 is the 64-row half
-        const int h = hh % 2, half = hh / 2;
-        const int64_t r = r0 + 64 * half + 8 * h;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = r0 + 8 * h;
         if (r >= p.P) continue;
         const int64_t rowbase = (g * p.P + r) * p.N;
 #pragma unroll
-        for (int j = 0; j < TBN / 8; ++j) {
+        for (int j = 0; j < GGW_BN / 8; ++j) {
           const int64_t col = cbase + 8 * j;
-          const float v0 = d[64 * half + 4 * j + 2 * h], v1 = d[64 * half + 4 * j + 2 * h + 1];
+          const float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
           if (pairs) {
             if (col < p.N) wgc_put2<OUT>(p.out, rowbase + col, v0, v1, p.accumulate);
           } else {
@@ -1126,11 +1008,6 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       }
     }
     if (tid == 0) ggw_store_wait_all();  // the staging buffers stay alive until read
-  }
-  // no CTA leaves while its peer may still arrive on its barriers or multicast into it
-  if (CL > 1) {
-    __syncwarp();
-    wgc_cluster_sync();
   }
 #endif
 }
@@ -1156,66 +1033,23 @@ int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const
   return *why == NULL;
 }
 
-template <bool F16, int OUT, int GA = 0, int PP = 0, int CL = 1>
+template <bool F16, int OUT, int GA = 0>
 static tw_status ggw_wgrad_launch_t(tw_ctx *ctx, const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo,
                                     const ggw_wparams *p, const char *op) {
   gpu_state *st = gpu_of(ctx);
-  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) =
-      ggw_wgrad_kernel<F16, OUT, GA, PP, CL>;
+  void (*fn)(const CUtensorMap, const CUtensorMap, const CUtensorMap, const ggw_wparams) = ggw_wgrad_kernel<F16, OUT, GA>;
   static int ready[64];
   const int dev = st->device < 64 ? st->device : 0;
-  const int smem = PP ? GGW_PP_WSMEM : GGW_WSMEM;
   if (!ready[dev]) {
-    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+    GPU_TRY_CUDA(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, GGW_WSMEM),
                  "grouped_gemm_wgrad (gg_wgmma): cudaFuncSetAttribute");
     ready[dev] = 1;
   }
   const int64_t total = p->G * p->tilesP * p->tilesQ;
-  if (CL == 1) {
-    const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
-    fn<<<grid, GGW_THREADS, smem, st->stream>>>(*ma, *mb, *mo, *p);
-    GPU_TRY_CUDA(cudaGetLastError(), op);
-    return TW_OK;
-  }
-  // pairs: as many clusters as are resident at once (asked once per device), at most one per tile
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = CL;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.blockDim = dim3(GGW_THREADS);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st->stream;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  static int clusters_of[64];
-  if (!clusters_of[dev]) {
-    int clusters = 0;
-    cfg.gridDim = dim3((unsigned)(st->num_sms / CL * CL));
-    GPU_TRY_CUDA(cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg),
-                 "grouped_gemm_wgrad (gg_wgmma): cluster occupancy");
-    if (clusters <= 0)
-      return tw_error(TW_ERR_UNSUPPORTED, "%s: kernel '%s': a cluster of %d CTAs (%d bytes of shared memory each) does not fit",
-                      op, GG_KERNEL_WGMMA, CL, smem);
-    clusters_of[dev] = clusters;
-  }
-  const int64_t clusters = total < clusters_of[dev] ? total : clusters_of[dev];
-  cfg.gridDim = dim3((unsigned)(clusters * CL));
-  GPU_TRY_CUDA(cudaLaunchKernelEx(&cfg, fn, *ma, *mb, *mo, *p), op);
+  const unsigned grid = (unsigned)(total < st->num_sms ? total : st->num_sms);
+  fn<<<grid, GGW_THREADS, GGW_WSMEM, st->stream>>>(*ma, *mb, *mo, *p);
+  GPU_TRY_CUDA(cudaGetLastError(), op);
   return TW_OK;
-}
-
-// The ping-pong kernel is never the default: on an H200 (gpu/NOTES-gemm.md, session 22) it is
-// slower than the cooperative kernel on all five standard shapes, alone (wgrad / forward 0.79-0.80
-// on the large shapes, G32 0.84, G128 0.75, against 0.87-1.03) and in pairs (0.82-0.89 large,
-// G32 0.83, G128 0.73-0.74). Session 21's 64 x 256 ping-pong was slower still and is gone. Kept
-// behind TWIN_GG_WGMMA_WGRAD_PP=1 (and _CL=2) as a measured base, with its same-bits tests.
-static int ggw_wgrad_pp_auto(int64_t M, int64_t G) {
-  (void)M;
-  (void)G;
-  return 0;
 }
 
 // rows: a row-gathered lhs [U, P] (lhs_rows, device [M]); NULL: lhs [M, P].
@@ -1267,16 +1101,6 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
   // producer | consumer overrides the default, read on every call (the bench times both)
   const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
-  // Ping-pong (PP kernel): TWIN_GG_WGMMA_WGRAD_PP=1 / 0 forces it on / off (read on every call);
-  // else ggw_wgrad_pp_auto.
-  const char *pv = getenv("TWIN_GG_WGMMA_WGRAD_PP");
-  p.pingpong = !rows && !p.zero_prod && (pv && *pv ? *pv == '1' : ggw_wgrad_pp_auto(M, G));
-  if (p.pingpong) p.tilesQ = (N + 127) / 128;
-  // Pairs of CTAs sharing each B tile by multicast (not with a gathered lhs or producer zeroing):
-  // TWIN_GG_WGMMA_WGRAD_CL=2 (read on every call); a tile id then names 256 rows
-  const char *cv = getenv("TWIN_GG_WGMMA_WGRAD_CL");
-  p.cluster = !rows && !p.zero_prod && cv && *cv == '2' ? 2 : 1;
-  if (p.cluster == 2) p.tilesP = (P + 255) / 256;
   if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
     p.zero_prod = 0;
     p.rows = rows;
@@ -1302,12 +1126,8 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) p.tma_out = 0;  // the register epilogue takes any out
   }
-#define GGW_WOUT1(F, O)                                                  \
-  return rows         ? ggw_wgrad_launch_t<F, O, 1>(ctx, &ma, &mb, &mo, &p, op) \
-         : p.cluster == 2 && p.pingpong ? ggw_wgrad_launch_t<F, O, 0, 1, 2>(ctx, &ma, &mb, &mo, &p, op) \
-         : p.cluster == 2     ? ggw_wgrad_launch_t<F, O, 0, 0, 2>(ctx, &ma, &mb, &mo, &p, op) \
-         : p.pingpong         ? ggw_wgrad_launch_t<F, O, 0, 1>(ctx, &ma, &mb, &mo, &p, op) \
-                              : ggw_wgrad_launch_t<F, O>(ctx, &ma, &mb, &mo, &p, op);
+#define GGW_WOUT1(F, O) \
+  return rows ? ggw_wgrad_launch_t<F, O, 1>(ctx, &ma, &mb, &mo, &p, op) : ggw_wgrad_launch_t<F, O>(ctx, &ma, &mb, &mo, &p, op);
 #define GGW_WOUT(F)                    \
   switch (out->dtype) {                \
     case TW_F32: GGW_WOUT1(F, TW_F32)  \

@@ -555,12 +555,11 @@ static int fp8w_only_mxfp8;
 /* gg_wgmma wgrad: rows past the sizes' sum set to NaN in both operands (they must never be
  * read: a group's last k-tile must not take them into the contraction). */
 static int nan_rest;
-/* 1: gg_wgmma's wgrad runs twice, first as the default kernel, then with
- * TWIN_GG_WGMMA_WGRAD_PP=pp_second (1: its ping-pong kernel) and, for pp_cluster 2,
- * TWIN_GG_WGMMA_WGRAD_CL=2 (pairs of CTAs), and the two outputs must be the same bits (the first
- * is also checked against the bound) */
+/* 1: gg_wgmma's wgrad runs twice, first as the default kernel, then with the knob
+ * variant_knob=variant_value set (a variant the bench times), and the two outputs must be the
+ * same bits (the first is also checked against the bound) */
 static int pp_bits, pp_bits_cases;
-static int pp_second, pp_cluster;
+static const char *variant_knob, *variant_value;
 /* Fixed wgrad problems (the tails test): sizes, shape, output dtype and accumulate given. */
 static const int32_t *fixed_gs;
 static int64_t fixed_G, fixed_M, fixed_N, fixed_K;
@@ -688,18 +687,14 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   tw_tensor gs_d = dev_copy(&gs);
   cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
                what, tw_last_error());
-  if (pp_bits) {  /* the first run is the default kernel, whatever the environment says */
-    setenv("TWIN_GG_WGMMA_WGRAD_PP", "0", 1);
-    unsetenv("TWIN_GG_WGMMA_WGRAD_CL");
-  }
+  if (pp_bits) unsetenv(variant_knob); /* the first run is the default kernel */
   tw_status gs_st = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate);
   if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
   if (gs_st == TW_OK) to_host(&out_g, &out_d);
   if (pp_bits && gs_st == TW_OK) {
-    setenv("TWIN_GG_WGMMA_WGRAD_PP", pp_second ? "1" : "0", 1);
-    if (pp_cluster == 2) setenv("TWIN_GG_WGMMA_WGRAD_CL", "2", 1);
+    setenv(variant_knob, variant_value, 1);
     tw_status ps = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_pp, accumulate);
-    unsetenv("TWIN_GG_WGMMA_WGRAD_CL");
+    unsetenv(variant_knob);
     if (ps == TW_OK) ps = tw_ctx_check(gpu_ctx);
     cr_assert_eq(ps, TW_OK, "%s: wgrad variant: %s", what, tw_last_error());
     tw_tensor h = host_new(od, 3, os);
@@ -708,10 +703,7 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
     host_free(&h);
     pp_bits_cases++;
   }
-  if (pp_bits) {
-    unsetenv("TWIN_GG_WGMMA_WGRAD_PP");
-    dev_free(&out_pp);
-  }
+  if (pp_bits) dev_free(&out_pp);
 
   int64_t n = G * K * N;
   double *ex = (double *)calloc((size_t)(n + 1), sizeof(double));
@@ -1222,15 +1214,16 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
   fixed_gs = NULL; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_tails");
 }
 
-/* gg_wgmma's other wgrad kernels: the ping-pong (pp 1: TWIN_GG_WGMMA_WGRAD_PP=1, 128 x 128 tiles
- * per warpgroup) and pairs of CTAs sharing B by multicast (cluster 2: TWIN_GG_WGMMA_WGRAD_CL=2),
- * alone or together: every random, large and tail case of gg_wgmma's wgrad run by it and by the
- * default kernel, the same bits (and the bound against the ref). */
-static void variant_same_bits(int pp, int cluster) {
+/* gg_wgmma's wgrad variants the bench times next to the default: the tail rows zeroed by the
+ * producer warps (TWIN_GG_WGMMA_WGRAD_ZERO=producer) and the register epilogue in place of the
+ * TMA stores (TWIN_GG_WGMMA_WGRAD_REGSTORE=1): every random, large and tail case run by the
+ * variant and by the default kernel, the same bits (and the bound against the ref). The
+ * ping-pong and paired-CTA kernels of sessions 21-22 were removed (gpu/NOTES-gemm.md). */
+static void variant_same_bits(const char *knob, const char *value) {
   static const int32_t sizes[2][8] = {{1, 63, 64, 65, 0, 129, 2, 1}, {0, 0, 200, 0, 7, 0, 0, 1}};
-  /* knobs that would turn the variants off (zero_prod) or change both runs alike */
+  /* knobs that would change both runs alike */
   unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO"); unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK"); unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
-  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; pp_second = pp; pp_cluster = cluster; pp_bits_cases = 0;
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; variant_knob = knob; variant_value = value; pp_bits_cases = 0;
   const int n = getenv("GG_PP_N") ? atoi(getenv("GG_PP_N")) : 200;
   for (int s = 0; s < n; ++s) wgrad_case(15000 + s, (int)(s % 2), BUDGET);
   for (int s = 0; s < (n >= 200 ? 6 : 0); ++s) wgrad_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
@@ -1242,15 +1235,17 @@ static void variant_same_bits(int pp, int cluster) {
         wgrad_case(14000 + v, (v + o + acc) % 2, BUDGET);
       }
   fixed_gs = NULL;
-  cr_log_info("wgrad, ping-pong %d, clusters of %d: %d cases, the same bits as the default kernel", pp, cluster,
-              pp_bits_cases);
+  cr_log_info("wgrad, %s=%s: %d cases, the same bits as the default kernel", knob, value, pp_bits_cases);
   cr_assert_gt(pp_bits_cases, 0, "no case ran both kernels");
-  pp_bits = 0; pp_second = 0; pp_cluster = 0; tma_dims = 0; nan_rest = 0; ctx_done();
+  pp_bits = 0; variant_knob = variant_value = NULL; tma_dims = 0; nan_rest = 0; ctx_done();
   cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_variants");
 }
-Test(grouped_gemm_wgrad_gpu, pingpong_same_bits_gg_wgmma_version, .timeout = 900) { variant_same_bits(1, 1); }
-Test(grouped_gemm_wgrad_gpu, pingpong_pairs_same_bits_gg_wgmma_version, .timeout = 900) { variant_same_bits(1, 2); }
-Test(grouped_gemm_wgrad_gpu, pairs_same_bits_gg_wgmma_version, .timeout = 900) { variant_same_bits(0, 2); }
+Test(grouped_gemm_wgrad_gpu, producer_zeroing_same_bits_gg_wgmma_version, .timeout = 900) {
+  variant_same_bits("TWIN_GG_WGMMA_WGRAD_ZERO", "producer");
+}
+Test(grouped_gemm_wgrad_gpu, register_epilogue_same_bits_gg_wgmma_version, .timeout = 900) {
+  variant_same_bits("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1");
+}
 
 /* gg_wgmma_fp8 wgrad (fp8 wgmma from the colwise copies, promoted every 128 tokens of a group):
  * per-tensor (current, delayed), 1x128 and 128x128 (fp8_mode_count = 4), e4m3/e5m2 pairs, any
