@@ -694,7 +694,16 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     with wgmma's transpose bit for A; B = rhs_g is N-major exactly like the forward's rhs op N.
 //   - The tile list is fixed on the host: G x tilesP x tilesQ (group-major, then P, then N
 //     tiles); each tile contracts over ceil(m_g / 64) k-tiles, m_g read from the device offsets.
-//   - The group's K extent: the last k-tile's box also covers rows of group g+1 (or rows past
+//   - The group's K extent (default, session 24): per-group tensor maps. A small kernel
+//     (ggw_patch_maps_kernel, before the GEMM, on the stream: no host sync) copies the two
+//     whole-tensor maps into 2G slots of scratch and points slot 2g / 2g+1 at row o_g of lhs /
+//     rhs with a row extent of m_g (tensormap.replace of the global address and of dim 1), so
+//     the rows of a group's last k-tile past m_g are outside the map and TMA fills them with
+//     zeros; the producer acquires a group's maps (fence.proxy.tensormap) at each change of
+//     group, and the consumers never touch a stage. A group whose size is a multiple of 64
+//     keeps the whole-tensor maps (nothing to fill). Not with a row-gathered lhs (no lhs map).
+//   - The same without per-group maps (TWIN_GG_WGMMA_WGRAD_MAPS=0, the row-gathered lhs, the
+//     producer-zeroing knob): the last k-tile's box also covers rows of group g+1 (or rows past
 //     the sizes' sum, which may hold NaN: tw_gemm.h). TMA zero-fills only at the tensor edge,
 //     so the consumers zero those rows in shared memory before the wgmma reads the stage
 //     (rows are whole 128-byte lines under the 128-byte swizzle, so no swizzle arithmetic):
@@ -709,7 +718,7 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     one rounding). Run w2: 2.7x on the write-bound G128 shape.
 //   - Knobs (measurement): TWIN_GG_WGMMA_WGRAD_ZERO=producer has producer warps 1-3 zero the
 //     tail rows between a land and the full barrier (correct, not faster: run w3);
-//     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (wrong results, timing only);
+//     TWIN_GG_WGMMA_WGRAD_NOMASK=1 skips the zeroing (with MAPS=0; wrong results, timing only);
 //     TWIN_GG_WGMMA_WGRAD_REGSTORE=1 forces the register epilogue.
 //   - Tried and removed (gpu/NOTES-gemm.md, sessions 21-23; code at b391088): a ping-pong with
 //     whole 128 x 128 tiles per consumer warpgroup, and pairs of CTAs sharing B by multicast,
@@ -722,6 +731,8 @@ struct ggw_wparams {
   int mask;     // 1 (always, but for the timing knob TWIN_GG_WGMMA_WGRAD_NOMASK): zero the tail rows
   int tma_out;  // 1: the epilogue goes through shared memory and TMA stores (not accumulating,
                 // out 16-byte aligned); else stores from registers as the forward's
+  const CUtensorMap *gmaps;  // per-group maps [2G] in device memory (lhs of group g at 2g, rhs at
+                            // 2g+1), or NULL: the whole-tensor maps and the tail zeroing
   int zero_prod;  // who zeroes the tail rows: 0 the consumers (after full[s]), 1 producer warps
                   // 1-3 (TMA completes on land[s]; they zero, then arrive on full[s])
   // row-gathered lhs (GA kernel, tw_grouped_gemm_wgrad_rows): token row o_g + x of the lhs is
@@ -838,21 +849,34 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t)&map_b) : "memory");
       int s = 0;
       uint32_t phase = 0;
+      int64_t mapped_g = -1;  // the group whose per-group maps this thread has acquired
       for (int64_t t = t_first; t < total; t += t_step) {
         int64_t g, p0, q0;
         ggw_wlocate(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        // per-group maps where the group ends inside a k-tile: rows counted from the group's
+        // first row, the group's end is the map's (a group of whole k-tiles keeps the
+        // whole-tensor maps: no acquire, no descriptor fetch; uniform G128 ran 2-4% slower
+        // with its own maps)
+        const bool own = p.gmaps && mg % GGW_BK != 0;
+        const CUtensorMap *ma = own ? p.gmaps + 2 * g : &map_a, *mb = own ? p.gmaps + 2 * g + 1 : &map_b;
+        const int64_t row0 = own ? 0 : og;
+        if (own && g != mapped_g) {  // written by ggw_patch_maps_kernel
+          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)ma) : "memory");
+          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)mb) : "memory");
+          mapped_g = g;
+        }
         for (int kt = 0; kt < ktiles; ++kt) {
           wgc_bar_wait(&empty[s], phase ^ 1);
           unsigned char *sa = base + s * SBY, *sb = sa + GGW_A_BYTES;
-          const int row = (int)(og + (int64_t)kt * GGW_BK);
+          const int row = (int)(row0 + (int64_t)kt * GGW_BK);
           uint64_t *tb = zp ? &land[s] : &full[s];
-          wgc_bar_expect(tb, (GGW_BM / 64 + GGW_BN / 64) * BOX);
-          wgc_tma_2d(sa, &map_a, tb, (int)p0, row);
-          wgc_tma_2d(sa + BOX, &map_a, tb, (int)p0 + 64, row);
+          wgc_bar_expect(tb, (GGW_BM / 64 + GGW_BN / 64) * BOX);  // zero-filled bytes count too
+          wgc_tma_2d(sa, ma, tb, (int)p0, row);
+          wgc_tma_2d(sa + BOX, ma, tb, (int)p0 + 64, row);
 #pragma unroll
-          for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, tb, (int)q0 + 64 * j, row);
+          for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, mb, tb, (int)q0 + 64 * j, row);
           if (++s == NST) {
             s = 0;
             phase ^= 1;
@@ -929,7 +953,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         if (GA) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the cp.async A rows
         unsigned char *st = base + s * SBY;
         const int valid = (int)(mg - (int64_t)kt * GGW_BK);
-        if (valid < GGW_BK && p.mask && !zp) {
+        if (valid < GGW_BK && p.mask && !zp && !p.gmaps) {
           // rows valid..63 of this warpgroup's A box and of B boxes 2c, 2c+1 belong to another
           // group (or past the sum): zero them, then make the writes visible to wgmma
           const int per_box = (GGW_BK - valid) * 8;  // 16-byte chunks
@@ -1009,6 +1033,34 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
     }
     if (tid == 0) ggw_store_wait_all();  // the staging buffers stay alive until read
   }
+#endif
+}
+
+// The per-group maps of the wgrad (see "The group's K extent" above): thread i writes slot i of
+// out [2G] (lhs of group i / 2 for even i, rhs for odd i): the whole-tensor map, then, for a
+// non-empty group, its base moved to the group's first row and its row extent cut to m_g.
+// lhs rows are P elements, rhs rows N (16-bit, multiples of 8: 16-byte aligned bases).
+__global__ void ggw_patch_maps_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                                      const int64_t *offsets, int64_t G, const unsigned char *a, const unsigned char *b,
+                                      int64_t P, int64_t N, CUtensorMap *out) {
+#ifdef GGW_DEVICE
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= 2 * G) return;
+  const int64_t g = i / 2;
+  const bool rhs = i & 1;
+  const uint4 *src = (const uint4 *)(rhs ? &map_b : &map_a);
+  uint4 *dst = (uint4 *)(out + i);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) dst[k] = src[k];
+  const int64_t og = offsets[g], mg = offsets[g + 1] - og;
+  if (mg > 0) {  // an empty group's maps are never used (no loads); a map's extent must be >= 1
+    const uint64_t base = (uint64_t)(rhs ? b + og * N * 2 : a + og * P * 2);
+    asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)(out + i)),
+                 "l"(base) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;\n" ::"l"((uint64_t)(out + i)),
+                 "r"((uint32_t)mg) : "memory");
+  }
+  asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
 #endif
 }
 
@@ -1101,6 +1153,20 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
   // producer | consumer overrides the default, read on every call (the bench times both)
   const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
+  // Per-group tensor maps (the default; TWIN_GG_WGMMA_WGRAD_MAPS=0, read on every call, keeps the
+  // whole-tensor maps and the consumers' tail zeroing): not with a gathered lhs (no lhs map) or
+  // the producer-zeroing knob.
+  const char *mv = getenv("TWIN_GG_WGMMA_WGRAD_MAPS");
+  if (!rows && !p.zero_prod && !(mv && *mv == '0') && M > 0) {
+    CUtensorMap *gm = NULL;
+    TW_TRY(gpu_scratch(ctx, (size_t)(2 * G) * sizeof(CUtensorMap), (void **)&gm));
+    const int threads = 128;
+    const unsigned blocks = (unsigned)((2 * G + threads - 1) / threads);
+    ggw_patch_maps_kernel<<<blocks, threads, 0, gpu_of(ctx)->stream>>>(
+        ma, mb, offsets, G, (const unsigned char *)lhs->data.data, (const unsigned char *)rhs->data.data, P, N, gm);
+    GPU_TRY_CUDA(cudaGetLastError(), op);
+    p.gmaps = gm;
+  }
   if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
     p.zero_prod = 0;
     p.rows = rows;

@@ -1214,8 +1214,9 @@ Test(grouped_gemm_wgrad_gpu, tails_gg_wgmma_version, .timeout = 600) {
   fixed_gs = NULL; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_tails");
 }
 
-/* gg_wgmma's wgrad variants the bench times next to the default: the tail rows zeroed by the
- * producer warps (TWIN_GG_WGMMA_WGRAD_ZERO=producer) and the register epilogue in place of the
+/* gg_wgmma's wgrad variants the bench times next to the default: one map per operand with the
+ * tail rows zeroed by the consumers (TWIN_GG_WGMMA_WGRAD_MAPS=0) or by the producer warps
+ * (TWIN_GG_WGMMA_WGRAD_ZERO=producer), and the register epilogue in place of the
  * TMA stores (TWIN_GG_WGMMA_WGRAD_REGSTORE=1): every random, large and tail case run by the
  * variant and by the default kernel, the same bits (and the bound against the ref). The
  * ping-pong and paired-CTA kernels of sessions 21-22 were removed (gpu/NOTES-gemm.md). */
@@ -1223,6 +1224,7 @@ static void variant_same_bits(const char *knob, const char *value) {
   static const int32_t sizes[2][8] = {{1, 63, 64, 65, 0, 129, 2, 1}, {0, 0, 200, 0, 7, 0, 0, 1}};
   /* knobs that would change both runs alike */
   unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO"); unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK"); unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
+  unsetenv("TWIN_GG_WGMMA_WGRAD_MAPS");
   ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; variant_knob = knob; variant_value = value; pp_bits_cases = 0;
   const int n = getenv("GG_PP_N") ? atoi(getenv("GG_PP_N")) : 200;
   for (int s = 0; s < n; ++s) wgrad_case(15000 + s, (int)(s % 2), BUDGET);
@@ -1242,6 +1244,9 @@ static void variant_same_bits(const char *knob, const char *value) {
 }
 Test(grouped_gemm_wgrad_gpu, producer_zeroing_same_bits_gg_wgmma_version, .timeout = 900) {
   variant_same_bits("TWIN_GG_WGMMA_WGRAD_ZERO", "producer");
+}
+Test(grouped_gemm_wgrad_gpu, consumer_zeroing_same_bits_gg_wgmma_version, .timeout = 900) {
+  variant_same_bits("TWIN_GG_WGMMA_WGRAD_MAPS", "0"); /* the default's per-group maps vs one map + zeroing */
 }
 Test(grouped_gemm_wgrad_gpu, register_epilogue_same_bits_gg_wgmma_version, .timeout = 900) {
   variant_same_bits("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1");

@@ -23,10 +23,11 @@
  *     included in the time), compact and swizzled scales, with its rate over the rowwise row.
  *   grouped wgrad, the same five shapes with the same FLOPs: out [G, K, N] (bf16) from lhs
  *     [G*m, K] and rhs [G*m, N] (bf16, ops N), groups of m rows; versions gg_mma_wide and
- *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path), peer
- *     torch._grouped_mm in its ragged-K form (offs along the contracting dim), the ratio to
- *     gg_wgmma's forward rate on the same shape (target >= 0.9), and on G32 / G128 ragged sizes
- *     timed with and without the tail-row zeroing.
+ *     gg_wgmma (and gg_wgmma with its register epilogue, the accumulate path; with the
+ *     producer warps' tail zeroing; with one map per operand and the consumers' tail zeroing, the
+ *     default before per-group maps), peer torch._grouped_mm in its ragged-K form (offs along the
+ *     contracting dim), the ratio to gg_wgmma's forward rate on the same shape (target >= 0.9),
+ *     and on G32 / G128 ragged sizes (m -+ d) the same ways and with no tail handling at all.
  *   fp8 wgrad (e4m3 from the per-group transposed colwise copies, ops T, the MoE block's form):
  *     per-tensor and 1x128, gg_wgmma_fp8 next to the exact kernel it replaced (gg_mma_wide /
  *     gg_mma), with the ratio to gg_wgmma_fp8's forward rate; also from token-padded operands
@@ -591,24 +592,31 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
       /* v = 2: gg_wgmma with the register epilogue (TWIN_GG_WGMMA_WGRAD_REGSTORE=1), the
        * accumulate path's stores, to show what the TMA-store epilogue buys */
       /* v = 3: the tail zeroing done by producer warps (TWIN_GG_WGMMA_WGRAD_ZERO=producer) */
-      tw_ctx *ctxs[4] = {c_wide, c_wg, c_wg, c_wg};
-      const char *names[4] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue", "gg_wgmma, producer zeroing"};
-      for (int v = 0; v < 4; ++v) {
+      /* v = 4: one map per operand and the consumers' tail zeroing (TWIN_GG_WGMMA_WGRAD_MAPS=0),
+       * the default before the per-group maps */
+      tw_ctx *ctxs[5] = {c_wide, c_wg, c_wg, c_wg, c_wg};
+      const char *names[5] = {"gg_mma_wide", "gg_wgmma", "gg_wgmma, register epilogue", "gg_wgmma, producer zeroing",
+                              "gg_wgmma, consumer zeroing (MAPS=0)"};
+      for (int v = 0; v < 5; ++v) {
         c.ctx = ctxs[v];
         if (v == 2) setenv("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1", 1);
         if (v == 3) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
+        if (v == 4) setenv("TWIN_GG_WGMMA_WGRAD_MAPS", "0", 1);
         double ms = time_it(run_call, &c, warmup, iters, ctxs[v]);
         if (v == 2) unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
         if (v == 3) unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
+        if (v == 4) unsetenv("TWIN_GG_WGMMA_WGRAD_MAPS");
         if (ms < 0) { fprintf(stderr, "%s %s: %s\n", shape, names[v], tw_last_error()); rc = 1; }
         row_out(shape, names[v], ms, flop, peak_bf16, "torch._grouped_mm", pms, cfg->csv);
         if (v == 1 && ms > 0 && fwd_wgmma_tflops > 0)
           printf("# %s: gg_wgmma wgrad / gg_wgmma forward rate = %.3f (target >= 0.9)\n", shape,
                  flop / (ms * 1e-3) / 1e12 / fwd_wgmma_tflops);
       }
-      /* the cost of the tail-row zeroing: the G32 and G128 shapes with sizes m -+ d alternating
-       * (same sum; every group then ends inside a 64-row k-tile), timed with the zeroing and
-       * without it (TWIN_GG_WGMMA_WGRAD_NOMASK=1: wrong results, timing only) */
+      /* the cost of a group's ragged end: the G32 and G128 shapes with sizes m -+ d alternating
+       * (same sum; every group then ends inside a 64-row k-tile), timed with the default
+       * per-group maps (TMA zero-fills past the group), with the consumers' tail zeroing
+       * (TWIN_GG_WGMMA_WGRAD_MAPS=0), without any (MAPS=0 and TWIN_GG_WGMMA_WGRAD_NOMASK=1: wrong
+       * results, timing only) and with the producer warps zeroing */
       if (sh.m <= 512) {
         const int32_t d = sh.m == 512 ? 12 : 28;
         int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
@@ -618,11 +626,14 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
         snprintf(shape, sizeof shape, "wgrad G=%lld m=%lld-+%d N=%lld K=%lld bf16", (long long)sh.G, (long long)sh.m,
                  (int)d, (long long)sh.N, (long long)sh.K);
         c.ctx = c_wg;
-        const char *modes[3] = {"gg_wgmma", "gg_wgmma, no tail zeroing (timing only)", "gg_wgmma, producer zeroing"};
-        for (int mode = 0; mode < 3; ++mode) {
-          if (mode == 1) setenv("TWIN_GG_WGMMA_WGRAD_NOMASK", "1", 1);
-          if (mode == 2) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
+        const char *modes[4] = {"gg_wgmma", "gg_wgmma, consumer zeroing (MAPS=0)",
+                                "gg_wgmma, no tail zeroing (timing only)", "gg_wgmma, producer zeroing"};
+        for (int mode = 0; mode < 4; ++mode) {
+          if (mode == 1 || mode == 2) setenv("TWIN_GG_WGMMA_WGRAD_MAPS", "0", 1);
+          if (mode == 2) setenv("TWIN_GG_WGMMA_WGRAD_NOMASK", "1", 1);
+          if (mode == 3) setenv("TWIN_GG_WGMMA_WGRAD_ZERO", "producer", 1);
           double ms = time_it(run_call, &c, warmup, iters, c_wg);
+          unsetenv("TWIN_GG_WGMMA_WGRAD_MAPS");
           unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK");
           unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO");
           if (ms < 0) { fprintf(stderr, "%s gg_wgmma: %s\n", shape, tw_last_error()); rc = 1; }
