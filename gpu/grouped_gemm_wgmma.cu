@@ -40,7 +40,9 @@
 //     the last stores drain while the next tile runs (+15% on K = 2048, +5-7% elsewhere: run b1
 //     in gpu/NOTES-gemm.md). Group edges and accumulate store straight from the accumulators
 //     (pairs of columns per store when aligned). Same rounding both ways; TWIN_GG_WGMMA_EPI=regs
-//     (read on every call) forces the register stores.
+//     (read on every call) forces the register stores. (Edges by TMA through per-group out maps,
+//     as the wgrad's ragged ends below: tried in session 24, 0-1.5% on the MoE block at E 256,
+//     not kept; gpu/NOTES-gemm.md.)
 // Operands it declines (TW_ERR_UNSUPPORTED naming it; auto falls back to gg_mma_wide):
 // anything but plain bf16 x bf16 / f16 x f16, K or (op N) N not a multiple of 8, K = 0,
 // pointers not 16-byte aligned, a device other than sm_90, sizes past int32 TMA coordinates;
