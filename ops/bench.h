@@ -55,6 +55,8 @@ typedef struct {
   const tw_bench_pipeline *pipeline; /* --op pipeline's configuration, else NULL */
   const tw_bench_ep *ep; /* --op ep's choices, else NULL (the defaults) */
   int moe_ep;            /* --op moe --ep N: the block with ep = N over N GPUs (0: one GPU) */
+  int ngg;               /* --op grouped_gemm / wgrad --shapes: how many grouped shapes (0: the five standard) */
+  long long gg[8][4];    /* each G, m (rows per group), N, K */
 } tw_bench_cfg;
 
 void tw_bench_print_header(void);

@@ -387,8 +387,13 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
   }
 
   /* ---- grouped forward ---- */
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
-    const gshape sh = shapes[i];
+  /* --shapes replaces the five standard shapes */
+  gshape own[8];
+  for (int i = 0; i < cfg->ngg && i < 8; ++i) own[i] = (gshape){cfg->gg[i][0], cfg->gg[i][1], cfg->gg[i][2], cfg->gg[i][3]};
+  const gshape *list = cfg->ngg ? own : shapes;
+  const size_t nshapes = cfg->ngg ? (size_t)cfg->ngg : sizeof shapes / sizeof shapes[0];
+  for (size_t i = 0; i < nshapes; ++i) {
+    const gshape sh = list[i];
     {
       char k0[96];
       snprintf(k0, sizeof k0, "grouped_G%lld_m%lld_N%lld_K%lld", (long long)sh.G, (long long)sh.m, (long long)sh.N,

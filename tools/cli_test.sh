@@ -142,6 +142,13 @@ expect bench_moe_ep_not_int 2 "--ep wants an integer 2..8, got 'two'" -- bench -
 expect bench_moe_ep_needs_op 2 "--ep applies to --op moe only" -- bench --backend gpu --op ep --ep 2
 expect bench_ep_valid_reaches_backend 2 "gpu backend is not available" -- bench --backend gpu --op ep --tokens 128,4096 --routing skewed
 expect bench_ep_no_ref_bench 2 "ep has no ref bench" -- bench --op ep --tokens 128
+# bench --shapes: GxMxNxK lists for the grouped GEMM bench (gpu), a bad one named
+expect bench_shapes_bad 2 "--shapes wants up to 8 comma-separated GxMxNxK (each >= 1, G <= 4096), got '32x512x2048'" -- bench --backend gpu --op wgrad --shapes 32x512x2048
+expect bench_shapes_zero 2 "got '32x0x2048x7168'" -- bench --backend gpu --op grouped_gemm --shapes 32x0x2048x7168
+expect bench_shapes_trailing 2 "got '4x8x8x8,'" -- bench --backend gpu --op grouped_gemm --shapes 4x8x8x8,
+expect bench_shapes_needs_op 2 "--shapes applies to --op grouped_gemm or wgrad only" -- bench --backend gpu --op moe --shapes 4x8x8x8
+expect bench_shapes_needs_gpu 2 "--shapes applies to --backend gpu only" -- bench --op grouped_gemm --shapes 4x8x8x8
+expect bench_shapes_valid_reaches_backend 2 "gpu backend is not available" -- bench --backend gpu --op wgrad --shapes 64x256x2048x7168,32x512x2048x7168
 if "$TWIN" bench --help >"$T/help" 2>&1; then
   missing=""
   for f in --stages --microbatches --repeats --delay --bsw --hidden --ffn --mb-rows --mode; do

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "                  [--warmup N] [--peers FILE] [--csv FILE]\n"
           "       twin bench --backend gpu --op ep [--tokens LIST] [--ep-version NAME] [--routing NAME]\n"
           "       twin bench --backend gpu --op moe [--ep N] [--peers FILE]\n"
+          "       twin bench --backend gpu --op grouped_gemm|wgrad [--shapes GxMxNxK,...] [--peers FILE]\n"
           "       twin bench --backend gpu --op pipeline [--stages S] [--microbatches M] [--repeats R]\n"
           "                  [--delay 1|2] [--bsw] [--hidden E] [--ffn H] [--mb-rows N]\n"
           "                  [--mode auto|nccl|loopback] [--iters N] [--warmup N] [--csv FILE]\n"
@@ -59,6 +60,12 @@ static void usage(FILE *f) {
           "  --tokens LIST       tokens per rank, comma-separated (default 128,4096,16384)\n"
           "  --ep-version NAME   all (default), ep_nccl_slots or ep_nccl_lsa\n"
           "  --routing NAME      both (default), uniform or skewed (half the picks from experts 0-31)\n"
+          "\n"
+          "--backend gpu --op grouped_gemm (and wgrad): the dense floors, then each grouped shape\n"
+          "(G groups of M rows, N, K: the forward [G*M, K] x [G, N, K]; the wgrad [G, K, N]).\n"
+          "  --shapes LIST       up to 8 shapes GxMxNxK, comma-separated, in place of the five standard\n"
+          "                      ones (gpu-machine.md); peers from tools/peers/torch_grouped_mm.py run with\n"
+          "                      TWIN_PEER_GG_SHAPES=LIST (same list) match them by key\n"
           "\n"
           "--backend gpu --op moe: the MoE block's forward + backward against the torch block of --peers.\n"
           "  --ep N              ep = N over GPUs 0..N-1 (2..8; NCCL, one thread per GPU), 4096 tokens\n"
@@ -182,6 +189,35 @@ static int ep_option(tw_bench_ep *ep, const char *a, const char *v) {
   }
 }
 
+/* --shapes GxMxNxK[,...] into cfg (up to 8; each value 1..2^31-1, G <= 4096); -1 after one
+ * stderr line naming the bad value. */
+static int gg_shapes_option(tw_bench_cfg *cfg, const char *v) {
+  cfg->ngg = 0;
+  const char *p = v;
+  for (;;) {
+    long long d[4];
+    int k = 0;
+    for (; k < 4; k++) {
+      char *end;
+      d[k] = strtoll(p, &end, 10);
+      if (end == p || d[k] < 1 || d[k] > 2147483647LL) break;
+      p = end;
+      if (k < 3) {
+        if (*p != 'x') break;
+        p++;
+      }
+    }
+    if (k < 4 || d[0] > 4096 || cfg->ngg == 8 || (*p && *p != ',')) {
+      fprintf(stderr, "twin bench: --shapes wants up to 8 comma-separated GxMxNxK (each >= 1, G <= 4096), got '%s'\n", v);
+      return -1;
+    }
+    for (k = 0; k < 4; k++) cfg->gg[cfg->ngg][k] = d[k];
+    cfg->ngg++;
+    if (!*p) return 0;
+    p++;
+  }
+}
+
 static int positive_int(const char *flag, const char *v, int *out) {
   char *end;
   long x = strtol(v, &end, 10);
@@ -234,7 +270,7 @@ int twin_cmd_bench(int argc, char **argv) {
     static const char *const options[] = {"--backend", "--op", "--peers", "--csv", "--iters", "--warmup",
                                           "--stages", "--microbatches", "--repeats", "--delay", "--hidden",
                                           "--ffn", "--mb-rows", "--mode", "--tokens", "--ep-version",
-                                          "--routing", "--ep", NULL};
+                                          "--routing", "--ep", "--shapes", NULL};
     const char *v = twin_option_value("bench", argc, argv, &i, options);
     if (!v) return TW_EXIT_USAGE;
     int is_pp = 0, is_ep = 0;
@@ -251,6 +287,7 @@ int twin_cmd_bench(int argc, char **argv) {
     else if (!strcmp(a, "--peers")) cfg.peers_json = v;
     else if (!strcmp(a, "--csv")) csv_path = v;
     else if (!strcmp(a, "--iters")) { if (positive_int(a, v, &cfg.iters) || cfg.iters < 1) return TW_EXIT_USAGE; }
+    else if (!strcmp(a, "--shapes")) { if (gg_shapes_option(&cfg, v)) return TW_EXIT_USAGE; }
     else if (!strcmp(a, "--ep")) {
       long long n;
       if (pp_int(a, v, 2, 8, &n)) return TW_EXIT_USAGE;
@@ -277,12 +314,20 @@ int twin_cmd_bench(int argc, char **argv) {
     return TW_EXIT_USAGE;
   }
   if (ep_flag) cfg.ep = &epc;
+  if (cfg.ngg && !(op && (tw_op_find(op) == tw_op_find("grouped_gemm") || tw_op_find(op) == tw_op_find("wgrad")))) {
+    fprintf(stderr, "twin bench: --shapes applies to --op grouped_gemm or wgrad only\n");
+    return TW_EXIT_USAGE;
+  }
   if (cfg.moe_ep && !(op && tw_op_find(op) == tw_op_find("moe"))) {
     fprintf(stderr, "twin bench: --ep applies to --op moe only\n");
     return TW_EXIT_USAGE;
   }
   tw_backend be;
   if (twin_parse_backend("bench", backend, 0, &be, NULL) != 0) return TW_EXIT_USAGE;
+  if (cfg.ngg && be != TW_BACKEND_GPU) {
+    fprintf(stderr, "twin bench: --shapes applies to --backend gpu only\n");
+    return TW_EXIT_USAGE;
+  }
   if (be == TW_BACKEND_GPU && !tw_backend_available(TW_BACKEND_GPU)) {
     fprintf(stderr, "twin bench: the gpu backend is not available here (no GPU visible or not built in)\n");
     return TW_EXIT_USAGE;

@@ -10,7 +10,7 @@
 # operand layout torch took). Run on the GPU machine:
 #   python3 tools/peers/torch_grouped_mm.py [--wgrad-only] > peers.json
 # --wgrad-only: the bf16 forward and wgrad rows only (no fp8, no dense).
-import json, sys
+import json, os, sys
 import torch
 from triton.testing import do_bench
 
@@ -22,6 +22,10 @@ def bench(f): return do_bench(f, warmup=50, rep=300, return_mode="median")
 wgrad_only = "--wgrad-only" in sys.argv[1:]
 shapes = [(4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168), (32, 512, 2048, 7168),
           (128, 128, 2048, 4096)]
+# TWIN_PEER_GG_SHAPES="GxMxNxK,..." (the list given to `twin bench --shapes`): those shapes instead
+if os.environ.get("TWIN_PEER_GG_SHAPES"):
+    shapes = [tuple(int(v) for v in t.split("x")) for t in os.environ["TWIN_PEER_GG_SHAPES"].split(",")]
+    assert all(len(t) == 4 and min(t) >= 1 for t in shapes), shapes
 for (G, m, N, K) in shapes:
     M = G * m
     row = {}
