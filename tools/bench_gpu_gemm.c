@@ -622,8 +622,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
        * per-group maps (TMA zero-fills past the group), with the consumers' tail zeroing
        * (TWIN_GG_WGMMA_WGRAD_MAPS=0), without any (MAPS=0 and TWIN_GG_WGMMA_WGRAD_NOMASK=1: wrong
        * results, timing only) and with the producer warps zeroing */
-      if (sh.m <= 512) {
-        const int32_t d = sh.m == 512 ? 12 : 28;
+      if (sh.m <= 512 && sh.m >= 2) {
+        const int32_t d = sh.m == 512 ? 12 : sh.m >= 56 ? 28 : (int32_t)(sh.m / 2);
         int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
         for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
         cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
@@ -790,8 +790,8 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
           if (kind == 3 && wgrad_f8_tflops[3] > 0 && wgrad_f8_tflops[2] > 0 && wgrad_f8_tflops[1] > 0)
             printf("# %s: gg_wgmma_fp8 MXFP8 wgrad / 1x128 wgrad rate = %.3f, / per-tensor wgrad = %.3f\n", s8,
                    wgrad_f8_tflops[3] / wgrad_f8_tflops[2], wgrad_f8_tflops[3] / wgrad_f8_tflops[1]);
-          if (sh.m <= 512) { /* ragged: m -+ d alternating, so group starts and rows sit at odd byte offsets */
-            const int32_t d = sh.m == 512 ? 13 : 29;
+          if (sh.m <= 512 && sh.m >= 2) { /* ragged: m -+ d alternating, so group starts and rows sit at odd byte offsets */
+            const int32_t d = sh.m == 512 ? 13 : sh.m >= 58 ? 29 : (int32_t)((sh.m - 1) / 2) | 1;
             int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
             for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
             cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
