@@ -711,8 +711,9 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     (rows are whole 128-byte lines under the 128-byte swizzle, so no swizzle arithmetic):
 //     warpgroup c clears its A box and B boxes 2c, 2c+1, then fence.proxy.async (generic
 //     writes -> the async proxy wgmma reads through) and a named barrier of the 256 consumer
-//     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this (gpu/NOTES-gemm.md,
-//     "gg_wgmma wgrad", says why this and not per-group tensor maps patched on the device).
+//     threads. Only the last k-tile of a tile with m_g % 64 != 0 pays this: 7-30% on small
+//     ragged groups, which is why per-group maps took its place by default (gpu/NOTES-gemm.md,
+//     "gg_wgmma wgrad" and "Session 24").
 //   - Empty groups: out[g] = +0 written by the consumers (accumulate: untouched); no loads.
 //   - Epilogue, not accumulating: each warpgroup's 64 x 256 block goes through two 8 KiB
 //     staging buffers (64 rows x 128 bytes, 128-byte swizzle) and TMA stores into out seen as
@@ -748,13 +749,12 @@ struct ggw_wparams {
 #define GGW_WSMEM (GGW_STAGES * GGW_STAGE_BYTES + GGW_EPI_BYTES + 1024 + 3 * GGW_STAGES * 8)
 
 #ifdef GGW_DEVICE
-template <int BM = GGW_BM, int BN = GGW_BN>
 __device__ __forceinline__ void ggw_wlocate(const ggw_wparams &p, int64_t t, int64_t &g, int64_t &p0, int64_t &q0) {
   const int64_t per = p.tilesP * p.tilesQ;
   g = t / per;
   const int64_t local = t - g * per;
-  p0 = (local / p.tilesQ) * BM;
-  q0 = (local % p.tilesQ) * BN;
+  p0 = (local / p.tilesQ) * GGW_BM;
+  q0 = (local % p.tilesQ) * GGW_BN;
 }
 #endif
 
@@ -1057,14 +1057,18 @@ __global__ void ggw_patch_maps_kernel(const __grid_constant__ CUtensorMap map_a,
   const int64_t og = offsets[g], mg = offsets[g + 1] - og;
   if (mg > 0) {  // an empty group's maps are never used (no loads); a map's extent must be >= 1
     const uint64_t base = (uint64_t)(rhs ? b + og * N * 2 : a + og * P * 2);
-    asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)(out + i)),
-                 "l"(base) : "memory");
-    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;\n" ::"l"((uint64_t)(out + i)),
-                 "r"((uint32_t)mg) : "memory");
+    const uint64_t slot = (uint64_t)__cvta_generic_to_global(out + i);  // .global wants a global address
+    asm volatile("tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(slot), "l"(base) : "memory");
+    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;\n" ::"l"(slot), "r"((uint32_t)mg)
+                 : "memory");
   }
   asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
 #endif
 }
+
+// Calls that took the per-group maps (tests check the default path really runs them).
+static long ggw_wgrad_map_calls;
+extern "C" long gg_wgmma_wgrad_map_calls(void) { return __atomic_load_n(&ggw_wgrad_map_calls, __ATOMIC_RELAXED); }
 
 int gg_wgmma_wgrad_takes(tw_ctx *ctx, const tw_operand *lhs, tw_op lhs_op, const tw_operand *rhs, tw_op rhs_op,
                          const tw_tensor *out, const char **why) {
@@ -1156,18 +1160,25 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
   const char *zv = getenv("TWIN_GG_WGMMA_WGRAD_ZERO");
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
   // Per-group tensor maps (the default; TWIN_GG_WGMMA_WGRAD_MAPS=0, read on every call, keeps the
-  // whole-tensor maps and the consumers' tail zeroing): not with a gathered lhs (no lhs map) or
-  // the producer-zeroing knob.
+  // whole-tensor maps and the consumers' tail zeroing, as do the zeroing knobs ZERO and NOMASK
+  // above): not with a gathered lhs (no lhs map), and only while the 2G maps fit the context's
+  // scratch (past it, about G >= 3,800 with the default scratch, the zeroing path: an overflow
+  // buffer would be a stream-ordered allocation, which a captured graph must not hold)
   const char *mv = getenv("TWIN_GG_WGMMA_WGRAD_MAPS");
-  if (!rows && !p.zero_prod && !(mv && *mv == '0') && M > 0) {
+  const int zeroing_knob = (zv && *zv) || (nm && *nm == '1');
+  const size_t maps_bytes = (size_t)(2 * G) * sizeof(CUtensorMap);
+  gpu_state *gs = gpu_of(ctx);
+  if (!rows && !zeroing_knob && !(mv && *mv == '0') && M > 0 &&
+      gs->scratch_used + maps_bytes + 255 <= gs->scratch_bytes) {
     CUtensorMap *gm = NULL;
-    TW_TRY(gpu_scratch(ctx, (size_t)(2 * G) * sizeof(CUtensorMap), (void **)&gm));
+    TW_TRY(gpu_scratch(ctx, maps_bytes, (void **)&gm));
     const int threads = 128;
     const unsigned blocks = (unsigned)((2 * G + threads - 1) / threads);
-    ggw_patch_maps_kernel<<<blocks, threads, 0, gpu_of(ctx)->stream>>>(
+    ggw_patch_maps_kernel<<<blocks, threads, 0, gs->stream>>>(
         ma, mb, offsets, G, (const unsigned char *)lhs->data.data, (const unsigned char *)rhs->data.data, P, N, gm);
     GPU_TRY_CUDA(cudaGetLastError(), op);
     p.gmaps = gm;
+    __atomic_add_fetch(&ggw_wgrad_map_calls, 1, __ATOMIC_RELAXED);
   }
   if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
     p.zero_prod = 0;

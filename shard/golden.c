@@ -614,9 +614,10 @@ static tw_status run_gemm_case(sweep *s, long ci, int rank, tw_ctx *ctx, tw_mesh
   if (st == TW_OK) st = tw_tensor_copy(ctx, &hl, &io.out);
   if (st == TW_OK) st = slice_in(p, 2, rank, d->expect[s->pass], &le, &he);
   /* the gpu's fp8 dgrad (rhs_op T) runs gg_wgmma_fp8 where it takes the shapes: its promoted
-   * model (tw_gemm.h) on the lifted magnitudes; everything else (a rule forcing gg_mma_wide
-   * too) the exact f32 model */
-  const int promoted = s->backend == TW_BACKEND_GPU && s->r->qin && s->pass == TW_PASS_DGRAD && !s->r->kernel;
+   * model (tw_gemm.h) on the lifted magnitudes; everything else (a rule forcing an exact kernel
+   * such as gg_mma_wide too) the exact f32 model */
+  const int exact_forced = s->r->kernel && strcmp(s->r->kernel, "gg_wgmma_fp8") != 0;
+  const int promoted = s->backend == TW_BACKEND_GPU && s->r->qin && s->pass == TW_PASS_DGRAD && !exact_forced;
   if (st == TW_OK) st = slice_in(p, 2, rank, promoted ? d->absprod_lift[s->pass] : d->absprod[s->pass], &la, &ha);
   if (st == TW_OK) {
     const float *got = (const float *)lo, *exp = (const float *)le, *ab = (const float *)la;
@@ -747,6 +748,10 @@ static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
       forced = NULL;
       cc.kernel = s->r->kernel;
       st = tw_ctx_create(&forced, &cc);
+      if (st != TW_OK && s->ncases > 0) { /* on this rank: its row says why (the others time out) */
+        s->bad[0] = 1;
+        note_problem(s, 0, rank, tw_last_error());
+      }
     }
     tw_ctx *use = s->r->kernel ? forced : ctx;
     for (long ci = 0; ci < s->ncases && st == TW_OK; ci++) {

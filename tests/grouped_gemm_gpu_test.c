@@ -558,7 +558,7 @@ static int nan_rest;
 /* 1: gg_wgmma's wgrad runs twice, first as the default kernel, then with the knob
  * variant_knob=variant_value set (a variant the bench times), and the two outputs must be the
  * same bits (the first is also checked against the bound) */
-static int pp_bits, pp_bits_cases;
+static int variant_bits, variant_cases;
 static const char *variant_knob, *variant_value;
 /* Fixed wgrad problems (the tails test): sizes, shape, output dtype and accumulate given. */
 static const int32_t *fixed_gs;
@@ -683,27 +683,27 @@ static void wgrad_case(uint64_t seed, int kind, int64_t budget) {
   memcpy(out_g.data, out_r.data, tw_tensor_bytes(&out_r));
   double *init = values_of(&out_r);
   tw_tensor out_d = dev_copy(&out_g);
-  tw_tensor out_pp = pp_bits ? dev_copy(&out_g) : tw_tensor_none();
+  tw_tensor out_variant = variant_bits ? dev_copy(&out_g) : tw_tensor_none();
   tw_tensor gs_d = dev_copy(&gs);
   cr_assert_eq(tw_grouped_gemm_wgrad(ref_ctx, &lh, lop, &rh, rop, &gs, &out_r, accumulate), TW_OK, "%s: ref: %s",
                what, tw_last_error());
-  if (pp_bits) unsetenv(variant_knob); /* the first run is the default kernel */
+  if (variant_bits) unsetenv(variant_knob); /* the first run is the default kernel */
   tw_status gs_st = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_d, accumulate);
   if (gs_st == TW_OK) gs_st = tw_ctx_check(gpu_ctx);
   if (gs_st == TW_OK) to_host(&out_g, &out_d);
-  if (pp_bits && gs_st == TW_OK) {
+  if (variant_bits && gs_st == TW_OK) {
     setenv(variant_knob, variant_value, 1);
-    tw_status ps = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_pp, accumulate);
+    tw_status ps = tw_grouped_gemm_wgrad(gpu_ctx, &ldv, lop, &rdv, rop, &gs_d, &out_variant, accumulate);
     unsetenv(variant_knob);
     if (ps == TW_OK) ps = tw_ctx_check(gpu_ctx);
     cr_assert_eq(ps, TW_OK, "%s: wgrad variant: %s", what, tw_last_error());
     tw_tensor h = host_new(od, 3, os);
-    to_host(&h, &out_pp);
+    to_host(&h, &out_variant);
     cr_assert(memcmp(h.data, out_g.data, tw_tensor_bytes(&h)) == 0, "%s: the wgrad variant's bits differ from the default kernel's", what);
     host_free(&h);
-    pp_bits_cases++;
+    variant_cases++;
   }
-  if (pp_bits) dev_free(&out_pp);
+  if (variant_bits) dev_free(&out_variant);
 
   int64_t n = G * K * N;
   double *ex = (double *)calloc((size_t)(n + 1), sizeof(double));
@@ -1225,8 +1225,8 @@ static void variant_same_bits(const char *knob, const char *value) {
   /* knobs that would change both runs alike */
   unsetenv("TWIN_GG_WGMMA_WGRAD_ZERO"); unsetenv("TWIN_GG_WGMMA_WGRAD_NOMASK"); unsetenv("TWIN_GG_WGMMA_WGRAD_REGSTORE");
   unsetenv("TWIN_GG_WGMMA_WGRAD_MAPS");
-  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; pp_bits = 1; variant_knob = knob; variant_value = value; pp_bits_cases = 0;
-  const int n = getenv("GG_PP_N") ? atoi(getenv("GG_PP_N")) : 200;
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1; variant_bits = 1; variant_knob = knob; variant_value = value; variant_cases = 0;
+  const int n = getenv("GG_VARIANT_N") ? atoi(getenv("GG_VARIANT_N")) : 200;
   for (int s = 0; s < n; ++s) wgrad_case(15000 + s, (int)(s % 2), BUDGET);
   for (int s = 0; s < (n >= 200 ? 6 : 0); ++s) wgrad_case(13000 + s, (int)(s % 2), (int64_t)1 << 30);
   for (int v = 0; v < 2; ++v)
@@ -1237,16 +1237,34 @@ static void variant_same_bits(const char *knob, const char *value) {
         wgrad_case(14000 + v, (v + o + acc) % 2, BUDGET);
       }
   fixed_gs = NULL;
-  cr_log_info("wgrad, %s=%s: %d cases, the same bits as the default kernel", knob, value, pp_bits_cases);
-  cr_assert_gt(pp_bits_cases, 0, "no case ran both kernels");
-  pp_bits = 0; variant_knob = variant_value = NULL; tma_dims = 0; nan_rest = 0; ctx_done();
+  cr_log_info("wgrad, %s=%s: %d cases, the same bits as the default kernel", knob, value, variant_cases);
+  cr_assert_gt(variant_cases, 0, "no case ran both kernels");
+  variant_bits = 0; variant_knob = variant_value = NULL; tma_dims = 0; nan_rest = 0; ctx_done();
   cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_variants");
 }
 Test(grouped_gemm_wgrad_gpu, producer_zeroing_same_bits_gg_wgmma_version, .timeout = 900) {
   variant_same_bits("TWIN_GG_WGMMA_WGRAD_ZERO", "producer");
 }
+/* gpu/grouped_gemm_wgmma.cu: calls of gg_wgmma's wgrad that took the per-group maps */
+long gg_wgmma_wgrad_map_calls(void);
 Test(grouped_gemm_wgrad_gpu, consumer_zeroing_same_bits_gg_wgmma_version, .timeout = 900) {
+  const long before = gg_wgmma_wgrad_map_calls();
   variant_same_bits("TWIN_GG_WGMMA_WGRAD_MAPS", "0"); /* the default's per-group maps vs one map + zeroing */
+  cr_assert_gt(gg_wgmma_wgrad_map_calls(), before, "the default wgrad never took the per-group maps");
+}
+/* More groups than the per-group maps fit in the context's scratch (2G x 128 bytes past 1 MiB):
+ * the wgrad takes the zeroing path instead of an overflow allocation, and stays right. */
+Test(grouped_gemm_wgrad_gpu, more_groups_than_map_scratch_gg_wgmma_version, .timeout = 300) {
+  enum { NG = 4400 };
+  static int32_t sizes[NG];
+  int64_t sum = 0;
+  for (int g = 0; g < NG; ++g) { sizes[g] = (int32_t)((g * 7) % 5); sum += sizes[g]; }
+  ctx_for("gg_wgmma"); tma_dims = 1; nan_rest = 1;
+  const long before = gg_wgmma_wgrad_map_calls();
+  fixed_gs = sizes; fixed_G = NG; fixed_M = sum + 3; fixed_N = 16; fixed_K = 8; fixed_od = TW_BF16; fixed_acc = 0;
+  wgrad_case(16000, 0, BUDGET);
+  cr_assert_eq(gg_wgmma_wgrad_map_calls(), before, "2G maps past the scratch were taken");
+  fixed_gs = NULL; tma_dims = 0; nan_rest = 0; ctx_done(); cases_done("grouped_gemm_wgrad_gpu.gg_wgmma_many_groups");
 }
 Test(grouped_gemm_wgrad_gpu, register_epilogue_same_bits_gg_wgmma_version, .timeout = 900) {
   variant_same_bits("TWIN_GG_WGMMA_WGRAD_REGSTORE", "1");

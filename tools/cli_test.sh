@@ -146,6 +146,7 @@ expect bench_ep_no_ref_bench 2 "ep has no ref bench" -- bench --op ep --tokens 1
 expect bench_shapes_bad 2 "--shapes wants up to 8 comma-separated GxMxNxK (each >= 1, G <= 4096), got '32x512x2048'" -- bench --backend gpu --op wgrad --shapes 32x512x2048
 expect bench_shapes_zero 2 "got '32x0x2048x7168'" -- bench --backend gpu --op grouped_gemm --shapes 32x0x2048x7168
 expect bench_shapes_trailing 2 "got '4x8x8x8,'" -- bench --backend gpu --op grouped_gemm --shapes 4x8x8x8,
+expect bench_shapes_too_big 2 "has an operand of more than 2^34 elements" -- bench --backend gpu --op wgrad --shapes 4096x1000000x7168x7168
 expect bench_shapes_needs_op 2 "--shapes applies to --op grouped_gemm or wgrad only" -- bench --backend gpu --op moe --shapes 4x8x8x8
 expect bench_shapes_needs_gpu 2 "--shapes applies to --backend gpu only" -- bench --op grouped_gemm --shapes 4x8x8x8
 expect bench_shapes_valid_reaches_backend 2 "gpu backend is not available" -- bench --backend gpu --op wgrad --shapes 64x256x2048x7168,32x512x2048x7168

@@ -211,6 +211,14 @@ static int gg_shapes_option(tw_bench_cfg *cfg, const char *v) {
       fprintf(stderr, "twin bench: --shapes wants up to 8 comma-separated GxMxNxK (each >= 1, G <= 4096), got '%s'\n", v);
       return -1;
     }
+    /* each operand (G*M x K, G x N x K, G*M x N, out G x K x N) below 2^34 elements: the products
+     * stay far from overflow and a shape that cannot fit a GPU is refused here */
+    const double lim = 17179869184.0, gm = (double)d[0] * (double)d[1];
+    if (gm * (double)d[3] > lim || (double)d[0] * (double)d[2] * (double)d[3] > lim || gm * (double)d[2] > lim) {
+      fprintf(stderr, "twin bench: --shapes %lldx%lldx%lldx%lld has an operand of more than 2^34 elements\n", d[0], d[1],
+              d[2], d[3]);
+      return -1;
+    }
     for (k = 0; k < 4; k++) cfg->gg[cfg->ngg][k] = d[k];
     cfg->ngg++;
     if (!*p) return 0;
