@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         // buffers alternate; a buffer is refilled once the store issued from it two chunks ago
         // has read it; the last stores drain while the next tile's k-tiles run. Same
         // conversion (RNE of the f32 accumulator) as the register stores: same bits.
-        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, JPC = CW / 8, NCH = GGW_BN / CW;
+        constexpr int ES = OUT == TW_F32 ? 4 : 2, CW = 128 / ES, NCH = GGW_BN / CW;
         const int row = (int)(og + p0 + 64 * c);
 #pragma unroll
         for (int ch = 0; ch < NCH; ++ch) {

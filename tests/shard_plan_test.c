@@ -34,7 +34,7 @@ static const char *steps_str(const tw_plan *p, char *buf, size_t n) {
   buf[0] = 0;
   for (int i = 0; i < p->nsteps && u < n; i++)
   {
-    char dim[8] = "", where[64] = "";
+    char dim[16] = "", where[64] = "";
     const tw_plan_step *st = &p->steps[i];
     if (st->dim >= 0) snprintf(dim, sizeof dim, " d%d", st->dim);
     if (st->kind == TW_STEP_QUANTIZE) { /* no axis of its own: the axes its amax reduces over */
