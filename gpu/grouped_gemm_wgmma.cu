@@ -703,9 +703,10 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     the rows of a group's last k-tile past m_g are outside the map and TMA fills them with
 //     zeros; the producer acquires a group's maps (fence.proxy.tensormap) at each change of
 //     group, and the consumers never touch a stage. A group whose size is a multiple of 64
-//     keeps the whole-tensor maps (nothing to fill). Not with a row-gathered lhs (no lhs map).
-//   - The same without per-group maps (TWIN_GG_WGMMA_WGRAD_MAPS=0, the row-gathered lhs, the
-//     producer-zeroing knob): the last k-tile's box also covers rows of group g+1 (or rows past
+//     keeps the whole-tensor maps (nothing to fill). A row-gathered lhs has no map: it takes the
+//     rhs maps only (its producer warpgroup copies A rows past the group as zeros).
+//   - The same without per-group maps (TWIN_GG_WGMMA_WGRAD_MAPS=0, the zeroing knobs, more
+//     groups than 2G maps fit the scratch): the last k-tile's box also covers rows of group g+1 (or rows past
 //     the sizes' sum, which may hold NaN: tw_gemm.h). TMA zero-fills only at the tensor edge,
 //     so the consumers zero those rows in shared memory before the wgmma reads the stage
 //     (rows are whole 128-byte lines under the 128-byte swizzle, so no swizzle arithmetic):
@@ -801,11 +802,21 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
       uint32_t phase = 0;
       const int c8 = tid & 7, r0 = tid / 8;
       const int64_t rowb = p.P * 2;
+      int64_t mapped_g = -1;  // thread 0: the group whose rhs map it has acquired
       for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
         int64_t g, p0, q0;
         ggw_wlocate(p, t, g, p0, q0);
         const int64_t og = p.offsets[g], mg = p.offsets[g + 1] - og;
         const int ktiles = (int)((mg + GGW_BK - 1) / GGW_BK);
+        // the rhs through its group's map at a ragged end (A rows past the group are copied as
+        // zeros anyway), so nothing in the stage needs zeroing
+        const bool own = p.gmaps && mg % GGW_BK != 0;
+        const CUtensorMap *mb = own ? p.gmaps + 2 * g + 1 : &map_b;
+        const int64_t row0 = own ? 0 : og;
+        if (own && tid == 0 && g != mapped_g) {
+          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)mb) : "memory");
+          mapped_g = g;
+        }
         // the row indices of k-tile kt, read one k-tile ahead (their loads overlap the copies and
         // the next wait); >= U is reported by gg_check_rows and copies zeros
         int32_t drow[4];
@@ -823,9 +834,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
           unsigned char *sa = base + s * GGW_STAGE_BYTES, *sb = sa + GGW_A_BYTES;
           if (tid == 0) {
             wgc_bar_expect(&full[s], GGW_STAGE_BYTES - GGW_A_BYTES);
-            const int row = (int)(og + (int64_t)kt * GGW_BK);
+            const int row = (int)(row0 + (int64_t)kt * GGW_BK);
 #pragma unroll
-            for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, &map_b, &full[s], (int)q0 + 64 * j, row);
+            for (int j = 0; j < GGW_BN / 64; ++j) wgc_tma_2d(sb + j * BOX, mb, &full[s], (int)q0 + 64 * j, row);
           }
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
@@ -1161,26 +1172,28 @@ static tw_status ggw_wgrad(tw_ctx *ctx, const tw_operand *lhs, const int32_t *ro
   p.zero_prod = zv && !strcmp(zv, "producer") ? 1 : zv && !strcmp(zv, "consumer") ? 0 : GGW_ZERO_PROD_DEFAULT;
   // Per-group tensor maps (the default; TWIN_GG_WGMMA_WGRAD_MAPS=0, read on every call, keeps the
   // whole-tensor maps and the consumers' tail zeroing, as do the zeroing knobs ZERO and NOMASK
-  // above): not with a gathered lhs (no lhs map), and only while the 2G maps fit the context's
+  // above; a gathered lhs takes the rhs maps only), and only while the 2G maps fit the context's
   // scratch (past it, about G >= 3,800 with the default scratch, the zeroing path: an overflow
   // buffer would be a stream-ordered allocation, which a captured graph must not hold)
   const char *mv = getenv("TWIN_GG_WGMMA_WGRAD_MAPS");
   const int zeroing_knob = (zv && *zv) || (nm && *nm == '1');
   const size_t maps_bytes = (size_t)(2 * G) * sizeof(CUtensorMap);
   gpu_state *gs = gpu_of(ctx);
-  if (!rows && !zeroing_knob && !(mv && *mv == '0') && M > 0 &&
+  if (!zeroing_knob && !(mv && *mv == '0') && M > 0 &&
       gs->scratch_used + maps_bytes + 255 <= gs->scratch_bytes) {
     CUtensorMap *gm = NULL;
     TW_TRY(gpu_scratch(ctx, maps_bytes, (void **)&gm));
     const int threads = 128;
     const unsigned blocks = (unsigned)((2 * G + threads - 1) / threads);
+    // a gathered lhs has no map: its slots copy the rhs map (never used)
     ggw_patch_maps_kernel<<<blocks, threads, 0, gs->stream>>>(
-        ma, mb, offsets, G, (const unsigned char *)lhs->data.data, (const unsigned char *)rhs->data.data, P, N, gm);
+        rows ? mb : ma, mb, offsets, G, (const unsigned char *)(rows ? rhs->data.data : lhs->data.data),
+        (const unsigned char *)rhs->data.data, rows ? N : P, N, gm);
     GPU_TRY_CUDA(cudaGetLastError(), op);
     p.gmaps = gm;
     __atomic_add_fetch(&ggw_wgrad_map_calls, 1, __ATOMIC_RELAXED);
   }
-  if (rows) {  // the producer warps copy A: the consumers zero the rhs tail rows
+  if (rows) {  // the producer warps copy A (without maps the consumers zero the rhs tail rows)
     p.zero_prod = 0;
     p.rows = rows;
     p.a = (const unsigned char *)lhs->data.data;
