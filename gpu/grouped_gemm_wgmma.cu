@@ -706,8 +706,8 @@ tw_status gg_wgmma_forward_rows(tw_ctx *ctx, const tw_operand *lhs, const int32_
 //     keeps the whole-tensor maps (nothing to fill). A row-gathered lhs has no map: it takes the
 //     rhs maps only (its producer warpgroup copies A rows past the group as zeros).
 //   - The same without per-group maps (TWIN_GG_WGMMA_WGRAD_MAPS=0, the zeroing knobs, more
-//     groups than 2G maps fit the scratch): the last k-tile's box also covers rows of group g+1 (or rows past
-//     the sizes' sum, which may hold NaN: tw_gemm.h). TMA zero-fills only at the tensor edge,
+//     groups than 2G maps fit the scratch): the last k-tile's box also covers rows of group
+//     g+1 (or rows past the sizes' sum, which may hold NaN: tw_gemm.h). TMA zero-fills only at the tensor edge,
 //     so the consumers zero those rows in shared memory before the wgmma reads the stage
 //     (rows are whole 128-byte lines under the 128-byte swizzle, so no swizzle arithmetic):
 //     warpgroup c clears its A box and B boxes 2c, 2c+1, then fence.proxy.async (generic
@@ -814,7 +814,7 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         const CUtensorMap *mb = own ? p.gmaps + 2 * g + 1 : &map_b;
         const int64_t row0 = own ? 0 : og;
         if (own && tid == 0 && g != mapped_g) {
-          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)mb) : "memory");
+          wgc_tensormap_acquire(mb);
           mapped_g = g;
         }
         // the row indices of k-tile kt, read one k-tile ahead (their loads overlap the copies and
@@ -876,8 +876,8 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
         const CUtensorMap *ma = own ? p.gmaps + 2 * g : &map_a, *mb = own ? p.gmaps + 2 * g + 1 : &map_b;
         const int64_t row0 = own ? 0 : og;
         if (own && g != mapped_g) {  // written by ggw_patch_maps_kernel
-          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)ma) : "memory");
-          asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)mb) : "memory");
+          wgc_tensormap_acquire(ma);
+          wgc_tensormap_acquire(mb);
           mapped_g = g;
         }
         for (int kt = 0; kt < ktiles; ++kt) {
@@ -1052,7 +1052,9 @@ __global__ void __launch_bounds__(GGW_THREADS, 1)
 // The per-group maps of the wgrad (see "The group's K extent" above): thread i writes slot i of
 // out [2G] (lhs of group i / 2 for even i, rhs for odd i): the whole-tensor map, then, for a
 // non-empty group, its base moved to the group's first row and its row extent cut to m_g.
-// lhs rows are P elements, rhs rows N (16-bit, multiples of 8: 16-byte aligned bases).
+// lhs rows are P elements, rhs rows N (16-bit, multiples of 8: 16-byte aligned bases). A
+// row-gathered lhs has no map: the host passes the rhs map and rows for both (its lhs slots are
+// never read).
 __global__ void ggw_patch_maps_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                       const int64_t *offsets, int64_t G, const unsigned char *a, const unsigned char *b,
                                       int64_t P, int64_t N, CUtensorMap *out) {

@@ -41,6 +41,12 @@ __device__ __forceinline__ void wgc_bar_wait_at(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 __device__ __forceinline__ void wgc_bar_wait(uint64_t *b, uint32_t parity) { wgc_bar_wait_at(wgc_smem(b), parity); }
+// Before the first TMA through a tensor map that an earlier kernel wrote in global memory
+// (tensormap.replace, then fence.proxy.tensormap::generic.release there): the issuing thread's
+// acquire of its 128 bytes for the tensormap proxy.
+__device__ __forceinline__ void wgc_tensormap_acquire(const CUtensorMap *map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)map) : "memory");
+}
 __device__ __forceinline__ void wgc_tma_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(

@@ -748,7 +748,7 @@ static tw_status mesh_rank(int rank, tw_comm *comm, void *arg) {
       forced = NULL;
       cc.kernel = s->r->kernel;
       st = tw_ctx_create(&forced, &cc);
-      if (st != TW_OK && s->ncases > 0) { /* on this rank: its row says why (the others time out) */
+      if (st != TW_OK) { /* on this rank: its row says why (the others time out) */
         s->bad[0] = 1;
         note_problem(s, 0, rank, tw_last_error());
       }

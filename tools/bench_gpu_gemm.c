@@ -99,6 +99,15 @@ static int fill_f32(void *d, int64_t n, float v) {
   return rc;
 }
 
+/* The ragged variants' step d (sizes m - d, m + d alternating; d < m, so no size is <= 0): the
+ * five standard shapes' 12 / 28 (bf16) and 13 / 29 (fp8, odd: every row at an odd offset), less
+ * on --shapes with few rows per group. */
+static int32_t ragged_step(int64_t m, int odd) {
+  const int32_t d = m == 512 ? 12 : 28;
+  if (d < m / 2) return d + odd;
+  return odd ? (int32_t)((m - 1) / 2) | 1 : (int32_t)(m / 2);
+}
+
 /* median ms of fn on the stream (bench_gpu.h), then the context's device error word */
 static double time_it(tw_gpu_work fn, void *arg, int warmup, int iters, tw_ctx *ctx) {
   double med = tw_bench_gpu_time(stream, warmup, iters, fn, arg);
@@ -623,7 +632,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
        * (TWIN_GG_WGMMA_WGRAD_MAPS=0), without any (MAPS=0 and TWIN_GG_WGMMA_WGRAD_NOMASK=1: wrong
        * results, timing only) and with the producer warps zeroing */
       if (sh.m <= 512 && sh.m >= 2) {
-        const int32_t d = sh.m == 512 ? 12 : sh.m >= 56 ? 28 : (int32_t)(sh.m / 2);
+        const int32_t d = ragged_step(sh.m, 0);
         int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
         for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
         cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
@@ -791,7 +800,7 @@ int tw_bench_gpu_gemm(const tw_bench_cfg *cfg) {
             printf("# %s: gg_wgmma_fp8 MXFP8 wgrad / 1x128 wgrad rate = %.3f, / per-tensor wgrad = %.3f\n", s8,
                    wgrad_f8_tflops[3] / wgrad_f8_tflops[2], wgrad_f8_tflops[3] / wgrad_f8_tflops[1]);
           if (sh.m <= 512 && sh.m >= 2) { /* ragged: m -+ d alternating, so group starts and rows sit at odd byte offsets */
-            const int32_t d = sh.m == 512 ? 13 : sh.m >= 58 ? 29 : (int32_t)((sh.m - 1) / 2) | 1;
+            const int32_t d = ragged_step(sh.m, 1);
             int32_t *hs = (int32_t *)malloc((size_t)sh.G * 4);
             for (int64_t g = 0; g < sh.G; ++g) hs[g] = (int32_t)(sh.m + (g % 2 ? d : -d));
             cudaMemcpy(gs, hs, (size_t)sh.G * 4, cudaMemcpyHostToDevice);
